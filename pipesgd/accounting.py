@@ -1,0 +1,26 @@
+"""Per-step overlap accounting: how much communication a step exposed, and how much ran hidden.
+
+Every trainer mode (Pipe-SGD, sync, DDP, parameter server) fills the same record, so the metrics of
+all modes compare field by field. Times are measured, never estimated.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(slots=True)
+class StepStats:
+    """What one ``step()`` did and what it cost."""
+
+    step: int  # index of the step() call that produced this record (0-based)
+    applied_step: int | None  # index of the step whose averaged gradient was applied; None if none was
+    t_wait_s: float = 0.0  # seconds step() blocked on communication (the exposed part)
+    t_update_s: float = 0.0  # seconds in the wrapped optimizer's step()
+    t_comm_busy_s: float = 0.0  # seconds the background ring worked on the applied gradient
+    bytes_sent: int = 0  # payload bytes this rank sent for the applied gradient
+    compression_ratio: float = 1.0  # raw gradient bytes / payload bytes sent
+    residual_norm: float | None = None  # L2 norm of the error-feedback residuals, None without feedback
+    skipped_nonfinite: bool = False  # the applied gradient was non-finite and the update was skipped
+
+    def as_dict(self) -> dict:
+        return asdict(self)

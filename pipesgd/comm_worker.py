@@ -1,0 +1,103 @@
+"""The background communication worker: one thread per process that runs rings while the caller computes.
+
+On CPU it is just a thread. On CUDA the thread also owns a side stream: a job first makes the side stream
+wait for an event recorded on the caller's stream when the job was submitted (the gradients are ready),
+and records a done-event after it; the handle's ``wait()`` makes the caller's current stream wait for that
+event, so no host synchronisation is needed on the compute side. Jobs run in submission order, which is
+what keeps the rings of all ranks matched.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+import torch
+
+from pipesgd.handles import Work
+
+_STOP = object()
+
+
+class StreamWork(Work):
+    """A handle whose result, on CUDA, is only valid on a stream after waiting for the job's done-event."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.done_event: torch.cuda.Event | None = None
+        self.busy_s = 0.0
+
+    def wait(self, timeout: float | None = None):
+        result = super().wait(timeout)
+        if self.done_event is not None:
+            torch.cuda.current_stream().wait_event(self.done_event)
+        return result
+
+
+class CommWorker:
+    """Runs submitted callables on one background thread (and, on CUDA, one side stream), in order."""
+
+    def __init__(self, device: torch.device | str = "cpu", name: str = "pipesgd-comm") -> None:
+        self.device = torch.device(device)
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> StreamWork:
+        """Queue ``fn(*args)``; returns a handle whose ``wait()`` gives its result or raises its error."""
+        if not self._thread.is_alive():
+            raise RuntimeError("the communication worker has been closed")
+        work = StreamWork()
+        ready = None
+        if self._stream is not None:
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.device))
+        self._jobs.put((fn, args, work, ready))
+        return work
+
+    def close(self) -> None:
+        """Finish queued jobs, then stop the thread."""
+        if self._thread.is_alive():
+            self._jobs.put(_STOP)
+            self._thread.join()
+
+    def _loop(self) -> None:
+        if self._stream is not None:
+            torch.cuda.set_device(self.device)
+        while True:
+            job = self._jobs.get()
+            if job is _STOP:
+                return
+            fn, args, work, ready = job
+            start = time.perf_counter()
+            try:
+                with torch.profiler.record_function("pipesgd::allreduce"):
+                    if self._stream is None:
+                        result = fn(*args)
+                    else:
+                        with torch.cuda.stream(self._stream):
+                            self._stream.wait_event(ready)
+                            result = fn(*args)
+                            done = torch.cuda.Event()
+                            done.record(self._stream)
+                            work.done_event = done
+                work.busy_s = time.perf_counter() - start
+                work.set_result(result)
+            except BaseException as error:  # noqa: BLE001 - handed to the waiting caller
+                work.set_error(error)
+
+
+_default_workers: dict[torch.device, CommWorker] = {}
+_default_lock = threading.Lock()
+
+
+def default_worker(device: torch.device | str) -> CommWorker:
+    """The process-wide worker for ``ring_allreduce(async_op=True)`` on ``device``."""
+    device = torch.device(device)
+    with _default_lock:
+        worker = _default_workers.get(device)
+        if worker is None or not worker._thread.is_alive():
+            worker = _default_workers[device] = CommWorker(device)
+        return worker

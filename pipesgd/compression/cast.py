@@ -1,0 +1,66 @@
+"""Half-width casts: ``fp16`` (IEEE half, round to nearest) and ``bf16`` (truncation of fp32).
+
+``bf16`` is the paper's "truncation" compressor: keep the upper 16 bits of each fp32 word (sign, 8-bit
+exponent, 7 mantissa bits) and drop the rest. It is not round-to-nearest: the error is one-sided toward
+zero and at most 2^-7 relative, but it needs only a shift, and decoding is a shift back.
+"""
+from __future__ import annotations
+
+import torch
+
+from pipesgd.compression._blocks import check_numel, check_payload, view_bytes_as
+from pipesgd.compression.base import ChunkContext, context_of
+
+
+class Float16Cast:
+    """Cast to IEEE float16 (2 bytes per element).
+
+    fp64 input is cast to fp32 first, like every lossy codec here, so fp32 and fp64 rings send the same
+    bits. Values above 65504 become ±inf and tiny ones flush toward zero: fine for gradients of usual
+    scale, and a non-finite result is visible to the caller rather than hidden.
+    """
+
+    name = "fp16"
+    lossless = False
+
+    def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, ChunkContext]:
+        half = tensor.to(torch.float32).to(torch.float16)
+        return half.view(torch.uint8), context_of(tensor)
+
+    def decompress(self, payload: torch.Tensor, ctx: ChunkContext) -> torch.Tensor:
+        check_payload(payload, self.payload_bytes(ctx.numel, ctx.dtype), self.name)
+        return view_bytes_as(payload, torch.float16).to(ctx.dtype)
+
+    def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
+        return 2 * check_numel(numel)
+
+    def __repr__(self) -> str:
+        return "Float16Cast()"
+
+
+class BFloat16Truncation:
+    """Keep the upper 16 bits of each fp32 word (bfloat16 by truncation, not rounding).
+
+    NaN and ±inf keep their exponent bits and stay non-finite (a NaN whose payload sits only in the
+    low 16 mantissa bits becomes inf, still non-finite; quiet NaNs as produced by arithmetic stay NaN).
+    """
+
+    name = "bf16"
+    lossless = False
+
+    def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, ChunkContext]:
+        bits = tensor.to(torch.float32).view(torch.int32)
+        # Arithmetic shift keeps the sign bit in place, so the result fits int16 exactly.
+        upper = torch.bitwise_right_shift(bits, 16).to(torch.int16)
+        return upper.view(torch.uint8), context_of(tensor)
+
+    def decompress(self, payload: torch.Tensor, ctx: ChunkContext) -> torch.Tensor:
+        check_payload(payload, self.payload_bytes(ctx.numel, ctx.dtype), self.name)
+        upper = view_bytes_as(payload, torch.int16).to(torch.int32)
+        return torch.bitwise_left_shift(upper, 16).view(torch.float32).to(ctx.dtype)
+
+    def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
+        return 2 * check_numel(numel)
+
+    def __repr__(self) -> str:
+        return "BFloat16Truncation()"

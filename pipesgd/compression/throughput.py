@@ -1,0 +1,44 @@
+"""Codec speed in GB/s of fp32 input, for benchmark scripts and for the timing model's γ-like terms."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from pipesgd.compression.base import Compressor
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_codec_gbps(
+    compressor: Compressor,
+    numel: int = 4_000_000,
+    repeats: int = 5,
+    device: str | torch.device = "cpu",
+) -> tuple[float, float]:
+    """(encode, decode) throughput in 1e9 fp32-input bytes per second: median of ``repeats`` after a warm-up."""
+    if numel < 1 or repeats < 1:
+        raise ValueError(f"numel and repeats must be >= 1, got {numel} and {repeats}")
+    device = torch.device(device)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(numel, generator=gen, dtype=torch.float32).to(device)
+    payload, ctx = compressor.compress(x)  # warm-up (allocator, lazy generators, kernels)
+    compressor.decompress(payload, ctx)
+    encode_s, decode_s = [], []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        payload, ctx = compressor.compress(x)
+        _sync(device)
+        mid = time.perf_counter()
+        compressor.decompress(payload, ctx)
+        _sync(device)
+        end = time.perf_counter()
+        encode_s.append(mid - start)
+        decode_s.append(end - mid)
+    n_bytes = 4 * numel
+    return n_bytes / statistics.median(encode_s) / 1e9, n_bytes / statistics.median(decode_s) / 1e9

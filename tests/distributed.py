@@ -1,0 +1,74 @@
+"""run_ranks(fn, n): run ``fn(rank, world_size, *args)`` in n spawned gloo processes on CPU.
+
+Each run gets its own FileStore and a hard timeout; a failure in any rank fails the test with that rank's
+traceback. Results are returned per rank (they must be picklable).
+"""
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+def _entry(rank, world_size, store_path, fn, args, queue):
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{store_path}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=DEFAULT_TIMEOUT_S),
+        )
+        try:
+            result = fn(rank, world_size, *args)
+        finally:
+            dist.destroy_process_group()
+        # Tensors go back as bytes: torch's queue sharing would point at memory that dies with this process.
+        buffer = io.BytesIO()
+        torch.save(result, buffer)
+        queue.put((rank, True, buffer.getvalue()))
+    except BaseException:  # noqa: BLE001 - report any failure to the parent
+        queue.put((rank, False, traceback.format_exc()))
+
+
+def run_ranks(fn, world_size: int, *args, timeout_s: float = DEFAULT_TIMEOUT_S):
+    """Spawn ``world_size`` processes running ``fn(rank, world_size, *args)``; return their results by rank."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        store_path = os.path.join(tmp, "store")
+        procs = [
+            ctx.Process(target=_entry, args=(r, world_size, store_path, fn, args, queue), daemon=True)
+            for r in range(world_size)
+        ]
+        for p in procs:
+            p.start()
+        results, failures = {}, []
+        try:
+            for _ in range(world_size):
+                rank, ok, payload = queue.get(timeout=timeout_s)
+                if ok:
+                    results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+                else:
+                    failures.append(f"rank {rank} failed:\n{payload}")
+                    break
+        except Exception as exc:  # queue.Empty on timeout
+            failures.append(f"ranks did not finish within {timeout_s} s ({type(exc).__name__})")
+        finally:
+            for p in procs:
+                p.join(timeout=5 if not failures else 0.5)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+        if failures:
+            raise AssertionError("\n".join(failures))
+        return [results[r] for r in range(world_size)]
