@@ -1,0 +1,135 @@
+"""``pipesgd-cluster``: up / run / status / measure / down for the emulated cluster (root only).
+
+    pipesgd-cluster up --nodes 4 --bandwidth 1gbit
+    pipesgd-cluster run --timeout 900 -- pipesgd-train --mode pipe
+    pipesgd-cluster down
+Refusals are one line on stderr and a non-zero exit.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+from . import launch
+from .cluster import DEFAULT_QUEUE_MS, Cluster
+from .netns import ClusterError
+from .state import DEFAULT_NAME
+from .topology import teardown
+from .units import format_bandwidth, parse_bandwidth, parse_size
+
+NO_LATENCY = "netem is not available on this kernel; latency emulation unsupported"
+
+
+class _Terminated(BaseException):
+    """SIGTERM, turned into an exception so cleanup (rollback, stopping nodes) runs."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pipesgd-cluster", description=__doc__.split("\n")[0],
+                                epilog="Everything after `--` in `run` is the command to start on each node.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="create the namespaces, bridge and tbf shaping")
+    up.add_argument("--nodes", type=int, default=4, help="number of nodes (network namespaces)")
+    up.add_argument("--bandwidth", default="1gbit",
+                    help="per-link rate: 1gbit, 100mbit, 10gbit, 500kbit, 1.25GB/s (default 1gbit)")
+    up.add_argument("--burst", default=None,
+                    help="tbf bucket in bytes (65536, 64kb); default max(rate/250 Hz, 4 frames, 64 KiB)")
+    up.add_argument("--mtu", type=int, default=1500)
+    up.add_argument("--queue-ms", type=float, default=DEFAULT_QUEUE_MS,
+                    help="tbf latency: longest a packet may queue in the shaper (default %(default)g ms)")
+    up.add_argument("--egress-only", action="store_true",
+                    help="shape only what nodes send (default: also what they receive, like a full-duplex NIC)")
+    up.add_argument("--latency", "--delay", dest="latency", default=None, help=argparse.SUPPRESS)
+    up.add_argument("--force", action="store_true", help="tear down an existing cluster of that name first")
+
+    run = sub.add_parser("run", help="run a command on every node (torchrun per node by default)",
+                         description=launch.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("--nproc-per-node", type=int, default=1)
+    run.add_argument("--timeout", type=float, default=None, help="seconds; then every node is killed (exit 124)")
+    run.add_argument("--no-torchrun", action="store_true",
+                     help="run the command as is, once per node, with NODE_RANK/NNODES/MASTER_ADDR/MASTER_PORT")
+    run.add_argument("--max-restarts", type=int, default=0, help="passed to torchrun")
+
+    sub.add_parser("status", help="nodes, addresses and tbf counters")
+    meas = sub.add_parser("measure", help="one-way TCP throughput between two nodes vs the requested rate")
+    meas.add_argument("--src", type=int, default=0)
+    meas.add_argument("--dst", type=int, default=1)
+    meas.add_argument("--duration", type=float, default=2.0, help="seconds of sending (default 2)")
+    sub.add_parser("down", help="remove namespaces, veths, bridge and state (safe to repeat)")
+
+    for sp in sub.choices.values():
+        sp.add_argument("--name", default=DEFAULT_NAME, help="cluster name, prefix of every namespace (psgd…)")
+    return p
+
+
+def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def _main(args: argparse.Namespace, command: list[str]) -> int:
+    if args.command == "up":
+        if args.latency is not None:
+            raise ClusterError(NO_LATENCY)
+        try:
+            bandwidth_bps = parse_bandwidth(args.bandwidth)
+            burst = parse_size(args.burst) if args.burst else None
+        except ValueError as e:
+            raise ClusterError(str(e)) from None
+        c = Cluster.up(args.nodes, bandwidth_bps, name=args.name, burst_bytes=burst, mtu=args.mtu,
+                       queue_ms=args.queue_ms, shape_ingress=not args.egress_only, force=args.force)
+        s = c.state
+        print(f"cluster {s.name} up: {s.nodes} node(s) {s.addresses[0]}..{s.addresses[-1]}, "
+              f"{format_bandwidth(s.bandwidth_bps)} per link, burst {s.burst_bytes} B")
+        return 0
+    if args.command == "down":
+        removed = teardown(args.name)
+        print(f"cluster {args.name}: removed {len(removed)} namespace(s)" if removed
+              else f"cluster {args.name}: nothing to remove")
+        return 0
+    cluster = Cluster.load(args.name)
+    if args.command == "status":
+        print(cluster.status())
+        return 0
+    if args.command == "measure":
+        print(cluster.measure(args.src, args.dst, args.duration).summary())
+        return 0
+    # run
+    if not command:
+        raise ClusterError("no command: use `pipesgd-cluster run [options] -- COMMAND ...`")
+    return cluster.run(command, nproc_per_node=args.nproc_per_node, torchrun=not args.no_torchrun,
+                       max_restarts=args.max_restarts, timeout_s=args.timeout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    own, command = _split_command(list(sys.argv[1:] if argv is None else argv))
+    args = build_parser().parse_args(own)
+    if command and args.command != "run":
+        print("pipesgd-cluster: `--` and a command only make sense with `run`", file=sys.stderr)
+        return 2
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _main(args, command)
+    except ClusterError as e:
+        print(f"pipesgd-cluster: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("pipesgd-cluster: interrupted", file=sys.stderr)
+        return 130
+    except _Terminated:
+        print("pipesgd-cluster: terminated", file=sys.stderr)
+        return 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Bandwidth strings and tbf burst sizing for the emulated cluster.
+
+A deliberately small, local parser (tc's own spelling plus byte rates); it does not depend on any other
+units module of the project.
+"""
+from __future__ import annotations
+
+import re
+
+# Multipliers are decimal, as in tc(8) and in link speeds: 1gbit = 1e9 bit/s; binary prefixes (Mi, Gi)
+# are accepted too. The prefix is case-insensitive; the unit is not: "b" is bit, "B" is byte.
+_PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
+           "ki": 2.0**10, "mi": 2.0**20, "gi": 2.0**30, "ti": 2.0**40}
+_BITS_PER_UNIT = {"": 1, "bit": 1, "bit/s": 1, "bits/s": 1, "b/s": 1,
+                  "B": 8, "B/s": 8, "byte/s": 8, "bytes/s": 8}
+_RATE_RE = re.compile(r"^(?P<num>\d+(?:\.\d*)?|\.\d+)(?P<prefix>(?:[kKmMgGtT]i?)?)(?P<unit>[A-Za-z/]*)$")
+
+# Kernel timer frequency assumed for the burst floor (CONFIG_HZ=250 here; tc(8) asks burst >= rate/HZ).
+ASSUMED_HZ = 250
+# Ethernet framing around an MTU-sized IP packet: header 14 + FCS 4 + preamble 8 + gap 12.
+ETH_OVERHEAD_BYTES = 38
+# GSO lets veth hand tbf packets of up to 64 KiB; a burst below that makes tbf re-segment every one.
+GSO_MAX_BYTES = 65536
+
+
+def parse_bandwidth(text: str) -> float:
+    """Parse a rate such as ``1gbit``, ``100mbit``, ``500kbit``, ``10gbit``, ``1.25GB/s`` into bit/s.
+
+    Bit units: ``bit``, ``bit/s``, ``b/s``; byte units: ``B``, ``B/s``, ``byte/s``; a bare number is
+    bit/s. ``bps`` (bytes/s to tc, bits/s to most people) and a lone ``b`` are refused as ambiguous.
+    """
+    m = _RATE_RE.match((text or "").strip().replace(" ", ""))
+    unit = m.group("unit") if m else None
+    if unit == "bps" or unit == "b":
+        raise ValueError(f"ambiguous bandwidth {text!r}: write mbit (bits/s) or MB/s (bytes/s)")
+    if not m or unit not in _BITS_PER_UNIT:
+        raise ValueError(f"bad bandwidth {text!r}: expected e.g. 1gbit, 100mbit, 500kbit or 1.25GB/s")
+    value = float(m.group("num")) * _PREFIX[m.group("prefix").lower()] * _BITS_PER_UNIT[unit]
+    if value <= 0:
+        raise ValueError(f"bad bandwidth {text!r}: must be positive")
+    return value
+
+
+def format_bandwidth(bandwidth_bps: float) -> str:
+    """Human form in bit/s, e.g. ``1 Gbit/s``; used in status lines and reports."""
+    for scale, name in ((1e12, "Tbit/s"), (1e9, "Gbit/s"), (1e6, "Mbit/s"), (1e3, "kbit/s")):
+        if bandwidth_bps >= scale:
+            return f"{bandwidth_bps / scale:g} {name}"
+    return f"{bandwidth_bps:g} bit/s"
+
+
+def default_burst_bytes(bandwidth_bps: float, mtu: int = 1500) -> int:
+    """tbf bucket size: the largest of one timer tick of traffic, 4 MTU frames and one GSO packet.
+
+    Why: below ``rate/HZ`` tbf cannot reach its rate; below a few frames TCP stalls; below 64 KiB every
+    GSO super-packet from veth is re-segmented by tbf. Above that, a larger bucket only lets more of a
+    message leave at veth line rate (REFERENCES.md §3.4), so the floor is also the choice.
+    """
+    per_tick = bandwidth_bps / 8.0 / ASSUMED_HZ
+    frames = 4 * (mtu + ETH_OVERHEAD_BYTES)
+    return int(max(per_tick, frames, GSO_MAX_BYTES))
+
+
+def tbf_limit_bytes(bandwidth_bps: float, burst_bytes: int, queue_ms: float) -> int:
+    """Queue length in bytes equivalent to tbf's ``latency queue_ms`` (kept explicit for status)."""
+    return int(bandwidth_bps / 8.0 * queue_ms / 1000.0 + burst_bytes)
+
+
+_SIZE_RE = re.compile(r"^(?P<num>\d+(?:\.\d*)?)(?P<prefix>[kKmMgG]?)(?:i?[bB])?$")
+
+
+def parse_size(text: str) -> int:
+    """Parse a byte count for ``--burst``: ``65536``, ``64k``, ``64kb``, ``1mb`` (1024-based, as tc)."""
+    m = _SIZE_RE.match((text or "").strip())
+    if not m:
+        raise ValueError(f"bad size {text!r}: expected bytes, e.g. 65536, 64kb or 1mb")
+    value = int(float(m.group("num")) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[m.group("prefix").lower()])
+    if value <= 0:
+        raise ValueError(f"bad size {text!r}: must be positive")
+    return value

@@ -1,0 +1,40 @@
+"""Run a function on every rank: under torchrun (env:// rendezvous) or, launched alone, in spawned local
+gloo processes. Benchmark and experiment scripts use this so each also runs without torchrun."""
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawned(rank: int, world: int, port: int, threads: int, fn: Callable, args: tuple) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    _run(fn, args, threads)
+
+
+def _run(fn: Callable, args: tuple, threads: int, timeout_s: float = 600.0) -> Any:
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+    try:
+        return fn(dist.get_rank(), dist.get_world_size(), *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_on_ranks(fn: Callable, ranks: int, *args: Any, threads: int = 1) -> None:
+    """``fn(rank, world_size, *args)`` on every rank; under torchrun ``ranks`` is ignored."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        _run(fn, args, threads)
+    else:
+        mp.spawn(_spawned, args=(ranks, free_port(), threads, fn, args), nprocs=ranks, join=True)

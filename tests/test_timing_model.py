@@ -1,0 +1,365 @@
+"""timing_model: exact arithmetic of REFERENCES §4.1, invariants, calibration and validation on synthetic data."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+from dataclasses import replace
+
+import pytest
+
+from timing_model import collectives, formulas, straggler
+from timing_model.calibration import Calibration, Fit, Sample, fit_collective, read_calibration, write_calibration
+from timing_model.modes import MODES
+from timing_model.params import (CODEC_RATIOS, ClusterParams, CodecParams, ComputeParams, ScheduleParams,
+                                 ServerParams, build_codec)
+from timing_model.predict import Scenario, predict, sweep
+from timing_model.units import (parse_bandwidth, parse_bytes, parse_count, parse_size_range, parse_time)
+from timing_model.validation import read_runs, summarise, validate_runs
+
+MB = 1e6
+GBE = 1.25e8  # bytes/s of 1 GbE line rate
+
+
+def gbe(n: float) -> float:
+    return GBE * n
+
+
+# ---------------------------------------------------------------- exact arithmetic (REFERENCES §4.1)
+@pytest.mark.parametrize("n_gbe, expected_s", [(1, 1.2), (10, 0.120), (25, 0.048), (100, 0.012)])
+def test_ring_bandwidth_term_100MB_p4(n_gbe, expected_s):
+    assert collectives.allreduce_ring(4, 100 * MB, 0.0, 1 / gbe(n_gbe)) == pytest.approx(expected_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("p, factor, expected_s", [(2, 1.0, 0.080), (4, 1.5, 0.120), (8, 1.75, 0.140),
+                                                   (16, 1.875, 0.150)])
+def test_ring_factor_by_p_on_10gbe(p, factor, expected_s):
+    t = collectives.allreduce_ring(p, 100 * MB, 0.0, 1 / gbe(10))
+    assert t == pytest.approx(expected_s, rel=1e-12)
+    assert t / (100 * MB / gbe(10)) == pytest.approx(factor, rel=1e-12)
+
+
+def test_full_model_sync_is_pure_formula_without_latency():
+    s = Scenario(nodes=4, grad_bytes=100 * MB, bandwidth_Bps=gbe(10))
+    res = predict(s).result("sync")
+    assert res.iteration_s == pytest.approx(0.120, rel=1e-12)
+    assert res.exposed_comm_s == pytest.approx(0.120, rel=1e-12)
+    assert res.codec_s == res.straggler_s == res.interference_s == 0.0
+
+
+def test_single_parameter_server_2pM_over_B():
+    assert formulas.ps_transfer(4, 100 * MB, 0.0, gbe(10), gbe(10), 1, 2.0) == pytest.approx(0.640, rel=1e-12)
+    s = Scenario(nodes=4, grad_bytes=100 * MB, bandwidth_Bps=gbe(10))
+    assert predict(s).result("ps-sync").iteration_s == pytest.approx(0.640, rel=1e-12)
+
+
+def test_busbw_and_algbw():
+    assert collectives.algbw(1e9, 0.010) == pytest.approx(100e9)
+    assert collectives.busbw(8, 1e9, 0.010) == pytest.approx(175e9)
+    assert collectives.busbw(8, 1e9, 0.010, "allgather") == pytest.approx(87.5e9)
+
+
+def test_byteps_bound():
+    assert collectives.byteps_bound(4, 0, 100 * MB, 1.25e9) == pytest.approx(0.120)
+    assert collectives.byteps_bound(4, 4, 100 * MB, 1.25e9) == pytest.approx(0.080)
+
+
+@pytest.mark.parametrize("n, simple, ll", [(2, 36.4, 12.0), (4, 92.4, 22.8), (8, 204.4, 44.4)])
+def test_nccl_ring_latency(n, simple, ll):
+    assert collectives.nccl_ring_latency_us(n, "Simple") == pytest.approx(simple)
+    assert collectives.nccl_ring_latency_us(n, "LL") == pytest.approx(ll)
+
+
+def test_hockney_half_size():
+    assert collectives.hockney_half_size(50e-6, gbe(1)) == pytest.approx(6250)
+    assert collectives.hockney_half_size(36e-6, 12e9) == pytest.approx(432e3)
+
+
+def test_straggler_tables():
+    assert [straggler.expected_max_normal_factor(p) for p in (2, 4, 8, 16)] == [0.564, 1.029, 1.424, 1.766]
+    for p, table in ((2, 0.564), (4, 1.029), (8, 1.424), (16, 1.766)):  # the table agrees with the integral
+        assert straggler._integrate_max_factor(p) == pytest.approx(table, abs=6e-4)
+    assert straggler.expected_max_normal_factor(3) == pytest.approx(3 / (2 * math.sqrt(math.pi)), abs=1e-6)
+    assert straggler.expected_max_normal(4, 0.1, 0.01) == pytest.approx(0.1 + 1.029 * 0.01)
+    assert [round(straggler.harmonic(p), 3) for p in (2, 4, 8)] == [1.5, 2.083, 2.718]
+    assert straggler.expected_max_exponential(2, 1.0) == pytest.approx(1.5)
+
+
+def test_pipe_vs_sync_exactly_two_when_compute_equals_comm():
+    assert formulas.pipe_speedup_vs_sync(0.12, 0.12, 0.0) == 2.0
+    s = Scenario(nodes=4, grad_bytes=100 * MB, bandwidth_Bps=gbe(10), compute_s=0.120)
+    assert predict(s).speedup("pipe", "sync") == pytest.approx(2.0, rel=1e-12)
+    assert predict(replace(s, slowdown=0.1)).speedup("pipe", "sync") < 2.0
+
+
+def test_codec_ratios_and_passes():
+    assert CODEC_RATIOS["q8"] == 4 * 4096 / 4100
+    assert CODEC_RATIOS["q4"] == 8 * 4096 / 4104
+    assert CODEC_RATIOS["sign"] == 32 * 4096 / 4128
+    assert CODEC_RATIOS["bf16"] == CODEC_RATIOS["fp16"] == 2.0
+    assert formulas.codec_passes(4, per_hop=True) == (4, 6)
+    assert formulas.codec_passes(4, per_hop=False) == (1, 1)
+    assert formulas.codec_passes(1, per_hop=True) == (0, 0)
+    # per hop: (E + D)·(M/p)/rate = (3p − 2)/p·M/rate
+    assert formulas.codec_time(4, 100 * MB, 1e9, 1e9, True) == pytest.approx(2.5 * 0.1)
+
+
+# ---------------------------------------------------------------- invariants
+def _random_scenario(rng: random.Random, **overrides) -> Scenario:
+    fields = dict(nodes=rng.choice([1, 2, 3, 4, 8, 16]), grad_bytes=rng.uniform(1e4, 5e8),
+                  bandwidth_Bps=rng.uniform(1e7, 5e10), latency_s=rng.uniform(0, 1e-4),
+                  overhead_s=rng.uniform(0, 1e-3), compute_s=rng.uniform(0, 0.5),
+                  compute_std_s=rng.uniform(0, 0.02), update_s=rng.uniform(0, 0.01),
+                  overlap_fraction=rng.uniform(0, 1), collective=rng.choice(["ring", "rabenseifner", "tree"]))
+    fields.update(overrides)
+    return Scenario(**fields)
+
+
+def test_one_worker_has_no_communication():
+    s = Scenario(nodes=1, grad_bytes=100 * MB, bandwidth_Bps=gbe(1), latency_s=1e-4, overhead_s=1e-3,
+                 compute_s=0.1, update_s=0.01, compute_std_s=0.01, ps_colocated=True)
+    for res in predict(s).results:
+        assert res.comm_total_s == 0.0, res.mode
+        assert res.iteration_s == pytest.approx(0.11), res.mode
+        assert res.regime == "no-communication"
+    for fn in collectives.ALLREDUCE.values():
+        assert fn(1, 1e8, 1e-4, 1e-9, 1e-10, 1e-3) == 0.0
+
+
+def test_bandwidth_term_nondecreasing_in_p_and_below_2M_over_B():
+    M, B = 100 * MB, gbe(10)
+    terms = [collectives.allreduce_ring(p, M, 0.0, 1 / B) for p in range(1, 129)]
+    assert all(b >= a for a, b in zip(terms, terms[1:]))
+    assert all(t < 2 * M / B for t in terms)
+    with_latency = [collectives.allreduce_ring(p, M, 5e-5, 1 / B, 1e-10, 1e-4) for p in range(1, 129)]
+    assert all(b >= a for a, b in zip(with_latency, with_latency[1:]))
+
+
+def test_pipe_at_most_twice_sync_and_never_slower():
+    rng = random.Random(5)
+    for _ in range(300):
+        pred = predict(_random_scenario(rng))
+        speedup = pred.speedup("pipe", "sync")
+        assert 1.0 - 1e-12 <= speedup <= 2.0 + 1e-12
+
+
+def test_breakdown_terms_add_up():
+    rng = random.Random(7)
+    for _ in range(200):
+        s = _random_scenario(rng, compression=rng.choice(list(CODEC_RATIOS)), encode_Bps=rng.uniform(1e8, 1e10),
+                             decode_Bps=rng.uniform(1e8, 1e10), slowdown=rng.uniform(0, 0.5))
+        for r in predict(s).results:
+            parts = r.compute_s + r.straggler_s + r.interference_s + r.update_s + r.exposed_comm_s + r.codec_s
+            assert parts == pytest.approx(r.iteration_s, rel=1e-9, abs=1e-15), r
+            assert min(r.exposed_comm_s, r.codec_s, r.interference_s, r.hidden_comm_s) >= 0
+
+
+def test_compression_helps_only_when_saved_transfer_exceeds_codec_time():
+    rng = random.Random(11)
+    seen = set()
+    for _ in range(300):
+        p, M, B = rng.choice([2, 4, 8]), rng.uniform(1e6, 4e8), rng.uniform(1e8, 1e10)
+        name = rng.choice(["fp16", "q8", "q4", "sign"])
+        enc, dec = rng.uniform(5e7, 2e10), rng.uniform(5e7, 2e10)
+        base = Scenario(nodes=p, grad_bytes=M, bandwidth_Bps=B, compute_s=0.05)
+        plain = predict(base, ("sync",)).result("sync").iteration_s
+        packed = predict(replace(base, compression=name, encode_Bps=enc, decode_Bps=dec), ("sync",))
+        saved = formulas.saved_transfer(p, M, B, CODEC_RATIOS[name])
+        cost = formulas.codec_time(p, M, enc, dec, True)
+        helps = packed.result("sync").iteration_s < plain
+        assert helps == (saved > cost)
+        seen.add(helps)
+    assert seen == {True, False}
+
+
+def test_regime_label():
+    s = Scenario(nodes=4, grad_bytes=4000, bandwidth_Bps=gbe(1), latency_s=50e-6)
+    assert predict(s).result("sync").regime == "latency-bound"  # M/p = 1 KB < n½ = 6.25 KB
+    assert predict(replace(s, grad_bytes=100 * MB)).result("sync").regime == "bandwidth-bound"
+    assert predict(replace(s, latency_s=0.0)).result("sync").regime == "bandwidth-bound"
+
+
+def test_ddp_limits_and_width_one_pipe():
+    s = Scenario(nodes=4, grad_bytes=100 * MB, bandwidth_Bps=gbe(10), compute_s=0.1, update_s=0.005)
+    sync = predict(s).result("sync").iteration_s
+    assert predict(replace(s, overlap_fraction=0.0)).result("ddp").iteration_s == pytest.approx(sync)
+    assert predict(replace(s, width=1)).result("pipe").iteration_s == pytest.approx(sync)
+    ddp = predict(s).result("ddp").iteration_s
+    assert predict(s).result("pipe").iteration_s <= ddp <= sync
+
+
+def test_straggler_only_in_synchronous_modes():
+    s = Scenario(nodes=4, grad_bytes=1 * MB, bandwidth_Bps=gbe(10), compute_s=0.1, compute_std_s=0.01)
+    pred = predict(s)
+    assert pred.result("sync").straggler_s == pytest.approx(1.029 * 0.01)
+    assert pred.result("ps-async").straggler_s == 0.0
+    assert pred.result("ps-async").staleness == 3 and pred.result("pipe").staleness == 1
+
+
+def test_ps_async_is_bounded_by_the_server_link():
+    s = Scenario(nodes=8, grad_bytes=100 * MB, bandwidth_Bps=gbe(10), compute_s=0.01)
+    res = predict(s).result("ps-async")
+    assert res.iteration_s == pytest.approx(2 * 8 * 100 * MB / gbe(10))  # p updates at k·B_s/(2M) per s
+
+
+def test_sweep_covers_the_grid():
+    base = Scenario(nodes=2, grad_bytes=100 * MB, bandwidth_Bps=gbe(1), compute_s=0.1)
+    preds = sweep(base, {"nodes": [2, 4, 8], "bandwidth_Bps": [gbe(1), gbe(10)]})
+    assert len(preds) == 6 and all(p.winner() in MODES for p in preds)
+    with pytest.raises(ValueError):
+        sweep(base, {"colour": [1]})
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ClusterParams(0, 1e6, 1e9),
+    lambda: ClusterParams(2, 1e6, 0.0),
+    lambda: ClusterParams(2, 1e6, -1e9),
+    lambda: ClusterParams(2, -1.0, 1e9),
+    lambda: ClusterParams(2, 1e6, 1e9, latency_s=-1e-6),
+    lambda: ClusterParams(2, 1e6, 1e9, collective="butterfly"),
+    lambda: ComputeParams(-0.1),
+    lambda: ComputeParams(0.1, compute_std_s=math.nan),
+    lambda: CodecParams("x", ratio=0.5),
+    lambda: ServerParams(servers=0),
+    lambda: ScheduleParams(width=0),
+    lambda: ScheduleParams(overlap_fraction=1.5),
+    lambda: build_codec("zip"),
+])
+def test_parameter_records_reject_nonsense(make):
+    with pytest.raises(ValueError):
+        make()
+
+
+# ---------------------------------------------------------------- units
+@pytest.mark.parametrize("text, value", [
+    ("1gbit", 1.25e8), ("10gbit", 1.25e9), ("10Gb/s", 1.25e9), ("10Gbps", 1.25e9), ("10GbE", 1.25e9),
+    ("1.25GB/s", 1.25e9), ("100Mbit/s", 1.25e7), ("500MiB/s", 500 * 2**20), ("1e9", 1e9),
+])
+def test_parse_bandwidth(text, value):
+    assert parse_bandwidth(text) == pytest.approx(value)
+
+
+def test_parse_other_units():
+    assert parse_time("50us") == pytest.approx(50e-6)
+    assert parse_time("2ms") == pytest.approx(2e-3)
+    assert parse_time("0.12") == pytest.approx(0.12)
+    assert parse_count("25M") == 25_000_000 and parse_count("61M") == 61_000_000
+    assert parse_bytes("100MB") == 1e8 and parse_bytes("4KiB") == 4096 and parse_bytes("1GiB") == 2**30
+    assert parse_size_range("4KB:64MB") == [2**k for k in range(12, 27)]
+
+
+@pytest.mark.parametrize("fn, text", [
+    (parse_bandwidth, "-1gbit"), (parse_bandwidth, "0gbit"), (parse_bandwidth, "10gbot"), (parse_bandwidth, "fast"),
+    (parse_bandwidth, "10G"), (parse_time, "5 parsecs"), (parse_time, "-1ms"), (parse_bytes, "12 apples"),
+    (parse_count, "61X"), (parse_bandwidth, "inf"), (parse_size_range, "64MB:4KB"),
+])
+def test_parse_rejects_nonsense(fn, text):
+    with pytest.raises(ValueError, match=r"\S"):
+        fn(text)
+
+
+# ---------------------------------------------------------------- calibration
+def _synthetic_samples(c0, alpha, bandwidth, reduce_rate, noise, seed=0, nodes=(2, 4, 8)):
+    rng = random.Random(seed)
+    out = []
+    for p in nodes:
+        for k in range(12, 27):
+            M = float(2**k)
+            t = collectives.allreduce_ring(p, M, alpha, 1 / bandwidth, 1 / reduce_rate, c0)
+            out.append(Sample("allreduce", "ring", "none", p, M, t * (1 + rng.uniform(-noise, noise))))
+    for k in range(12, 27):
+        t = 2**k / reduce_rate + 3e-6
+        out.append(Sample("reduce", "local", "none", 1, float(2**k), t * (1 + rng.uniform(-noise, noise))))
+    return out
+
+
+def test_calibration_recovers_known_terms_from_noisy_timings():
+    c0, alpha, bandwidth, reduce_rate = 150e-6, 40e-6, 1.1e9, 4e9
+    fit = fit_collective(_synthetic_samples(c0, alpha, bandwidth, reduce_rate, noise=0.01))
+    assert fit.latency_s == pytest.approx(alpha, rel=0.05)
+    assert fit.overhead_s == pytest.approx(c0, rel=0.05)
+    assert fit.bandwidth_Bps == pytest.approx(bandwidth, rel=0.03)
+    assert fit.reduce_Bps == pytest.approx(reduce_rate, rel=0.05)
+    assert fit.median_abs_rel_err < 0.01 and fit.max_abs_rel_err < 0.03
+
+
+def test_calibration_exact_without_noise_and_notes_at_one_cluster_size():
+    fit = fit_collective(_synthetic_samples(0.0, 30e-6, 2e9, 1e10, noise=0.0))
+    assert fit.latency_s == pytest.approx(30e-6, rel=1e-6) and fit.bandwidth_Bps == pytest.approx(2e9, rel=1e-6)
+    single = fit_collective([s for s in _synthetic_samples(1e-4, 30e-6, 2e9, 1e10, 0.0, nodes=(4,))
+                             if s.kind == "allreduce"])
+    assert single.overhead_s == 0.0 and len(single.notes) == 2
+    assert single.latency_s == pytest.approx(30e-6 + 1e-4 / 6, rel=1e-3)  # α absorbs c0/(2(p−1))
+    with pytest.raises(ValueError):
+        fit_collective([])
+
+
+def test_calibration_file_round_trip(tmp_path):
+    samples = _synthetic_samples(1e-4, 30e-6, 2e9, 1e10, noise=0.01)
+    cal = Calibration({"ring": fit_collective(samples)}, {"q8": (2e9, 3e9)}, None, samples, [],
+                      {"backend": "gloo", "world_size": 8})
+    path = tmp_path / "calib.json"
+    write_calibration(str(path), cal)
+    assert [p.name for p in tmp_path.iterdir()] == ["calib.json"]  # no temporary file left behind
+    back = read_calibration(str(path))
+    assert back.fits["ring"] == cal.fits["ring"] and back.codecs == cal.codecs
+    assert back.fit_for("ddp") == cal.fits["ring"] and back.meta["world_size"] == 8
+    json.loads(path.read_text())  # strict JSON
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        read_calibration(str(tmp_path / "bad.json"))
+    with pytest.raises(ValueError, match="not found"):
+        read_calibration(str(tmp_path / "missing.json"))
+
+
+# ---------------------------------------------------------------- validation
+FIT = Fit(overhead_s=2e-4, latency_s=3e-5, bandwidth_Bps=1.2e8, reduce_Bps=math.inf, n_samples=0,
+          median_abs_rel_err=0.0, max_abs_rel_err=0.0)
+
+
+def write_run(folder, name, mode, world, grad_bytes, compute_s, update_s, scale=1.0, steps=12, width=2):
+    """Metrics files of a synthetic run whose iteration time is the model's prediction × scale."""
+    s = Scenario(nodes=world, grad_bytes=grad_bytes, bandwidth_Bps=FIT.bandwidth_Bps, latency_s=FIT.latency_s,
+                 overhead_s=FIT.overhead_s, compute_s=compute_s, update_s=update_s, width=width)
+    t_iter = predict(s, (mode,)).result(mode).iteration_s * scale
+    paths = []
+    for rank in range(world):
+        path = os.path.join(folder, f"{name}.rank{rank}.jsonl")
+        with open(path, "w") as out:
+            if rank == 0:
+                out.write(json.dumps({"type": "config", "mode": mode, "world_size": world, "width": width,
+                                      "compression": "none", "grad_bytes": grad_bytes}) + "\n")
+            for step in range(steps):
+                jitter = 1 + 0.002 * ((step + rank) % 3 - 1)
+                out.write(json.dumps({"type": "step", "step": step, "rank": rank, "mode": mode,
+                                      "t_iter": t_iter * jitter, "t_compute": compute_s, "t_wait": 0.0,
+                                      "t_update": update_s, "bytes_sent": 0}) + "\n")
+        paths.append(path)
+    return paths
+
+
+def test_validate_synthetic_runs(tmp_path):
+    paths = write_run(tmp_path, "pipe4", "pipe", 4, 8e6, 0.05, 0.004)
+    paths += write_run(tmp_path, "sync2", "sync", 2, 8e6, 0.05, 0.004, scale=1.10)
+    cal = Calibration({"ring": FIT, "backend": FIT})
+    checks = validate_runs(read_runs(paths, skip=3), cal)
+    by_mode = {c.mode: c for c in checks}
+    assert by_mode["pipe"].error == pytest.approx(0.0, abs=0.005) and by_mode["pipe"].steps == 9
+    assert by_mode["sync"].error == pytest.approx(1 / 1.10 - 1, abs=0.005)
+    summary = summarise(checks)
+    assert summary["runs"] == 2 and summary["max_abs_error"] == pytest.approx(abs(1 / 1.10 - 1), abs=0.005)
+
+
+def test_validate_rejects_bad_metrics(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"type": "step", "step": 5\n')
+    with pytest.raises(ValueError, match="malformed JSON"):
+        read_runs([str(bad)])
+    with pytest.raises(ValueError, match="not found"):
+        read_runs([str(tmp_path / "nope.jsonl")])
+    nosize = tmp_path / "nosize.jsonl"
+    nosize.write_text(json.dumps({"type": "step", "step": 5, "rank": 0, "mode": "ddp", "t_iter": 0.1,
+                                  "t_compute": 0.1, "t_update": 0.0}) + "\n")
+    with pytest.raises(ValueError, match="gradient size"):
+        read_runs([str(nosize)])

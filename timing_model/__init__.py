@@ -1,0 +1,47 @@
+"""timing_model: an analytic model of data-parallel iteration time (ps-sync, ps-async, sync, ddp, Pipe-SGD)
+in latency, bandwidth, cluster size and compute time; calibrated on a real cluster and validated on real runs.
+
+Pure functions of frozen parameter records (``params``); α-β-γ collective costs (``collectives``) and mode
+equations (``formulas``) carry the paper's symbols; ``predict`` returns named breakdowns per mode.
+"""
+from timing_model.calibration import Calibration, Fit, Sample, fit_collective, read_calibration, write_calibration
+from timing_model.modes import MODES, ModeResult, predict_mode
+from timing_model.params import (CODEC_RATIOS, ClusterParams, CodecParams, ComputeParams, ScheduleParams,
+                                 ServerParams, build_codec)
+from timing_model.predict import Prediction, Scenario, predict, sweep
+from timing_model.straggler import expected_max_exponential, expected_max_normal, expected_max_normal_factor
+from timing_model.units import parse_bandwidth, parse_bytes, parse_count, parse_time
+from timing_model.validation import read_runs, summarise, validate_runs
+
+__all__ = [
+    "MODES",
+    "CODEC_RATIOS",
+    "ClusterParams",
+    "ComputeParams",
+    "CodecParams",
+    "ServerParams",
+    "ScheduleParams",
+    "build_codec",
+    "ModeResult",
+    "predict_mode",
+    "Scenario",
+    "Prediction",
+    "predict",
+    "sweep",
+    "expected_max_normal",
+    "expected_max_normal_factor",
+    "expected_max_exponential",
+    "Sample",
+    "Fit",
+    "Calibration",
+    "fit_collective",
+    "read_calibration",
+    "write_calibration",
+    "read_runs",
+    "validate_runs",
+    "summarise",
+    "parse_bandwidth",
+    "parse_bytes",
+    "parse_count",
+    "parse_time",
+]

@@ -1,0 +1,235 @@
+"""Fit the model's network terms (overhead, latency, bandwidth, reduction rate) to measured timings, and
+read/write the calibration JSON.
+
+Fit (REFERENCES §3): least squares on *relative* error, i.e. minimise Σ ((model_i − t_i)/t_i)², so small
+messages (which fix latency) weigh as much as large ones (which fix bandwidth). The model is linear in
+its four unknowns, so each row is the formula evaluated at a unit vector of (overhead, latency,
+seconds-per-byte, reduce seconds-per-byte), divided by t_i. Negative estimates are fixed at zero and the
+rest refitted. Identifiability: overhead and latency separate only with ≥ 2 cluster sizes (else overhead
+is fixed at 0 and latency absorbs it); the reduction rate separates from bandwidth only through local
+``reduce`` samples (timings of ``add_``), else it is fixed at infinity (free) and bandwidth absorbs it.
+
+Calibration file (``schema`` = ``pipesgd-timing/calibration/1``), written atomically::
+
+    {"schema", "created_utc", "backend", "device", "world_size",
+     "grid": {"nodes": [...], "sizes_bytes": [...], "repeats", "warmup", "compressions": [...]},
+     "fits": {"ring": FIT, "backend": FIT},          # ring = pipesgd.ring_allreduce, backend = all_reduce
+     "codecs": {"bf16": {"encode_Bps", "decode_Bps"}, ...},
+     "compute": {"model", "batch_size", "compute_s"} | null,
+     "samples": [SAMPLE, ...], "residuals": [RESIDUAL, ...], "notes": [...]}
+    FIT = {"overhead_s", "latency_s", "bandwidth_Bps", "reduce_Bps" (null = free), "n_samples",
+           "median_abs_rel_err", "max_abs_rel_err", "notes"}
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import tempfile
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from . import collectives
+
+__all__ = ["SCHEMA", "Sample", "Fit", "Calibration", "fit_collective", "residual_table",
+           "write_calibration", "read_calibration"]
+
+SCHEMA = "pipesgd-timing/calibration/1"
+_PARAMS = ("overhead_s", "latency_s", "sec_per_byte", "reduce_sec_per_byte", "reduce_call_s")
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One measured point: the slowest rank's median seconds for one call."""
+
+    kind: str  # 'allreduce' (a collective over `nodes` ranks) or 'reduce' (local add_ of n_bytes)
+    collective: str  # 'ring' (our ring), 'backend' (all_reduce of the process group) or 'local'
+    compression: str  # codec on the ring ('none' for the fit)
+    nodes: int  # ranks taking part
+    n_bytes: float  # fp32 bytes of the tensor
+    seconds: float  # measured time
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("allreduce", "reduce"):
+            raise ValueError(f"sample kind must be 'allreduce' or 'reduce', got {self.kind!r}")
+        if not (self.seconds > 0 and math.isfinite(self.seconds)):
+            raise ValueError(f"sample seconds must be positive and finite, got {self.seconds!r}")
+        if self.nodes < 1 or self.n_bytes <= 0:
+            raise ValueError(f"sample needs nodes >= 1 and n_bytes > 0, got {self.nodes}, {self.n_bytes}")
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """Fitted network terms of one collective implementation."""
+
+    overhead_s: float  # c0 per call
+    latency_s: float  # α per ring step
+    bandwidth_Bps: float  # B = 1/β
+    reduce_Bps: float  # 1/γ (inf: not identified or free)
+    n_samples: int
+    median_abs_rel_err: float
+    max_abs_rel_err: float
+    notes: tuple[str, ...] = field(default=())
+
+    def predict(self, nodes: int, n_bytes: float, algorithm: str = "ring") -> float:
+        """Predicted seconds of one uncompressed allreduce of ``n_bytes`` over ``nodes`` ranks."""
+        gamma = 0.0 if math.isinf(self.reduce_Bps) else 1.0 / self.reduce_Bps
+        return collectives.ALLREDUCE[algorithm](nodes, n_bytes, self.latency_s, 1.0 / self.bandwidth_Bps,
+                                                gamma, self.overhead_s)
+
+    def as_json(self) -> dict:
+        out = asdict(self)
+        out["reduce_Bps"] = None if math.isinf(self.reduce_Bps) else self.reduce_Bps
+        out["notes"] = list(self.notes)
+        return out
+
+    @staticmethod
+    def from_json(data: dict) -> "Fit":
+        reduce_Bps = data.get("reduce_Bps")
+        return Fit(float(data["overhead_s"]), float(data["latency_s"]), float(data["bandwidth_Bps"]),
+                   math.inf if reduce_Bps is None else float(reduce_Bps), int(data.get("n_samples", 0)),
+                   float(data.get("median_abs_rel_err", math.nan)), float(data.get("max_abs_rel_err", math.nan)),
+                   tuple(data.get("notes", ())))
+
+
+def _features(sample: Sample, algorithm: str) -> list[float]:
+    """The sample's model row: coefficient of each unknown in ``_PARAMS`` order."""
+    if sample.kind == "reduce":
+        return [0.0, 0.0, 0.0, sample.n_bytes, 1.0]
+    fn = collectives.ALLREDUCE[algorithm]
+    workers, n_bytes = sample.nodes, sample.n_bytes
+    return [fn(workers, n_bytes, 0.0, 0.0, 0.0, 1.0), fn(workers, n_bytes, 1.0, 0.0, 0.0, 0.0),
+            fn(workers, n_bytes, 0.0, 1.0, 0.0, 0.0), fn(workers, n_bytes, 0.0, 0.0, 1.0, 0.0), 0.0]
+
+
+def _solve_nonnegative(A: np.ndarray, b: np.ndarray, active: list[int]) -> np.ndarray:
+    """Least squares over the columns in ``active``; drop the most negative estimate until none is."""
+    active = list(active)
+    while True:
+        x = np.zeros(A.shape[1])
+        if active:
+            x[active] = np.linalg.lstsq(A[:, active], b, rcond=None)[0]
+        negative = [j for j in active if x[j] < 0]
+        if not negative:
+            return x
+        active.remove(min(negative, key=lambda j: x[j]))
+
+
+def fit_collective(samples: list[Sample], collective: str = "ring", algorithm: str = "ring") -> Fit:
+    """Fit c0, α, β (and γ when ``reduce`` samples exist) to the uncompressed samples of ``collective``."""
+    # Step 1: keep the samples this fit may use.
+    use = [s for s in samples if (s.kind == "allreduce" and s.collective == collective
+                                  and s.compression == "none" and s.nodes >= 2) or s.kind == "reduce"]
+    coll = [s for s in use if s.kind == "allreduce"]
+    if len(coll) < 2:
+        raise ValueError(f"need at least 2 uncompressed allreduce samples of {collective!r} over >= 2 ranks, "
+                         f"got {len(coll)}")
+    notes, active = [], [0, 1, 2, 3, 4]
+    # Step 2: drop the unknowns the grid cannot identify.
+    if len({s.nodes for s in coll}) < 2:
+        active.remove(0)
+        notes.append("one cluster size only: overhead fixed at 0, latency absorbs it")
+    if not any(s.kind == "reduce" for s in use):
+        active.remove(3)
+        active.remove(4)
+        notes.append("no local reduce samples: reduction folded into bandwidth")
+    # Step 3: weighted least squares on relative error, non-negative.
+    A = np.array([_features(s, algorithm) for s in use]) / np.array([[s.seconds] for s in use])
+    x = _solve_nonnegative(A, np.ones(len(use)), active)
+    labels = {0: "overhead", 1: "latency", 3: "reduction"}
+    notes += [f"{labels[j]} fitted below zero: fixed at 0" for j in labels if j in active and x[j] == 0.0]
+    if x[2] <= 0:
+        raise ValueError("fit gave no bandwidth term: add larger message sizes to the grid")
+    fit = Fit(float(x[0]), float(x[1]), float(1.0 / x[2]), math.inf if x[3] <= 0 else float(1.0 / x[3]),
+              len(coll), 0.0, 0.0, tuple(notes))
+    errors = [abs(row["rel_err"]) for row in residual_table(coll, fit, algorithm)]
+    return Fit(fit.overhead_s, fit.latency_s, fit.bandwidth_Bps, fit.reduce_Bps, len(coll),
+               statistics.median(errors), max(errors), tuple(notes))
+
+
+def residual_table(samples: list[Sample], fit: Fit, algorithm: str = "ring",
+                   codecs: dict[str, tuple[float, float]] | None = None,
+                   ratios: dict[str, float] | None = None) -> list[dict]:
+    """Measured vs predicted per allreduce sample; compressed ring samples use the per-hop codec model."""
+    from .formulas import codec_time  # symbols stay in the formula modules
+
+    rows = []
+    for s in samples:
+        if s.kind != "allreduce":
+            continue
+        if s.compression == "none":
+            predicted = fit.predict(s.nodes, s.n_bytes, algorithm)
+        else:
+            ratio = (ratios or {}).get(s.compression, 1.0)
+            enc, dec = (codecs or {}).get(s.compression, (math.inf, math.inf))
+            wire = Fit(fit.overhead_s, fit.latency_s, fit.bandwidth_Bps * ratio, fit.reduce_Bps, 0, 0.0, 0.0)
+            predicted = wire.predict(s.nodes, s.n_bytes, algorithm) + codec_time(s.nodes, s.n_bytes, enc, dec, True)
+        rows.append({"collective": s.collective, "compression": s.compression, "nodes": s.nodes,
+                     "n_bytes": s.n_bytes, "measured_s": s.seconds, "predicted_s": predicted,
+                     "rel_err": (predicted - s.seconds) / s.seconds})
+    return rows
+
+
+@dataclass(slots=True)
+class Calibration:
+    """Everything ``calibrate`` measured and fitted; ``validate`` and ``predict --calibration`` read it."""
+
+    fits: dict[str, Fit]  # 'ring' and/or 'backend'
+    codecs: dict[str, tuple[float, float]] = field(default_factory=dict)  # name → (encode_Bps, decode_Bps)
+    compute: dict | None = None  # {'model', 'batch_size', 'compute_s'} when measured
+    samples: list[Sample] = field(default_factory=list)
+    residuals: list[dict] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)  # created_utc, backend, device, world_size, grid, notes
+
+    def fit_for(self, mode: str) -> Fit:
+        """Our ring serves sync and pipe; the backend's all_reduce serves ddp and the parameter server."""
+        order = ("ring", "backend") if mode in ("sync", "pipe") else ("backend", "ring")
+        for name in order:
+            if name in self.fits:
+                return self.fits[name]
+        raise ValueError("calibration has no fits")
+
+
+def write_calibration(path: str, cal: Calibration) -> None:
+    """Write the calibration JSON atomically (temporary file in the same folder, then rename)."""
+    data = {"schema": SCHEMA, **cal.meta,
+            "fits": {name: fit.as_json() for name, fit in cal.fits.items()},
+            "codecs": {name: {"encode_Bps": e, "decode_Bps": d} for name, (e, d) in cal.codecs.items()},
+            "compute": cal.compute, "samples": [asdict(s) for s in cal.samples], "residuals": cal.residuals}
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".calib-", suffix=".json", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(data, out, indent=2, allow_nan=False, default=lambda v: None)
+            out.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def read_calibration(path: str) -> Calibration:
+    """Read a calibration JSON; a missing file, bad JSON or wrong schema raises ``ValueError``."""
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+    except FileNotFoundError:
+        raise ValueError(f"calibration file {path!r} not found") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"calibration file {path!r} is not valid JSON ({err.msg}, line {err.lineno})") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ValueError(f"calibration file {path!r}: expected schema {SCHEMA!r}")
+    try:
+        fits = {name: Fit.from_json(fit) for name, fit in data["fits"].items()}
+        codecs = {name: (float(c["encode_Bps"]), float(c["decode_Bps"])) for name, c in data.get("codecs", {}).items()}
+        samples = [Sample(**s) for s in data.get("samples", [])]
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"calibration file {path!r}: malformed ({err})") from None
+    if not fits:
+        raise ValueError(f"calibration file {path!r}: no fits")
+    meta = {k: v for k, v in data.items() if k not in ("schema", "fits", "codecs", "compute", "samples", "residuals")}
+    return Calibration(fits, codecs, data.get("compute"), samples, data.get("residuals", []), meta)

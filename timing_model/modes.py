@@ -1,0 +1,195 @@
+"""Per-mode iteration time with a named breakdown: ps-sync, ps-async, sync, ddp and pipe.
+
+Each ``predict_<mode>`` is a pure function of the frozen parameter records and returns a
+``ModeResult`` whose terms add up to the iteration time:
+``iteration_s = compute_s + straggler_s + interference_s + update_s + exposed_comm_s + codec_s``.
+For ps-async the "iteration" is the time the cluster needs for as many updates as there are workers
+(the same work as one synchronous iteration), so throughputs and speedups compare like for like.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from . import collectives, formulas
+from .params import ClusterParams, CodecParams, ComputeParams, ScheduleParams, ServerParams
+from .straggler import expected_max_normal
+
+__all__ = ["MODES", "ModeResult", "CommCost", "allreduce_cost", "ps_cost", "predict_mode",
+           "predict_ps_sync", "predict_ps_async", "predict_sync", "predict_ddp", "predict_pipe"]
+
+MODES = ("ps-sync", "ps-async", "sync", "ddp", "pipe")
+
+
+@dataclass(frozen=True, slots=True)
+class CommCost:
+    """One iteration's communication: total seconds, the codec part of it, and how it splits."""
+
+    total_s: float  # all communication of one iteration, codec included
+    codec_s: float  # encode + decode seconds inside total_s
+    last_bucket_s: float  # one bucket's collective (what DDP cannot hide)
+    buckets: int  # collective calls per iteration
+    message_bytes: float  # bytes of one message on the wire (for the regime label)
+
+
+@dataclass(frozen=True, slots=True)
+class ModeResult:
+    """Predicted steady-state iteration of one training mode; all times in seconds."""
+
+    mode: str
+    iteration_s: float  # wall-clock seconds per iteration (sum of the six terms below)
+    compute_s: float  # mean forward+backward
+    straggler_s: float  # extra wait for the slowest worker, E[max] − mean
+    interference_s: float  # compute slow-down from communication running alongside
+    update_s: float  # optimizer step
+    exposed_comm_s: float  # transfer, latency and reduction time not hidden behind compute
+    codec_s: float  # encode/decode time not hidden behind compute
+    comm_total_s: float  # all communication including codec, hidden or not
+    hidden_comm_s: float  # comm_total_s − exposed_comm_s − codec_s
+    throughput_it_s: float  # iterations per second
+    samples_per_s: float  # workers × batch per worker / iteration_s (0 when the batch is unknown)
+    staleness: float  # how many iterations old an applied gradient is
+    regime: str  # 'latency-bound', 'bandwidth-bound' or 'no-communication'
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _buckets(grad_bytes: float, bucket_bytes: float) -> int:
+    if bucket_bytes <= 0 or grad_bytes <= 0:
+        return 1
+    return max(1, math.ceil(grad_bytes / bucket_bytes - 1e-9))
+
+
+def _regime(cluster: ClusterParams, message_bytes: float, comm_s: float) -> str:
+    if comm_s <= 0:
+        return "no-communication"
+    half = collectives.hockney_half_size(cluster.latency_s, cluster.bandwidth_Bps)
+    return "latency-bound" if message_bytes < half else "bandwidth-bound"
+
+
+def allreduce_cost(cluster: ClusterParams, codec: CodecParams, schedule: ScheduleParams,
+                   collective: str | None = None, per_hop: bool = True) -> CommCost:
+    """Allreduce of the whole gradient in buckets; codec per hop (our ring) or once at the ends."""
+    algorithm = collective or cluster.collective
+    workers, buckets = cluster.nodes, _buckets(cluster.grad_bytes, schedule.bucket_bytes)
+    bucket = cluster.grad_bytes / buckets
+    reduce_s_per_byte = 0.0 if math.isinf(cluster.reduce_Bps) else 1.0 / cluster.reduce_Bps
+    wire_s_per_byte = 1.0 / (cluster.bandwidth_Bps * codec.ratio)  # payload is 1/ratio of the fp32 bytes
+    one = collectives.ALLREDUCE[algorithm](workers, bucket, cluster.latency_s, wire_s_per_byte, reduce_s_per_byte,
+                                           cluster.overhead_s)
+    hop = per_hop and algorithm == "ring"
+    codec_s = formulas.codec_time(workers, cluster.grad_bytes, codec.encode_Bps, codec.decode_Bps, hop)
+    split = workers if algorithm in ("ring", "rabenseifner") else 1
+    return CommCost(one * buckets + codec_s, codec_s, one + codec_s / buckets, buckets,
+                    bucket / codec.ratio / split)
+
+
+def ps_cost(cluster: ClusterParams, codec: CodecParams, schedule: ScheduleParams, server: ServerParams,
+            asynchronous: bool = False) -> CommCost:
+    """Parameter-server push + pull of the whole gradient, codec once at the worker.
+
+    Synchronous: all workers' flows meet at the servers. Asynchronous: one worker's own push and pull
+    (server contention is the separate server-rate limit of ``formulas.ps_async_rate``).
+    """
+    workers, buckets = cluster.nodes, _buckets(cluster.grad_bytes, schedule.bucket_bytes)
+    colocated = server.colocated
+    if asynchronous:
+        workers, colocated = (1, False) if not (colocated and workers == 1) else (1, True)
+    bucket = cluster.grad_bytes / buckets
+    server_Bps = server.server_bandwidth_Bps or cluster.bandwidth_Bps
+    reduce_s_per_byte = 0.0 if math.isinf(server.server_reduce_Bps) else 1.0 / server.server_reduce_Bps
+    directions = 2.0 if server.serialised else 1.0
+    one = formulas.ps_transfer(workers, bucket / codec.ratio, cluster.latency_s, cluster.bandwidth_Bps, server_Bps,
+                               server.servers, directions, reduce_s_per_byte * codec.ratio, cluster.overhead_s,
+                               colocated)
+    # once at the worker, one encode and one decode of the whole gradient (the 2 only matters per hop)
+    codec_s = formulas.codec_time(2, cluster.grad_bytes, codec.encode_Bps, codec.decode_Bps, False) if one else 0.0
+    return CommCost(one * buckets + codec_s, codec_s, one + codec_s / buckets, buckets, bucket / codec.ratio)
+
+
+def _result(mode: str, cluster: ClusterParams, compute: ComputeParams, comm: CommCost, iteration_s: float,
+            busy_s: float, interference_cap_s: float, staleness: float, straggler_s: float) -> ModeResult:
+    """Split ``iteration_s`` into named terms; ``busy_s`` is compute + straggler + update."""
+    interference = min(interference_cap_s, max(0.0, iteration_s - busy_s))
+    exposed = max(0.0, iteration_s - busy_s - interference)
+    codec_share = comm.codec_s / comm.total_s if comm.total_s > 0 else 0.0
+    codec_exposed = exposed * codec_share
+    throughput = 1.0 / iteration_s if iteration_s > 0 else math.inf
+    hidden = comm.total_s - exposed
+    return ModeResult(
+        mode=mode, iteration_s=iteration_s, compute_s=compute.compute_s, straggler_s=straggler_s,
+        interference_s=interference, update_s=compute.update_s, exposed_comm_s=exposed - codec_exposed,
+        codec_s=codec_exposed, comm_total_s=comm.total_s, hidden_comm_s=hidden if hidden > 1e-12 * max(comm.total_s, 1.0) else 0.0,
+        throughput_it_s=throughput, samples_per_s=cluster.nodes * compute.samples_per_worker * throughput
+        if compute.samples_per_worker else 0.0, staleness=staleness,
+        regime=_regime(cluster, comm.message_bytes, comm.total_s),
+    )
+
+
+def _slowest_compute(cluster: ClusterParams, compute: ComputeParams) -> float:
+    return expected_max_normal(cluster.nodes, compute.compute_s, compute.compute_std_s)
+
+
+def predict_sync(cluster, compute, codec, schedule) -> ModeResult:
+    """Synchronous allreduce SGD (width 1 on our ring): slowest compute + update + allreduce."""
+    comm = allreduce_cost(cluster, codec, schedule, per_hop=True)
+    slow = _slowest_compute(cluster, compute)
+    busy = slow + compute.update_s
+    return _result("sync", cluster, compute, comm, formulas.sync_iteration(busy, comm.total_s), busy, 0.0, 0.0,
+                   slow - compute.compute_s)
+
+
+def predict_ddp(cluster, compute, codec, schedule) -> ModeResult:
+    """PyTorch DDP: bucket allreduces overlap the last ``overlap_fraction`` of backward; codec once per bucket."""
+    comm = allreduce_cost(cluster, codec, schedule, per_hop=False)
+    slow = _slowest_compute(cluster, compute)
+    overlap, slowdown = schedule.overlap_fraction, compute.slowdown
+    iteration = formulas.ddp_iteration(slow, compute.update_s, comm.total_s, comm.last_bucket_s, overlap, slowdown)
+    return _result("ddp", cluster, compute, comm, iteration, slow + compute.update_s, slowdown * overlap * slow, 0.0,
+                   slow - compute.compute_s)
+
+
+def predict_pipe(cluster, compute, codec, schedule) -> ModeResult:
+    """Pipe-SGD on our ring (codec on every hop): max(slowed compute + update, allreduce) for width ≥ 2."""
+    comm = allreduce_cost(cluster, codec, schedule, per_hop=True)
+    slow = _slowest_compute(cluster, compute)
+    busy = slow + compute.update_s
+    iteration = formulas.pipe_iteration(busy, comm.total_s, compute.slowdown, schedule.width)
+    cap = compute.slowdown * busy if schedule.width >= 2 else 0.0
+    return _result("pipe", cluster, compute, comm, iteration, busy, cap, float(schedule.width - 1),
+                   slow - compute.compute_s)
+
+
+def predict_ps_sync(cluster, compute, codec, schedule, server) -> ModeResult:
+    """Synchronous parameter server: slowest compute + update + push/pull."""
+    comm = ps_cost(cluster, codec, schedule, server)
+    slow = _slowest_compute(cluster, compute)
+    busy = slow + compute.update_s
+    return _result("ps-sync", cluster, compute, comm, busy + comm.total_s, busy, 0.0, 0.0, slow - compute.compute_s)
+
+
+def predict_ps_async(cluster, compute, codec, schedule, server) -> ModeResult:
+    """Asynchronous parameter server: time for one update per worker at the rate of ``formulas.ps_async_rate``
+    (worker cycle or server link, whichever is slower); staleness workers − 1."""
+    comm = ps_cost(cluster, codec, schedule, server, asynchronous=True)
+    workers = cluster.nodes
+    server_Bps = (server.server_bandwidth_Bps or cluster.bandwidth_Bps) * codec.ratio
+    flows_exist = comm.total_s > 0
+    rate = formulas.ps_async_rate(workers, compute.compute_s, compute.update_s, comm.total_s,
+                                  cluster.grad_bytes if flows_exist else 0.0, server.servers, server_Bps)
+    iteration = workers / rate if rate > 0 else math.inf
+    busy = compute.compute_s + compute.update_s
+    return _result("ps-async", cluster, compute, comm, iteration, busy, 0.0, float(workers - 1), 0.0)
+
+
+def predict_mode(mode: str, cluster: ClusterParams, compute: ComputeParams, codec: CodecParams,
+                 schedule: ScheduleParams, server: ServerParams) -> ModeResult:
+    """Dispatch on the mode name used by ``pipesgd-train --mode``."""
+    if mode in ("ps-sync", "ps-async"):
+        fn = predict_ps_sync if mode == "ps-sync" else predict_ps_async
+        return fn(cluster, compute, codec, schedule, server)
+    table = {"sync": predict_sync, "ddp": predict_ddp, "pipe": predict_pipe}
+    if mode not in table:
+        raise ValueError(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
+    return table[mode](cluster, compute, codec, schedule)

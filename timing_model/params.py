@@ -1,0 +1,142 @@
+"""Frozen parameter records of the timing model: cluster, compute, codec, parameter server and schedule.
+
+All values are SI (seconds, bytes, bytes/s). ``__post_init__`` rejects impossible values with a
+``ValueError`` that says which field is wrong and why, so the CLI can print it as one line.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = [
+    "ClusterParams",
+    "ComputeParams",
+    "CodecParams",
+    "ServerParams",
+    "ScheduleParams",
+    "CODEC_RATIOS",
+    "COLLECTIVES",
+    "build_codec",
+    "QUANT_BLOCK",
+]
+
+COLLECTIVES = ("ring", "rabenseifner", "recursive-doubling", "tree")
+QUANT_BLOCK = 4096  # elements per fp32 scale in the q8/q4/sign payloads (pipesgd.compression)
+
+# Raw fp32 bytes over payload bytes: 32/bits, less one fp32 scale per 4096-element block.
+CODEC_RATIOS = {
+    "none": 1.0,
+    "fp16": 2.0,
+    "bf16": 2.0,
+    "q8": 4.0 * QUANT_BLOCK / (QUANT_BLOCK + 4),
+    "q4": 8.0 * QUANT_BLOCK / (QUANT_BLOCK + 8),
+    "sign": 32.0 * QUANT_BLOCK / (QUANT_BLOCK + 32),
+}
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _finite_nonneg(name: str, value: float) -> None:
+    _check(isinstance(value, (int, float)) and not math.isnan(value) and value >= 0,
+           f"{name} must be a number >= 0, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterParams:
+    """The network: how many workers and what one collective call costs."""
+
+    nodes: int  # number of workers p taking part in each collective (>= 1)
+    grad_bytes: float  # gradient bytes per iteration M (4 per fp32 parameter)
+    bandwidth_Bps: float  # one-direction link bandwidth B per worker, bytes/s
+    latency_s: float = 0.0  # per-message / per-ring-step latency α, seconds
+    overhead_s: float = 0.0  # fixed cost c0 of one collective call, seconds
+    reduce_Bps: float = math.inf  # local reduction rate 1/γ, bytes/s (inf: reduction is free)
+    collective: str = "ring"  # allreduce algorithm for sync/ddp: ring | rabenseifner | recursive-doubling | tree
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.nodes, int) and self.nodes >= 1, f"nodes must be an integer >= 1, got {self.nodes!r}")
+        _finite_nonneg("grad_bytes", self.grad_bytes)
+        _check(self.grad_bytes < math.inf, "grad_bytes must be finite")
+        _check(self.bandwidth_Bps > 0, f"bandwidth must be > 0 bytes/s, got {self.bandwidth_Bps!r}")
+        _finite_nonneg("latency_s", self.latency_s)
+        _finite_nonneg("overhead_s", self.overhead_s)
+        _check(self.reduce_Bps > 0, f"reduce rate must be > 0 bytes/s, got {self.reduce_Bps!r}")
+        _check(self.collective in COLLECTIVES,
+               f"unknown collective {self.collective!r}; valid: {', '.join(COLLECTIVES)}")
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeParams:
+    """One worker's local work per iteration."""
+
+    compute_s: float  # mean forward+backward time T_c, seconds
+    compute_std_s: float = 0.0  # spread of T_c across workers (straggler term), seconds
+    update_s: float = 0.0  # optimizer update T_u, seconds
+    slowdown: float = 0.0  # κ: relative compute slow-down while communication runs alongside
+    samples_per_worker: int = 0  # batch size per worker, for samples/s (0: report iterations/s only)
+
+    def __post_init__(self) -> None:
+        for name in ("compute_s", "compute_std_s", "update_s", "slowdown"):
+            _finite_nonneg(name, getattr(self, name))
+            _check(getattr(self, name) < math.inf, f"{name} must be finite")
+        _check(isinstance(self.samples_per_worker, int) and self.samples_per_worker >= 0,
+               f"samples_per_worker must be an integer >= 0, got {self.samples_per_worker!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class CodecParams:
+    """A gradient compressor as the model sees it: how much smaller, how fast, where it runs."""
+
+    name: str = "none"  # compressor name (informational)
+    ratio: float = 1.0  # r = raw fp32 bytes / payload bytes
+    encode_Bps: float = math.inf  # encode throughput, fp32 input bytes/s
+    decode_Bps: float = math.inf  # decode throughput, fp32 output bytes/s
+
+    def __post_init__(self) -> None:
+        _check(self.ratio >= 1.0, f"compression ratio must be >= 1, got {self.ratio!r}")
+        _check(self.encode_Bps > 0 and self.decode_Bps > 0, "codec throughput must be > 0 bytes/s")
+
+
+def build_codec(name: str, encode_Bps: float = math.inf, decode_Bps: float = math.inf,
+                ratio: float | None = None) -> CodecParams:
+    """The default codec record for a compressor name; unknown names raise with the valid list."""
+    if name not in CODEC_RATIOS:
+        raise ValueError(f"unknown compression {name!r}; valid: {', '.join(CODEC_RATIOS)}")
+    if name == "none":
+        return CodecParams("none", 1.0)
+    return CodecParams(name, CODEC_RATIOS[name] if ratio is None else ratio, encode_Bps, decode_Bps)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerParams:
+    """Parameter-server side of the ps-sync and ps-async modes."""
+
+    servers: int = 1  # k, number of server shards
+    server_bandwidth_Bps: float = 0.0  # B_s per server, bytes/s (0: same as the worker link)
+    serialised: bool = True  # push then pull in turn (d = 2) rather than pipelined (d = 1)
+    colocated: bool = False  # server shares a machine with a worker (Paleo's OneToAll: p−1 remote flows)
+    server_reduce_Bps: float = math.inf  # server aggregation rate 1/γ_s, bytes/s
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.servers, int) and self.servers >= 1,
+               f"servers must be an integer >= 1, got {self.servers!r}")
+        _finite_nonneg("server_bandwidth_Bps", self.server_bandwidth_Bps)
+        _check(self.server_reduce_Bps > 0, "server reduce rate must be > 0 bytes/s")
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleParams:
+    """How the trainer overlaps communication: pipeline width, DDP overlap, bucketing."""
+
+    width: int = 2  # K, Pipe-SGD pipeline width (1 = synchronous)
+    overlap_fraction: float = 0.5  # φ, fraction of backward during which DDP buckets may communicate
+    bucket_bytes: float = 25 * 2**20  # bytes per bucket; each bucket is one collective call (0: one bucket)
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.width, int) and self.width >= 1, f"width must be an integer >= 1, got {self.width!r}")
+        _check(0.0 <= self.overlap_fraction <= 1.0,
+               f"overlap fraction must lie in [0, 1], got {self.overlap_fraction!r}")
+        _finite_nonneg("bucket_bytes", self.bucket_bytes)

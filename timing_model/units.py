@@ -1,0 +1,182 @@
+"""Parse quantities as people write them (``10gbit``, ``1.25GB/s``, ``50us``, ``61M``, ``4KiB``) into SI units.
+
+Conventions (everything inside the timing model is seconds, bytes and bytes per second):
+
+- Decimal prefixes are powers of ten: ``MB`` = 10^6 bytes, ``Gbit`` = 10^9 bits. Binary prefixes are
+  spelled with an ``i``: ``KiB`` = 1024, ``MiB`` = 2^20, ``GiB`` = 2^30 bytes.
+- A lowercase ``b`` or the word ``bit`` means bits, an uppercase ``B`` or ``byte`` means bytes:
+  ``10Gb/s`` = ``10gbit`` = 1.25e9 B/s, ``1.25GB/s`` = 1.25e9 B/s. ``/s`` and ``ps`` are optional.
+- ``GbE`` means Ethernet line rate: ``10GbE`` = 1.25e8·10 bytes/s (the wire rate, before TCP overheads).
+- A bare number is bytes/s for a bandwidth, seconds for a time, bytes for a size, a plain count for a count.
+- Counts (parameters) take ``K``, ``M``, ``G`` or ``B`` (billion), ``T``: ``61M`` = 61·10^6.
+- Zero, negative, NaN or infinite values and unknown units raise ``ValueError`` naming the input.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+__all__ = [
+    "parse_bandwidth",
+    "parse_time",
+    "parse_bytes",
+    "parse_count",
+    "parse_fraction",
+    "parse_size_range",
+    "parse_list",
+    "format_time",
+    "format_bytes",
+    "format_bandwidth",
+]
+
+_NUMBER = re.compile(r"^\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*(.*?)\s*$")
+_DECIMAL = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
+_BINARY = {"ki": 2.0**10, "mi": 2.0**20, "gi": 2.0**30, "ti": 2.0**40}
+_TIME = {
+    "": 1.0, "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
+    "ms": 1e-3, "msec": 1e-3, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "usec": 1e-6, "ns": 1e-9,
+    "min": 60.0, "h": 3600.0,
+}
+_COUNT = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "b": 1e9, "t": 1e12}
+
+
+def _split(text: str, what: str) -> tuple[float, str]:
+    """Split ``'1.25GB/s'`` into ``(1.25, 'GB/s')``; reject non-numbers."""
+    if not isinstance(text, str):
+        text = str(text)
+    match = _NUMBER.match(text)
+    if not match:
+        raise ValueError(f"{what} {text!r}: not a number with an optional unit")
+    value = float(match.group(1))
+    if not math.isfinite(value):
+        raise ValueError(f"{what} {text!r}: must be finite")
+    return value, match.group(2)
+
+
+def _positive(value: float, text: str, what: str, allow_zero: bool = False) -> float:
+    if value < 0 or (value == 0 and not allow_zero) or not math.isfinite(value):
+        bound = "zero or positive" if allow_zero else "positive"
+        raise ValueError(f"{what} {text!r}: must be {bound}")
+    return value
+
+
+def _prefix_scale(prefix: str, text: str, what: str) -> float:
+    low = prefix.lower()
+    if low in _BINARY:
+        return _BINARY[low]
+    if low in _DECIMAL:
+        return _DECIMAL[low]
+    raise ValueError(f"{what} {text!r}: unknown unit prefix {prefix!r}")
+
+
+def parse_bandwidth(text: str) -> float:
+    """Bytes per second from ``10gbit``, ``10Gb/s``, ``10GbE``, ``1.25GB/s``, ``100Mbit/s``, ``500MiB/s``."""
+    what = "bandwidth"
+    value, unit = _split(text, what)
+    unit = unit.replace(" ", "")
+    for tail in ("/s", "ps", "/sec"):
+        if unit.endswith(tail) and len(unit) > len(tail):
+            unit = unit[: -len(tail)]
+            break
+    match = re.fullmatch(r"([kKmMgGtTpP]i?|)(gbe|GbE|GBE|bits?|Bytes?|bytes?|b|B|)", unit)
+    if not match:
+        raise ValueError(f"{what} {text!r}: unknown unit {unit!r} (use e.g. 1gbit, 10Gb/s, 10GbE, 1.25GB/s, 500MiB/s)")
+    prefix, base = match.groups()
+    if base.lower() == "gbe":  # '10GbE' was matched as prefix '' + 'GbE'
+        scale = 1.25e8
+    elif base == "" and prefix == "":
+        scale = 1.0
+    elif base == "":
+        raise ValueError(f"{what} {text!r}: say bits or bytes (e.g. {prefix}bit/s or {prefix}B/s)")
+    else:
+        per_unit = 0.125 if base in ("b",) or base.lower().startswith("bit") else 1.0
+        scale = _prefix_scale(prefix, text, what) * per_unit
+    return _positive(value * scale, text, what)
+
+
+def parse_time(text: str, allow_zero: bool = True) -> float:
+    """Seconds from ``50us``, ``2ms``, ``0.12s``, ``120 ms`` or a bare number of seconds."""
+    what = "time"
+    value, unit = _split(text, what)
+    scale = _TIME.get(unit, _TIME.get(unit.lower()))
+    if scale is None:
+        raise ValueError(f"{what} {text!r}: unknown unit {unit!r} (use s, ms, us or ns)")
+    return _positive(value * scale, text, what, allow_zero=allow_zero)
+
+
+def parse_bytes(text: str, allow_zero: bool = False) -> float:
+    """Bytes from ``100MB`` (10^8), ``4KiB`` (4096), ``25M`` (25·10^6), ``1.5GiB`` or a bare number."""
+    what = "size"
+    value, unit = _split(text, what)
+    match = re.fullmatch(r"([kKmMgGtTpP]i?|)(B|bytes?|)", unit)
+    if not match:
+        raise ValueError(f"{what} {text!r}: unknown unit {unit!r} (use e.g. 100MB, 4KiB, 1GiB)")
+    scale = _prefix_scale(match.group(1), text, what)
+    return _positive(value * scale, text, what, allow_zero=allow_zero)
+
+
+def parse_count(text: str) -> int:
+    """An integer count from ``61M``, ``25M``, ``1.5B`` (billion), ``4k`` or a bare integer."""
+    what = "count"
+    value, unit = _split(text, what)
+    scale = _COUNT.get(unit.lower()) if len(unit) <= 1 else None
+    if scale is None:
+        raise ValueError(f"{what} {text!r}: unknown suffix {unit!r} (use K, M, G/B or T)")
+    return int(round(_positive(value * scale, text, what)))
+
+
+def parse_fraction(text: str, what: str = "fraction", upper: float | None = 1.0) -> float:
+    """A number in [0, upper] from ``0.5`` or ``50%``."""
+    value, unit = _split(text, what)
+    if unit == "%":
+        value /= 100.0
+    elif unit:
+        raise ValueError(f"{what} {text!r}: unknown unit {unit!r} (use a number or a percentage)")
+    if value < 0 or (upper is not None and value > upper):
+        raise ValueError(f"{what} {text!r}: must lie in [0, {upper}]" if upper is not None else f"{what} {text!r}: must be >= 0")
+    return value
+
+
+def parse_size_range(text: str) -> list[int]:
+    """Powers of two from ``'4KB:64MB'``: each bound rounds to the nearest power of two (4KB → 4096)."""
+    if ":" not in text:
+        return [int(parse_bytes(part)) for part in parse_list(text)]
+    low_text, high_text = text.split(":", 1)
+    low = round(math.log2(parse_bytes(low_text)))
+    high = round(math.log2(parse_bytes(high_text)))
+    if high < low:
+        raise ValueError(f"size range {text!r}: upper bound below lower bound")
+    return [2**k for k in range(low, high + 1)]
+
+
+def parse_list(text: str) -> list[str]:
+    """``'2,4,8'`` → ``['2', '4', '8']``; empty items are an error."""
+    items = [item.strip() for item in str(text).split(",")]
+    if not items or any(not item for item in items):
+        raise ValueError(f"list {text!r}: empty item (write e.g. 2,4,8)")
+    return items
+
+
+def format_time(seconds: float) -> str:
+    """``0.12`` → ``'120 ms'``."""
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.4g} {unit}"
+    return "0 s" if seconds == 0 else f"{seconds / 1e-9:.4g} ns"
+
+
+def format_bytes(n_bytes: float) -> str:
+    """``1e8`` → ``'100 MB'`` (decimal)."""
+    for scale, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "KB")):
+        if abs(n_bytes) >= scale:
+            return f"{n_bytes / scale:.4g} {unit}"
+    return f"{n_bytes:.4g} B"
+
+
+def format_bandwidth(bytes_per_s: float) -> str:
+    """``1.25e9`` → ``'10 Gbit/s'``."""
+    bits = bytes_per_s * 8
+    for scale, unit in ((1e12, "Tbit/s"), (1e9, "Gbit/s"), (1e6, "Mbit/s"), (1e3, "kbit/s")):
+        if abs(bits) >= scale:
+            return f"{bits / scale:.4g} {unit}"
+    return f"{bits:.4g} bit/s"

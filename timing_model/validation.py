@@ -1,0 +1,200 @@
+"""Predicted against measured iteration time for real runs: reads ``pipesgd-train`` metrics and a calibration.
+
+Metrics files (JSONL, one object per line; ``pipesgd.train.metrics``): ``RUN.jsonl`` for one process
+or ``RUN.rankN.jsonl`` per rank; files that differ only in ``.rankN`` form one run. Records used:
+
+- ``{"type": "config", ...}`` — run settings, once per run (rank 0's file, first line). Fields read:
+  ``mode`` (ps-sync | ps-async | sync | ddp | pipe), ``world_size``, ``num_workers`` (ranks that compute;
+  default world_size), ``width``, ``compression``, ``grad_bytes`` or ``params`` (fp32: 4 bytes each),
+  ``bucket_mb`` (MiB per bucket), ``overlap_fraction`` (DDP φ), ``servers``, ``ps_colocated``. All optional
+  except the gradient size, which may instead come from ``bytes_sent`` of uncompressed ring steps.
+- ``{"type": "step", "step", "rank", "mode", "t_iter", "t_compute", "t_wait", "t_update", "bytes_sent"}``.
+  Other record types are skipped.
+
+Per run: the first ``skip`` steps are dropped (for pipe, at least the config's ``warmup_steps``); each step
+counts its slowest rank (max over ranks of t_iter, t_compute + t_data, t_update, so the straggler is inside
+the measurement; ``t_data``, batch loading, is local work like compute); measured = median step t_iter.
+Config ``servers`` follows ``pipesgd-train``: 0 = rank 0 serves and trains (co-located), k > 0 dedicated. The prediction uses the calibrated network terms, the codec speeds of the calibration and the
+run's own median compute and update times, so it tests the communication and overlap model only.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from dataclasses import dataclass, replace
+
+from .calibration import Calibration
+from .modes import MODES
+from .params import CODEC_RATIOS
+from .predict import Scenario, predict
+
+__all__ = ["RunRecord", "RunCheck", "read_runs", "calibrated_scenario", "scenario_for", "validate_runs", "summarise"]
+
+_RANK_SUFFIX = re.compile(r"\.rank\d+(?=\.[^.]*$|$)")
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """One run's settings and per-step slowest-rank timings."""
+
+    name: str  # the run's path without .rankN
+    config: dict  # the config record (empty if none)
+    mode: str
+    nodes: int
+    grad_bytes: float
+    t_iter: tuple[float, ...]  # per kept step, slowest rank
+    t_compute: tuple[float, ...]
+    t_update: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RunCheck:
+    """Predicted vs measured median iteration time of one run."""
+
+    run: str
+    mode: str
+    nodes: int
+    compression: str
+    steps: int
+    measured_s: float
+    predicted_s: float
+    error: float  # (predicted − measured) / measured
+
+
+def _read_lines(path: str) -> list[dict]:
+    try:
+        with open(path) as handle:
+            lines = handle.readlines()
+    except FileNotFoundError:
+        raise ValueError(f"metrics file {path!r} not found") from None
+    except IsADirectoryError:
+        raise ValueError(f"metrics path {path!r} is a directory, not a file") from None
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number}: malformed JSON ({err.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{number}: expected a JSON object")
+        records.append(record)
+    return records
+
+
+def _number(record: dict, key: str, where: str) -> float:
+    value = record.get(key, record.get(f"{key}_s"))
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise ValueError(f"{where}: step record needs a finite number {key!r}, got {value!r}")
+    return float(value)
+
+
+def _optional(record: dict, key: str) -> float:
+    value = record.get(key)
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else 0.0
+
+
+def _grad_bytes(config: dict, steps: list[dict], nodes: int, mode: str, where: str) -> float:
+    if config.get("grad_bytes"):
+        return float(config["grad_bytes"])
+    if config.get("params"):
+        return 4.0 * float(config["params"])
+    sent = [s.get("bytes_sent") for s in steps if s.get("bytes_sent")]
+    if sent and mode in ("sync", "pipe") and config.get("compression", "none") == "none" and nodes > 1:
+        return statistics.median(sent) * nodes / (2 * (nodes - 1))  # ring sends 2(p−1)/p of the gradient
+    raise ValueError(f"{where}: no gradient size (config grad_bytes or params, or uncompressed ring bytes_sent)")
+
+
+def read_runs(paths: list[str], skip: int = 3) -> list[RunRecord]:
+    """Group files into runs and reduce each to slowest-rank step timings."""
+    groups: dict[str, list[str]] = {}
+    for path in paths:
+        groups.setdefault(_RANK_SUFFIX.sub("", path), []).append(path)
+    runs = []
+    for name, files in groups.items():
+        config: dict = {}
+        steps: list[dict] = []
+        for path in files:
+            for record in _read_lines(path):
+                if record.get("type") == "config":
+                    config = {**config, **record}
+                elif record.get("type") == "step":
+                    steps.append(record)
+        # synchronous warm-up steps of pipe mode are not steady state either
+        first = max(skip, int(config.get("warmup_steps") or 0) if config.get("mode") == "pipe" else skip)
+        by_step: dict[int, list[dict]] = {}
+        for record in steps:
+            step = record.get("step")
+            if isinstance(step, int) and step >= first:
+                by_step.setdefault(step, []).append(record)
+        if not by_step:
+            raise ValueError(f"run {name!r}: no step records after skipping the first {first} steps")
+        mode = config.get("mode") or steps[0].get("mode")
+        if mode not in MODES:
+            raise ValueError(f"run {name!r}: unknown mode {mode!r}; valid: {', '.join(MODES)}")
+        ranks = {r.get("rank") for r in steps}
+        nodes = int(config.get("num_workers") or config.get("world_size") or len(ranks))
+        order = sorted(by_step)
+        pick = lambda key: tuple(max(_number(r, key, name) for r in by_step[s]) for s in order)  # noqa: E731
+        local = tuple(max(_number(r, "t_compute", name) + _optional(r, "t_data") for r in by_step[s]) for s in order)
+        runs.append(RunRecord(name, config, mode, nodes, _grad_bytes(config, steps, nodes, mode, name),
+                              pick("t_iter"), local, pick("t_update")))
+    return runs
+
+
+def calibrated_scenario(scenario: Scenario, cal: Calibration, mode: str) -> Scenario:
+    """``scenario`` with the network terms of the fit that serves ``mode`` and the calibrated codec speeds
+    (codec speeds given in the scenario win)."""
+    fit = cal.fit_for(mode)
+    encode, decode = cal.codecs.get(scenario.compression, (math.inf, math.inf))
+    return replace(scenario, bandwidth_Bps=fit.bandwidth_Bps, latency_s=fit.latency_s, overhead_s=fit.overhead_s,
+                   reduce_Bps=fit.reduce_Bps,
+                   encode_Bps=encode if math.isinf(scenario.encode_Bps) else scenario.encode_Bps,
+                   decode_Bps=decode if math.isinf(scenario.decode_Bps) else scenario.decode_Bps)
+
+
+def scenario_for(run: RunRecord, cal: Calibration, base: Scenario | None = None) -> Scenario:
+    """The scenario of a run: calibrated network terms, the run's settings and measured compute."""
+    cfg = run.config
+    compression = cfg.get("compression", "none") or "none"
+    if compression not in CODEC_RATIOS:
+        raise ValueError(f"run {run.name!r}: unknown compression {compression!r}; valid: {', '.join(CODEC_RATIOS)}")
+    scenario = base or Scenario(nodes=1, grad_bytes=0.0, bandwidth_Bps=1.0)
+    width = int(cfg.get("width") or 2) if run.mode == "pipe" else 1
+    changes = dict(
+        nodes=run.nodes, grad_bytes=run.grad_bytes, compute_s=statistics.median(run.t_compute),
+        compute_std_s=0.0, update_s=statistics.median(run.t_update), compression=compression, width=width,
+    )
+    if cfg.get("bucket_mb"):
+        changes["bucket_bytes"] = float(cfg["bucket_mb"]) * 2**20
+    if cfg.get("overlap_fraction") is not None:
+        changes["overlap_fraction"] = float(cfg["overlap_fraction"])
+    if run.mode.startswith("ps-") and cfg.get("servers") is not None:
+        # pipesgd-train: servers = 0 means rank 0 serves and trains (co-located); k > 0 dedicated ranks
+        changes["servers"] = max(1, int(cfg["servers"]))
+        changes["ps_colocated"] = int(cfg["servers"]) == 0
+    if cfg.get("ps_colocated") is not None:
+        changes["ps_colocated"] = bool(cfg["ps_colocated"])
+    return calibrated_scenario(replace(scenario, **changes), cal, run.mode)
+
+
+def validate_runs(runs: list[RunRecord], cal: Calibration, base: Scenario | None = None) -> list[RunCheck]:
+    """Predict each run's iteration time and compare with its measured median."""
+    checks = []
+    for run in runs:
+        scenario = scenario_for(run, cal, base)
+        predicted = predict(scenario, (run.mode,)).result(run.mode).iteration_s
+        measured = statistics.median(run.t_iter)
+        checks.append(RunCheck(run.name, run.mode, run.nodes, scenario.compression, len(run.t_iter), measured,
+                               predicted, (predicted - measured) / measured if measured > 0 else math.inf))
+    return checks
+
+
+def summarise(checks: list[RunCheck]) -> dict:
+    """Median and maximum |error| over runs."""
+    errors = [abs(c.error) for c in checks]
+    return {"runs": len(checks), "median_abs_error": statistics.median(errors) if errors else math.nan,
+            "max_abs_error": max(errors) if errors else math.nan}
