@@ -33,14 +33,24 @@ def slowest(value: float) -> float:
     return float(t)
 
 
+DEVICE = torch.device("cpu")
+
+
+def synchronize() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
+
+
 def median_time(call, repeats: int, warmup: int = 2) -> float:
     for _ in range(warmup):
         call()
+    synchronize()
     dist.barrier()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         call()
+        synchronize()
         times.append(time.perf_counter() - start)
     return slowest(statistics.median(times))
 
@@ -51,7 +61,7 @@ def bench_collectives(rank: int, world: int, sizes: list[int], repeats: int) -> 
         print(f"\n## Ring vs gloo all_reduce, p = {world} (slowest rank, median of {repeats})")
         print("| size | gloo all_reduce ms | our ring ms | ring / gloo |\n|---|---|---|---|")
     for n_bytes in sizes:
-        x = torch.randn(max(1, n_bytes // 4))
+        x = torch.randn(max(1, n_bytes // 4), device=DEVICE)
         backend = median_time(lambda: dist.all_reduce(x), repeats)
         ours = median_time(lambda: ring_allreduce_(x, build("none"), topology, "sum"), repeats)
         if rank == 0:
@@ -60,7 +70,7 @@ def bench_collectives(rank: int, world: int, sizes: list[int], repeats: int) -> 
 
 def bench_codec_rings(rank: int, world: int, n_bytes: int, repeats: int) -> None:
     topology = RingTopology(dist.group.WORLD)
-    x = torch.randn(n_bytes // 4)
+    x = torch.randn(n_bytes // 4, device=DEVICE)
     rows = []
     for name in CODECS:
         codec = build(name)
@@ -84,15 +94,16 @@ def bench_codecs(rank: int) -> None:
     print(f"\n## Codec throughput, 1 thread, GB/s of fp32 input (4M elements)")
     print("| codec | encode | decode |\n|---|---|---|")
     for name in CODECS[1:]:
-        enc, dec = measure_codec_gbps(build(name), 4_000_000)
+        enc, dec = measure_codec_gbps(build(name), 4_000_000, device=DEVICE)
         print(f"| {name} | {enc:.2f} | {dec:.2f} |")
 
 
 def bench_steps(rank: int, world: int, hidden: int, batch: int, steps: int, compression: str) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10))
-    x = torch.randn(batch, 256)
-    y = torch.randint(0, 10, (batch,))
+    model.to(DEVICE)
+    x = torch.randn(batch, 256, device=DEVICE)
+    y = torch.randint(0, 10, (batch,), device=DEVICE)
     n_params = sum(p.numel() for p in model.parameters())
 
     def compute_only() -> None:
@@ -122,6 +133,12 @@ def bench_steps(rank: int, world: int, hidden: int, batch: int, steps: int, comp
 
 
 def main_rank(rank: int, world: int, args: argparse.Namespace) -> None:
+    global DEVICE
+    DEVICE = torch.device(args.device)
+    if DEVICE.type == "cuda":
+        torch.cuda.set_device(DEVICE)
+    if rank == 0:
+        print(f"device {DEVICE}, backend {dist.get_backend()}, {world} ranks")
     sizes = [1 << k for k in range(10, 27, 2)]  # 1 KiB ... 64 MiB
     bench_collectives(rank, world, sizes, args.repeats)
     bench_codec_rings(rank, world, args.codec_mb << 20, max(3, args.repeats // 4))
@@ -145,6 +162,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--compression", default="none")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (ranks share the GPU over gloo)")
     args = parser.parse_args()
     if args.ranks < 1:
         parser.error("--ranks must be >= 1")

@@ -13,6 +13,9 @@ from pipesgd import NonFiniteGradientError, PipeSGD, ReplicaDivergenceError
 from tests.distributed import run_ranks
 
 STEPS = 12
+# The distributed parity tests also run on a GPU: PIPESGD_TEST_DEVICE=cuda puts every rank's model and data
+# on it (gloo over CUDA tensors, four ranks may share one GPU); the references stay on the CPU.
+DEVICE = torch.device(os.environ.get("PIPESGD_TEST_DEVICE", "cpu"))
 
 
 def make_model(dtype=torch.float64) -> nn.Module:
@@ -78,20 +81,21 @@ def reference_trajectory(world: int, width: int, warmup: int, kind: str, steps: 
 
 
 def train(rank: int, width: int, warmup: int, kind: str, steps: int = STEPS, **options):
-    model = make_model()
+    model = make_model().to(DEVICE)
     inner, sched = make_optimizer(kind, model)
     opt = PipeSGD(inner, model, width=width, warmup_steps=warmup, **options)
     trajectory = []
     for t in range(steps):
-        x, y = batch(t, rank)
+        x, y = (v.to(DEVICE) for v in batch(t, rank))
         nn.functional.mse_loss(model(x), y).backward()
         opt.step()
         opt.zero_grad()
         if sched is not None:
             sched.step()
-        trajectory.append(snapshot(model))
+        trajectory.append([p.cpu() for p in snapshot(model)])
     opt.flush()
-    trajectory.append(snapshot(model))
+    trajectory.append([p.cpu() for p in snapshot(model)])
+    opt.close()
     return trajectory
 
 
