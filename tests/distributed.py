@@ -8,6 +8,8 @@ from __future__ import annotations
 import io
 import os
 import tempfile
+import time
+from queue import Empty
 import traceback
 from datetime import timedelta
 
@@ -53,16 +55,23 @@ def run_ranks(fn, world_size: int, *args, timeout_s: float = DEFAULT_TIMEOUT_S):
         for p in procs:
             p.start()
         results, failures = {}, []
+        deadline = time.monotonic() + timeout_s
         try:
-            for _ in range(world_size):
-                rank, ok, payload = queue.get(timeout=timeout_s)
+            while len(results) < world_size and not failures:
+                try:
+                    rank, ok, payload = queue.get(timeout=1.0)
+                except Empty:
+                    # A rank that died without reporting (a native abort, a kill) fails the run at once.
+                    dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results]
+                    if dead:
+                        failures.append(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode}")
+                    elif time.monotonic() > deadline:
+                        failures.append(f"ranks did not finish within {timeout_s} s")
+                    continue
                 if ok:
                     results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
                 else:
                     failures.append(f"rank {rank} failed:\n{payload}")
-                    break
-        except Exception as exc:  # queue.Empty on timeout
-            failures.append(f"ranks did not finish within {timeout_s} s ({type(exc).__name__})")
         finally:
             for p in procs:
                 p.join(timeout=5 if not failures else 0.5)

@@ -1,0 +1,392 @@
+"""Parameter-server baselines, the paper's "conventional approaches": synchronous PS and Downpour SGD.
+
+Roles. ``servers=0``: rank 0 is the server and also a worker (co-located); ``servers=N``: ranks
+0..N-1 are dedicated servers holding the parameters sharded by whole tensors (balanced by bytes), the
+other ranks are workers. Only workers are data-parallel (``worker_rank``/``num_workers``).
+
+Protocol (message format in ``ps_protocol``), on a dedicated gloo process group:
+
+- sync: every step each worker sends a header and its gradient (the shard each server owns) to every
+  server; a server waits for all live workers, averages (fixed order), applies the wrapped optimizer,
+  and sends the new weights back. With ``servers=0`` this is synchronous SGD on the global batch.
+- async (Downpour SGD, Dean et al. 2012): a worker sums its gradients locally and pushes the sum
+  every ``push_every`` steps (the send completes while the worker computes its next step; at most one
+  request per server is in flight), and pulls fresh weights every ``pull_every`` steps (blocking: one
+  request, one reply; a step that pushes and pulls sends one combined request). Between pulls it computes on the
+  weights it last pulled; it does not update them locally. A server answers requests from any worker
+  one at a time (``recv`` from any source) and applies each push as it arrives; rank 0 with
+  ``servers=0`` does this in a background thread while it also trains, its own pushes and pulls
+  going straight to the in-process server. Staleness of a push = server updates applied since the
+  weights the oldest summed gradient was computed on were pulled (0 for a single worker pulling
+  every step). Servers keep a histogram and a log (``server_stats``, ``staleness_log``); workers see
+  the staleness of their latest push at each pull (``last_staleness``).
+
+Hyperparameters (lr, momentum, betas, …): the co-located server uses rank 0's own param groups (the
+trainer steps rank 0's LR scheduler); a dedicated server, whose scheduler nobody steps, takes them
+from each worker's header. Buffers (e.g. BatchNorm statistics) stay local to each worker.
+
+Ending: every worker calls ``finish()`` and every dedicated server ``serve()``; both end with a
+broadcast of the final weights on the PS group, so every rank's model holds the final weights.
+A dead or silent peer surfaces as a RuntimeError naming what was awaited, after the group timeout.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from pipesgd.accounting import StepStats
+from pipesgd.baselines.ps_protocol import (
+    DONE, HEADER_FIXED, PULL, PUSH, REPLY_LEN, TAG_GRAD, TAG_REPLY, TAG_REQUEST, TAG_WEIGHTS,
+    HyperSchema, assign_shards, wait_all,
+)
+from pipesgd.baselines.ps_server import ShardServer
+from pipesgd.baselines.ps_setup import NullLock, check_params, default_timeout, repoint
+
+MODES = ("sync", "async")
+
+
+class ParameterServer:
+    """Optimizer-like wrapper: ``loss.backward(); ps.step(); ps.zero_grad()`` on workers, ``serve()`` on servers."""
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        model: torch.nn.Module,
+        mode: str = "sync",
+        servers: int = 0,
+        push_every: int = 1,
+        pull_every: int = 1,
+        process_group=None,
+        timeout_s: float | None = None,
+    ) -> None:
+        # Step 1: arguments.
+        if mode not in MODES:
+            raise ValueError(f"unknown parameter-server mode {mode!r}; valid modes: {', '.join(MODES)}")
+        if push_every < 1 or pull_every < 1:
+            raise ValueError(f"push_every and pull_every must be >= 1, got {push_every} and {pull_every}")
+        if mode == "sync" and (push_every != 1 or pull_every != 1):
+            raise ValueError("mode 'sync' pushes and pulls every step; push_every/pull_every apply to 'async' only")
+        distributed = dist.is_available() and dist.is_initialized()
+        self.world_size = dist.get_world_size() if distributed else 1
+        self.rank = dist.get_rank() if distributed else 0
+        if servers < 0 or servers >= self.world_size:
+            raise ValueError(
+                f"servers={servers} must be in [0, world size {self.world_size}): at least one rank must be a worker"
+            )
+        self.params = check_params(optimizer, model)
+        self.optimizer, self.model, self.mode = optimizer, model, mode
+        self.push_every, self.pull_every = push_every, pull_every
+        self.server_ranks = [0] if servers == 0 else list(range(servers))
+        self.worker_ranks = list(range(servers, self.world_size))
+        self.is_worker = self.rank in self.worker_ranks
+        self.is_server_only = not self.is_worker
+        self.worker_rank = self.worker_ranks.index(self.rank) if self.is_worker else None
+        self.num_workers = len(self.worker_ranks)
+        self.hyper = HyperSchema(optimizer)
+        self.layouts = assign_shards(self.params, self.server_ranks)
+
+        # Step 2: a dedicated gloo group, so the trainer's collectives never interleave with ours.
+        self.group = None
+        if self.world_size > 1:
+            timeout = timedelta(seconds=timeout_s) if timeout_s else default_timeout()
+            self.group = process_group or dist.new_group(backend="gloo", timeout=timeout)
+            sig = (mode, servers, push_every, pull_every, [(tuple(p.shape), str(p.dtype)) for p in self.params], self.hyper.length)
+            sigs = [None] * self.world_size
+            dist.all_gather_object(sigs, sig, group=self.group)
+            if any(s != sig for s in sigs):
+                raise ValueError(f"ranks disagree on the parameter-server setup (mode, servers, push/pull, parameters, hyperparameters): {sigs}")
+
+            # Like DDP: every worker starts from the servers' weights.
+            with torch.no_grad():
+                self._share_weights(lambda layout, bufs: layout.pack(self.params, bufs))
+
+        # Step 3: the shard this rank serves, if any. A co-located async server keeps its own copy of
+        # the weights (the worker on the same rank computes on pulled ones) and the optimizer is
+        # re-pointed at that copy until finish().
+        self._colocated_async = mode == "async" and self.is_worker and self.rank in self.server_ranks
+        self.server: ShardServer | None = None
+        if self.rank in self.server_ranks:
+            layout = next(l for l in self.layouts if l.server == self.rank)
+            masters = [p.detach().clone() for p in self.params] if self._colocated_async else self.params
+            if self._colocated_async:
+                repoint(optimizer, self.params, masters)
+            self.server = ShardServer(layout, masters, optimizer, self.hyper, hyper_from_header=not self.is_worker)
+        self._remote_workers = {w for w in self.worker_ranks if w != self.rank}
+
+        # Step 4: worker state.
+        self._step = 0
+        self._closed = False
+        self.last_stats: StepStats | None = None
+        self.last_staleness: dict = {"staleness": None, "max_staleness": 0, "pushes_applied": 0, "server_version": 0}
+        self._pulled_version = [0] * len(self.layouts)
+        self._acc: list[torch.Tensor] | None = None  # async: gradient summed since the last push
+        self._acc_version = [0] * len(self.layouts)  # async: version the oldest summed gradient saw
+        self._n_acc = 0
+        self._last_pushed_step: int | None = None
+        self._pending: list = []  # async: in-flight push sends (works and the buffers they read)
+        self._bufs: dict = {}
+        self._thread: threading.Thread | None = None
+        self._thread_error: BaseException | None = None
+        if self._colocated_async and self._remote_workers:
+            self._thread = threading.Thread(target=self._serve_thread, name="pipesgd-ps-server", daemon=True)
+            self._thread.start()
+
+    # -- the optimizer-like interface -------------------------------------------------------------
+    def step(self) -> StepStats:
+        self._check_usable()
+        with torch.profiler.record_function(f"pipesgd::ps_{self.mode}"), torch.no_grad():
+            stats = self._step_sync() if self.mode == "sync" else self._step_async(self._step, flush=False)
+        self.last_stats = stats
+        self._step += 1
+        return stats
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    def flush(self) -> None:
+        """Push what is summed but not pushed, wait for in-flight pushes, pull the latest weights."""
+        self._check_usable()
+        if self.mode == "async":
+            with torch.no_grad():
+                self._step_async(self._step - 1, flush=True)
+
+    def finish(self) -> None:
+        """Flush, tell the servers this worker is done, and receive the final weights (all ranks)."""
+        if self._closed:
+            return
+        if self.is_server_only:
+            raise RuntimeError("this rank is a dedicated parameter server: call serve(), not finish()")
+        self.flush()
+        done = torch.zeros(HEADER_FIXED + self.hyper.length, dtype=torch.float64)
+        done[0] = DONE
+        remote = [l for l in self.layouts if l.server != self.rank]
+        wait_all(
+            [dist.isend(done, dst=l.server, group=self.group, tag=TAG_REQUEST) for l in remote],
+            f"telling servers {[l.server for l in remote]} that worker rank {self.rank} is done",
+        )
+        if self.server is not None and self.mode == "sync":
+            with torch.no_grad():
+                while self._remote_workers:  # keep serving the workers that are still training
+                    self.server.sync_round(self.group, self._remote_workers, None, self._step, self._bufs)
+        if self._thread is not None:
+            self._thread.join()
+            self._raise_thread_error()
+        self._end()
+
+    def serve(self) -> None:
+        """Dedicated servers: answer workers until every one has called finish(); then share the weights."""
+        if not self.is_server_only:
+            raise RuntimeError("serve() is for dedicated server ranks (is_server_only); workers call step()/finish()")
+        if self._closed:
+            return
+        with torch.no_grad():
+            if self.mode == "sync":
+                step = 0
+                while self._remote_workers:
+                    self.server.sync_round(self.group, self._remote_workers, None, step, self._bufs)
+                    step += 1
+            else:
+                self.server.serve_async(self.group, self._remote_workers)
+        self._end()
+
+    # -- stats and state --------------------------------------------------------------------------
+    @property
+    def server_stats(self) -> dict | None:
+        """On ranks that serve: updates, updates/s and the staleness histogram of this shard."""
+        return self.server.stats() if self.server is not None else None
+
+    @property
+    def staleness_log(self) -> list[tuple[int, int, int]]:
+        """On ranks that serve: (worker rank, worker step, staleness) of the most recent pushes."""
+        return list(self.server.staleness_log) if self.server is not None else []
+
+    def state_dict(self) -> dict:
+        lock = self.server.lock if self.server is not None else NullLock()
+        with lock:
+            return {
+                "mode": self.mode,
+                "step": self._step,
+                "optimizer": self.optimizer.state_dict(),
+                "server_version": self.server.version if self.server is not None else None,
+                "masters": [m.detach().clone() for m in self.server.masters] if self._colocated_async else None,
+                "pulled_version": list(self._pulled_version),
+                "acc": [a.detach().clone() for a in self._acc] if self._acc is not None else None,
+                "acc_version": list(self._acc_version),
+                "n_acc": self._n_acc,
+                "last_pushed_step": self._last_pushed_step,
+                "last_staleness": dict(self.last_staleness),
+            }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("mode") != self.mode:
+            raise ValueError(f"state is for parameter-server mode {state.get('mode')!r}, this wrapper runs {self.mode!r}")
+        lock = self.server.lock if self.server is not None else NullLock()
+        with lock, torch.no_grad():
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.server is not None and state["server_version"] is not None:
+                self.server.version = int(state["server_version"])
+            if self._colocated_async and state["masters"] is not None:
+                for m, s in zip(self.server.masters, state["masters"]):
+                    m.copy_(s)
+            self._step = int(state["step"])
+            self._pulled_version = list(state["pulled_version"])
+            self._acc = [a.to(p.device) for a, p in zip(state["acc"], self.params)] if state["acc"] is not None else None
+            self._acc_version = list(state["acc_version"])
+            self._n_acc = int(state["n_acc"])
+            self._last_pushed_step = state["last_pushed_step"]
+            self.last_staleness = dict(state["last_staleness"])
+
+    # -- sync ---------------------------------------------------------------------------------------
+    def _step_sync(self) -> StepStats:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        if self.server is not None:  # co-located: this rank runs the round itself
+            layout = self.server.layout
+            local = layout.pack(grads, self._buf("local", layout))
+            r = self.server.sync_round(self.group, self._remote_workers, local, self._step, self._bufs)
+            return StepStats(self._step, self._step, t_wait_s=r["t_wait_s"], t_update_s=r["t_update_s"], bytes_sent=r["bytes_sent"])
+        t0 = time.perf_counter()
+        header = self._header(PUSH | PULL, self._step, 0, 1)
+        sends, recvs, n_bytes = [], [], 0
+        for k, layout in enumerate(self.layouts):
+            out = layout.pack(grads, self._buf(("grad", k), layout))
+            sends += [dist.isend(header, dst=layout.server, group=self.group, tag=TAG_REQUEST)]
+            sends += [dist.isend(b, dst=layout.server, group=self.group, tag=TAG_GRAD) for b in out]
+            inb = self._buf(("weights", k), layout)
+            recvs += [dist.irecv(b, src=layout.server, group=self.group, tag=TAG_WEIGHTS) for b in inb]
+            n_bytes += header.numel() * 8 + layout.n_bytes
+        wait_all(sends + recvs, f"step {self._step}: push to and pull from servers {self.server_ranks}")
+        for k, layout in enumerate(self.layouts):
+            layout.unpack(self._bufs[("weights", k)], self.params)
+        return StepStats(self._step, self._step, t_wait_s=time.perf_counter() - t0, bytes_sent=n_bytes)
+
+    # -- async (Downpour) ---------------------------------------------------------------------------
+    def _step_async(self, step: int, flush: bool) -> StepStats:
+        if not flush:
+            # Step 1: sum the gradient into the push accumulator.
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+            if self._n_acc == 0:
+                self._acc_version = list(self._pulled_version)
+                self._acc = [g.detach().clone() for g in grads] if self.push_every > 1 else grads
+            else:
+                for a, g in zip(self._acc, grads):
+                    a.add_(g)
+            self._n_acc += 1
+        push = self._n_acc > 0 and (flush or (step + 1) % self.push_every == 0)
+        pull = flush or (step + 1) % self.pull_every == 0
+        t_wait = t_update = 0.0
+        n_bytes = 0
+        flags = (PUSH if push else 0) | (PULL if pull else 0)
+        if flags:
+            # Step 2: one request per server; pushes may stay in flight, pulls are waited for.
+            t0 = time.perf_counter()
+            self._wait_pending()
+            replies, recvs = {}, []
+            for k, layout in enumerate(self.layouts):
+                if layout.server == self.rank:
+                    if push:
+                        out = layout.pack(self._acc, self._buf(("grad", k), layout))
+                        t_update += self.server.apply(out, None, self._acc_version[k], self.rank, step)
+                    if pull:
+                        version = self.server.read(self._buf(("weights", k), layout))
+                        replies[k] = self.server.reply_for(self.rank, version)
+                    continue
+                header = self._header(flags, step, self._acc_version[k], self._n_acc)
+                sends = [dist.isend(header, dst=layout.server, group=self.group, tag=TAG_REQUEST)]
+                n_bytes += header.numel() * 8
+                if push:
+                    out = layout.pack(self._acc, self._buf(("grad", k), layout, fresh=True))
+                    sends += [dist.isend(b, dst=layout.server, group=self.group, tag=TAG_GRAD) for b in out]
+                    n_bytes += layout.n_bytes
+                self._pending.append((sends, [header] + (out if push else [])))
+                if pull:
+                    replies[k] = torch.zeros(REPLY_LEN, dtype=torch.float64)
+                    recvs += [dist.irecv(replies[k], src=layout.server, group=self.group, tag=TAG_REPLY)]
+                    recvs += [dist.irecv(b, src=layout.server, group=self.group, tag=TAG_WEIGHTS) for b in self._buf(("weights", k), layout)]
+            if pull:
+                wait_all(recvs, f"step {step}: pulling weights from servers {self.server_ranks}")
+                self._wait_pending()
+            if flush:
+                self._wait_pending()
+            t_wait = time.perf_counter() - t0 - t_update
+        applied = None
+        if push:
+            self._last_pushed_step, self._n_acc, self._acc = step, 0, None
+        if pull:
+            # Step 3: the pulled weights replace the worker's; record what the servers reported.
+            for k, layout in enumerate(self.layouts):
+                layout.unpack(self._bufs[("weights", k)], self.params)
+            applied = self._last_pushed_step
+            self._record_replies(replies)
+        return StepStats(step, applied, t_wait_s=t_wait, t_update_s=t_update, bytes_sent=n_bytes)
+
+    def _record_replies(self, replies: dict) -> None:
+        versions = {k: int(r[0]) for k, r in replies.items()}
+        for k, v in versions.items():
+            self._pulled_version[k] = v
+        reported = [int(r[1]) for r in replies.values() if int(r[2]) > 0]
+        s = self.last_staleness
+        if reported:
+            s["staleness"] = max(reported)
+            s["max_staleness"] = max(s["max_staleness"], s["staleness"])
+        s["pushes_applied"] = max(int(r[2]) for r in replies.values())
+        s["server_version"] = max(versions.values())
+
+    def _wait_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        wait_all([w for works, _ in pending for w in works], "pushing gradients to the servers")
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def _header(self, flags: int, step: int, version: int, n_acc: int) -> torch.Tensor:
+        return torch.tensor([flags, step, version, n_acc] + self.hyper.read(self.optimizer), dtype=torch.float64)
+
+    def _buf(self, key, layout, fresh: bool = False) -> list[torch.Tensor]:
+        if fresh:  # a buffer an in-flight isend may still read
+            return layout.empty_buffers()
+        if key not in self._bufs:
+            self._bufs[key] = layout.empty_buffers()
+        return self._bufs[key]
+
+    def _serve_thread(self) -> None:
+        try:
+            with torch.no_grad():
+                self.server.serve_async(self.group, self._remote_workers)
+        except BaseException as exc:  # noqa: BLE001 - surfaced on the main thread by step()/finish()
+            self._thread_error = exc
+
+    def _raise_thread_error(self) -> None:
+        if self._thread_error is not None:
+            raise RuntimeError(f"the parameter-server thread on rank {self.rank} failed: {self._thread_error}") from self._thread_error
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise RuntimeError("this ParameterServer has finished; build a new one to train again")
+        if self.is_server_only:
+            raise RuntimeError("this rank is a dedicated parameter server: call serve(), not step()/flush()")
+        self._raise_thread_error()
+
+    def _end(self) -> None:
+        """Every run ends so: each server broadcasts its shard, and all ranks hold the final weights."""
+        with torch.no_grad():
+            self._share_weights(lambda layout, bufs: self.server.read(bufs))
+            if self._colocated_async:
+                repoint(self.optimizer, self.server.masters, self.params)
+        self._closed = True
+
+    def _share_weights(self, source) -> None:
+        """Each server fills its shard's buffers with ``source(layout, bufs)`` and broadcasts them to every model."""
+        for layout in self.layouts:
+            bufs = layout.empty_buffers()
+            if layout.server == self.rank:
+                source(layout, bufs)
+            if self.world_size > 1:
+                for b in bufs:
+                    dist.broadcast(b, src=layout.server, group=self.group)
+            layout.unpack(bufs, self.params)

@@ -1,0 +1,77 @@
+"""Reading the metrics a run wrote: one run = ``FILE.jsonl`` or its ``FILE.rankN.jsonl`` files.
+
+Benchmarks and notebooks use this to turn step records into per-step figures where each step counts its
+slowest rank (a synchronous iteration is as slow as its slowest worker).
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import statistics
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Run:
+    """All records of one run, by type."""
+
+    path: str
+    config: dict = field(default_factory=dict)
+    steps: list[dict] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
+    summary: dict = field(default_factory=dict)
+
+    def per_step(self, key: str, skip: int = 0) -> list[float]:
+        """``key`` of every step from ``skip`` on, the maximum over ranks (the slowest rank)."""
+        by_step: dict[int, float] = {}
+        for record in self.steps:
+            value = record.get(key)
+            if record["step"] >= skip and value is not None:
+                by_step[record["step"]] = max(by_step.get(record["step"], float("-inf")), float(value))
+        return [by_step[s] for s in sorted(by_step)]
+
+    def median(self, key: str, skip: int = 0) -> float:
+        values = self.per_step(key, skip)
+        if not values:
+            raise ValueError(f"{self.path}: no step records with {key!r} after step {skip}")
+        return statistics.median(values)
+
+    @property
+    def final_accuracy(self) -> float | None:
+        if self.summary.get("accuracy") is not None:
+            return float(self.summary["accuracy"])
+        return float(self.evals[-1]["accuracy"]) if self.evals else None
+
+
+def rank_files(path: str) -> list[str]:
+    """``path`` itself if it exists, else its ``.rankN`` siblings in rank order."""
+    if os.path.exists(path):
+        return [path]
+    stem, ext = os.path.splitext(path)
+    files = glob.glob(f"{glob.escape(stem)}.rank*{ext}")
+    return sorted(files, key=lambda f: int(f[len(stem) + 5 : len(f) - len(ext)] or 0))
+
+
+def load_run(path: str) -> Run:
+    """Read every record of the run written to ``--metrics path``."""
+    files = rank_files(path)
+    if not files:
+        raise FileNotFoundError(f"no metrics at {path!r} (nor {os.path.splitext(path)[0]}.rankN files)")
+    run = Run(path)
+    for name in files:
+        with open(name) as handle:
+            for line in handle:
+                if not line.strip():
+                    continue
+                record = json.loads(line)
+                kind = record.get("type")
+                if kind == "step":
+                    run.steps.append(record)
+                elif kind == "eval":
+                    run.evals.append(record)
+                elif kind == "config":
+                    run.config = record
+                elif kind == "summary":
+                    run.summary = record
+    return run
