@@ -77,11 +77,13 @@ class RingTopology:
         if self._stage_on_host and send.is_cuda:
             send_wire = send.cpu()  # synchronises the comm stream only: we run in the background
             recv_wire = torch.empty(recv.shape, dtype=recv.dtype)
+        # The receive is posted first: with p = 2 both directions share one gloo connection, and a send
+        # posted before its matching receive exists took ~1.8x longer for 4 MB on a shaped link.
         ops = []
-        if send_wire.numel():
-            ops.append(dist.isend(send_wire, self.right, group=self.group, tag=_TAG))
         if recv_wire.numel():
             ops.append(dist.irecv(recv_wire, self.left, group=self.group, tag=_TAG))
+        if send_wire.numel():
+            ops.append(dist.isend(send_wire, self.right, group=self.group, tag=_TAG))
         for op in ops:
             op.wait()
         if recv_wire is not recv:

@@ -86,6 +86,8 @@ def add_calibrate_parser(sub) -> None:
     p.add_argument("--input-shape", default="3,32,32", help="model input shape without batch (default 3,32,32)")
     p.add_argument("--num-classes", type=int, default=10, help="model classes (default 10)")
     p.add_argument("--batch-size", type=int, default=32, help="batch for the compute timing (default 32)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads per rank, as the trainer's --threads (default 1: ranks share the cores)")
     p.set_defaults(run=cmd_calibrate)
 
 
@@ -99,6 +101,8 @@ def cmd_calibrate(args: argparse.Namespace) -> str | int:
     sizes = parse_size_range(args.sizes)
     if args.repeats < 1 or args.warmup < 0:
         raise ValueError("--repeats must be >= 1 and --warmup >= 0")
+    if args.threads < 1:
+        raise ValueError("--threads must be >= 1")
     compressions = tuple(parse_list(args.compressions))
     for name in compressions:
         if name not in CODEC_RATIOS:
@@ -119,6 +123,7 @@ def cmd_calibrate(args: argparse.Namespace) -> str | int:
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         device = f"cuda:{torch.cuda.current_device()}"
+    torch.set_num_threads(args.threads)
     dist.init_process_group(backend)
     try:
         cal = run_calibration(sizes, args.repeats, args.warmup, compressions, not args.no_ring, device, compute)
