@@ -29,10 +29,13 @@ from pipesgd.comm_worker import CommWorker
 from pipesgd.compression import ErrorFeedback, build
 from pipesgd.handles import CompletedWork, Work
 from pipesgd.replica_check import check_replicas
-from pipesgd.ring import RingReport, RingTopology, ring_allreduce_
+from pipesgd.ring import RingReport, RingTopology, backend_allreduce_, ring_allreduce_
 
 DEFAULT_WARMUP_STEPS = 10
 _NONFINITE_POLICIES = ("raise", "skip")
+# "auto": the backend's own all_reduce for the lossless codec (its C++ ring has no per-hop Python round trip,
+# which dominates small buckets), our ring whenever a codec must run on every hop.
+_ALLREDUCE_CHOICES = ("auto", "ring", "backend")
 
 
 class NonFiniteGradientError(FloatingPointError):
@@ -74,6 +77,7 @@ class PipeSGD:
         nonfinite: str = "raise",
         check_replicas_every: int = 0,
         compression_options: dict | None = None,
+        allreduce: str = "auto",
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"PipeSGD wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -85,6 +89,8 @@ class PipeSGD:
             raise ValueError(f"nonfinite must be one of {_NONFINITE_POLICIES}, got {nonfinite!r}")
         if not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be positive, got {bucket_mb!r}")
+        if allreduce not in _ALLREDUCE_CHOICES:
+            raise ValueError(f"allreduce must be one of {_ALLREDUCE_CHOICES}, got {allreduce!r}")
         if check_replicas_every < 0:
             raise ValueError(f"check_replicas_every must be >= 0, got {check_replicas_every!r}")
         options = dict(compression_options or {})
@@ -102,6 +108,9 @@ class PipeSGD:
         self.nonfinite = nonfinite
         self.check_replicas_every = check_replicas_every
         self._compressor = compressor
+        if allreduce == "backend" and not compressor.lossless:
+            raise ValueError(f"allreduce='backend' cannot compress on every hop; use 'ring' or 'auto' with {compression!r}")
+        self.allreduce = allreduce if allreduce != "auto" else ("backend" if compressor.lossless else "ring")
         self._feedback = ErrorFeedback(compressor) if error_feedback else None
         self._params, self._names = _communicated_params(optimizer, model_or_params)
         self._param_ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
@@ -255,6 +264,9 @@ class PipeSGD:
         """Runs on the background worker: one ring per bucket, then the checks the caller must not sync for."""
         report = RingReport()
         for index, flat in enumerate(buffers):
+            if self.allreduce == "backend":
+                report.add(backend_allreduce_(flat, self._topology, "mean"))
+                continue
             residual = self._feedback.residual(index, flat) if self._feedback else None
             report.add(ring_allreduce_(flat, self._compressor, self._topology, "mean", residual))
         finite = all(bool(torch.isfinite(flat).all()) for flat in buffers)

@@ -99,23 +99,25 @@ def train(rank: int, width: int, warmup: int, kind: str, steps: int = STEPS, **o
     return trajectory
 
 
-SCENARIOS = [  # (width, warmup_steps, optimizer)
-    (1, 0, "sgd"),
-    (2, 0, "sgd"),
-    (2, 3, "adam"),
-    (3, 2, "sgd"),
+SCENARIOS = [  # (width, warmup_steps, optimizer, all-reduce implementation)
+    (1, 0, "sgd", "ring"),
+    (1, 0, "sgd", "backend"),
+    (2, 0, "sgd", "ring"),
+    (2, 0, "sgd", "auto"),
+    (2, 3, "adam", "ring"),
+    (3, 2, "sgd", "ring"),
 ]
 
 
 def _scenarios(rank: int, world: int):
-    return [train(rank, width, warmup, kind) for width, warmup, kind in SCENARIOS]
+    return [train(rank, width, warmup, kind, allreduce=impl) for width, warmup, kind, impl in SCENARIOS]
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_matches_single_process_reference(world):
     """K = 1 is SGD on the concatenated batch; K >= 2 applies exactly the delayed averaged gradient."""
     per_rank = run_ranks(_scenarios, world)
-    for index, (width, warmup, kind) in enumerate(SCENARIOS):
+    for index, (width, warmup, kind, _) in enumerate(SCENARIOS):
         expected = reference_trajectory(world, width, warmup, kind)
         for rank, trajectories in enumerate(per_rank):
             for t, (got, want) in enumerate(zip(trajectories[index], expected)):
@@ -125,8 +127,8 @@ def test_matches_single_process_reference(world):
 
 
 def test_world_size_one_matches_reference_for_every_scenario():
-    for width, warmup, kind in SCENARIOS:
-        got = train(0, width, warmup, kind)
+    for width, warmup, kind, impl in SCENARIOS:
+        got = train(0, width, warmup, kind, allreduce=impl)
         want = reference_trajectory(1, width, warmup, kind)
         for a, b in zip(got, want):
             for g, w in zip(a, b):
@@ -274,6 +276,8 @@ def test_misuse_raises():
         ({"compression": "sign"}, "error_feedback"),
         ({"nonfinite": "ignore"}, "nonfinite"),
         ({"bucket_mb": 0}, "bucket_mb"),
+        ({"allreduce": "mpi"}, "allreduce"),
+        ({"allreduce": "backend", "compression": "q8"}, "cannot compress"),
     ],
 )
 def test_bad_arguments(kwargs, match):
