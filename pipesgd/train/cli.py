@@ -1,0 +1,194 @@
+"""``pipesgd-train``: parse and validate, join the process group (torchrun's env, or alone), train, summarise.
+
+Exit codes: 0 done; 2 bad input (reported before any process group exists); 1 a failure during the run
+(a dead or hung peer, an unusable checkpoint, diverging replicas, a non-finite loss). Expected failures
+print one line ``pipesgd-train: error: ...``; ``--debug`` shows the traceback as well.
+"""
+from __future__ import annotations
+
+import os
+import random
+import sys
+import threading
+import traceback
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from . import faults
+from .checkpoint import CheckpointError
+from .config import ConfigError, TrainConfig, resolve
+from .data import DataError, build_dataset, shard_size
+from .loop import Position, format_summary, train
+from .metrics import MetricsWriter
+from .models import build_model, count_params, grad_bytes
+from .strategy import build_strategy, num_workers_for
+
+PROG = "pipesgd-train"
+
+
+def _error(message: str) -> None:
+    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+
+
+def _launch_env() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun's environment; (0, 1, 0) when launched alone."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+    return 0, 1, 0
+
+
+def check_shapes(cfg: TrainConfig, n_train: int, world_size: int) -> None:
+    """Checks that need the data set and the world size, before the process group exists."""
+    workers = num_workers_for(cfg, world_size)
+    if workers < 1:
+        raise ConfigError(f"--servers {cfg.servers} leaves no training worker among {world_size} processes")
+    shard = shard_size(n_train, workers)
+    if cfg.batch_size > shard:
+        raise ConfigError(f"--batch-size {cfg.batch_size} is larger than a worker's shard "
+                          f"({shard} of {n_train} training samples over {workers} workers)")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda but no CUDA device is available")
+
+
+def init_process_group(cfg: TrainConfig, rank: int, world_size: int) -> None:
+    """One code path for 1 and N ranks: torchrun's env:// rendezvous, or an in-memory store when alone."""
+    timeout = timedelta(seconds=cfg.timeout)
+    if world_size == 1 and "MASTER_ADDR" not in os.environ:
+        dist.init_process_group(cfg.resolved_backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    else:
+        # Our own client of the rendezvous store (torchrun's agent hosts it; rank 0 when started by hand),
+        # with a prefix per torchrun attempt: after a restart, the default env:// path hands gloo the dead
+        # ranks' stale addresses ("connectFullMesh failed ... Connection refused"), so --max-restarts with
+        # --resume could never recover.
+        agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                              is_master=not agent_store and rank == 0, timeout=timeout)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"pipesgd/attempt_{attempt}/", store)
+        dist.init_process_group(cfg.resolved_backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+
+
+def _seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def run(cfg: TrainConfig, ds, rank: int, world_size: int, local_rank: int, debug: bool = False) -> None:
+    """Everything after the process group exists (the code the failure handling in ``main`` wraps)."""
+    from .resume import restore
+
+    if cfg.device == "cuda":
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    _seed(cfg.seed)  # identical initial weights on every rank
+    model = build_model(cfg.model, ds.input_shape, ds.num_classes, hidden=cfg.hidden).to(device)
+    _seed(cfg.seed * 1009 + rank + 1)  # per-rank randomness from here on (dropout)
+    strategy = build_strategy(cfg, model, device)
+    metrics, watchdog = None, None
+    try:
+        start, resumed = restore(cfg, rank, world_size, model, strategy, device) if cfg.resume else (Position(), False)
+        if strategy.is_server_only:
+            strategy.opt.serve()  # a dedicated parameter server: its own waits carry the timeout
+            return
+        metrics = MetricsWriter(cfg.metrics, rank, world_size)
+        # Some waits (gloo point-to-point) have no deadline of their own: no progress for --timeout s fails.
+        stalled = TimeoutError(f"no progress for {cfg.timeout:g} s")
+        watchdog = faults.Watchdog(cfg.timeout, lambda: fail(stalled, cfg, rank, world_size, debug))
+        leader = strategy.is_leader
+        if leader:
+            n_params, n_bytes = count_params(model), grad_bytes(model)
+            spe = len(ds.x_train) // strategy.num_workers // cfg.batch_size
+            width = f" width {cfg.effective_width}" if cfg.mode == "pipe" else ""
+            print(f"{PROG}: {cfg.model} with {n_params:,} parameters ({n_bytes / 2**20:.2f} MiB of gradients) "
+                  f"on {cfg.dataset_name} ({len(ds.x_train)} train / {len(ds.x_test)} test, {spe} steps/epoch "
+                  f"per worker); mode {cfg.mode}{width}, {world_size} ranks, batch {cfg.batch_size} per worker",
+                  flush=True)
+            if resumed:
+                print(f"{PROG}: resumed from {cfg.checkpoint} at step {start.step} (epoch {start.epoch})", flush=True)
+            # width and backend as used (sync/ddp/ps run at width 1; the backend defaults by device)
+            fields = {**cfg.to_dict(), "width": cfg.effective_width, "backend": cfg.resolved_backend}
+            metrics.write("config", **fields, world_size=world_size, num_workers=strategy.num_workers,
+                          params=n_params, grad_bytes=n_bytes,
+                          steps_per_epoch=spe, input_shape=list(ds.input_shape), num_classes=ds.num_classes,
+                          resumed_at_step=start.step if resumed else None)
+            if cfg.metrics:
+                cfg.write_json(os.path.splitext(cfg.metrics)[0] + ".config.json")
+            if cfg.checkpoint:
+                cfg.write_json(os.path.join(cfg.checkpoint, "config.json"))
+        summary = train(cfg, ds, model, strategy, device, metrics, rank, world_size, start, watchdog)
+        if summary is not None:
+            metrics.write("summary", **summary)
+            print(format_summary(cfg, summary), flush=True)
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
+        if metrics is not None:
+            metrics.close()
+        if hasattr(strategy.opt, "close"):
+            strategy.opt.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    # Step 1: everything that can be checked without peers, so bad input never leaves ranks waiting.
+    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = resolve(argv)
+        rank, world_size, local_rank = _launch_env()
+        torch.set_num_threads(cfg.threads)
+        ds = build_dataset(cfg)
+        check_shapes(cfg, len(ds.x_train), world_size)
+    except (ConfigError, DataError) as exc:
+        if debug:
+            traceback.print_exc()
+        _error(str(exc))
+        return 2
+    # Step 2: join the others; from here a failure may be a peer's.
+    try:
+        init_process_group(cfg, rank, world_size)
+    except Exception as exc:  # noqa: BLE001 - rendezvous failures come in many types
+        if debug:
+            traceback.print_exc()
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        _error(f"rank {rank}: could not join the process group within {cfg.timeout:g} s: {first}")
+        return 1
+    # Step 3: train.
+    try:
+        run(cfg, ds, rank, world_size, local_rank, debug)
+    except BaseException as exc:  # noqa: BLE001 - classified in fail(); bugs keep their traceback
+        fail(exc, cfg, rank, world_size, debug)
+    dist.destroy_process_group()
+    return 0
+
+
+_fail_lock = threading.Lock()
+
+
+def fail(exc: BaseException, cfg: TrainConfig, rank: int, world_size: int, debug: bool) -> None:
+    """Report a failure during the run in one line (plus a traceback for bugs or --debug) and exit 1.
+
+    Called from the main thread or the watchdog's; the first caller reports, a second one just waits.
+    """
+    if not _fail_lock.acquire(blocking=True, timeout=30):
+        os._exit(1)
+    peer = faults.is_peer_failure(exc)
+    expected = peer or isinstance(exc, (CheckpointError, FloatingPointError)) \
+        or type(exc).__name__ == "ReplicaDivergenceError"
+    if isinstance(exc, KeyboardInterrupt):
+        _error(f"rank {rank}: interrupted")
+    else:
+        if not expected or debug:
+            traceback.print_exception(exc)
+        if peer:
+            _error(faults.describe_failure(exc, rank, world_size, cfg.timeout))
+        else:
+            _error(f"rank {rank}: {(str(exc).strip().splitlines() or [type(exc).__name__])[0]}")
+    # Peers may be gone and background threads blocked on them: leave without waiting for either.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)

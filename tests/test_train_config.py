@@ -1,0 +1,90 @@
+"""pipesgd-train configuration: CLI > TOML > defaults, validation errors as one line with exit 2."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pipesgd.train.cli import main
+from pipesgd.train.config import ConfigError, TrainConfig, resolve
+
+
+def test_defaults_are_the_readme_run():
+    cfg = resolve([])
+    assert (cfg.mode, cfg.width, cfg.model, cfg.dataset) == ("pipe", 2, "mlp", "digits")
+    assert cfg.resolved_backend == "gloo" and cfg.effective_width == 2
+
+
+def test_cli_over_toml_over_defaults(tmp_path):
+    toml = tmp_path / "run.toml"
+    toml.write_text('mode = "sync"\nlr = 1\nbatch-size = 16\nepochs = 3\n')
+    cfg = resolve(["--config", str(toml), "--epochs", "5"])
+    assert cfg.mode == "sync"  # from TOML
+    assert cfg.lr == 1.0 and isinstance(cfg.lr, float)  # TOML int widened to the field's float
+    assert cfg.batch_size == 16  # TOML key with dashes
+    assert cfg.epochs == 5  # flag wins over TOML
+    assert cfg.momentum == TrainConfig().momentum  # default where neither says anything
+    assert cfg.effective_width == 1  # sync is width 1 whatever --width says
+
+
+def test_toml_errors(tmp_path):
+    bad_key = tmp_path / "a.toml"
+    bad_key.write_text("learning_rate = 0.1\n")
+    with pytest.raises(ConfigError, match="unknown key 'learning_rate'"):
+        resolve(["--config", str(bad_key)])
+    bad_type = tmp_path / "b.toml"
+    bad_type.write_text('epochs = "ten"\n')
+    with pytest.raises(ConfigError, match="must be int"):
+        resolve(["--config", str(bad_type)])
+    with pytest.raises(ConfigError, match="config file not found"):
+        resolve(["--config", str(tmp_path / "missing.toml")])
+
+
+def test_resolved_config_json_roundtrips(tmp_path):
+    cfg = resolve(["--mode", "ddp", "--ddp-hook", "fp16"])
+    path = tmp_path / "out" / "config.json"
+    cfg.write_json(str(path))
+    assert TrainConfig(**json.loads(path.read_text())) == cfg
+
+
+BAD_INPUTS = [
+    (["--mode", "allreduce"], "unknown --mode 'allreduce'"),
+    (["--model", "vgg"], "unknown --model 'vgg'"),
+    (["--dataset", "imagenet"], "unknown --dataset 'imagenet'"),
+    (["--width", "0"], "--width must be at least 1"),
+    (["--dataset", "mnist:/nonexistent/dir"], "data directory not found: /nonexistent/dir"),
+    (["--dataset", "cifar10"], "needs a directory"),
+    (["--batch-size", "5000"], "larger than a worker's shard"),
+    (["--mode", "ddp", "--compression", "fp16"], "--compression applies to --mode pipe|sync only"),
+    (["--mode", "ps-sync", "--compression", "q8"], "--compression applies to --mode pipe|sync only"),
+    (["--compression", "sign"], "--compression sign needs --error-feedback"),
+    (["--ddp-hook", "fp16"], "--ddp-hook applies to --mode ddp only"),
+    (["--error-feedback"], "--error-feedback needs a lossy --compression"),
+    (["--resume"], "--resume needs --checkpoint"),
+    (["--lr", "-1"], "--lr must be positive"),
+    (["--servers", "1"], "--servers applies to --mode ps-sync|ps-async only"),
+    (["--epochs", "two"], "invalid int value"),
+    (["--no-such-flag"], "unrecognized arguments"),
+]
+
+
+@pytest.mark.parametrize("argv,message", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("pipesgd-train: error: ") and message in err, err
+
+
+def test_bad_input_from_a_real_process_has_no_traceback():
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    proc = subprocess.run([sys.executable, "-m", "pipesgd.train", "--mode", "ddp", "--compression", "q8"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "pipesgd-train: error: --compression applies to --mode pipe|sync only, not ddp; "
+        "DDP compresses with --ddp-hook fp16"]
+    assert "Traceback" not in proc.stderr and proc.stdout == ""

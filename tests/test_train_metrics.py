@@ -1,0 +1,51 @@
+"""Metrics JSONL records (contract fields, strict JSON) and the progress reporter."""
+from __future__ import annotations
+
+import io
+import json
+
+from pipesgd.train.metrics import EVAL_FIELDS, STEP_FIELDS, MetricsWriter, rank_path
+from pipesgd.train.progress import Progress
+
+
+def test_rank_paths():
+    assert rank_path("out/m.jsonl", 0, 1) == "out/m.jsonl"
+    assert rank_path("out/m.jsonl", 3, 4) == "out/m.rank3.jsonl"
+
+
+def test_records_are_strict_json_lines(tmp_path):
+    path = tmp_path / "m.jsonl"
+    w = MetricsWriter(str(path), rank=1, world_size=2)
+    w.write("config", world_size=2, mode="pipe", params=10)
+    w.write("step", step=0, epoch=0, rank=1, mode="pipe", loss=float("nan"), t_iter=0.1, t_compute=0.05,
+            t_wait=0.01, t_update=0.001, bytes_sent=100, applied_step=None, compression_ratio=1.0,
+            residual_norm=None, t_comm_busy=0.0)
+    # flushed per line: readable before close
+    lines = (tmp_path / "m.rank1.jsonl").read_text().splitlines()
+    w.write("eval", step=1, epoch=1, accuracy=0.5, loss=1.0)
+    w.close()
+    lines = (tmp_path / "m.rank1.jsonl").read_text().splitlines()
+    records = [json.loads(line, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c))) for line in lines]
+    assert [r["type"] for r in records] == ["config", "step", "eval"]
+    assert set(STEP_FIELDS) <= set(records[1]) and records[1]["loss"] is None  # NaN written as null
+    assert set(EVAL_FIELDS) <= set(records[2]) and records[2]["wall"] >= 0
+
+
+def test_writer_without_path_does_nothing(tmp_path):
+    w = MetricsWriter("", 0, 1)
+    assert w.write("step", step=0)["type"] == "step"
+    w.close()
+
+
+def test_progress_plain_lines_when_not_a_tty():
+    out = io.StringIO()
+    p = Progress(total_steps=20, enabled=True, stream=out)
+    for step in range(20):
+        p.update(step, 0, 1.0)
+    p.message("epoch 1: test accuracy 90.0 %")
+    p.close()
+    lines = out.getvalue().splitlines()
+    assert "\r" not in out.getvalue() and 10 <= len(lines) <= 12 and lines[-2].startswith("step 20/20")
+    silent = io.StringIO()
+    Progress(total_steps=5, enabled=False, stream=silent).update(4, 0, 1.0)
+    assert silent.getvalue() == ""
