@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -78,6 +79,7 @@ class PipeSGD:
         check_replicas_every: int = 0,
         compression_options: dict | None = None,
         allreduce: str = "auto",
+        timeout_s: float | None = None,
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"PipeSGD wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -89,6 +91,8 @@ class PipeSGD:
             raise ValueError(f"nonfinite must be one of {_NONFINITE_POLICIES}, got {nonfinite!r}")
         if not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be positive, got {bucket_mb!r}")
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
         if allreduce not in _ALLREDUCE_CHOICES:
             raise ValueError(f"allreduce must be one of {_ALLREDUCE_CHOICES}, got {allreduce!r}")
         if check_replicas_every < 0:
@@ -123,7 +127,7 @@ class PipeSGD:
         # Step 0: a private clone of the group for the ring, so collectives the caller issues on its own
         # group (metrics, replica checks) can never interleave with the background thread's traffic.
         self._user_group = process_group
-        self._topology = RingTopology(_private_group(process_group))
+        self._topology = RingTopology(_private_group(process_group, timeout_s))
         device = self._params[0].device if self._params else torch.device("cpu")
         self._worker = CommWorker(device) if self._topology.size > 1 else None
         self.last_stats = StepStats(step=-1, applied_step=None)
@@ -330,11 +334,15 @@ def _communicated_params(optimizer: torch.optim.Optimizer, model_or_params) -> t
     return params, names
 
 
-def _private_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
-    """A new group over the same ranks (a collective call on every rank of the default group)."""
+def _private_group(group: dist.ProcessGroup | None, timeout_s: float | None) -> dist.ProcessGroup | None:
+    """A new group over the same ranks (a collective call on every rank of the default group).
+
+    ``timeout_s`` bounds every wait of the background ring: a dead or hung peer then surfaces as an error
+    from ``step()`` instead of a hang (torch's own default is 30 minutes)."""
     if not dist.is_initialized():
         return None
     base = group if group is not None else dist.group.WORLD
     if dist.get_world_size(base) == 1:
         return None
-    return dist.new_group(ranks=dist.get_process_group_ranks(base), backend=dist.get_backend(base))
+    timeout = timedelta(seconds=timeout_s) if timeout_s is not None else None
+    return dist.new_group(ranks=dist.get_process_group_ranks(base), backend=dist.get_backend(base), timeout=timeout)

@@ -52,7 +52,7 @@ def build_strategy(cfg: TrainConfig, model: nn.Module, device: torch.device) -> 
 
         opt = PipeSGD(inner, model, width=cfg.effective_width, compression=cfg.compression,
                       error_feedback=cfg.error_feedback, bucket_mb=cfg.bucket_mb, warmup_steps=cfg.warmup_steps,
-                      check_replicas_every=cfg.check_replicas)
+                      check_replicas_every=cfg.check_replicas, timeout_s=cfg.timeout)
         return Strategy(opt, model, rank, world, False)
     if cfg.mode == "ddp":
         from pipesgd.baselines.ddp import DDPOptimizer
