@@ -18,6 +18,7 @@ import os
 import sys
 import tempfile
 
+from pipesgd.atomic import write_text_atomic
 from pipesgd.cluster.cluster import Cluster
 from pipesgd.cluster.netns import ClusterError
 from pipesgd.cluster.units import parse_bandwidth
@@ -119,10 +120,8 @@ def main() -> int:
         return 1
     text = "\n".join(report)
     print(text)
-    with open(os.path.join(args.out, "report.md"), "w") as handle:
-        handle.write(text + "\n")
-    with open(os.path.join(args.out, "figures.json"), "w") as handle:
-        json.dump(figures, handle, indent=2)
+    write_text_atomic(os.path.join(args.out, "report.md"), text + "\n")
+    write_text_atomic(os.path.join(args.out, "figures.json"), json.dumps(figures, indent=2) + "\n")
     return 0
 
 

@@ -91,7 +91,7 @@ def bench_codec_rings(rank: int, world: int, n_bytes: int, repeats: int) -> None
 def bench_codecs(rank: int) -> None:
     if rank != 0:
         return
-    print(f"\n## Codec throughput, 1 thread, GB/s of fp32 input (4M elements)")
+    print("\n## Codec throughput, 1 thread, GB/s of fp32 input (4M elements)")
     print("| codec | encode | decode |\n|---|---|---|")
     for name in CODECS[1:]:
         enc, dec = measure_codec_gbps(build(name), 4_000_000, device=DEVICE)

@@ -10,8 +10,11 @@ Per (bandwidth, nodes) cell:
           backend all_reduce, the local reduction and the codecs; the fit is written to calib-<cell>.json.
           The fit never sees the end-to-end runs below.
   Step 3: one `pipesgd-train` run per variant (own timeout; a failed run is reported and skipped).
-  Step 4: `timing_model.validation` predicts each run from the cell's calibration and the run's own
-          median compute and update time, and compares with its median iteration time (slowest rank).
+  Step 4: `timing_model.validation.validate_runs` predicts each run from the cell's calibration (network
+          fit, codec speeds, host terms κ, κc, copy rate, hand-off) and the run's own median compute and
+          update time, and compares with its median iteration time (slowest rank). A ddp run is predicted
+          from the compute of the cell's sync run (the library's `compute_overrides`: DDP's t_compute
+          holds its in-backward allreduce).
 Then: per-run table, median and max |error|, the breakdown of every point over --flag (10 %), and
 fidelity.json (atomic), fidelity.md and, if matplotlib imports, fidelity.png under --out.
 Targets (issue 5, REFERENCES §3.9): median |error| <= 5 %, max <= 15 %, every point > 10 % explained.
@@ -24,17 +27,15 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
-from dataclasses import replace
-
 from pipesgd.cluster.cluster import Cluster
 from pipesgd.cluster.netns import ClusterError
 from pipesgd.cluster.units import parse_bandwidth
 from pipesgd.results import load_run, rank_files
 from timing_model.calibration import read_calibration
-from timing_model.predict import predict
-from timing_model.validation import read_runs, scenario_for, validate_runs
+from timing_model.calibration import host_terms
+from timing_model.validation import predict_run, read_runs, validate_runs
+from pipesgd.atomic import write_text_atomic
 
 VARIANTS = {  # name: trainer flags
     "sync": ["--mode", "sync"],
@@ -48,7 +49,8 @@ VARIANTS = {  # name: trainer flags
     "ps-async": ["--mode", "ps-async"],
 }
 DEFAULT_VARIANTS = "sync,pipe,pipe+bf16,pipe+q8,ddp,ps-sync"
-BREAKDOWN = ("compute_s", "straggler_s", "interference_s", "update_s", "exposed_comm_s", "codec_s", "comm_total_s")
+BREAKDOWN = ("compute_s", "straggler_s", "interference_s", "update_s", "handoff_s", "exposed_comm_s", "codec_s",
+             "comm_total_s")
 
 
 def log(message: str) -> None:
@@ -56,16 +58,7 @@ def log(message: str) -> None:
 
 
 def write_json_atomic(path: str, data) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".fidelity-", suffix=".json", dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2, allow_nan=False, default=lambda v: None)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_text_atomic(path, json.dumps(data, indent=2, allow_nan=False, default=lambda v: None) + "\n")
 
 
 def calibrate(cluster: Cluster, path: str, args, logfile) -> bool:
@@ -79,12 +72,11 @@ def calibrate(cluster: Cluster, path: str, args, logfile) -> bool:
     return True
 
 
-def point(run, check, cal, cell: dict, variant: str, metrics: str, own=None) -> dict:
-    """One fidelity point: predicted vs measured, the model's breakdown and the measured one (from ``own``,
-    the run as recorded, when ``run`` carries a substituted compute time)."""
-    result = predict(scenario_for(run, cal), (run.mode,)).result(run.mode)
+def point(run, check, cal, cell: dict, variant: str, metrics: str) -> dict:
+    """One fidelity point: predicted vs measured, the model's breakdown and the measured one."""
+    override = None if check.compute_from == "own" else check.compute_s
+    _, result = predict_run(run, cal, compute_s=override)
     med = statistics.median
-    run = own or run
     measured_exposed = med([i - c - u for i, c, u in zip(run.t_iter, run.t_compute, run.t_update)])
     raw = load_run(metrics)  # diagnostics only (not used by the prediction): in-run comm time and waits
     extra = {}
@@ -93,12 +85,17 @@ def point(run, check, cal, cell: dict, variant: str, metrics: str, own=None) -> 
             extra[f"{key[2:]}_s"] = raw.median(key, check_skip(run, raw))
         except ValueError:
             extra[f"{key[2:]}_s"] = None
-    return {**cell, "variant": variant, "mode": run.mode, "compression": check.compression, "metrics": metrics,
-            "steps_kept": check.steps, "grad_bytes": run.grad_bytes,
-            "measured_s": check.measured_s, "predicted_s": check.predicted_s, "error": check.error,
-            "predicted": {k: getattr(result, k) for k in BREAKDOWN} | {"regime": result.regime},
-            "measured": {"compute_s": med(run.t_compute), "update_s": med(run.t_update),
-                         "exposed_s": measured_exposed, "iter_min_s": min(run.t_iter), "iter_max_s": max(run.t_iter), **extra}}
+    out = {**cell, "variant": variant, "mode": run.mode, "compression": check.compression, "metrics": metrics,
+           "steps_kept": check.steps, "grad_bytes": run.grad_bytes,
+           "measured_s": check.measured_s, "predicted_s": check.predicted_s, "error": check.error,
+           "predicted": {k: getattr(result, k) for k in BREAKDOWN} | {"regime": result.regime},
+           "measured": {"compute_s": med(run.t_compute), "update_s": med(run.t_update),
+                        "exposed_s": measured_exposed, "iter_min_s": min(run.t_iter), "iter_max_s": max(run.t_iter),
+                        **extra}}
+    if override is not None:  # also the plain validation (DDP's own t_compute, which contains its allreduce)
+        out["compute_from"] = check.compute_from
+        out["predicted_own_compute_s"] = predict_run(run, cal)[1].iteration_s
+    return out
 
 
 def check_skip(run, raw) -> int:
@@ -115,9 +112,7 @@ def run_cell(bandwidth: str, nodes: int, variants: list[str], args, train_flags:
     os.makedirs(cell_dir, exist_ok=True)
     calib_path = os.path.abspath(os.path.join(args.out, f"calib-{cell_name}.json"))
     points, failures, info = [], [], dict(cell)
-    # DDP all-reduces inside backward, so its t_compute holds (part of) the communication the model adds
-    # again; its prediction uses the per-step compute of this cell's sync run (same model, batch, threads).
-    pure_compute: dict[str, tuple[float, ...]] = {}
+    done: list[tuple[str, str, object]] = []  # (variant, metrics, RunRecord) of the runs that finished
     with Cluster.up(nodes, parse_bandwidth(bandwidth), name=args.name, force=True) as cluster:
         info["tcp"] = cluster.measure().summary()
         log(f"{cell_name}: {info['tcp']}")
@@ -132,6 +127,8 @@ def run_cell(bandwidth: str, nodes: int, variants: list[str], args, train_flags:
         cal = read_calibration(calib_path)
         info["calibration"] = calib_path
         info["fits"] = {name: fit.as_json() for name, fit in cal.fits.items()}
+        info["host"] = host_terms(cal.host)
+        log(f"{cell_name}: host terms {info['host']}")
         for variant in variants:
             counter[0] += 1
             metrics = os.path.abspath(os.path.join(cell_dir, f"{variant}.jsonl"))
@@ -151,23 +148,25 @@ def run_cell(bandwidth: str, nodes: int, variants: list[str], args, train_flags:
                 continue
             try:
                 (run,) = read_runs(files, args.skip)
-                own = run
-                if run.mode == "ddp" and "sync" in pure_compute:
-                    run = replace(run, t_compute=pure_compute["sync"])
-                (check,) = validate_runs([run], cal)
-                if run.mode in ("sync", "pipe") and run.config.get("compression", "none") == "none":
-                    pure_compute.setdefault(run.mode, run.t_compute)
             except ValueError as error:
-                log(f"{counter[0]}/{total} {variant}: cannot validate: {error}")
+                log(f"{counter[0]}/{total} {variant}: cannot read: {error}")
                 failures.append({**cell, "variant": variant, "reason": str(error)})
                 continue
-            points.append(point(run, check, cal, cell, variant, metrics, own))
-            if run is not own:  # the plain validation (DDP's own t_compute, which contains its allreduce)
-                (plain,) = validate_runs([own], cal)
-                points[-1]["compute_from"] = "sync run of this cell"
-                points[-1]["predicted_own_compute_s"] = plain.predicted_s
-            log(f"{counter[0]}/{total} {variant} {nodes} nodes {bandwidth}: measured {1e3 * check.measured_s:.1f} ms, "
-                f"predicted {1e3 * check.predicted_s:.1f} ms, error {100 * check.error:+.1f} % ({seconds:.0f} s)")
+            done.append((variant, metrics, run))
+            log(f"{counter[0]}/{total} {variant} {nodes} nodes {bandwidth}: measured "
+                f"{1e3 * statistics.median(run.t_iter):.1f} ms ({seconds:.0f} s)")
+    # Step 4, once the cell's runs are in: the library pairs each ddp run with the cell's sync run.
+    try:
+        checks = validate_runs([run for _, _, run in done], cal)
+    except ValueError as error:
+        log(f"{cell_name}: cannot validate: {error}")
+        failures += [{**cell, "variant": variant, "reason": str(error)} for variant, _, _ in done]
+        return points, failures, info
+    for (variant, metrics, run), check in zip(done, checks):
+        points.append(point(run, check, cal, cell, variant, metrics))
+        source = "" if check.compute_from == "own" else f" (compute of {os.path.basename(check.compute_from)})"
+        log(f"{variant} {nodes} nodes {bandwidth}: measured {1e3 * check.measured_s:.1f} ms, "
+            f"predicted {1e3 * check.predicted_s:.1f} ms, error {100 * check.error:+.1f} %{source}")
     return points, failures, info
 
 
@@ -198,14 +197,15 @@ def markdown(points: list[dict], failures: list[dict], stats: dict, header: str)
     flagged = [p for p in points if abs(p["error"]) > stats["flag"]]
     if flagged:
         lines += ["", f"## Points over {100 * stats['flag']:.0f} %: model breakdown vs measured (ms)", "",
-                  "| bandwidth | nodes | variant | error | pred compute | pred update | pred exposed comm | "
+                  "| bandwidth | nodes | variant | error | pred compute | pred update | pred hand-off | pred exposed comm | "
                   "pred codec | pred comm total | meas compute | meas update | meas exposed (iter-compute-update) | "
                   "meas comm busy | meas wait |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for p in flagged:
             pr, me = p["predicted"], p["measured"]
             lines.append(f"| {p['bandwidth']} | {p['nodes']} | {p['variant']} | {100 * p['error']:+.1f} % | "
-                         f"{ms(pr['compute_s'])} | {ms(pr['update_s'])} | {ms(pr['exposed_comm_s'])} | "
+                         f"{ms(pr['compute_s'])} | {ms(pr['update_s'])} | {ms(pr['handoff_s'])} | "
+                         f"{ms(pr['exposed_comm_s'])} | "
                          f"{ms(pr['codec_s'])} | {ms(pr['comm_total_s'])} | {ms(me['compute_s'])} | "
                          f"{ms(me['update_s'])} | {ms(me['exposed_s'])} | {opt_ms(me.get('comm_busy_s'))} | "
                          f"{opt_ms(me.get('wait_s'))} |")

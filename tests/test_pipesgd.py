@@ -5,7 +5,6 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 import pipesgd

@@ -168,7 +168,7 @@ def _calibrate_rank(rank, world_size):
     if cal is None:
         return None
     return {"fits": {name: f.bandwidth_Bps for name, f in cal.fits.items()}, "notes": cal.meta["notes"],
-            "samples": [(s.kind, s.collective, s.nodes, s.seconds) for s in cal.samples]}
+            "samples": [(s.kind, s.collective, s.nodes, s.seconds) for s in cal.samples], "host": cal.host}
 
 
 def test_calibrate_two_ranks_small_grid():
@@ -183,5 +183,8 @@ def test_calibrate_two_ranks_small_grid():
     assert kinds.count(("allreduce", "ring")) == kinds.count(("allreduce", "backend")) == 3
     assert kinds.count(("reduce", "local")) == 3
     assert all(seconds > 0 for *_, seconds in report["samples"])
+    host = report["host"]  # interference and hand-off terms were measured (values: this busy box, not checked)
+    assert host["comm_slowdown"] >= 0 and host["compute_slowdown"] >= 0 and len(host["overlap"]) == 2
+    assert host["copy_Bps"] > 0 and host["handoff_s"] > 0
     for name in ("ring", "backend"):  # each fit either exists with a positive bandwidth or a note says why not
         assert report["fits"].get(name, 0) > 0 or any(n.startswith(name) for n in report["notes"])

@@ -148,9 +148,13 @@ def test_breakdown_terms_add_up():
     rng = random.Random(7)
     for _ in range(200):
         s = _random_scenario(rng, compression=rng.choice(list(CODEC_RATIOS)), encode_Bps=rng.uniform(1e8, 1e10),
-                             decode_Bps=rng.uniform(1e8, 1e10), slowdown=rng.uniform(0, 0.5))
+                             decode_Bps=rng.uniform(1e8, 1e10), slowdown=rng.uniform(0, 0.5),
+                             comm_slowdown=rng.choice([0.0, rng.uniform(0, 0.5)]),
+                             copy_Bps=rng.choice([math.inf, rng.uniform(1e9, 1e10)]),
+                             handoff_s=rng.choice([0.0, rng.uniform(0, 1e-3)]))
         for r in predict(s).results:
-            parts = r.compute_s + r.straggler_s + r.interference_s + r.update_s + r.exposed_comm_s + r.codec_s
+            parts = (r.compute_s + r.straggler_s + r.interference_s + r.update_s + r.handoff_s + r.exposed_comm_s
+                     + r.codec_s)
             assert parts == pytest.approx(r.iteration_s, rel=1e-9, abs=1e-15), r
             assert min(r.exposed_comm_s, r.codec_s, r.interference_s, r.hidden_comm_s) >= 0
 
@@ -289,7 +293,8 @@ def test_calibration_exact_without_noise_and_notes_at_one_cluster_size():
     assert fit.latency_s == pytest.approx(30e-6, rel=1e-6) and fit.bandwidth_Bps == pytest.approx(2e9, rel=1e-6)
     single = fit_collective([s for s in _synthetic_samples(1e-4, 30e-6, 2e9, 1e10, 0.0, nodes=(4,))
                              if s.kind == "allreduce"])
-    assert single.overhead_s == 0.0 and len(single.notes) == 2
+    assert single.overhead_s == 0.0 and len(single.notes) == 3
+    assert any("one cluster size" in n for n in single.notes) and any("burst" in n for n in single.notes)
     assert single.latency_s == pytest.approx(30e-6 + 1e-4 / 6, rel=1e-3)  # α absorbs c0/(2(p−1))
     with pytest.raises(ValueError):
         fit_collective([])
@@ -363,3 +368,131 @@ def test_validate_rejects_bad_metrics(tmp_path):
                                   "t_compute": 0.1, "t_update": 0.0}) + "\n")
     with pytest.raises(ValueError, match="gradient size"):
         read_runs([str(nosize)])
+
+
+# ---------------------------------------------------------------- interference (κ, κc) and hand-off terms
+def test_new_terms_at_defaults_reproduce_the_old_numbers_exactly():
+    """κc = 0, copy rate ∞, hand-off 0: the old equations, bit for bit."""
+    s = Scenario(nodes=4, grad_bytes=100 * MB, bandwidth_Bps=gbe(10), compute_s=0.05, update_s=0.01, slowdown=0.1,
+                 overlap_fraction=0.5, bucket_bytes=0)
+    explicit = replace(s, comm_slowdown=0.0, copy_Bps=math.inf, handoff_s=0.0)
+    T_cu, T_AR = 0.05 + 0.01, collectives.allreduce_ring(4, 100 * MB, 0.0, 1 / gbe(10))
+    for scenario in (s, explicit):
+        pred = predict(scenario)
+        assert pred.result("sync").iteration_s == T_cu + T_AR
+        assert pred.result("pipe").iteration_s == max(T_cu * 1.1, T_AR)
+        assert pred.result("ddp").iteration_s == max(0.05 * (1 + 0.1 * 0.5), 0.5 * 0.05 + T_AR, 0.05 + T_AR) + 0.01
+        assert all(r.handoff_s == 0.0 for r in pred.results)
+    assert formulas.pipe_iteration(0.3, 0.2, 0.1, 2) == max(0.3 * 1.1, 0.2)
+    assert formulas.overlapped_comm(0.2, 5.0, 0.0) == 0.2
+
+
+def test_comm_slowdown_pipe_is_max_of_compute_and_slowed_ring():
+    T_AR = collectives.allreduce_ring(4, 100 * MB, 0.0, 1 / gbe(10))  # 0.12 s
+    s = Scenario(nodes=4, grad_bytes=100 * MB, bandwidth_Bps=gbe(10), compute_s=0.2, comm_slowdown=0.1)
+    # compute-bound: the ring is slowed all along and still finishes first: max(T_cu, 1.1·T_AR)
+    assert predict(s).result("pipe").iteration_s == pytest.approx(max(0.2, 1.1 * T_AR), rel=1e-12)
+    at_edge = replace(s, compute_s=1.1 * T_AR)
+    assert predict(at_edge).result("pipe").iteration_s == pytest.approx(1.1 * T_AR, rel=1e-12)
+    # ring-bound: the ring is slowed all along too
+    short = replace(s, compute_s=0.05)
+    assert predict(short).result("pipe").iteration_s == pytest.approx(1.1 * T_AR, rel=1e-12)
+    assert formulas.overlapped_comm(0.12, math.inf, 0.1) == pytest.approx(0.132, rel=1e-12)
+    # sync never overlaps: κc does not touch it
+    assert predict(s).result("sync").iteration_s == pytest.approx(0.2 + T_AR, rel=1e-12)
+
+
+def test_comm_slowdown_ddp_only_on_the_overlapped_part():
+    s = Scenario(nodes=4, grad_bytes=100 * MB, bandwidth_Bps=gbe(10), compute_s=0.1, bucket_bytes=10 * MB,
+                 overlap_fraction=0.5, comm_slowdown=0.2)  # 10 buckets: the last one (12 ms) is not the limit
+    T_AR = 0.12
+    # ring outlasts the overlap window φ·T̂_c = 0.05: slowed by κc inside it only
+    assert predict(s).result("ddp").iteration_s == pytest.approx(0.05 + T_AR + 0.2 * 0.05 / 1.2, rel=1e-12)
+    sync = predict(s).result("sync").iteration_s
+    assert predict(replace(s, overlap_fraction=0.0)).result("ddp").iteration_s == pytest.approx(sync, rel=1e-12)
+
+
+def test_handoff_term_two_copies_plus_fixed_cost():
+    M, copy, hand = 5 * MB, 2e9, 1e-3
+    H = 2 * M / copy + hand  # 6 ms
+    assert formulas.handoff_time(M, copy, hand) == pytest.approx(H, rel=1e-12)
+    assert formulas.handoff_time(M, math.inf, 0.0) == 0.0
+    s = Scenario(nodes=2, grad_bytes=M, bandwidth_Bps=gbe(1), compute_s=0.02, update_s=0.002, copy_Bps=copy,
+                 handoff_s=hand, bucket_bytes=0)
+    T_AR = M / gbe(1)  # p = 2: factor 1.0 → 40 ms
+    pred = predict(s)
+    assert pred.result("sync").iteration_s == pytest.approx(0.022 + H + T_AR, rel=1e-12)
+    assert pred.result("sync").handoff_s == pytest.approx(H, rel=1e-12)
+    # pipe: H is on the compute side (step() on the main thread); here the ring is longer
+    assert pred.result("pipe").iteration_s == pytest.approx(T_AR, rel=1e-12)
+    heavy = replace(s, compute_s=0.05)
+    assert predict(heavy).result("pipe").iteration_s == pytest.approx(0.052 + H, rel=1e-12)
+    # ddp pays the bucket copies, not the thread hand-off
+    assert pred.result("ddp").handoff_s == pytest.approx(2 * M / copy, rel=1e-12)
+
+
+def test_calibration_recovers_known_slowdowns_and_copy_rate():
+    from timing_model.calibration import copy_rate_from_timings, host_terms, slowdown_from_timings
+
+    rng = random.Random(3)
+    alone = [rng.uniform(0.01, 0.5) for _ in range(9)]
+    together = [t * 1.15 * (1 + rng.uniform(-0.01, 0.01)) for t in alone]
+    assert slowdown_from_timings(alone, together) == pytest.approx(0.15, abs=0.012)
+    assert slowdown_from_timings([0.1, 0.2, 0.4], [0.11, 0.22, 0.44]) == pytest.approx(0.1, rel=1e-9)
+    assert slowdown_from_timings([0.1], [0.09]) == 0.0  # faster together is noise: floored at 0
+    sizes = [2.0**k for k in range(20, 25)]
+    assert copy_rate_from_timings(sizes, [n / 4e9 for n in sizes]) == pytest.approx(4e9)
+    with pytest.raises(ValueError):
+        slowdown_from_timings([0.1], [])
+    assert host_terms({}) == {"slowdown": 0.0, "comm_slowdown": 0.0, "copy_Bps": math.inf, "handoff_s": 0.0}
+
+
+def test_fit_min_bytes_drops_burst_sized_samples():
+    samples = _synthetic_samples(1e-4, 30e-6, 2e9, 1e10, 0.0)
+    burst = [Sample("allreduce", "ring", "none", 2, 4096.0, 1e-6)]  # sent at line rate through the tbf burst
+    fit = fit_collective(samples + burst, min_bytes=2**20)
+    assert fit.bandwidth_Bps == pytest.approx(2e9, rel=1e-6) and fit.overhead_s == pytest.approx(1e-4, rel=1e-6)
+    assert not any("burst" in n for n in fit.notes)
+    assert fit.n_samples == sum(s.kind == "allreduce" and s.n_bytes >= 2**20 for s in samples)
+
+
+def test_calibration_host_round_trip_and_validate_uses_it(tmp_path):
+    host = {"compute_slowdown": 0.3, "comm_slowdown": 0.1, "copy_Bps": 2e9, "handoff_s": 5e-4}
+    cal = Calibration({"ring": FIT, "backend": FIT}, host=host)
+    path = tmp_path / "calib.json"
+    write_calibration(str(path), cal)
+    back = read_calibration(str(path))
+    assert back.host == host
+    (run,) = read_runs(write_run(tmp_path, "pipe2", "pipe", 2, 8e6, 0.05, 0.004), skip=3)
+    from timing_model.validation import scenario_for
+
+    sc = scenario_for(run, back)
+    assert (sc.comm_slowdown, sc.copy_Bps, sc.handoff_s) == (0.1, 2e9, 5e-4)
+    assert sc.slowdown == 0.0  # pipe's measured compute already ran next to the ring
+    (sync,) = read_runs(write_run(tmp_path, "sync2", "sync", 2, 8e6, 0.05, 0.004), skip=3)
+    assert scenario_for(sync, back).slowdown == 0.3
+    (check,) = validate_runs([sync], back)
+    T_AR = FIT.predict(2, 8e6)
+    assert check.predicted_s == pytest.approx(0.054 + 2 * 8e6 / 2e9 + 5e-4 + T_AR, rel=1e-9)
+
+
+def test_ddp_run_takes_the_compute_of_the_sync_run_of_its_folder(tmp_path):
+    cal = Calibration({"ring": FIT, "backend": FIT})
+    paths = write_run(tmp_path, "sync", "sync", 2, 8e6, 0.05, 0.004)
+    ddp_paths = write_run(tmp_path, "ddp", "ddp", 2, 8e6, 0.05, 0.004)
+    for path in ddp_paths:  # DDP's t_compute holds its in-backward allreduce: +30 ms
+        lines = [json.loads(line) for line in open(path)]
+        for rec in lines:
+            if rec["type"] == "step":
+                rec["t_compute"] += 0.030
+        with open(path, "w") as out:
+            out.write("".join(json.dumps(rec) + "\n" for rec in lines))
+    runs = read_runs(paths + ddp_paths, skip=3)
+    checks = {c.mode: c for c in validate_runs(runs, cal)}
+    assert checks["ddp"].compute_from.endswith("sync.jsonl") and checks["ddp"].compute_s == pytest.approx(0.05)
+    assert checks["ddp"].error == pytest.approx(0.0, abs=0.005)
+    assert checks["sync"].compute_from == "own"
+    plain = {c.mode: c for c in validate_runs(runs, cal, pair_ddp=False)}
+    assert plain["ddp"].compute_from == "own" and plain["ddp"].error > 0.2
+    forced = {c.mode: c for c in validate_runs(runs, cal, compute_override={runs[1].name: 0.01})}
+    assert forced["ddp"].compute_s == 0.01 and forced["ddp"].compute_from == "override"

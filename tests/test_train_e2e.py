@@ -208,3 +208,16 @@ def test_hung_rank_fails_the_others_within_timeout():
     rc0, _, err0 = results[0]
     assert rc0 == 1 and results[1][0] is None  # rank 1 was still frozen
     _assert_lost_peer_line(err0, timeout_s)
+
+
+def test_four_processes_with_a_compressed_ring(tmp_path):
+    """The main job's shape at 4 processes (p > 2: real ring neighbours), q8 on every hop with feedback."""
+    metrics = str(tmp_path / "q8.jsonl")
+    results = launch(["--compression", "q8", "--error-feedback", *TRAIN_ARGS, "--metrics", metrics], world=4,
+                     timeout_s=300)
+    for rc, _, err in results:
+        assert rc == 0, err
+    assert "test accuracy" in results[0][1]
+    assert final_accuracy(metrics.replace(".jsonl", ".rank0.jsonl")) >= MIN_ACCURACY
+    steps = [r for r in records(metrics.replace(".jsonl", ".rank3.jsonl")) if r["type"] == "step"]
+    assert max(r["compression_ratio"] for r in steps) > 3.5  # q8 really ran: ~4x fewer bytes

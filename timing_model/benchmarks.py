@@ -14,9 +14,11 @@ import statistics
 import time
 from collections.abc import Callable
 
-from .calibration import Calibration, Sample, fit_collective, residual_table
+from .calibration import (BURST_BYTES, Calibration, Sample, copy_rate_from_timings, fit_collective, residual_table,
+                          slowdown_from_timings)
 
-__all__ = ["cluster_sizes", "collect_samples", "measure_reduce", "measure_codecs", "measure_compute", "run_calibration"]
+__all__ = ["cluster_sizes", "collect_samples", "measure_reduce", "measure_codecs", "measure_compute",
+           "measure_overlap", "measure_copy", "measure_handoff", "overlap_sizes", "run_calibration"]
 
 
 def cluster_sizes(world_size: int) -> list[int]:
@@ -166,12 +168,177 @@ def measure_compute(model_name: str, input_shape: tuple[int, ...], num_classes: 
     return statistics.median(times)
 
 
+def overlap_sizes(sizes_bytes: list[int], count: int = 3) -> list[int]:
+    """Up to ``count`` sizes for the interference measurement: smallest, middle and largest of the grid at or
+    above ``BURST_BYTES`` (all sizes if none is that large)."""
+    big = sorted(n for n in sizes_bytes if n >= BURST_BYTES) or sorted(sizes_bytes)
+    if len(big) <= count:
+        return big
+    picks = [big[round(i * (len(big) - 1) / (count - 1))] for i in range(count)]
+    return list(dict.fromkeys(picks))
+
+
+def _median_slowest(times: list[float], device) -> float:
+    import torch.distributed as dist
+
+    return _slowest(statistics.median(times), dist.group.WORLD, device)
+
+
+def measure_overlap(sizes_bytes: list[int], repeats: int = 10, warmup: int = 2, device: str = "cpu",
+                    matmul_n: int = 256) -> dict:
+    """Interference between our ring and compute, on every rank of the world group (all ranks must call it).
+
+    As in the trainer, the ring runs on the background communication thread (``pipesgd.comm_worker``) and the
+    compute (a loop of ``matmul_n``² fp32 matmuls, which release the GIL) on the main thread. Per size:
+      Step 1: ring alone: warm-up, barrier, ``repeats`` timed rings on the worker thread.
+      Step 2: ring together: the same while the main thread runs matmuls, each one timed.
+      Step 3: matmul alone (once): ``max(20, repeats)`` timed matmuls on the main thread.
+    Each value is the slowest rank's median. κc = median over sizes of ring together/alone − 1 and
+    κ = median over sizes of matmul together/alone − 1 (``slowdown_from_timings``).
+    """
+    import torch
+    import torch.distributed as dist
+
+    from pipesgd import ring_allreduce
+    from pipesgd.comm_worker import CommWorker
+
+    a = torch.randn(matmul_n, matmul_n, device=device)
+    b = torch.randn(matmul_n, matmul_n, device=device)
+
+    def matmul() -> float:
+        start = time.perf_counter()
+        torch.mm(a, b)
+        _sync(a)
+        return time.perf_counter() - start
+
+    def rings(tensor) -> list[float]:
+        for _ in range(warmup):
+            ring_allreduce(tensor, op="mean")
+        dist.barrier()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            ring_allreduce(tensor, op="mean")
+            _sync(tensor)
+            times.append(time.perf_counter() - start)
+        return times
+
+    for _ in range(3):
+        matmul()
+    dist.barrier()
+    mm_alone = _median_slowest([matmul() for _ in range(max(20, repeats))], device)
+    worker = CommWorker(device)
+    rows, handoff = [], []
+    try:
+        for n_bytes in sizes_bytes:
+            tensor = torch.ones(max(1, n_bytes // 4), dtype=torch.float32, device=device)
+            alone = worker.submit(rings, tensor).wait()  # Step 1
+            handoff.extend(_handoff_gaps(worker, tensor, repeats))
+            dist.barrier()
+            work = worker.submit(rings, tensor)  # Step 2
+            mm_times = []
+            while not work.is_completed():
+                mm_times.append(matmul())
+            together = work.wait()
+            rows.append({"n_bytes": float(tensor.numel() * 4),
+                         "ring_alone_s": _median_slowest(alone, device),
+                         "ring_together_s": _median_slowest(together, device),
+                         "matmul_alone_s": mm_alone,
+                         "matmul_together_s": _median_slowest(mm_times or [mm_alone], device)})
+            dist.barrier()
+    finally:
+        worker.close()
+    return {"comm_slowdown": slowdown_from_timings([r["ring_alone_s"] for r in rows],
+                                                   [r["ring_together_s"] for r in rows]),
+            "compute_slowdown": slowdown_from_timings([r["matmul_alone_s"] for r in rows],
+                                                      [r["matmul_together_s"] for r in rows]),
+            "matmul_n": matmul_n, "overlap": rows,
+            "handoff_ring_s": _median_slowest(handoff, device) if handoff else None}
+
+
+def _handoff_gaps(worker, tensor, repeats: int) -> list[float]:
+    """Per ring job: (submit → wait returns) − the job's own busy time, i.e. the thread hand-off latency the
+    trainer's ``step()`` pays around each ring on this (possibly oversubscribed) host."""
+    from pipesgd import ring_allreduce
+
+    gaps = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        work = worker.submit(ring_allreduce, tensor, "none", "mean")
+        work.wait()
+        gaps.append(max(0.0, time.perf_counter() - start - work.busy_s))
+    return gaps
+
+
+def measure_copy(sizes_bytes: list[int], repeats: int = 20, device: str = "cpu") -> dict:
+    """Gradient pack/unpack copy rate: slowest rank's median time of ``dst.copy_(src)`` on fp32 tensors of each
+    size, on every rank at once (all ranks must call it); copy_Bps = median over sizes of bytes / seconds."""
+    import torch
+    import torch.distributed as dist
+
+    rows = []
+    for n_bytes in sizes_bytes:
+        src = torch.ones(max(1, n_bytes // 4), device=device)
+        dst = torch.empty_like(src)
+        for _ in range(3):
+            dst.copy_(src)
+        dist.barrier()
+        times = []
+        for _ in range(repeats):
+            _sync(src)
+            start = time.perf_counter()
+            dst.copy_(src)
+            _sync(src)
+            times.append(time.perf_counter() - start)
+        rows.append({"n_bytes": float(src.numel() * 4), "seconds": _median_slowest(times, device)})
+    rate = copy_rate_from_timings([r["n_bytes"] for r in rows], [r["seconds"] for r in rows])
+    return {"copy_Bps": rate, "copy": rows}
+
+
+def measure_handoff(repeats: int = 50, device: str = "cpu") -> float:
+    """Thread hand-off: slowest rank's median seconds to submit a no-op to the communication worker and wait
+    for its result (all ranks must call it)."""
+    from pipesgd.comm_worker import CommWorker
+
+    worker = CommWorker(device)
+    try:
+        for _ in range(5):
+            worker.submit(lambda: None).wait()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            worker.submit(lambda: None).wait()
+            times.append(time.perf_counter() - start)
+    finally:
+        worker.close()
+    return _median_slowest(times, device)
+
+
+def measure_host(sizes_bytes: list[int], repeats: int, warmup: int, device: str, overlap: bool,
+                 notes: list) -> dict:
+    """The ``host`` record of the calibration (κ, κc, copy rate, hand-off); every rank must call it."""
+    host: dict = {}
+    try:
+        if overlap:
+            host.update(measure_overlap(overlap_sizes(sizes_bytes), repeats, warmup, device))
+        host.update(measure_copy(sizes_bytes, max(repeats, 10), device))
+        host["handoff_noop_s"] = measure_handoff(device=device)
+        # the hand-off around a real ring (wake-ups on a loaded host) when measured, else the no-op round trip
+        host["handoff_s"] = host.get("handoff_ring_s") or host["handoff_noop_s"]
+    except ImportError as err:
+        notes.append(f"interference / hand-off not measured: {err}")
+    return host
+
+
 def run_calibration(sizes_bytes: list[int], repeats: int = 20, warmup: int = 5,
                     compressions: tuple[str, ...] = ("none",), include_ring: bool = True, device: str = "cpu",
-                    compute: dict | None = None) -> Calibration | None:
+                    compute: dict | None = None, overlap: bool = True, min_fit_bytes: float = 0.0
+                    ) -> Calibration | None:
     """Measure on every rank, fit on rank 0; rank 0 returns the ``Calibration``, other ranks ``None``.
 
     ``compute`` = {'model', 'input_shape', 'num_classes', 'batch_size'} also times a trainer model.
+    ``overlap`` also measures κ and κc (``measure_overlap``; needs our ring); the copy rate and hand-off are
+    always measured. ``min_fit_bytes`` leaves smaller allreduce samples out of the fits (still in the residuals).
     """
     import datetime
 
@@ -181,6 +348,8 @@ def run_calibration(sizes_bytes: list[int], repeats: int = 20, warmup: int = 5,
 
     notes: list[str] = []
     samples = collect_samples(sizes_bytes, repeats, warmup, compressions, include_ring, device, notes)
+    host = measure_host(sizes_bytes, repeats, warmup, device, overlap and include_ring and dist.get_world_size() > 1,
+                        notes)
     if dist.get_rank() != 0:
         return None
     samples += measure_reduce(sizes_bytes, repeats, device)
@@ -195,7 +364,7 @@ def run_calibration(sizes_bytes: list[int], repeats: int = 20, warmup: int = 5,
         if not any(s.collective == collective for s in samples):
             continue
         try:
-            fits[collective] = fit_collective(samples, collective)
+            fits[collective] = fit_collective(samples, collective, min_bytes=min_fit_bytes)
         except ValueError as err:  # noisy timings on a busy machine: keep the other fit, say why
             notes.append(f"{collective}: {err}")
             continue
@@ -206,6 +375,7 @@ def run_calibration(sizes_bytes: list[int], repeats: int = 20, warmup: int = 5,
     meta = {"created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "backend": dist.get_backend(), "device": device, "world_size": dist.get_world_size(),
             "grid": {"nodes": cluster_sizes(dist.get_world_size()), "sizes_bytes": list(sizes_bytes),
-                     "repeats": repeats, "warmup": warmup, "compressions": list(compressions)},
+                     "repeats": repeats, "warmup": warmup, "compressions": list(compressions),
+                     "min_fit_bytes": min_fit_bytes},
             "notes": notes}
-    return Calibration(fits, codecs, compute_record, samples, residuals, meta)
+    return Calibration(fits, codecs, compute_record, samples, residuals, meta, host)

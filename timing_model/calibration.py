@@ -16,6 +16,8 @@ Calibration file (``schema`` = ``pipesgd-timing/calibration/1``), written atomic
      "fits": {"ring": FIT, "backend": FIT},          # ring = pipesgd.ring_allreduce, backend = all_reduce
      "codecs": {"bf16": {"encode_Bps", "decode_Bps"}, ...},
      "compute": {"model", "batch_size", "compute_s"} | null,
+     "host": {"compute_slowdown", "comm_slowdown", "copy_Bps" (null = free), "handoff_s", "overlap": [...],
+              "copy": [...]} | {},               # interference and hand-off terms (see ``host_terms``)
      "samples": [SAMPLE, ...], "residuals": [RESIDUAL, ...], "notes": [...]}
     FIT = {"overhead_s", "latency_s", "bandwidth_Bps", "reduce_Bps" (null = free), "n_samples",
            "median_abs_rel_err", "max_abs_rel_err", "notes"}
@@ -33,8 +35,12 @@ import numpy as np
 
 from . import collectives
 
-__all__ = ["SCHEMA", "Sample", "Fit", "Calibration", "fit_collective", "residual_table",
-           "write_calibration", "read_calibration"]
+__all__ = ["SCHEMA", "Sample", "Fit", "Calibration", "fit_collective", "residual_table", "slowdown_from_timings",
+           "copy_rate_from_timings", "host_terms", "write_calibration", "read_calibration", "BURST_BYTES"]
+
+# Below this message size a tc-tbf shaped link (burst ≈ 500 KB at 1gbit) may send the whole message at
+# line rate, a regime training-size gradients never see; such samples are flagged (or dropped with min_bytes).
+BURST_BYTES = 2**20
 
 SCHEMA = "pipesgd-timing/calibration/1"
 _PARAMS = ("overhead_s", "latency_s", "sec_per_byte", "reduce_sec_per_byte", "reduce_call_s")
@@ -117,16 +123,26 @@ def _solve_nonnegative(A: np.ndarray, b: np.ndarray, active: list[int]) -> np.nd
         active.remove(min(negative, key=lambda j: x[j]))
 
 
-def fit_collective(samples: list[Sample], collective: str = "ring", algorithm: str = "ring") -> Fit:
-    """Fit c0, α, β (and γ when ``reduce`` samples exist) to the uncompressed samples of ``collective``."""
+def fit_collective(samples: list[Sample], collective: str = "ring", algorithm: str = "ring",
+                   min_bytes: float = 0.0) -> Fit:
+    """Fit c0, α, β (and γ when ``reduce`` samples exist) to the uncompressed samples of ``collective``.
+
+    Allreduce samples below ``min_bytes`` are left out of the fit (e.g. ``BURST_BYTES`` on a tc-tbf shaped
+    link, whose burst lets small messages leave at line rate); if samples below ``BURST_BYTES`` remain, a note
+    says so. The overhead c0 is fitted whenever the samples span ≥ 2 cluster sizes.
+    """
     # Step 1: keep the samples this fit may use.
-    use = [s for s in samples if (s.kind == "allreduce" and s.collective == collective
-                                  and s.compression == "none" and s.nodes >= 2) or s.kind == "reduce"]
+    use = [s for s in samples if (s.kind == "allreduce" and s.collective == collective and s.compression == "none"
+                                  and s.nodes >= 2 and s.n_bytes >= min_bytes) or s.kind == "reduce"]
     coll = [s for s in use if s.kind == "allreduce"]
     if len(coll) < 2:
-        raise ValueError(f"need at least 2 uncompressed allreduce samples of {collective!r} over >= 2 ranks, "
-                         f"got {len(coll)}")
+        raise ValueError(f"need at least 2 uncompressed allreduce samples of {collective!r} over >= 2 ranks"
+                         f"{f' of >= {min_bytes:.0f} bytes' if min_bytes else ''}, got {len(coll)}")
     notes, active = [], [0, 1, 2, 3, 4]
+    small = sum(s.n_bytes < BURST_BYTES for s in coll)
+    if small:
+        notes.append(f"{small} samples below {BURST_BYTES} bytes: on a tc-tbf shaped link they may leave at burst "
+                     f"(line) rate and bias latency/bandwidth; fit with min_bytes (calibrate --fit-min-bytes) to drop")
     # Step 2: drop the unknowns the grid cannot identify.
     if len({s.nodes for s in coll}) < 2:
         active.remove(0)
@@ -172,6 +188,34 @@ def residual_table(samples: list[Sample], fit: Fit, algorithm: str = "ring",
     return rows
 
 
+def slowdown_from_timings(alone_s: list[float], together_s: list[float]) -> float:
+    """Relative slow-down from paired timings of the same work alone and with the other side running
+    (our reconstruction): κ = median_i(together_i / alone_i) − 1, floored at 0. Used for κ (matmul time with
+    the ring running) and κc (ring time with a matmul loop running)."""
+    if not alone_s or len(alone_s) != len(together_s):
+        raise ValueError("slowdown needs equally many (>= 1) timings alone and together")
+    if min(alone_s) <= 0 or min(together_s) <= 0:
+        raise ValueError("slowdown timings must be > 0")
+    return max(0.0, statistics.median(t / a for a, t in zip(alone_s, together_s)) - 1.0)
+
+
+def copy_rate_from_timings(sizes_bytes: list[float], seconds: list[float]) -> float:
+    """Memory-copy rate of ``dst.copy_(src)``: median over sizes of n_bytes / seconds, bytes/s."""
+    if not sizes_bytes or len(sizes_bytes) != len(seconds) or min(seconds) <= 0:
+        raise ValueError("copy rate needs equally many (>= 1) sizes and positive timings")
+    return statistics.median(n / t for n, t in zip(sizes_bytes, seconds))
+
+
+def host_terms(host: dict) -> dict:
+    """The model inputs of a calibration's ``host`` record: slowdown (κ), comm_slowdown (κc), copy_Bps
+    (inf when absent or null) and handoff_s; zeros / inf (the pure formula) when not calibrated."""
+    copy = (host or {}).get("copy_Bps")
+    return {"slowdown": float((host or {}).get("compute_slowdown") or 0.0),
+            "comm_slowdown": float((host or {}).get("comm_slowdown") or 0.0),
+            "copy_Bps": math.inf if not copy else float(copy),
+            "handoff_s": float((host or {}).get("handoff_s") or 0.0)}
+
+
 @dataclass(slots=True)
 class Calibration:
     """Everything ``calibrate`` measured and fitted; ``validate`` and ``predict --calibration`` read it."""
@@ -182,6 +226,7 @@ class Calibration:
     samples: list[Sample] = field(default_factory=list)
     residuals: list[dict] = field(default_factory=list)
     meta: dict = field(default_factory=dict)  # created_utc, backend, device, world_size, grid, notes
+    host: dict = field(default_factory=dict)  # κ, κc, copy_Bps, handoff_s and their raw timings ({}: none)
 
     def fit_for(self, mode: str) -> Fit:
         """Our ring serves sync and pipe; the backend's all_reduce serves ddp and the parameter server."""
@@ -197,7 +242,7 @@ def write_calibration(path: str, cal: Calibration) -> None:
     data = {"schema": SCHEMA, **cal.meta,
             "fits": {name: fit.as_json() for name, fit in cal.fits.items()},
             "codecs": {name: {"encode_Bps": e, "decode_Bps": d} for name, (e, d) in cal.codecs.items()},
-            "compute": cal.compute, "samples": [asdict(s) for s in cal.samples], "residuals": cal.residuals}
+            "compute": cal.compute, "host": cal.host, "samples": [asdict(s) for s in cal.samples], "residuals": cal.residuals}
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".calib-", suffix=".json", dir=folder)
@@ -231,5 +276,13 @@ def read_calibration(path: str) -> Calibration:
         raise ValueError(f"calibration file {path!r}: malformed ({err})") from None
     if not fits:
         raise ValueError(f"calibration file {path!r}: no fits")
-    meta = {k: v for k, v in data.items() if k not in ("schema", "fits", "codecs", "compute", "samples", "residuals")}
-    return Calibration(fits, codecs, data.get("compute"), samples, data.get("residuals", []), meta)
+    host = data.get("host") or {}
+    if not isinstance(host, dict):
+        raise ValueError(f"calibration file {path!r}: malformed host record")
+    try:
+        host_terms(host)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"calibration file {path!r}: malformed host record ({err})") from None
+    meta = {k: v for k, v in data.items()
+            if k not in ("schema", "fits", "codecs", "compute", "host", "samples", "residuals")}
+    return Calibration(fits, codecs, data.get("compute"), samples, data.get("residuals", []), meta, host)

@@ -18,7 +18,7 @@ from .units import parse_bandwidth, parse_bytes, parse_count, parse_fraction, pa
 PROG = "pipesgd-timing"
 EXIT_USAGE = 2
 PREDICT_COLUMNS = ["mode", "iteration_s", "compute_s", "straggler_s", "interference_s", "update_s",
-                   "exposed_comm_s", "codec_s", "hidden_comm_s", "throughput_it_s", "speedup_vs_sync",
+                   "handoff_s", "exposed_comm_s", "codec_s", "hidden_comm_s", "throughput_it_s", "speedup_vs_sync",
                    "speedup_vs_one", "staleness", "regime"]
 # flag → (Scenario field, parser); the sweepable ones accept comma lists in `sweep`.
 SCENARIO_FLAGS = {
@@ -33,6 +33,9 @@ SCENARIO_FLAGS = {
     "update": ("update_s", parse_time),
     "overhead": ("overhead_s", parse_time),
     "slowdown": ("slowdown", lambda s: parse_fraction(s, "slowdown", None)),
+    "comm_slowdown": ("comm_slowdown", lambda s: parse_fraction(s, "comm slowdown", None)),
+    "copy_rate": ("copy_Bps", parse_bandwidth),
+    "handoff": ("handoff_s", parse_time),
     "reduce_rate": ("reduce_Bps", parse_bandwidth),
     "collective": ("collective", lambda s: _choice(s, "collective", COLLECTIVES)),
     "width": ("width", lambda s: _int_at_least(s, "width", 1)),
@@ -96,6 +99,10 @@ def _add_scenario_flags(parser: argparse.ArgumentParser, sweep: bool) -> None:
     add("--update", default="0", help="optimizer update time: 5ms")
     add("--overhead", default="0", help="fixed cost c0 per collective call" + many)
     add("--slowdown", default="0", help="κ: compute slow-down while communication overlaps it (0.2 or 20%%)")
+    add("--comm-slowdown", default="0",
+        help="κc: communication slow-down while compute overlaps it (0.15 or 15%%; default 0)")
+    add("--copy-rate", help="gradient pack/unpack copy rate, e.g. 5GB/s (adds 2·M/rate per step; default: free)")
+    add("--handoff", default="0", help="fixed per-step hand-off cost to the comm thread, e.g. 200us (default 0)")
     add("--reduce-rate", help="local reduction rate (bytes/s, e.g. 10GB/s); default: free")
     add("--collective", default="ring", help=f"allreduce algorithm of sync/ddp: {'|'.join(COLLECTIVES)}")
     add("--compression", default="none", help=f"{'|'.join(CODEC_RATIOS)}" + many)

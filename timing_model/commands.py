@@ -9,7 +9,7 @@ import os
 from dataclasses import asdict, replace
 
 from . import tables
-from .units import format_bandwidth, parse_list, parse_size_range
+from .units import format_bandwidth, parse_bytes, parse_list, parse_size_range
 
 __all__ = ["add_sweep_parser", "add_calibrate_parser", "add_validate_parser"]
 
@@ -88,6 +88,11 @@ def add_calibrate_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, default=32, help="batch for the compute timing (default 32)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads per rank, as the trainer's --threads (default 1: ranks share the cores)")
+    p.add_argument("--fit-min-bytes", default="0",
+                   help="leave allreduce samples below this size out of the fit, e.g. 1MB on a tc-tbf shaped link "
+                        "whose burst sends small messages at line rate (default 0: fit all)")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="skip the interference measurement (κ, κc: ring and matmul loop together vs alone)")
     p.set_defaults(run=cmd_calibrate)
 
 
@@ -103,6 +108,7 @@ def cmd_calibrate(args: argparse.Namespace) -> str | int:
         raise ValueError("--repeats must be >= 1 and --warmup >= 0")
     if args.threads < 1:
         raise ValueError("--threads must be >= 1")
+    min_fit_bytes = parse_bytes(args.fit_min_bytes, allow_zero=True)
     compressions = tuple(parse_list(args.compressions))
     for name in compressions:
         if name not in CODEC_RATIOS:
@@ -126,7 +132,8 @@ def cmd_calibrate(args: argparse.Namespace) -> str | int:
     torch.set_num_threads(args.threads)
     dist.init_process_group(backend)
     try:
-        cal = run_calibration(sizes, args.repeats, args.warmup, compressions, not args.no_ring, device, compute)
+        cal = run_calibration(sizes, args.repeats, args.warmup, compressions, not args.no_ring, device, compute,
+                              overlap=not args.no_overlap, min_fit_bytes=min_fit_bytes)
         if cal is not None:
             write_calibration(args.out, cal)
     finally:
@@ -137,7 +144,15 @@ def cmd_calibrate(args: argparse.Namespace) -> str | int:
              "bandwidth": format_bandwidth(f.bandwidth_Bps), "bandwidth_Bps": f.bandwidth_Bps,
              "median_abs_rel_err": f.median_abs_rel_err, "max_abs_rel_err": f.max_abs_rel_err,
              "samples": f.n_samples} for name, f in cal.fits.items()]
-    return tables.render(rows, "markdown", title=f"Calibration written to {args.out}")
+    out = tables.render(rows, "markdown", title=f"Calibration written to {args.out}")
+    if cal.host:
+        from .calibration import host_terms
+
+        terms = host_terms(cal.host)
+        copy = "free" if terms["copy_Bps"] == float("inf") else f"{terms['copy_Bps'] / 1e9:.2f} GB/s"
+        out += (f"\nκ (compute slow-down) {terms['slowdown']:.3f}, κc (comm slow-down) {terms['comm_slowdown']:.3f}, "
+                f"copy {copy}, hand-off {1e6 * terms['handoff_s']:.0f} µs\n")
+    return out
 
 
 # ---------------------------------------------------------------- validate
@@ -146,6 +161,9 @@ def add_validate_parser(sub, fmt: dict) -> None:
     p.add_argument("metrics", nargs="+", help="metrics JSONL files of pipesgd-train runs (RUN.jsonl, RUN.rankN.jsonl)")
     p.add_argument("--calibration", required=True, help="calibration JSON written by `calibrate`")
     p.add_argument("--skip", type=int, default=3, help="warm-up steps to drop per run (default 3)")
+    p.add_argument("--ddp-own-compute", action="store_true",
+                   help="predict ddp runs from their own t_compute (which holds DDP's allreduce) instead of the "
+                        "compute of an uncompressed sync run of the same configuration in the same folder")
     p.add_argument("--format", **fmt)
     p.set_defaults(run=cmd_validate)
 
@@ -157,7 +175,7 @@ def cmd_validate(args: argparse.Namespace) -> str:
     if args.skip < 0:
         raise ValueError("--skip must be >= 0")
     calibration = read_calibration(args.calibration)
-    checks = validate_runs(read_runs(args.metrics, args.skip), calibration)
+    checks = validate_runs(read_runs(args.metrics, args.skip), calibration, pair_ddp=not args.ddp_own_compute)
     rows = [asdict(c) for c in checks]
     summary = summarise(checks)
     if args.format == "json":

@@ -11,6 +11,7 @@ k     parameter servers                B_s   server bandwidth; B_w worker bandwi
 d     2 if PS push and pull are serialised, 1 if pipelined
 T̂_c   E[max over workers of fwd+bwd]   T_u   optimizer update; T_cu = T̂_c + T_u
 T_AR  allreduce time (with codec)      κ     compute slow-down while comm overlaps it
+κc    comm slow-down while compute overlaps it                         H  per-step hand-off cost
 φ     fraction of backward that DDP buckets may overlap                K  pipeline width
 ====  ==================================================================================
 
@@ -29,6 +30,8 @@ __all__ = [
     "sync_iteration",
     "ddp_iteration",
     "pipe_iteration",
+    "handoff_time",
+    "overlapped_comm",
     "pipe_speedup_vs_sync",
     "saved_transfer",
 ]
@@ -83,28 +86,64 @@ def ps_async_rate(p: int, T_c: float, T_u: float, T_w: float, M: float, k: int, 
     return min(worker_rate, server_rate)
 
 
-def sync_iteration(T_cu: float, T_AR: float) -> float:
-    """Synchronous allreduce SGD: T = T_cu + T_AR."""
-    return T_cu + T_AR
+def handoff_time(M: float, copy_Bps: float, handoff_s: float) -> float:
+    """Per-step hand-off cost of our optimizer wrapper (our reconstruction, not from the paper):
+
+    H = 2·M/copy_Bps + handoff_s: packing the gradients into flat buckets and writing the averaged
+    buckets back to ``.grad`` are two memory copies of M bytes; ``handoff_s`` is the fixed cost of
+    queueing the buckets to the communication thread and waking up on its result. copy_Bps = ∞ and
+    handoff_s = 0 give H = 0 (the pure formula).
+    """
+    return (0.0 if copy_Bps == float("inf") else 2.0 * M / copy_Bps) + handoff_s
 
 
-def ddp_iteration(T̂_c: float, T_u: float, T_AR: float, T_AR_last: float, φ: float, κ: float) -> float:
+def overlapped_comm(T_AR: float, window: float, κc: float) -> float:
+    """Communication time when the first ``window`` seconds of it share the cores with compute (our
+    reconstruction): during the window the collective progresses at rate 1/(1 + κc), afterwards at full rate.
+
+    T = T_AR·(1 + κc)                    if T_AR·(1 + κc) ≤ window (it finishes inside the window)
+      = T_AR + window·κc/(1 + κc)         otherwise,
+    i.e. T = T_AR + κc·min(T_AR, window/(1 + κc)). κc = 0 gives T_AR exactly; an unbounded window gives
+    T_AR·(1 + κc).
+    """
+    if κc == 0.0:
+        return T_AR
+    return T_AR + κc * min(T_AR, window / (1.0 + κc))
+
+
+def sync_iteration(T_cu: float, T_AR: float, H: float = 0.0) -> float:
+    """Synchronous allreduce SGD: T = T_cu + H + T_AR (H: hand-off cost, ``handoff_time``; 0 in the pure
+    formula)."""
+    return T_cu + H + T_AR
+
+
+def ddp_iteration(T̂_c: float, T_u: float, T_AR: float, T_AR_last: float, φ: float, κ: float,
+                  κc: float = 0.0, H: float = 0.0) -> float:
     """DDP-style overlap of bucket allreduces with backward (reconstruction, unverified):
 
-    T = max(T̂_c·(1 + κφ), (1 − φ)·T̂_c + T_AR, T̂_c + T_AR(last bucket)) + T_u;  φ = 0 gives AR-sync.
+    T = max(T̂_c·(1 + κφ), (1 − φ)·T̂_c + T'_AR, T̂_c + T_AR(last bucket)) + T_u + H,
+    T'_AR = ``overlapped_comm``(T_AR, φ·T̂_c, κc): the buckets share the cores with the last φ of backward
+    and are slowed by κc there (our reconstruction). φ = 0 gives AR-sync; κc = 0 and H = 0 give the
+    original form exactly. H (the bucket copies, ``handoff_time``) is serial.
     """
-    return max(T̂_c * (1 + κ * φ), (1 - φ) * T̂_c + T_AR, T̂_c + T_AR_last) + T_u
+    comm = overlapped_comm(T_AR, φ * T̂_c, κc)
+    return max(T̂_c * (1 + κ * φ), (1 - φ) * T̂_c + comm, T̂_c + T_AR_last) + T_u + H
 
 
-def pipe_iteration(T_cu: float, T_AR: float, κ: float, K: int) -> float:
+def pipe_iteration(T_cu: float, T_AR: float, κ: float, K: int, κc: float = 0.0, H: float = 0.0) -> float:
     """Pipe-SGD steady-state iteration (reconstruction, unverified):
 
-    K = 1: T = T_cu + T_AR (synchronous). K ≥ 2: T = max(T_cu·(1 + κ), T_AR): successive allreduces
-    share one link, so more width adds staleness, not speed. A run pays one extra start-up iteration.
+    K = 1: T = T_cu + H + T_AR (synchronous). K ≥ 2: T = max((T_cu + H)·(1 + κ), T_AR·(1 + κc)):
+    successive allreduces share one link, so more width adds staleness, not speed. κc (our reconstruction)
+    slows the ring for its whole duration: on the emulated CPU cluster the ring of a ring-bound pipe run
+    was slowed throughout, not only while the compute side ran (ring busy 64.6 ms vs 48.5 ms in sync at
+    1gbit, p = 2, compute side ≈ 30 ms). The hand-off H (``handoff_time``) runs in ``step()`` on the compute
+    thread. κc = 0 and H = 0 give the original max(T_cu·(1 + κ), T_AR) exactly. A run pays one extra
+    start-up iteration.
     """
     if K <= 1:
-        return sync_iteration(T_cu, T_AR)
-    return max(T_cu * (1 + κ), T_AR)
+        return sync_iteration(T_cu, T_AR, H)
+    return max((T_cu + H) * (1 + κ), T_AR * (1 + κc))
 
 
 def pipe_speedup_vs_sync(T_cu: float, T_AR: float, κ: float = 0.0) -> float:

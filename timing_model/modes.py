@@ -2,7 +2,7 @@
 
 Each ``predict_<mode>`` is a pure function of the frozen parameter records and returns a
 ``ModeResult`` whose terms add up to the iteration time:
-``iteration_s = compute_s + straggler_s + interference_s + update_s + exposed_comm_s + codec_s``.
+``iteration_s = compute_s + straggler_s + interference_s + update_s + handoff_s + exposed_comm_s + codec_s``.
 For ps-async the "iteration" is the time the cluster needs for as many updates as there are workers
 (the same work as one synchronous iteration), so throughputs and speedups compare like for like.
 """
@@ -37,11 +37,12 @@ class ModeResult:
     """Predicted steady-state iteration of one training mode; all times in seconds."""
 
     mode: str
-    iteration_s: float  # wall-clock seconds per iteration (sum of the six terms below)
+    iteration_s: float  # wall-clock seconds per iteration (sum of the seven terms below)
     compute_s: float  # mean forward+backward
     straggler_s: float  # extra wait for the slowest worker, E[max] − mean
     interference_s: float  # compute slow-down from communication running alongside
     update_s: float  # optimizer step
+    handoff_s: float  # packing gradients into buckets, writing them back, thread hand-off (not hidden)
     exposed_comm_s: float  # transfer, latency and reduction time not hidden behind compute
     codec_s: float  # encode/decode time not hidden behind compute
     comm_total_s: float  # all communication including codec, hidden or not
@@ -109,8 +110,9 @@ def ps_cost(cluster: ClusterParams, codec: CodecParams, schedule: ScheduleParams
 
 
 def _result(mode: str, cluster: ClusterParams, compute: ComputeParams, comm: CommCost, iteration_s: float,
-            busy_s: float, interference_cap_s: float, staleness: float, straggler_s: float) -> ModeResult:
-    """Split ``iteration_s`` into named terms; ``busy_s`` is compute + straggler + update."""
+            busy_s: float, interference_cap_s: float, staleness: float, straggler_s: float,
+            handoff_s: float = 0.0) -> ModeResult:
+    """Split ``iteration_s`` into named terms; ``busy_s`` is compute + straggler + update + hand-off."""
     interference = min(interference_cap_s, max(0.0, iteration_s - busy_s))
     exposed = max(0.0, iteration_s - busy_s - interference)
     codec_share = comm.codec_s / comm.total_s if comm.total_s > 0 else 0.0
@@ -119,7 +121,7 @@ def _result(mode: str, cluster: ClusterParams, compute: ComputeParams, comm: Com
     hidden = comm.total_s - exposed
     return ModeResult(
         mode=mode, iteration_s=iteration_s, compute_s=compute.compute_s, straggler_s=straggler_s,
-        interference_s=interference, update_s=compute.update_s, exposed_comm_s=exposed - codec_exposed,
+        interference_s=interference, update_s=compute.update_s, handoff_s=handoff_s, exposed_comm_s=exposed - codec_exposed,
         codec_s=codec_exposed, comm_total_s=comm.total_s, hidden_comm_s=hidden if hidden > 1e-12 * max(comm.total_s, 1.0) else 0.0,
         throughput_it_s=throughput, samples_per_s=cluster.nodes * compute.samples_per_worker * throughput
         if compute.samples_per_worker else 0.0, staleness=staleness,
@@ -131,34 +133,46 @@ def _slowest_compute(cluster: ClusterParams, compute: ComputeParams) -> float:
     return expected_max_normal(cluster.nodes, compute.compute_s, compute.compute_std_s)
 
 
+def _handoff(cluster: ClusterParams, compute: ComputeParams, copies_only: bool = False) -> float:
+    """H = 2·M/copy_Bps + handoff_s (``formulas.handoff_time``); DDP pays the copies but no thread hand-off."""
+    return formulas.handoff_time(cluster.grad_bytes, compute.copy_Bps, 0.0 if copies_only else compute.handoff_s)
+
+
 def predict_sync(cluster, compute, codec, schedule) -> ModeResult:
-    """Synchronous allreduce SGD (width 1 on our ring): slowest compute + update + allreduce."""
+    """Synchronous allreduce SGD (width 1 on our ring): slowest compute + update + hand-off + allreduce."""
     comm = allreduce_cost(cluster, codec, schedule, per_hop=True)
     slow = _slowest_compute(cluster, compute)
+    hand = _handoff(cluster, compute)
     busy = slow + compute.update_s
-    return _result("sync", cluster, compute, comm, formulas.sync_iteration(busy, comm.total_s), busy, 0.0, 0.0,
-                   slow - compute.compute_s)
+    return _result("sync", cluster, compute, comm, formulas.sync_iteration(busy, comm.total_s, hand), busy + hand,
+                   0.0, 0.0, slow - compute.compute_s, hand)
 
 
 def predict_ddp(cluster, compute, codec, schedule) -> ModeResult:
-    """PyTorch DDP: bucket allreduces overlap the last ``overlap_fraction`` of backward; codec once per bucket."""
+    """PyTorch DDP: bucket allreduces overlap the last ``overlap_fraction`` of backward (slowed by κc there);
+    codec once per bucket; the bucket copies (2·M/copy_Bps) are serial."""
     comm = allreduce_cost(cluster, codec, schedule, per_hop=False)
     slow = _slowest_compute(cluster, compute)
+    hand = _handoff(cluster, compute, copies_only=True)
     overlap, slowdown = schedule.overlap_fraction, compute.slowdown
-    iteration = formulas.ddp_iteration(slow, compute.update_s, comm.total_s, comm.last_bucket_s, overlap, slowdown)
-    return _result("ddp", cluster, compute, comm, iteration, slow + compute.update_s, slowdown * overlap * slow, 0.0,
-                   slow - compute.compute_s)
+    iteration = formulas.ddp_iteration(slow, compute.update_s, comm.total_s, comm.last_bucket_s, overlap, slowdown,
+                                       compute.comm_slowdown, hand)
+    return _result("ddp", cluster, compute, comm, iteration, slow + compute.update_s + hand,
+                   slowdown * overlap * slow, 0.0, slow - compute.compute_s, hand)
 
 
 def predict_pipe(cluster, compute, codec, schedule) -> ModeResult:
-    """Pipe-SGD on our ring (codec on every hop): max(slowed compute + update, allreduce) for width ≥ 2."""
+    """Pipe-SGD on our ring (codec on every hop): max((compute + update + hand-off)·(1+κ), allreduce·(1+κc))
+    for width ≥ 2 (``formulas.pipe_iteration``)."""
     comm = allreduce_cost(cluster, codec, schedule, per_hop=True)
     slow = _slowest_compute(cluster, compute)
+    hand = _handoff(cluster, compute)
     busy = slow + compute.update_s
-    iteration = formulas.pipe_iteration(busy, comm.total_s, compute.slowdown, schedule.width)
-    cap = compute.slowdown * busy if schedule.width >= 2 else 0.0
-    return _result("pipe", cluster, compute, comm, iteration, busy, cap, float(schedule.width - 1),
-                   slow - compute.compute_s)
+    iteration = formulas.pipe_iteration(busy, comm.total_s, compute.slowdown, schedule.width, compute.comm_slowdown,
+                                        hand)
+    cap = compute.slowdown * (busy + hand) if schedule.width >= 2 else 0.0
+    return _result("pipe", cluster, compute, comm, iteration, busy + hand, cap, float(schedule.width - 1),
+                   slow - compute.compute_s, hand)
 
 
 def predict_ps_sync(cluster, compute, codec, schedule, server) -> ModeResult:

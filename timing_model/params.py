@@ -77,11 +77,15 @@ class ComputeParams:
     update_s: float = 0.0  # optimizer update T_u, seconds
     slowdown: float = 0.0  # κ: relative compute slow-down while communication runs alongside
     samples_per_worker: int = 0  # batch size per worker, for samples/s (0: report iterations/s only)
+    comm_slowdown: float = 0.0  # κc: relative communication slow-down while compute runs alongside
+    copy_Bps: float = math.inf  # memory-copy rate for packing gradients into buckets and back, bytes/s
+    handoff_s: float = 0.0  # fixed per-step cost of handing the buckets to the comm thread and back, seconds
 
     def __post_init__(self) -> None:
-        for name in ("compute_s", "compute_std_s", "update_s", "slowdown"):
+        for name in ("compute_s", "compute_std_s", "update_s", "slowdown", "comm_slowdown", "handoff_s"):
             _finite_nonneg(name, getattr(self, name))
             _check(getattr(self, name) < math.inf, f"{name} must be finite")
+        _check(self.copy_Bps > 0, f"copy rate must be > 0 bytes/s, got {self.copy_Bps!r}")
         _check(isinstance(self.samples_per_worker, int) and self.samples_per_worker >= 0,
                f"samples_per_worker must be an integer >= 0, got {self.samples_per_worker!r}")
 

@@ -34,6 +34,9 @@ class Scenario:
     update_s: float = 0.0  # optimizer step
     slowdown: float = 0.0  # relative compute slow-down while communication overlaps
     batch_size: int = 0  # samples per worker per iteration (0: unknown)
+    comm_slowdown: float = 0.0  # κc: relative communication slow-down while compute overlaps it
+    copy_Bps: float = math.inf  # gradient pack/unpack memory-copy rate (inf: free)
+    handoff_s: float = 0.0  # fixed per-step thread hand-off cost
     # codec
     compression: str = "none"  # none | fp16 | bf16 | q8 | q4 | sign
     encode_Bps: float = math.inf  # codec encode throughput (fp32 bytes/s)
@@ -53,7 +56,8 @@ class Scenario:
         """Build (and thereby validate) the frozen parameter records."""
         cluster = ClusterParams(self.nodes, self.grad_bytes, self.bandwidth_Bps, self.latency_s, self.overhead_s,
                                 self.reduce_Bps, self.collective)
-        compute = ComputeParams(self.compute_s, self.compute_std_s, self.update_s, self.slowdown, self.batch_size)
+        compute = ComputeParams(self.compute_s, self.compute_std_s, self.update_s, self.slowdown, self.batch_size,
+                                self.comm_slowdown, self.copy_Bps, self.handoff_s)
         codec = build_codec(self.compression, self.encode_Bps, self.decode_Bps, self.compression_ratio)
         schedule = ScheduleParams(self.width, self.overlap_fraction, self.bucket_bytes)
         server = ServerParams(self.servers, self.server_bandwidth_Bps, self.ps_serialised, self.ps_colocated)

@@ -16,21 +16,30 @@ counts its slowest rank (max over ranks of t_iter, t_compute + t_data, t_update,
 the measurement; ``t_data``, batch loading, is local work like compute); measured = median step t_iter.
 Config ``servers`` follows ``pipesgd-train``: 0 = rank 0 serves and trains (co-located), k > 0 dedicated. The prediction uses the calibrated network terms, the codec speeds of the calibration and the
 run's own median compute and update times, so it tests the communication and overlap model only.
+
+Host terms of the calibration (``host``): κc (comm slow-down next to compute), the copy rate and hand-off
+cost apply to every run. κ (compute slow-down next to the ring) is *not* applied to pipe runs: their
+measured t_compute already ran next to the ring. DDP runs all-reduce inside backward, so their t_compute
+holds communication the model adds again: ``validate_runs`` predicts a ddp run from the median compute of
+an uncompressed sync run of the same configuration in the same folder (``compute_overrides``) when one
+exists, and then applies κ to the overlapped part.
 """
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import statistics
 from dataclasses import dataclass, replace
 
-from .calibration import Calibration
-from .modes import MODES
+from .calibration import Calibration, host_terms
+from .modes import MODES, ModeResult
 from .params import CODEC_RATIOS
 from .predict import Scenario, predict
 
-__all__ = ["RunRecord", "RunCheck", "read_runs", "calibrated_scenario", "scenario_for", "validate_runs", "summarise"]
+__all__ = ["RunRecord", "RunCheck", "read_runs", "calibrated_scenario", "scenario_for", "predict_run",
+           "compute_overrides", "validate_runs", "summarise", "COMPUTE_KEYS"]
 
 _RANK_SUFFIX = re.compile(r"\.rank\d+(?=\.[^.]*$|$)")
 
@@ -61,6 +70,8 @@ class RunCheck:
     measured_s: float
     predicted_s: float
     error: float  # (predicted − measured) / measured
+    compute_s: float = math.nan  # compute (fwd+bwd+data) the prediction used
+    compute_from: str = "own"  # 'own' (the run's t_compute) or the run whose t_compute was used
 
 
 def _read_lines(path: str) -> list[dict]:
@@ -146,18 +157,25 @@ def read_runs(paths: list[str], skip: int = 3) -> list[RunRecord]:
 
 
 def calibrated_scenario(scenario: Scenario, cal: Calibration, mode: str) -> Scenario:
-    """``scenario`` with the network terms of the fit that serves ``mode`` and the calibrated codec speeds
-    (codec speeds given in the scenario win)."""
+    """``scenario`` with the network terms of the fit that serves ``mode``, the calibrated codec speeds and the
+    calibrated host terms κ, κc, copy rate and hand-off (codec speeds and host terms given in the scenario win)."""
     fit = cal.fit_for(mode)
     encode, decode = cal.codecs.get(scenario.compression, (math.inf, math.inf))
+    host = host_terms(cal.host)
     return replace(scenario, bandwidth_Bps=fit.bandwidth_Bps, latency_s=fit.latency_s, overhead_s=fit.overhead_s,
                    reduce_Bps=fit.reduce_Bps,
                    encode_Bps=encode if math.isinf(scenario.encode_Bps) else scenario.encode_Bps,
-                   decode_Bps=decode if math.isinf(scenario.decode_Bps) else scenario.decode_Bps)
+                   decode_Bps=decode if math.isinf(scenario.decode_Bps) else scenario.decode_Bps,
+                   slowdown=scenario.slowdown or host["slowdown"],
+                   comm_slowdown=scenario.comm_slowdown or host["comm_slowdown"],
+                   copy_Bps=host["copy_Bps"] if math.isinf(scenario.copy_Bps) else scenario.copy_Bps,
+                   handoff_s=scenario.handoff_s or host["handoff_s"])
 
 
-def scenario_for(run: RunRecord, cal: Calibration, base: Scenario | None = None) -> Scenario:
-    """The scenario of a run: calibrated network terms, the run's settings and measured compute."""
+def scenario_for(run: RunRecord, cal: Calibration, base: Scenario | None = None,
+                 compute_s: float | None = None) -> Scenario:
+    """The scenario of a run: calibrated network and host terms, the run's settings and its measured compute
+    (or ``compute_s`` when given, e.g. a sync run's compute for a ddp run)."""
     cfg = run.config
     compression = cfg.get("compression", "none") or "none"
     if compression not in CODEC_RATIOS:
@@ -165,7 +183,8 @@ def scenario_for(run: RunRecord, cal: Calibration, base: Scenario | None = None)
     scenario = base or Scenario(nodes=1, grad_bytes=0.0, bandwidth_Bps=1.0)
     width = int(cfg.get("width") or 2) if run.mode == "pipe" else 1
     changes = dict(
-        nodes=run.nodes, grad_bytes=run.grad_bytes, compute_s=statistics.median(run.t_compute),
+        nodes=run.nodes, grad_bytes=run.grad_bytes,
+        compute_s=statistics.median(run.t_compute) if compute_s is None else compute_s,
         compute_std_s=0.0, update_s=statistics.median(run.t_update), compression=compression, width=width,
     )
     if cfg.get("bucket_mb"):
@@ -178,18 +197,62 @@ def scenario_for(run: RunRecord, cal: Calibration, base: Scenario | None = None)
         changes["ps_colocated"] = int(cfg["servers"]) == 0
     if cfg.get("ps_colocated") is not None:
         changes["ps_colocated"] = bool(cfg["ps_colocated"])
-    return calibrated_scenario(replace(scenario, **changes), cal, run.mode)
+    out = calibrated_scenario(replace(scenario, **changes), cal, run.mode)
+    if run.mode == "pipe" and compute_s is None:  # its t_compute already ran next to the ring: κ is inside it
+        out = replace(out, slowdown=scenario.slowdown)
+    return out
 
 
-def validate_runs(runs: list[RunRecord], cal: Calibration, base: Scenario | None = None) -> list[RunCheck]:
-    """Predict each run's iteration time and compare with its measured median."""
+def predict_run(run: RunRecord, cal: Calibration, base: Scenario | None = None,
+                compute_s: float | None = None) -> tuple[Scenario, ModeResult]:
+    """The scenario of ``run`` (``scenario_for``) and the model's prediction of its mode."""
+    scenario = scenario_for(run, cal, base, compute_s)
+    return scenario, predict(scenario, (run.mode,)).result(run.mode)
+
+
+# config keys that fix a run's compute; a sync run lends its compute to a ddp run only if all that both have agree
+COMPUTE_KEYS = ("model", "hidden", "batch_size", "threads", "dataset", "synthetic_features", "input_shape",
+                "num_classes", "params", "device", "dtype")
+
+
+def compute_overrides(runs: list[RunRecord]) -> dict[str, tuple[float, str]]:
+    """For each ddp run, (median compute, name) of an uncompressed sync run of the same configuration in the
+    same folder (same workers, gradient bytes and ``COMPUTE_KEYS``): DDP's own t_compute contains its
+    in-backward allreduce, which the model adds again. ddp runs without such a partner are left out."""
+    syncs = [r for r in runs if r.mode == "sync" and (r.config.get("compression") or "none") == "none"]
+    out = {}
+    for run in runs:
+        if run.mode != "ddp":
+            continue
+        for other in syncs:
+            same = (os.path.dirname(other.name) == os.path.dirname(run.name) and other.nodes == run.nodes
+                    and other.grad_bytes == run.grad_bytes
+                    and all(other.config[k] == run.config[k] for k in COMPUTE_KEYS
+                            if k in other.config and k in run.config))
+            if same:
+                out[run.name] = (statistics.median(other.t_compute), other.name)
+                break
+    return out
+
+
+def validate_runs(runs: list[RunRecord], cal: Calibration, base: Scenario | None = None,
+                  compute_override: dict[str, float] | None = None, pair_ddp: bool = True) -> list[RunCheck]:
+    """Predict each run's iteration time and compare with its measured median.
+
+    ``compute_override`` maps run names to the compute seconds to predict them with; with ``pair_ddp`` a ddp
+    run not in it takes the compute of a matching sync run (``compute_overrides``)."""
+    sources = {name: (seconds, "override") for name, seconds in (compute_override or {}).items()}
+    if pair_ddp:
+        sources = {**compute_overrides(runs), **sources}
     checks = []
     for run in runs:
-        scenario = scenario_for(run, cal, base)
-        predicted = predict(scenario, (run.mode,)).result(run.mode).iteration_s
+        compute_s, source = sources.get(run.name, (None, "own"))
+        scenario, result = predict_run(run, cal, base, compute_s)
+        predicted = result.iteration_s
         measured = statistics.median(run.t_iter)
         checks.append(RunCheck(run.name, run.mode, run.nodes, scenario.compression, len(run.t_iter), measured,
-                               predicted, (predicted - measured) / measured if measured > 0 else math.inf))
+                               predicted, (predicted - measured) / measured if measured > 0 else math.inf,
+                               scenario.compute_s, source))
     return checks
 
 

@@ -9,8 +9,8 @@ import dataclasses
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
+from pipesgd.atomic import write_text_atomic
 
 DEFAULT_NAME = "psgd"
 DEFAULT_STATE_DIR = "/run/pipesgd-cluster"
@@ -111,18 +111,7 @@ def state_path(name: str, directory: str | None = None) -> str:
 def save_state(state: ClusterState, directory: str | None = None) -> str:
     """Write the state file atomically (temp file in the same directory, fsync, rename)."""
     path = state_path(state.name, directory)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{state.name}.", suffix=".tmp", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(state.to_json() + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_text_atomic(path, state.to_json() + "\n")
     return path
 
 

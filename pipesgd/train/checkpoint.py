@@ -14,6 +14,7 @@ import re
 
 import numpy as np
 import torch
+from pipesgd.atomic import atomic_open
 
 FORMAT_VERSION = 1
 
@@ -54,18 +55,9 @@ def restore_rng(state: dict) -> None:
 
 def save(directory: str, rank: int, payload: dict) -> str:
     """Write ``payload`` to this rank's file atomically: a temp file in the same directory, then os.replace."""
-    os.makedirs(directory, exist_ok=True)
     path = rank_file(directory, rank)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            torch.save({"format": FORMAT_VERSION, **payload}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with atomic_open(path, "wb") as f:
+        torch.save({"format": FORMAT_VERSION, **payload}, f)
     return path
 
 

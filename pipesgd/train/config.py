@@ -12,6 +12,7 @@ import os
 import re
 import tomllib
 from dataclasses import asdict, dataclass, fields
+from pipesgd.atomic import write_text_atomic
 
 MODES = ("pipe", "sync", "ddp", "ps-sync", "ps-async")
 COMPRESSIONS = ("none", "fp16", "bf16", "q8", "q4", "sign")
@@ -174,12 +175,7 @@ class TrainConfig:
 
     def write_json(self, path: str) -> None:
         """Write the resolved config next to the results (atomically, so readers never see half a file)."""
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
 def _choice(flag: str, value: str, valid: tuple[str, ...]) -> None:
