@@ -53,11 +53,16 @@ def speed_table(runs: dict, skip: int) -> tuple[str, dict]:
                                             sync.per_step("t_update", skip))]
     allreduce_only = sorted(exposed)[len(exposed) // 2]
     t_iter = {name: run.median("t_iter", skip) for name, run in runs.items()}
-    lines = ["| variant | ms / iteration | MB sent / rank / iter | vs ddp | vs ddp+fp16 |", "|---|---|---|---|---|"]
+    lines = ["| variant | ms / iteration | compute ms | blocked on comm ms | MB sent / rank / iter | vs ddp "
+             "| vs ddp+fp16 |", "|---|---|---|---|---|---|---|"]
     for name, seconds in t_iter.items():
-        sent = runs[name].median("bytes_sent", skip) / 1e6
-        lines.append(f"| {name} | {seconds * 1e3:.1f} | {sent:.2f} | {t_iter['ddp'] / seconds:.2f}x "
+        run = runs[name]
+        sent = run.median("bytes_sent", skip) / 1e6
+        lines.append(f"| {name} | {seconds * 1e3:.1f} | {run.median('t_compute', skip) * 1e3:.1f} "
+                     f"| {run.median('t_wait', skip) * 1e3:.1f} | {sent:.2f} | {t_iter['ddp'] / seconds:.2f}x "
                      f"| {t_iter['ddp+fp16'] / seconds:.2f}x |")
+    lines += ["", "compute ms is forward + backward measured inside each run (for ddp it includes DDP's "
+              "allreduce, which runs inside backward); it grows when communication shares the cores."]
     bound = max(compute_only, allreduce_only)
     lines += ["", f"compute only {compute_only * 1e3:.1f} ms, allreduce only {allreduce_only * 1e3:.1f} ms "
               f"(from the sync run); pipe / max(compute, allreduce) = {t_iter['pipe'] / bound:.3f}",
@@ -80,7 +85,16 @@ def main() -> int:
     parser.add_argument("--skip-accuracy", action="store_true", help="only the speed table")
     parser.add_argument("--out", default="results/bench_cluster")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per variant")
+    parser.add_argument("--report", metavar="SPEED_DIR", help="only print the speed table of earlier runs")
     args = parser.parse_args()
+    if args.report:
+        try:
+            runs = {name: load_run(os.path.join(args.report, f"{name}.jsonl")) for name in SPEED_VARIANTS}
+            print(speed_table(runs, args.warmup_steps + 2)[0])
+        except (FileNotFoundError, ValueError) as error:
+            print(f"bench_cluster: error: {error}", file=sys.stderr)
+            return 1
+        return 0
     try:
         bandwidth_bps = parse_bandwidth(args.bandwidth)
     except ValueError as error:
@@ -94,6 +108,13 @@ def main() -> int:
              "--synthetic-features", str(args.features), "--synthetic-samples", str(args.batch_size * args.nodes * 8),
              "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--lr", "0.01", *common]
     report = [f"# Emulated cluster: {args.nodes} nodes, {args.bandwidth} per link (tc tbf), one process per node"]
+
+    def publish(figures: dict) -> None:
+        """Print and (atomically) write what is measured so far: a later failure loses nothing."""
+        text = "\n".join(report)
+        write_text_atomic(os.path.join(args.out, "report.md"), text + "\n")
+        write_text_atomic(os.path.join(args.out, "figures.json"), json.dumps(figures, indent=2) + "\n")
+
     try:
         with Cluster.up(args.nodes, bandwidth_bps, name="psgd-bench", force=True) as cluster, \
                 open(log_path, "w") as log:
@@ -102,26 +123,31 @@ def main() -> int:
             runs = {name: load_run(run_variant(cluster, name, flags, speed, speed_dir, args.timeout, log))
                     for name, flags in SPEED_VARIANTS.items()}
             params = runs["pipe"].config.get("params")
-            report += ["", f"## Speed: MLP {params} parameters, batch {args.batch_size}/worker, "
+            report += ["", f"## Speed: MLP {params:,} parameters, batch {args.batch_size}/worker, "
                        f"{args.steps} steps, median after step {args.warmup_steps + 2}"]
             table, figures = speed_table(runs, args.warmup_steps + 2)
             report.append(table)
+            figures["speed_dir"] = speed_dir
+            publish(figures)
+            print("\n".join(report), flush=True)
             if not args.skip_accuracy:
-                accuracies = {}
-                for name in ACCURACY_VARIANTS:
-                    path = run_variant(cluster, name, SPEED_VARIANTS[name], common, accuracy_dir, args.timeout, log)
-                    accuracies[name] = load_run(path).final_accuracy
                 report += ["", "## Accuracy: default digits job (MLP) trained to completion",
                            "| variant | test accuracy |", "|---|---|"]
-                report += [f"| {name} | {100 * acc:.1f} % |" for name, acc in accuracies.items()]
+                accuracies = {}
+                for name in ACCURACY_VARIANTS:
+                    try:
+                        path = run_variant(cluster, name, SPEED_VARIANTS[name], common, accuracy_dir,
+                                           args.timeout, log)
+                        accuracies[name] = load_run(path).final_accuracy
+                        report.append(f"| {name} | {100 * accuracies[name]:.1f} % |")
+                    except RuntimeError as error:  # one failed run is reported, the others still count
+                        report.append(f"| {name} | failed: {error} |")
+                    print(report[-1], flush=True)
                 figures["accuracy"] = accuracies
+                publish(figures)
     except (ClusterError, RuntimeError, FileNotFoundError, ValueError) as error:
         print(f"bench_cluster: error: {error}", file=sys.stderr)
         return 1
-    text = "\n".join(report)
-    print(text)
-    write_text_atomic(os.path.join(args.out, "report.md"), text + "\n")
-    write_text_atomic(os.path.join(args.out, "figures.json"), json.dumps(figures, indent=2) + "\n")
     return 0
 
 

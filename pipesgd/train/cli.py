@@ -162,6 +162,13 @@ def main(argv: list[str] | None = None) -> int:
         run(cfg, ds, rank, world_size, local_rank, debug)
     except BaseException as exc:  # noqa: BLE001 - classified in fail(); bugs keep their traceback
         fail(exc, cfg, rank, world_size, debug)
+    # Step 4: leave together. A rank that tears its connections down while a peer is still evaluating or
+    # flushing was seen to abort in gloo's teardown ("terminate called without an active exception").
+    try:
+        dist.barrier()
+    except Exception as exc:  # noqa: BLE001 - a peer that vanished after finishing its work
+        _error(f"rank {rank}: finished, but a peer did not reach the final barrier: {str(exc).splitlines()[0][:200]}")
+        os._exit(1)
     dist.destroy_process_group()
     return 0
 
