@@ -228,9 +228,12 @@ class Calibration:
     meta: dict = field(default_factory=dict)  # created_utc, backend, device, world_size, grid, notes
     host: dict = field(default_factory=dict)  # κ, κc, copy_Bps, handoff_s and their raw timings ({}: none)
 
-    def fit_for(self, mode: str) -> Fit:
-        """Our ring serves sync and pipe; the backend's all_reduce serves ddp and the parameter server."""
-        order = ("ring", "backend") if mode in ("sync", "pipe") else ("backend", "ring")
+    def fit_for(self, mode: str, compression: str = "none") -> Fit:
+        """Our ring serves sync and pipe with a codec on every hop; the backend's all_reduce serves
+        uncompressed sync and pipe (PipeSGD's default fast path, ``allreduce="auto"``), ddp and the
+        parameter server."""
+        ours = mode in ("sync", "pipe") and compression != "none"
+        order = ("ring", "backend") if ours else ("backend", "ring")
         for name in order:
             if name in self.fits:
                 return self.fits[name]

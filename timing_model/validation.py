@@ -159,7 +159,7 @@ def read_runs(paths: list[str], skip: int = 3) -> list[RunRecord]:
 def calibrated_scenario(scenario: Scenario, cal: Calibration, mode: str) -> Scenario:
     """``scenario`` with the network terms of the fit that serves ``mode``, the calibrated codec speeds and the
     calibrated host terms κ, κc, copy rate and hand-off (codec speeds and host terms given in the scenario win)."""
-    fit = cal.fit_for(mode)
+    fit = cal.fit_for(mode, scenario.compression)
     encode, decode = cal.codecs.get(scenario.compression, (math.inf, math.inf))
     host = host_terms(cal.host)
     return replace(scenario, bandwidth_Bps=fit.bandwidth_Bps, latency_s=fit.latency_s, overhead_s=fit.overhead_s,
