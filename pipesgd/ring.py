@@ -8,6 +8,8 @@ Algorithm (rank r of p, chunk c = the c-th of p near-equal slices of the flat te
           lossy codec, replaces it by decode(encode(chunk)) so the owner applies the same bits it sends.
   Step 3 (all-gather, p-1 hops): payloads are forwarded unchanged around the ring and decoded once on
           arrival, so every rank ends with bit-identical results (essential with stochastic rounding).
+A compressed hop travels in pieces of about a MiB: piece k+1 is encoded while piece k is on the wire, and
+each received piece is decoded while the next one arrives, so the codec overlaps the transfer.
 With error feedback, the residual of the local input is added before Step 1 and every encode's error
 (x - decode(encode(x))) is added back into the residual at that chunk's position, so the sum over ranks of
 next iteration's inputs carries this iteration's total compression error.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -89,10 +92,55 @@ class RingTopology:
         if recv_wire is not recv:
             recv.copy_(recv_wire, non_blocking=False)
 
+    def exchange_pieces(
+        self,
+        n_send: int,
+        make_payload: Callable[[int], torch.Tensor],
+        recv_bufs: list[torch.Tensor],
+        on_receive: Callable[[int, torch.Tensor], None],
+    ) -> list[torch.Tensor]:
+        """One hop in pieces: post every receive, then build and send piece k while the earlier pieces are
+        on the wire, and hand each received piece to ``on_receive`` as it arrives. Encoding and decoding
+        thereby overlap the transfer instead of adding to it. Returns the payloads sent."""
+        stage = self._stage_on_host
+        recv_wires, recv_ops = [], []
+        for k, buf in enumerate(recv_bufs):
+            wire = torch.empty(buf.shape, dtype=buf.dtype) if stage and buf.is_cuda else buf
+            recv_wires.append(wire)
+            recv_ops.append(dist.irecv(wire, self.left, group=self.group, tag=_TAG + 1 + k) if wire.numel() else None)
+        sent, send_ops = [], []
+        for k in range(n_send):
+            payload = make_payload(k)
+            sent.append(payload)
+            wire = payload.cpu() if stage and payload.is_cuda else payload
+            if wire.numel():
+                send_ops.append((dist.isend(wire, self.right, group=self.group, tag=_TAG + 1 + k), wire))
+        for k, op in enumerate(recv_ops):
+            if op is not None:
+                op.wait()
+            if recv_wires[k] is not recv_bufs[k]:
+                recv_bufs[k].copy_(recv_wires[k], non_blocking=False)
+            on_receive(k, recv_bufs[k])
+        for op, _wire in send_ops:
+            op.wait()
+        return sent
+
 
 def chunk_bounds(numel: int, parts: int) -> list[int]:
     """Boundaries of ``parts`` near-equal slices of ``numel`` elements (sizes differ by at most one)."""
     return [(i * numel) // parts for i in range(parts + 1)]
+
+
+PIECE_ELEMENTS = 1 << 18  # 256 Ki elements (1 MiB of fp32) per piece of a compressed hop
+MAX_PIECES = 8
+
+
+def pieces(chunk: torch.Tensor) -> list[torch.Tensor]:
+    """A chunk split into the pieces a compressed hop sends one by one; a function of its length only,
+    so sender and receiver split alike."""
+    count = max(1, min(MAX_PIECES, chunk.numel() // PIECE_ELEMENTS))
+    b = chunk_bounds(chunk.numel(), count)
+    return [chunk[b[j] : b[j + 1]] for j in range(count)]
 
 
 def ring_allreduce_(
@@ -114,19 +162,23 @@ def ring_allreduce_(
     lossless = compressor.lossless
     item = flat.element_size()
 
-    def encode(i: int) -> torch.Tensor:
-        payload, _ = compressor.compress(chunk[i])
-        if residual is not None and not lossless:
-            error = chunk[i] - compressor.decompress(payload, ChunkContext(chunk[i].numel(), flat.dtype, flat.device))
-            residual[bounds[i] : bounds[i + 1]].add_(error)
+    def residual_pieces(i: int) -> list[torch.Tensor | None]:
+        if residual is None:
+            return [None] * len(pieces(chunk[i]))
+        return pieces(residual[bounds[i] : bounds[i + 1]])
+
+    def encode(x: torch.Tensor, res: torch.Tensor | None) -> torch.Tensor:
+        payload, _ = compressor.compress(x)
+        if res is not None:
+            res.add_(x - decode(payload, x))
         return payload
 
-    def receive_buffer(i: int) -> torch.Tensor:
-        n = compressor.payload_bytes(chunk[i].numel(), flat.dtype)
-        return torch.empty(n, dtype=torch.uint8, device=flat.device)
+    def decode(payload: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return compressor.decompress(payload, ChunkContext(like.numel(), flat.dtype, flat.device))
 
-    def decode(payload: torch.Tensor, i: int) -> torch.Tensor:
-        return compressor.decompress(payload, ChunkContext(chunk[i].numel(), flat.dtype, flat.device))
+    def receive_buffers(i: int) -> list[torch.Tensor]:
+        return [torch.empty(compressor.payload_bytes(x.numel(), flat.dtype), dtype=torch.uint8, device=flat.device)
+                for x in pieces(chunk[i])]
 
     # Step 1: reduce-scatter.
     for s in range(p - 1):
@@ -137,26 +189,28 @@ def ring_allreduce_(
             chunk[recv_i].add_(incoming)
             report.bytes_sent += chunk[send_i].numel() * item
         else:
-            payload = encode(send_i)
-            incoming = receive_buffer(recv_i)
-            topology.exchange(payload, incoming)
-            chunk[recv_i].add_(decode(incoming, recv_i))
-            report.bytes_sent += payload.numel()
+            xs, rs, targets = pieces(chunk[send_i]), residual_pieces(send_i), pieces(chunk[recv_i])
+            sent = topology.exchange_pieces(
+                len(xs), lambda k: encode(xs[k], rs[k]), receive_buffers(recv_i),
+                lambda k, buf: targets[k].add_(decode(buf, targets[k])))
+            report.bytes_sent += sum(payload.numel() for payload in sent)
         report.raw_bytes += chunk[send_i].numel() * item
 
     # Step 2: the owned chunk becomes final (scaled for a mean; decode(encode(.)) for a lossy codec).
     own = (r + 1) % p
     if op == "mean" and p > 1:
         chunk[own].div_(p)
-    forward = None
+    forward: list[torch.Tensor] = []
     if p > 1 and not lossless:
-        before = chunk[own].clone() if residual is not None else None
-        forward, _ = compressor.compress(chunk[own])
-        chunk[own].copy_(decode(forward, own))
-        if before is not None:
-            # The residual lives in "sum" units: the owner's error of a mean counts p times.
-            scale = p if op == "mean" else 1
-            residual[bounds[own] : bounds[own + 1]].add_((before - chunk[own]) * scale)
+        # The residual lives in "sum" units: the owner's error of a mean counts p times.
+        scale = p if op == "mean" else 1
+        for x, res in zip(pieces(chunk[own]), residual_pieces(own)):
+            payload, _ = compressor.compress(x)
+            decoded = decode(payload, x)
+            if res is not None:
+                res.add_((x - decoded) * scale)
+            x.copy_(decoded)
+            forward.append(payload)
 
     # Step 3: all-gather; lossy payloads are forwarded unchanged and decoded once.
     for s in range(p - 1):
@@ -165,10 +219,10 @@ def ring_allreduce_(
             topology.exchange(chunk[send_i], chunk[recv_i])
             report.bytes_sent += chunk[send_i].numel() * item
         else:
-            incoming = receive_buffer(recv_i)
-            topology.exchange(forward, incoming)
-            report.bytes_sent += forward.numel()
-            chunk[recv_i].copy_(decode(incoming, recv_i))
+            incoming, targets, outgoing = receive_buffers(recv_i), pieces(chunk[recv_i]), forward
+            topology.exchange_pieces(len(outgoing), outgoing.__getitem__, incoming,
+                                     lambda k, buf: targets[k].copy_(decode(buf, targets[k])))
+            report.bytes_sent += sum(payload.numel() for payload in outgoing)
             forward = incoming
         report.raw_bytes += chunk[send_i].numel() * item
     report.busy_s = time.perf_counter() - start
