@@ -39,6 +39,24 @@ def _sync(tensor) -> None:
         torch.cuda.synchronize(tensor.device)
 
 
+def _local_times(call: Callable[[], object], tensor, repeats: int, warmup: int = 3,
+                 before: Callable[[], object] | None = None) -> list[float]:
+    """Seconds of each of ``repeats`` calls of a local operation on ``tensor``, after ``warmup`` calls
+    (and ``before()``, e.g. a barrier so all ranks measure together)."""
+    for _ in range(warmup):
+        call()
+    if before is not None:
+        before()
+    times = []
+    for _ in range(repeats):
+        _sync(tensor)
+        start = time.perf_counter()
+        call()
+        _sync(tensor)
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def _time_calls(call: Callable[[], object], tensor, warmup: int, repeats: int, group) -> float:
     import torch.distributed as dist
 
@@ -114,15 +132,7 @@ def measure_reduce(sizes_bytes: list[int], repeats: int = 20, device: str = "cpu
     for n_bytes in sizes_bytes:
         a = torch.ones(max(1, n_bytes // 4), device=device)
         b = torch.ones_like(a)
-        for _ in range(3):
-            a.add_(b)
-        times = []
-        for _ in range(repeats):
-            _sync(a)
-            start = time.perf_counter()
-            a.add_(b)
-            _sync(a)
-            times.append(time.perf_counter() - start)
+        times = _local_times(lambda: a.add_(b), a, repeats)
         samples.append(Sample("reduce", "local", "none", 1, float(a.numel() * 4), statistics.median(times)))
     return samples
 
@@ -280,16 +290,7 @@ def measure_copy(sizes_bytes: list[int], repeats: int = 20, device: str = "cpu")
     for n_bytes in sizes_bytes:
         src = torch.ones(max(1, n_bytes // 4), device=device)
         dst = torch.empty_like(src)
-        for _ in range(3):
-            dst.copy_(src)
-        dist.barrier()
-        times = []
-        for _ in range(repeats):
-            _sync(src)
-            start = time.perf_counter()
-            dst.copy_(src)
-            _sync(src)
-            times.append(time.perf_counter() - start)
+        times = _local_times(lambda: dst.copy_(src), src, repeats, before=dist.barrier)
         rows.append({"n_bytes": float(src.numel() * 4), "seconds": _median_slowest(times, device)})
     rate = copy_rate_from_timings([r["n_bytes"] for r in rows], [r["seconds"] for r in rows])
     return {"copy_Bps": rate, "copy": rows}
