@@ -28,6 +28,7 @@ from pipesgd.accounting import StepStats
 from pipesgd.buckets import Bucket, build_buckets, layout_signature, pack_gradients, unpack_to_gradients
 from pipesgd.comm_worker import CommWorker
 from pipesgd.compression import ErrorFeedback, build
+from pipesgd.finite import all_finite
 from pipesgd.handles import CompletedWork, Work
 from pipesgd.replica_check import check_replicas
 from pipesgd.ring import RingReport, RingTopology, backend_allreduce_, ring_allreduce_
@@ -236,7 +237,7 @@ class PipeSGD:
         for entry in state["in_flight"]:
             report = RingReport(int(entry.get("bytes_sent", 0)), int(entry.get("raw_bytes", 0)), 0.0)
             buckets = [b.to(bucket.device) for b, bucket in zip(entry["buckets"], self._buckets)]
-            finite = all(bool(torch.isfinite(b).all()) for b in buckets)
+            finite = all(all_finite(b) for b in buckets)
             self._in_flight.append(_InFlight(int(entry["step"]), CompletedWork(_RingResult(buckets, report, finite, None))))
         if self._feedback is not None and state.get("error_feedback"):
             self._feedback.load_state_dict(state["error_feedback"])
@@ -273,7 +274,7 @@ class PipeSGD:
                 continue
             residual = self._feedback.residual(index, flat) if self._feedback else None
             report.add(ring_allreduce_(flat, self._compressor, self._topology, "mean", residual))
-        finite = all(bool(torch.isfinite(flat).all()) for flat in buffers)
+        finite = all(all_finite(flat) for flat in buffers)
         norm = self._feedback.residual_norm() if self._feedback else None
         return _RingResult(buffers, report, finite, norm)
 

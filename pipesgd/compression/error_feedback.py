@@ -13,6 +13,7 @@ from typing import Any, Hashable
 import torch
 
 from pipesgd.compression.base import Compressor
+from pipesgd.finite import all_finite, l2_norm
 
 _WORKING_DTYPES = (torch.float32, torch.float64)
 
@@ -48,13 +49,13 @@ class ErrorFeedback:
         """L2 norm over all residual buffers (0.0 when there are none); inf or NaN if one is non-finite."""
         total = 0.0
         for buf in self._residuals.values():
-            total += float(torch.linalg.vector_norm(buf, dtype=torch.float64)) ** 2
+            total += l2_norm(buf) ** 2
         return total**0.5
 
     def reset(self, nonfinite_only: bool = False) -> None:
         """Zero the residuals; with ``nonfinite_only``, only buffers that hold inf or NaN (after a bad step)."""
         for buf in self._residuals.values():
-            if not nonfinite_only or not bool(torch.isfinite(buf).all()):
+            if not nonfinite_only or not all_finite(buf):
                 buf.zero_()
 
     def state_dict(self) -> dict[str, Any]:
