@@ -22,14 +22,16 @@ class Run:
     evals: list[dict] = field(default_factory=list)
     summary: dict = field(default_factory=dict)
 
-    def per_step(self, key: str, skip: int = 0) -> list[float]:
-        """``key`` of every step from ``skip`` on, the maximum over ranks (the slowest rank)."""
-        by_step: dict[int, float] = {}
+    def per_step(self, key: str, skip: int = 0, over_ranks=max) -> list[float]:
+        """``key`` of every step from ``skip`` on, reduced over ranks by ``over_ranks``: ``max`` (default, the
+        slowest rank) or ``sum`` (e.g. the CPU seconds all ranks used). A step a resumed run wrote twice
+        counts its last record per rank."""
+        by_step: dict[int, dict] = {}
         for record in self.steps:
             value = record.get(key)
             if record["step"] >= skip and value is not None:
-                by_step[record["step"]] = max(by_step.get(record["step"], float("-inf")), float(value))
-        return [by_step[s] for s in sorted(by_step)]
+                by_step.setdefault(record["step"], {})[record.get("rank")] = float(value)
+        return [over_ranks(by_step[s].values()) for s in sorted(by_step)]
 
     def median(self, key: str, skip: int = 0) -> float:
         values = self.per_step(key, skip)

@@ -146,6 +146,7 @@ def test_mode_learns_digits(mode, mode_runs):
         steps = [r for r in records(metrics.replace(".jsonl", f".rank{rank}.jsonl")) if r["type"] == "step"]
         assert len(steps) == 176 and {r["rank"] for r in steps} == {rank}
         assert all(r["t_iter"] >= r["t_compute"] >= 0 and r["bytes_sent"] >= 0 for r in steps)
+        assert all(r["t_cpu"] >= 0 for r in steps) and sum(r["t_cpu"] for r in steps) > 0  # computing costs CPU
     assert os.path.exists(metrics.replace(".jsonl", ".config.json"))
 
 

@@ -95,7 +95,7 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
             if pos.step >= total_steps:
                 break
             faults.inject(rank, pos.step)
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             # forward / backward (DDP averages gradients in here)
             t1 = time.perf_counter()
@@ -106,7 +106,7 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
             # the optimizer wrapper: hand off this step's gradients, apply the averaged ones that are due
             opt.step()
             opt.zero_grad()
-            t3 = time.perf_counter()
+            t3, cpu3 = time.perf_counter(), time.process_time()
             stats = opt.last_stats
             loss_value = float(loss.detach())
             record = metrics.write(
@@ -114,7 +114,8 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
                 t_iter=t3 - t0, t_compute=t2 - t1, t_wait=stats.t_wait_s, t_update=stats.t_update_s,
                 bytes_sent=stats.bytes_sent, applied_step=stats.applied_step,
                 compression_ratio=stats.compression_ratio, residual_norm=stats.residual_norm,
-                t_comm_busy=stats.t_comm_busy_s, skipped_nonfinite=stats.skipped_nonfinite, t_data=t1 - t0)
+                t_comm_busy=stats.t_comm_busy_s, skipped_nonfinite=stats.skipped_nonfinite, t_data=t1 - t0,
+                t_cpu=cpu3 - cpu0)
             if leader and pos.step - start.step >= skip:
                 for name in ("t_iter", "t_compute", "t_wait", "t_update"):
                     getattr(timings, name).append(record[name])

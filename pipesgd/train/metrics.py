@@ -7,7 +7,9 @@ with dedicated parameter servers (``--servers N``: ranks 0..N-1 serve, rank N re
 
 - ``config``: world_size, mode, width, compression, model, params, grad_bytes, batch_size, ... (first line)
 - ``step``: step, epoch, rank, mode, loss, t_iter, t_compute, t_wait, t_update, bytes_sent, wall,
-  applied_step, compression_ratio, residual_norm, t_comm_busy, skipped_nonfinite
+  applied_step, compression_ratio, residual_norm, t_comm_busy, skipped_nonfinite, t_data (batch loading),
+  t_cpu (CPU seconds this process used during the step, all its threads: compute, the communication
+  thread, the backend's threads; with t_iter it shows whether the cores, rather than the links, set the pace)
 - ``eval``: step, epoch, accuracy, loss, wall
 - ``summary``: the end-of-run figures printed on rank 0
 
