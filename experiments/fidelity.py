@@ -7,8 +7,9 @@ emulated cluster (root; `ip` and `tc`).
 Per (bandwidth, nodes) cell:
   Step 1: bring the cluster up (tc tbf shaping) and measure TCP throughput node0 -> node1 (for the record).
   Step 2: `python -m timing_model calibrate` inside the cluster: micro-benchmarks of our ring and the
-          backend all_reduce, the local reduction and the codecs; the fit is written to calib-<cell>.json.
-          The fit never sees the end-to-end runs below.
+          backend all_reduce, the local reduction and the codecs, and the interference of each allreduce
+          with the runs' model (its forward+backward on random data beside its gradient-sized allreduce);
+          the fit is written to calib-<cell>.json. The fit never sees the end-to-end runs below.
   Step 3: one `pipesgd-train` run per variant (own timeout; a failed run is reported and skipped).
   Step 4: `timing_model.validation.validate_runs` predicts each run from the cell's calibration (network
           fit, codec speeds, host terms κ, κc, copy rate, hand-off) and the run's own median compute and
@@ -64,7 +65,9 @@ def write_json_atomic(path: str, data) -> None:
 def calibrate(cluster: Cluster, path: str, args, logfile) -> bool:
     argv = ["python", "-m", "timing_model", "calibrate", "--sizes", args.calib_sizes, "--repeats",
             str(args.calib_repeats), "--warmup", str(args.calib_warmup), "--compressions", "none,bf16,q8",
-            "--out", path]
+            # the interference probe loads the cores with this model's forward+backward (not the runs' metrics)
+            "--model", "mlp", "--hidden", str(args.hidden), "--input-shape", str(args.features),
+            "--num-classes", "10", "--batch-size", str(args.batch_size), "--out", path]
     rc = cluster.run(argv, timeout_s=args.calib_timeout, out=logfile, err=logfile)
     if rc != 0 or not os.path.exists(path):
         log(f"calibration failed (exit {rc}); see {logfile.name}")

@@ -115,7 +115,7 @@ def test_predict_with_calibration_uses_the_fit_of_each_mode(tmp_path, capsys):
     code, out, _ = run_cli(capsys, "predict", "--nodes", "4", "--bandwidth", "1gbit", "--bytes", "100MB",
                            "--calibration", str(calib), "--format", "json", "--modes", "sync", "--compression", "q8")
     row = json.loads(out)[0]
-    assert row["codec_s"] == pytest.approx(2.5 * 0.1)  # calibrated codec speed, per hop
+    assert row["codec_s"] == pytest.approx(2.75 * 0.1)  # calibrated codec speed, per hop: (4 + 7)·25 MB / 1 GB/s
     # With a codec on every hop our ring runs: its fit (10 Gbit/s) carries the compressed bytes.
     assert row["iteration_s"] == pytest.approx(0.120 / CODEC_RATIOS["q8"] + row["codec_s"], rel=1e-6)
 
@@ -165,17 +165,19 @@ def test_python_m_entry_point_and_error_exit():
     assert bad.returncode == 2 and bad.stderr.startswith("pipesgd-timing: error:") and "Traceback" not in bad.stderr
 
 
-def _calibrate_rank(rank, world_size):
+def _calibrate_rank(rank, world_size, compressions=("none",), compute=None):
     from timing_model.benchmarks import run_calibration
 
     try:
-        cal = run_calibration([4096, 1 << 20, 4 << 20], repeats=3, warmup=1, compressions=("none",))
+        cal = run_calibration([4096, 1 << 20, 4 << 20], repeats=3, warmup=1, compressions=compressions,
+                              compute=compute)
     except ValueError as err:  # both fits failed on timings too noisy to fit: the plumbing still ran
         return {"error": str(err)}
     if cal is None:
         return None
     return {"fits": {name: f.bandwidth_Bps for name, f in cal.fits.items()}, "notes": cal.meta["notes"],
-            "samples": [(s.kind, s.collective, s.nodes, s.seconds) for s in cal.samples], "host": cal.host}
+            "samples": [(s.kind, s.collective, s.nodes, s.seconds) for s in cal.samples], "host": cal.host,
+            "compute": cal.compute, "factors": cal.codec_ring_factors}
 
 
 def test_calibrate_two_ranks_small_grid():
@@ -195,3 +197,33 @@ def test_calibrate_two_ranks_small_grid():
     assert host["copy_Bps"] > 0 and host["handoff_s"] > 0
     for name in ("ring", "backend"):  # each fit either exists with a positive bandwidth or a note says why not
         assert report["fits"].get(name, 0) > 0 or any(n.startswith(name) for n in report["notes"])
+
+
+def _calibrate_with_model_rank(rank, world_size):
+    compute = {"model": "mlp", "input_shape": (16,), "num_classes": 4, "batch_size": 8, "hidden": 64}
+    return _calibrate_rank(rank, world_size, ("none", "bf16"), compute)
+
+
+def test_calibrate_with_a_model_probes_interference_with_its_own_step_per_codec():
+    """With --model the interference load is that model's forward+backward, reducing its own gradient size
+    (mlp 16-64-64-4: 5,508 parameters, 22,032 bytes) once per codec."""
+    results = run_ranks(_calibrate_with_model_rank, 2, timeout_s=120)
+    report = results[0]
+    if "error" in report:
+        assert report["error"].startswith("calibration failed")
+        return
+    host = report["host"]
+    assert "mlp forward+backward, batch 8" in host["load"]
+    assert [(r["compression"], r["n_bytes"]) for r in host["overlap"]] == [("none", 22032.0), ("bf16", 22032.0)]
+    assert set(host["comm_slowdown_by_codec"]) == {"none", "bf16"}
+    assert host["comm_slowdown"] == host["comm_slowdown_by_codec"]["none"]
+    assert report["compute"]["hidden"] == 64 and report["compute"]["compute_s"] > 0
+    assert set(report["factors"]) <= {"bf16"} and all(set(f) == {2} for f in report["factors"].values())
+
+
+def test_calibrate_refuses_an_unknown_model_before_joining(capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    code, out, err = run_cli(capsys, "calibrate", "--model", "transformer")
+    assert code == 2 and out == "" and "unknown model 'transformer'" in err and err.count("\n") == 1
+    code, out, err = run_cli(capsys, "calibrate", "--model", "mlp", "--batch-size", "0")
+    assert code == 2 and "--batch-size" in err

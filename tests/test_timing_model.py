@@ -10,7 +10,8 @@ from dataclasses import replace
 import pytest
 
 from timing_model import collectives, formulas, straggler
-from timing_model.calibration import Calibration, Fit, Sample, fit_collective, read_calibration, write_calibration
+from timing_model.calibration import (Calibration, Fit, Sample, fit_codec_in_ring, fit_collective, read_calibration,
+                                      residual_table, write_calibration)
 from timing_model.modes import MODES
 from timing_model.params import (CODEC_RATIOS, ClusterParams, CodecParams, ComputeParams, ScheduleParams,
                                  ServerParams, build_codec)
@@ -98,11 +99,13 @@ def test_codec_ratios_and_passes():
     assert CODEC_RATIOS["q4"] == 8 * 4096 / 4104
     assert CODEC_RATIOS["sign"] == 32 * 4096 / 4128
     assert CODEC_RATIOS["bf16"] == CODEC_RATIOS["fp16"] == 2.0
-    assert formulas.codec_passes(4, per_hop=True) == (4, 6)
+    assert formulas.codec_passes(4, per_hop=True) == (4, 7)  # E = p, D = 2p − 1 (REFERENCES §2)
     assert formulas.codec_passes(4, per_hop=False) == (1, 1)
     assert formulas.codec_passes(1, per_hop=True) == (0, 0)
-    # per hop: (E + D)·(M/p)/rate = (3p − 2)/p·M/rate
-    assert formulas.codec_time(4, 100 * MB, 1e9, 1e9, True) == pytest.approx(2.5 * 0.1)
+    # per hop: (E + D)·(M/p)/rate = (3p − 1)/p·M/rate
+    assert formulas.codec_time(4, 100 * MB, 1e9, 1e9, True) == pytest.approx(2.75 * 0.1)
+    # error feedback decodes and accumulates every encode's error: E·(M/p)/feedback_Bps more
+    assert formulas.codec_time(4, 100 * MB, 1e9, 1e9, True, 2e9) == pytest.approx(2.75 * 0.1 + 4 * 0.025 / 2)
 
 
 # ---------------------------------------------------------------- invariants
@@ -300,6 +303,48 @@ def test_calibration_exact_without_noise_and_notes_at_one_cluster_size():
         fit_collective([])
 
 
+def test_codec_ring_factor_recovers_the_in_ring_codec_cost_per_cluster_size_and_round_trips(tmp_path):
+    # compressed rings whose codec costs f x its isolated time on top of the wire: q8 2.5x at p = 2 and 4x at
+    # p = 4 (ranks sharing cores), bf16 0.4x (hidden behind the wire)
+    fit = Fit(0.0, 20e-6, 1e8, math.inf, 0, 0.0, 0.0)
+    codecs = {"q8": (1e9, 3e9), "bf16": (4e9, 6e9), "q4": (1e9, 1e9)}
+    truth, rng, samples = {"q8": {2: 2.5, 4: 4.0}, "bf16": {2: 0.4, 4: 0.4}}, random.Random(3), []
+    for name, by_nodes in truth.items():
+        for p, factor in by_nodes.items():
+            for k in range(20, 26):
+                n = float(2**k)
+                wire = Fit(0.0, 20e-6, 1e8 * CODEC_RATIOS[name], math.inf, 0, 0.0, 0.0).predict(p, n)
+                codec = formulas.codec_time(p, n, *codecs[name], True)
+                samples.append(Sample("allreduce", "ring", name, p, n,
+                                      (wire + factor * codec) * (1 + rng.uniform(-0.01, 0.01))))
+    factors = fit_codec_in_ring(samples, fit, codecs, CODEC_RATIOS)
+    assert set(factors) == {"q8", "bf16"}  # q4 has no ring samples: no factor, the model keeps 1
+    for name, by_nodes in truth.items():
+        for p, factor in by_nodes.items():
+            assert factors[name][p] == pytest.approx(factor, rel=0.1)
+    rows = residual_table(samples, fit, codecs=codecs, ratios=CODEC_RATIOS, factors=factors)
+    assert max(abs(r["rel_err"]) for r in rows) < 0.03
+    unscaled = residual_table(samples, fit, codecs=codecs, ratios=CODEC_RATIOS)
+    assert max(abs(r["rel_err"]) for r in unscaled) > 0.2  # the isolated speeds alone do not explain them
+    cal = Calibration({"ring": fit}, codecs, None, samples, rows, {}, {}, factors, {"q8": 2e9})
+    assert cal.feedback_speed("q8", 4) == pytest.approx(2e9 / factors["q8"][4])
+    assert cal.feedback_speed("bf16", 4) == math.inf  # not measured: free
+    q8_at_4 = (1e9 / factors["q8"][4], 3e9 / factors["q8"][4])
+    assert cal.codec_speeds("q8", 4) == pytest.approx(q8_at_4)
+    assert cal.codec_speeds("q8", 8) == cal.codec_speeds("q8", 4)  # nearest calibrated cluster size
+    assert cal.codec_speeds("q8", 3) == cal.codec_speeds("q8", 4)  # ties go to the larger size
+    assert cal.codec_speeds("q4", 4) == (1e9, 1e9) and cal.codec_speeds("fp16", 4) == (math.inf, math.inf)
+    write_calibration(str(tmp_path / "c.json"), cal)
+    back = read_calibration(str(tmp_path / "c.json"))
+    assert back.codec_ring_factors == factors and back.codec_speeds("q8", 4) == cal.codec_speeds("q8", 4)
+    assert back.codec_feedback == {"q8": 2e9}
+    data = json.loads((tmp_path / "c.json").read_text())
+    data["codecs"]["q8"]["ring_factor_by_nodes"]["2"] = -1
+    (tmp_path / "c.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="ring_factor_by_nodes"):
+        read_calibration(str(tmp_path / "c.json"))
+
+
 def test_calibration_file_round_trip(tmp_path):
     samples = _synthetic_samples(1e-4, 30e-6, 2e9, 1e10, noise=0.01)
     cal = Calibration({"ring": fit_collective(samples)}, {"q8": (2e9, 3e9)}, None, samples, [],
@@ -387,16 +432,17 @@ def test_new_terms_at_defaults_reproduce_the_old_numbers_exactly():
     assert formulas.overlapped_comm(0.2, 5.0, 0.0) == 0.2
 
 
-def test_comm_slowdown_pipe_is_max_of_compute_and_slowed_ring():
+def test_comm_slowdown_pipe_slows_the_ring_while_the_compute_side_runs():
     T_AR = collectives.allreduce_ring(4, 100 * MB, 0.0, 1 / gbe(10))  # 0.12 s
     s = Scenario(nodes=4, grad_bytes=100 * MB, bandwidth_Bps=gbe(10), compute_s=0.2, comm_slowdown=0.1)
-    # compute-bound: the ring is slowed all along and still finishes first: max(T_cu, 1.1·T_AR)
+    # compute-bound: the ring runs beside compute all along and still finishes first: max(T_cu, 1.1·T_AR)
     assert predict(s).result("pipe").iteration_s == pytest.approx(max(0.2, 1.1 * T_AR), rel=1e-12)
     at_edge = replace(s, compute_s=1.1 * T_AR)
     assert predict(at_edge).result("pipe").iteration_s == pytest.approx(1.1 * T_AR, rel=1e-12)
-    # ring-bound: the ring is slowed all along too
+    # ring-bound: slowed by κc during the 50 ms of compute only, at full rate afterwards
     short = replace(s, compute_s=0.05)
-    assert predict(short).result("pipe").iteration_s == pytest.approx(1.1 * T_AR, rel=1e-12)
+    assert predict(short).result("pipe").iteration_s == pytest.approx(T_AR + 0.1 * 0.05 / 1.1, rel=1e-12)
+    assert formulas.pipe_iteration(0.05, T_AR, 0.0, 2, 0.1) == formulas.overlapped_comm(T_AR, 0.05, 0.1)
     assert formulas.overlapped_comm(0.12, math.inf, 0.1) == pytest.approx(0.132, rel=1e-12)
     # sync never overlaps: κc does not touch it
     assert predict(s).result("sync").iteration_s == pytest.approx(0.2 + T_AR, rel=1e-12)
@@ -496,3 +542,23 @@ def test_ddp_run_takes_the_compute_of_the_sync_run_of_its_folder(tmp_path):
     assert plain["ddp"].compute_from == "own" and plain["ddp"].error > 0.2
     forced = {c.mode: c for c in validate_runs(runs, cal, compute_override={runs[1].name: 0.01})}
     assert forced["ddp"].compute_s == 0.01 and forced["ddp"].compute_from == "override"
+
+
+def test_error_feedback_adds_its_calibrated_cost_only_when_the_run_uses_it():
+    base = Scenario(nodes=4, grad_bytes=100 * MB, bandwidth_Bps=gbe(10), compute_s=0.01, compression="q8",
+                    encode_Bps=1e9, decode_Bps=1e9, feedback_Bps=2e9)
+    plain = predict(base, ("sync",)).result("sync")
+    kept = predict(replace(base, error_feedback=True), ("sync",)).result("sync")
+    assert plain.codec_s == pytest.approx(formulas.codec_time(4, 100 * MB, 1e9, 1e9, True))
+    assert kept.codec_s - plain.codec_s == pytest.approx(4 * 25 * MB / 2e9)  # E = p encodes of M/p, each decoded
+    assert kept.iteration_s - plain.iteration_s == pytest.approx(4 * 25 * MB / 2e9)
+
+
+def test_validate_takes_error_feedback_from_the_run_config():
+    from timing_model.validation import RunRecord, scenario_for
+
+    cal = Calibration({"ring": FIT}, {"q8": (1e9, 2e9)}, codec_feedback={"q8": 3e9})
+    config = {"mode": "pipe", "compression": "q8", "width": 2}
+    run = RunRecord("r", {**config, "error_feedback": True}, "pipe", 4, 8e6, (0.1,), (0.05,), (0.004,))
+    assert scenario_for(run, cal).error_feedback and scenario_for(run, cal).feedback_Bps == 3e9
+    assert not scenario_for(replace(run, config=config), cal).error_feedback

@@ -14,11 +14,11 @@ import statistics
 import time
 from collections.abc import Callable
 
-from .calibration import (BURST_BYTES, Calibration, Sample, copy_rate_from_timings, fit_collective, residual_table,
-                          slowdown_from_timings)
+from .calibration import (BURST_BYTES, Calibration, Sample, copy_rate_from_timings, fit_codec_in_ring, fit_collective,
+                          residual_table, slowdown_from_timings)
 
 __all__ = ["cluster_sizes", "collect_samples", "measure_reduce", "measure_codecs", "measure_compute",
-           "measure_overlap", "measure_copy", "measure_handoff", "overlap_sizes", "run_calibration"]
+           "measure_overlap", "model_load", "measure_copy", "measure_handoff", "overlap_sizes", "run_calibration"]
 
 
 def cluster_sizes(world_size: int) -> list[int]:
@@ -138,44 +138,31 @@ def measure_reduce(sizes_bytes: list[int], repeats: int = 20, device: str = "cpu
 
 
 def measure_codecs(names: list[str], numel: int = 1_000_000, device: str = "cpu",
-                   notes: list | None = None) -> dict[str, tuple[float, float]]:
-    """(encode_Bps, decode_Bps) per compressor via ``pipesgd.compression.throughput.measure_codec_gbps``."""
+                   notes: list | None = None) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
+    """(encode_Bps, decode_Bps) per compressor and its error-feedback rate (bytes/s) via
+    ``pipesgd.compression.throughput``; ({}, {}) without pipesgd."""
     try:
         from pipesgd.compression import build
-        from pipesgd.compression.throughput import measure_codec_gbps
+        from pipesgd.compression.throughput import measure_codec_gbps, measure_feedback_gbps
     except ImportError as err:
         if notes is not None:
             notes.append(f"codec throughput not measured: {err}")
-        return {}
-    out = {}
+        return {}, {}
+    speeds, feedback = {}, {}
     for name in names:
         if name == "none":
             continue
         enc_gbps, dec_gbps = measure_codec_gbps(build(name), numel, device=device)
-        out[name] = (enc_gbps * 1e9, dec_gbps * 1e9)
-    return out
+        speeds[name] = (enc_gbps * 1e9, dec_gbps * 1e9)
+        feedback[name] = measure_feedback_gbps(build(name), numel, device=device) * 1e9
+    return speeds, feedback
 
 
-def measure_compute(model_name: str, input_shape: tuple[int, ...], num_classes: int, batch_size: int,
-                    repeats: int = 10, device: str = "cpu") -> float:
-    """Median seconds of forward + backward of a trainer model on random data."""
-    import torch
-    from pipesgd.train.models import build_model
-
-    model = build_model(model_name, input_shape, num_classes).to(device)
-    x = torch.randn(batch_size, *input_shape, device=device)
-    y = torch.randint(0, num_classes, (batch_size,), device=device)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    times = []
-    for i in range(repeats + 2):
-        _sync(x)
-        start = time.perf_counter()
-        loss_fn(model(x), y).backward()
-        _sync(x)
-        if i >= 2:
-            times.append(time.perf_counter() - start)
-        model.zero_grad(set_to_none=True)
-    return statistics.median(times)
+def measure_compute(compute: dict, repeats: int = 10, device: str = "cpu") -> float:
+    """Median seconds of forward + backward of a trainer model on random data (``model_load``)."""
+    call, _, _ = model_load(compute, device)
+    times = [call() for _ in range(repeats + 2)]
+    return statistics.median(times[2:])
 
 
 def overlap_sizes(sizes_bytes: list[int], count: int = 3) -> list[int]:
@@ -194,75 +181,132 @@ def _median_slowest(times: list[float], device) -> float:
     return _slowest(statistics.median(times), dist.group.WORLD, device)
 
 
-def measure_overlap(sizes_bytes: list[int], repeats: int = 10, warmup: int = 2, device: str = "cpu",
-                    matmul_n: int = 256) -> dict:
-    """Interference between our ring and compute, on every rank of the world group (all ranks must call it).
-
-    As in the trainer, the ring runs on the background communication thread (``pipesgd.comm_worker``) and the
-    compute (a loop of ``matmul_n``² fp32 matmuls, which release the GIL) on the main thread. Per size:
-      Step 1: ring alone: warm-up, barrier, ``repeats`` timed rings on the worker thread.
-      Step 2: ring together: the same while the main thread runs matmuls, each one timed.
-      Step 3: matmul alone (once): ``max(20, repeats)`` timed matmuls on the main thread.
-    Each value is the slowest rank's median. κc = median over sizes of ring together/alone − 1 and
-    κ = median over sizes of matmul together/alone − 1 (``slowdown_from_timings``).
-    """
+def _matmul_load(device, n: int = 256) -> tuple[Callable[[], float], str]:
+    """A compute load for the interference probe: one n×n fp32 matmul per call; returns (call, label)."""
     import torch
-    import torch.distributed as dist
 
-    from pipesgd import ring_allreduce
-    from pipesgd.comm_worker import CommWorker
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
 
-    a = torch.randn(matmul_n, matmul_n, device=device)
-    b = torch.randn(matmul_n, matmul_n, device=device)
-
-    def matmul() -> float:
+    def call() -> float:
         start = time.perf_counter()
         torch.mm(a, b)
         _sync(a)
         return time.perf_counter() - start
 
-    def rings(tensor) -> list[float]:
+    return call, f"matmul {n}x{n}"
+
+
+def model_load(compute: dict, device: str = "cpu") -> tuple[Callable[[], float], str, int]:
+    """One forward + backward of a trainer model on random data per call, timed; the compute of a training
+    step, used for the compute time and as the interference probe's load. ``compute`` = {'model',
+    'input_shape', 'num_classes', 'batch_size'[, 'hidden']}; returns (call, label, gradient bytes)."""
+    import torch
+    from pipesgd.train.models import build_model, grad_bytes
+
+    opts = {"hidden": compute["hidden"]} if compute.get("hidden") else {}
+    model = build_model(compute["model"], tuple(compute["input_shape"]), compute["num_classes"], **opts).to(device)
+    x = torch.randn(compute["batch_size"], *compute["input_shape"], device=device)
+    y = torch.randint(0, compute["num_classes"], (compute["batch_size"],), device=device)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def call() -> float:
+        _sync(x)
+        start = time.perf_counter()
+        loss_fn(model(x), y).backward()
+        _sync(x)
+        seconds = time.perf_counter() - start
+        model.zero_grad(set_to_none=True)
+        return seconds
+
+    return call, f"{compute['model']} forward+backward, batch {compute['batch_size']}", grad_bytes(model)
+
+
+def _trainer_collective(compression: str) -> Callable:
+    """The allreduce a PipeSGD step runs for ``compression`` (``allreduce="auto"``): the backend's all_reduce
+    when uncompressed, our ring with the codec on every hop otherwise."""
+    import torch.distributed as dist
+
+    from pipesgd import ring_allreduce
+
+    if compression == "none":
+        return lambda tensor: dist.all_reduce(tensor)
+    return lambda tensor: ring_allreduce(tensor, compression=compression, op="mean")
+
+
+def measure_overlap(sizes_bytes: list[int], repeats: int = 10, warmup: int = 2, device: str = "cpu",
+                    load: tuple[Callable[[], float], str] | None = None,
+                    compressions: tuple[str, ...] = ("none",)) -> dict:
+    """Interference between the gradient allreduce and compute, on every rank of the world group (all ranks
+    must call it).
+
+    As in the trainer, the allreduce (``_trainer_collective``: the backend's when uncompressed, our ring per
+    codec otherwise) runs on the background communication thread (``pipesgd.comm_worker``) and the compute on
+    the main thread: ``load`` = (call, label), by default a loop of 256² fp32 matmuls; ``calibrate --model``
+    passes the model's own forward + backward (``model_load``), which loads the cores as training does.
+    Per compression and size:
+      Step 1: allreduce alone: warm-up, barrier, ``repeats`` timed calls on the worker thread.
+      Step 2: allreduce together: the same while the main thread runs the load, each call timed.
+      Step 3: load alone (once): ``max(20, repeats)`` timed calls on the main thread.
+    Each value is the slowest rank's median. κc = median over sizes of together/alone − 1, per compression
+    (``comm_slowdown_by_codec``; ``comm_slowdown`` is the uncompressed one, else the first measured), and
+    κ = median over all rows of load together/alone − 1 (``slowdown_from_timings``).
+    """
+    import torch
+    import torch.distributed as dist
+
+    from pipesgd.comm_worker import CommWorker
+
+    compute, label = load or _matmul_load(device)
+
+    def collectives(tensor, collective) -> list[float]:
         for _ in range(warmup):
-            ring_allreduce(tensor, op="mean")
+            collective(tensor)
         dist.barrier()
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
-            ring_allreduce(tensor, op="mean")
+            collective(tensor)
             _sync(tensor)
             times.append(time.perf_counter() - start)
         return times
 
     for _ in range(3):
-        matmul()
+        compute()
     dist.barrier()
-    mm_alone = _median_slowest([matmul() for _ in range(max(20, repeats))], device)
+    load_alone = _median_slowest([compute() for _ in range(max(20, repeats))], device)
     worker = CommWorker(device)
     rows, handoff = [], []
     try:
-        for n_bytes in sizes_bytes:
-            tensor = torch.ones(max(1, n_bytes // 4), dtype=torch.float32, device=device)
-            alone = worker.submit(rings, tensor).wait()  # Step 1
-            handoff.extend(_handoff_gaps(worker, tensor, repeats))
-            dist.barrier()
-            work = worker.submit(rings, tensor)  # Step 2
-            mm_times = []
-            while not work.is_completed():
-                mm_times.append(matmul())
-            together = work.wait()
-            rows.append({"n_bytes": float(tensor.numel() * 4),
-                         "ring_alone_s": _median_slowest(alone, device),
-                         "ring_together_s": _median_slowest(together, device),
-                         "matmul_alone_s": mm_alone,
-                         "matmul_together_s": _median_slowest(mm_times or [mm_alone], device)})
-            dist.barrier()
+        for compression in compressions:
+            collective = _trainer_collective(compression)
+            for n_bytes in sizes_bytes:
+                tensor = torch.ones(max(1, n_bytes // 4), dtype=torch.float32, device=device)
+                alone = worker.submit(collectives, tensor, collective).wait()  # Step 1
+                if compression == compressions[0]:
+                    handoff.extend(_handoff_gaps(worker, tensor, repeats))
+                dist.barrier()
+                work = worker.submit(collectives, tensor, collective)  # Step 2
+                load_times = []
+                while not work.is_completed():
+                    load_times.append(compute())
+                together = work.wait()
+                rows.append({"compression": compression, "n_bytes": float(tensor.numel() * 4),
+                             "ring_alone_s": _median_slowest(alone, device),
+                             "ring_together_s": _median_slowest(together, device),
+                             "load_alone_s": load_alone,
+                             "load_together_s": _median_slowest(load_times or [load_alone], device)})
+                dist.barrier()
     finally:
         worker.close()
-    return {"comm_slowdown": slowdown_from_timings([r["ring_alone_s"] for r in rows],
-                                                   [r["ring_together_s"] for r in rows]),
-            "compute_slowdown": slowdown_from_timings([r["matmul_alone_s"] for r in rows],
-                                                      [r["matmul_together_s"] for r in rows]),
-            "matmul_n": matmul_n, "overlap": rows,
+    by_codec = {c: slowdown_from_timings([r["ring_alone_s"] for r in rows if r["compression"] == c],
+                                         [r["ring_together_s"] for r in rows if r["compression"] == c])
+                for c in compressions}
+    return {"comm_slowdown": by_codec.get("none", by_codec[compressions[0]]),
+            "comm_slowdown_by_codec": by_codec,
+            "compute_slowdown": slowdown_from_timings([r["load_alone_s"] for r in rows],
+                                                      [r["load_together_s"] for r in rows]),
+            "load": label, "overlap": rows,
             "handoff_ring_s": _median_slowest(handoff, device) if handoff else None}
 
 
@@ -316,11 +360,19 @@ def measure_handoff(repeats: int = 50, device: str = "cpu") -> float:
 
 
 def measure_host(sizes_bytes: list[int], repeats: int, warmup: int, device: str, overlap: bool,
-                 notes: list) -> dict:
-    """The ``host`` record of the calibration (κ, κc, copy rate, hand-off); every rank must call it."""
+                 notes: list, compute: dict | None = None, compressions: tuple[str, ...] = ("none",)) -> dict:
+    """The ``host`` record of the calibration (κ, κc, copy rate, hand-off); every rank must call it.
+
+    With a ``compute`` model the interference probe loads the cores with that model's forward + backward and
+    reduces its own gradient size with each of ``compressions``, as a training step would; without one it
+    runs the matmul load beside uncompressed allreduces of up to three grid sizes."""
     host: dict = {}
     try:
-        if overlap:
+        if overlap and compute:
+            call, label, grad_bytes = model_load(compute, device)
+            # one size per codec, so afford more calls: scheduling on shared cores makes each one noisy
+            host.update(measure_overlap([grad_bytes], max(repeats, 30), warmup, device, (call, label), compressions))
+        elif overlap:
             host.update(measure_overlap(overlap_sizes(sizes_bytes), repeats, warmup, device))
         host.update(measure_copy(sizes_bytes, max(repeats, 10), device))
         host["handoff_noop_s"] = measure_handoff(device=device)
@@ -350,17 +402,18 @@ def run_calibration(sizes_bytes: list[int], repeats: int = 20, warmup: int = 5,
     notes: list[str] = []
     samples = collect_samples(sizes_bytes, repeats, warmup, compressions, include_ring, device, notes)
     host = measure_host(sizes_bytes, repeats, warmup, device, overlap and include_ring and dist.get_world_size() > 1,
-                        notes)
+                        notes, compute, tuple(dict.fromkeys(("none", *compressions))))
     if dist.get_rank() != 0:
         return None
     samples += measure_reduce(sizes_bytes, repeats, device)
-    codecs = measure_codecs(list(compressions), device=device, notes=notes)
+    codecs, feedback = measure_codecs(list(compressions), device=device, notes=notes)
     compute_record = None
     if compute:
-        seconds = measure_compute(compute["model"], tuple(compute["input_shape"]), compute["num_classes"],
-                                  compute["batch_size"], device=device)
+        seconds = measure_compute(compute, device=device)
         compute_record = {"model": compute["model"], "batch_size": compute["batch_size"], "compute_s": seconds}
-    fits, residuals = {}, []
+        if compute.get("hidden"):
+            compute_record["hidden"] = compute["hidden"]
+    fits, residuals, factors = {}, [], {}
     for collective in ("ring", "backend"):
         if not any(s.collective == collective for s in samples):
             continue
@@ -369,8 +422,10 @@ def run_calibration(sizes_bytes: list[int], repeats: int = 20, warmup: int = 5,
         except ValueError as err:  # noisy timings on a busy machine: keep the other fit, say why
             notes.append(f"{collective}: {err}")
             continue
+        if collective == "ring":  # the codec as it runs inside our ring, from the compressed ring samples
+            factors = fit_codec_in_ring(samples, fits["ring"], codecs, CODEC_RATIOS, min_bytes=min_fit_bytes)
         residuals += residual_table([s for s in samples if s.collective == collective], fits[collective],
-                                    codecs=codecs, ratios=CODEC_RATIOS)
+                                    codecs=codecs, ratios=CODEC_RATIOS, factors=factors)
     if not fits:
         raise ValueError("calibration failed: " + "; ".join(notes))
     meta = {"created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -379,4 +434,4 @@ def run_calibration(sizes_bytes: list[int], repeats: int = 20, warmup: int = 5,
                      "repeats": repeats, "warmup": warmup, "compressions": list(compressions),
                      "min_fit_bytes": min_fit_bytes},
             "notes": notes}
-    return Calibration(fits, codecs, compute_record, samples, residuals, meta, host)
+    return Calibration(fits, codecs, compute_record, samples, residuals, meta, host, factors, feedback)

@@ -14,10 +14,12 @@ Calibration file (``schema`` = ``pipesgd-timing/calibration/1``), written atomic
     {"schema", "created_utc", "backend", "device", "world_size",
      "grid": {"nodes": [...], "sizes_bytes": [...], "repeats", "warmup", "compressions": [...]},
      "fits": {"ring": FIT, "backend": FIT},          # ring = pipesgd.ring_allreduce, backend = all_reduce
-     "codecs": {"bf16": {"encode_Bps", "decode_Bps"}, ...},
+     "codecs": {"bf16": {"encode_Bps", "decode_Bps", "feedback_Bps", "ring_factor_by_nodes": {"2": f, ...}}, ...},
+                                                 # isolated speeds; in-ring factors: ``fit_codec_in_ring``
      "compute": {"model", "batch_size", "compute_s"} | null,
-     "host": {"compute_slowdown", "comm_slowdown", "copy_Bps" (null = free), "handoff_s", "overlap": [...],
-              "copy": [...]} | {},               # interference and hand-off terms (see ``host_terms``)
+     "host": {"compute_slowdown", "comm_slowdown", "comm_slowdown_by_codec": {name: κc}, "load",
+              "copy_Bps" (null = free), "handoff_s", "overlap": [...], "copy": [...]} | {},
+                                                 # interference and hand-off terms (see ``host_terms``)
      "samples": [SAMPLE, ...], "residuals": [RESIDUAL, ...], "notes": [...]}
     FIT = {"overhead_s", "latency_s", "bandwidth_Bps", "reduce_Bps" (null = free), "n_samples",
            "median_abs_rel_err", "max_abs_rel_err", "notes"}
@@ -35,7 +37,8 @@ import numpy as np
 
 from . import collectives
 
-__all__ = ["SCHEMA", "Sample", "Fit", "Calibration", "fit_collective", "residual_table", "slowdown_from_timings",
+__all__ = ["SCHEMA", "Sample", "Fit", "Calibration", "fit_collective", "fit_codec_in_ring", "residual_table",
+           "slowdown_from_timings",
            "copy_rate_from_timings", "host_terms", "write_calibration", "read_calibration", "BURST_BYTES"]
 
 # Below this message size a tc-tbf shaped link (burst ≈ 500 KB at 1gbit) may send the whole message at
@@ -165,12 +168,68 @@ def fit_collective(samples: list[Sample], collective: str = "ring", algorithm: s
                statistics.median(errors), max(errors), tuple(notes))
 
 
-def residual_table(samples: list[Sample], fit: Fit, algorithm: str = "ring",
-                   codecs: dict[str, tuple[float, float]] | None = None,
-                   ratios: dict[str, float] | None = None) -> list[dict]:
-    """Measured vs predicted per allreduce sample; compressed ring samples use the per-hop codec model."""
+def _compressed_parts(s: Sample, fit: Fit, algorithm: str, codecs: dict[str, tuple[float, float]] | None,
+                      ratios: dict[str, float] | None) -> tuple[float, float]:
+    """(wire seconds, isolated codec seconds) the per-hop model gives a compressed ring sample."""
     from .formulas import codec_time  # symbols stay in the formula modules
 
+    ratio = (ratios or {}).get(s.compression, 1.0)
+    enc, dec = (codecs or {}).get(s.compression, (math.inf, math.inf))
+    wire = Fit(fit.overhead_s, fit.latency_s, fit.bandwidth_Bps * ratio, fit.reduce_Bps, 0, 0.0, 0.0)
+    return wire.predict(s.nodes, s.n_bytes, algorithm), codec_time(s.nodes, s.n_bytes, enc, dec, True)
+
+
+def fit_codec_in_ring(samples: list[Sample], fit: Fit, codecs: dict[str, tuple[float, float]],
+                      ratios: dict[str, float], algorithm: str = "ring", min_bytes: float = 0.0
+                      ) -> dict[str, dict[int, float]]:
+    """Per compressor and cluster size p, the factor f >= 0 that scales its isolated codec time to explain our
+    compressed rings (our reconstruction): measured_i ≈ wire_i + f·codec_i, with wire_i the uncompressed ring
+    ``fit`` at ratio× the bandwidth and codec_i the per-hop codec time at the isolated throughput of ``codecs``.
+
+    One unknown per (codec, p), least squares on relative error, closed form: f = Σ a_i(1 − wire_i/t_i) /
+    Σ a_i², a_i = codec_i/t_i, floored at 0. Per p because the codec is CPU work: where p ranks share fewer
+    than p cores (the emulated cluster) each rank's codec runs at a share of a core, so f grows with p.
+    f > 1: the codec costs more inside the ring than alone; f < 1: the piecewise hops hide part of it behind
+    the wire. Samples below ``min_bytes`` and codecs without a throughput or without ring samples are left out
+    (no factor: the model uses f = 1).
+    """
+    factors: dict[str, dict[int, float]] = {}
+    for name, speeds in codecs.items():
+        rows = [s for s in samples if s.kind == "allreduce" and s.collective == "ring" and s.compression == name
+                and s.nodes >= 2 and s.n_bytes >= min_bytes]
+        for nodes in sorted({s.nodes for s in rows}):
+            parts = [(s.seconds, *_compressed_parts(s, fit, algorithm, {name: speeds}, ratios))
+                     for s in rows if s.nodes == nodes]
+            denominator = sum((codec / t) ** 2 for t, _, codec in parts)
+            if denominator > 0:
+                f = sum(codec / t * (1 - wire / t) for t, wire, codec in parts) / denominator
+                factors.setdefault(name, {})[nodes] = max(0.0, f)
+    return factors
+
+
+def _ring_factor(factors: dict[str, dict[int, float]] | None, name: str, nodes: int) -> float:
+    """The calibrated factor of ``name`` at ``nodes`` ranks, else at the nearest calibrated size (ties: the
+    larger), else 1."""
+    by_nodes = (factors or {}).get(name) or {}
+    if not by_nodes:
+        return 1.0
+    return by_nodes[min(by_nodes, key=lambda p: (abs(p - nodes), -p))]
+
+
+def _in_ring(speeds: tuple[float, float] | None, factor: float) -> tuple[float, float] | None:
+    """One codec's (encode, decode) speeds as the ring sees them: isolated throughput / ring factor (0: free)."""
+    if speeds is None:
+        return None
+    enc, dec = speeds
+    return (enc / factor, dec / factor) if factor > 0 else (math.inf, math.inf)
+
+
+def residual_table(samples: list[Sample], fit: Fit, algorithm: str = "ring",
+                   codecs: dict[str, tuple[float, float]] | None = None,
+                   ratios: dict[str, float] | None = None, factors: dict[str, dict[int, float]] | None = None
+                   ) -> list[dict]:
+    """Measured vs predicted per allreduce sample; compressed ring samples use the per-hop codec model at the
+    isolated codec speeds scaled by the ring ``factors`` of their cluster size (``fit_codec_in_ring``; none: 1)."""
     rows = []
     for s in samples:
         if s.kind != "allreduce":
@@ -178,10 +237,8 @@ def residual_table(samples: list[Sample], fit: Fit, algorithm: str = "ring",
         if s.compression == "none":
             predicted = fit.predict(s.nodes, s.n_bytes, algorithm)
         else:
-            ratio = (ratios or {}).get(s.compression, 1.0)
-            enc, dec = (codecs or {}).get(s.compression, (math.inf, math.inf))
-            wire = Fit(fit.overhead_s, fit.latency_s, fit.bandwidth_Bps * ratio, fit.reduce_Bps, 0, 0.0, 0.0)
-            predicted = wire.predict(s.nodes, s.n_bytes, algorithm) + codec_time(s.nodes, s.n_bytes, enc, dec, True)
+            speeds = _in_ring((codecs or {}).get(s.compression), _ring_factor(factors, s.compression, s.nodes))
+            predicted = sum(_compressed_parts(s, fit, algorithm, {s.compression: speeds} if speeds else {}, ratios))
         rows.append({"collective": s.collective, "compression": s.compression, "nodes": s.nodes,
                      "n_bytes": s.n_bytes, "measured_s": s.seconds, "predicted_s": predicted,
                      "rel_err": (predicted - s.seconds) / s.seconds})
@@ -206,14 +263,20 @@ def copy_rate_from_timings(sizes_bytes: list[float], seconds: list[float]) -> fl
     return statistics.median(n / t for n, t in zip(sizes_bytes, seconds))
 
 
-def host_terms(host: dict) -> dict:
-    """The model inputs of a calibration's ``host`` record: slowdown (κ), comm_slowdown (κc), copy_Bps
-    (inf when absent or null) and handoff_s; zeros / inf (the pure formula) when not calibrated."""
-    copy = (host or {}).get("copy_Bps")
-    return {"slowdown": float((host or {}).get("compute_slowdown") or 0.0),
-            "comm_slowdown": float((host or {}).get("comm_slowdown") or 0.0),
+def host_terms(host: dict, compression: str = "none") -> dict:
+    """The model inputs of a calibration's ``host`` record: slowdown (κ), comm_slowdown (κc of ``compression``
+    when the probe measured it per codec, else the uncompressed one), copy_Bps (inf when absent or null) and
+    handoff_s; zeros / inf (the pure formula) when not calibrated."""
+    host = host or {}
+    copy = host.get("copy_Bps")
+    by_codec = host.get("comm_slowdown_by_codec") or {}
+    if not isinstance(by_codec, dict):
+        raise ValueError("comm_slowdown_by_codec must be an object")
+    comm = by_codec.get(compression, host.get("comm_slowdown"))
+    return {"slowdown": float(host.get("compute_slowdown") or 0.0),
+            "comm_slowdown": float(comm or 0.0),
             "copy_Bps": math.inf if not copy else float(copy),
-            "handoff_s": float((host or {}).get("handoff_s") or 0.0)}
+            "handoff_s": float(host.get("handoff_s") or 0.0)}
 
 
 @dataclass(slots=True)
@@ -227,6 +290,23 @@ class Calibration:
     residuals: list[dict] = field(default_factory=list)
     meta: dict = field(default_factory=dict)  # created_utc, backend, device, world_size, grid, notes
     host: dict = field(default_factory=dict)  # κ, κc, copy_Bps, handoff_s and their raw timings ({}: none)
+    codec_ring_factors: dict[str, dict[int, float]] = field(default_factory=dict)  # name → {p: f}, see
+    # ``fit_codec_in_ring``
+    codec_feedback: dict[str, float] = field(default_factory=dict)  # name → error-feedback bytes/s (isolated)
+
+    def codec_speeds(self, name: str, nodes: int = 2) -> tuple[float, float]:
+        """(encode_Bps, decode_Bps) of ``name`` inside our ring of ``nodes`` ranks: the isolated throughput divided
+        by the calibrated ring factor (``_ring_factor``); (inf, inf) for an uncalibrated codec (the pure formula)."""
+        speeds = _in_ring(self.codecs.get(name), _ring_factor(self.codec_ring_factors, name, nodes))
+        return speeds or (math.inf, math.inf)
+
+    def feedback_speed(self, name: str, nodes: int = 2) -> float:
+        """Error-feedback bytes/s of ``name`` inside our ring of ``nodes`` ranks (scaled like ``codec_speeds``);
+        inf when not measured."""
+        rate = self.codec_feedback.get(name)
+        if rate is None:
+            return math.inf
+        return (_in_ring((rate, rate), _ring_factor(self.codec_ring_factors, name, nodes)) or (math.inf,))[0]
 
     def fit_for(self, mode: str, compression: str = "none") -> Fit:
         """Our ring serves sync and pipe with a codec on every hop; the backend's all_reduce serves
@@ -244,7 +324,9 @@ def write_calibration(path: str, cal: Calibration) -> None:
     """Write the calibration JSON atomically (temporary file in the same folder, then rename)."""
     data = {"schema": SCHEMA, **cal.meta,
             "fits": {name: fit.as_json() for name, fit in cal.fits.items()},
-            "codecs": {name: {"encode_Bps": e, "decode_Bps": d} for name, (e, d) in cal.codecs.items()},
+            "codecs": {name: {"encode_Bps": e, "decode_Bps": d, "feedback_Bps": cal.codec_feedback.get(name),
+                              "ring_factor_by_nodes": {str(p): f for p, f in cal.codec_ring_factors.get(name, {}).items()}}
+                       for name, (e, d) in cal.codecs.items()},
             "compute": cal.compute, "host": cal.host, "samples": [asdict(s) for s in cal.samples], "residuals": cal.residuals}
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
@@ -274,6 +356,10 @@ def read_calibration(path: str) -> Calibration:
     try:
         fits = {name: Fit.from_json(fit) for name, fit in data["fits"].items()}
         codecs = {name: (float(c["encode_Bps"]), float(c["decode_Bps"])) for name, c in data.get("codecs", {}).items()}
+        feedback = {name: float(c["feedback_Bps"]) for name, c in data.get("codecs", {}).items()
+                    if c.get("feedback_Bps") is not None}
+        factors = {name: {int(p): float(f) for p, f in c["ring_factor_by_nodes"].items()}
+                   for name, c in data.get("codecs", {}).items() if c.get("ring_factor_by_nodes")}
         samples = [Sample(**s) for s in data.get("samples", [])]
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"calibration file {path!r}: malformed ({err})") from None
@@ -283,9 +369,15 @@ def read_calibration(path: str) -> Calibration:
     if not isinstance(host, dict):
         raise ValueError(f"calibration file {path!r}: malformed host record")
     try:
-        host_terms(host)
+        for compression in ("none", *(host.get("comm_slowdown_by_codec") or {})):
+            host_terms(host, compression)
     except (TypeError, ValueError) as err:
         raise ValueError(f"calibration file {path!r}: malformed host record ({err})") from None
     meta = {k: v for k, v in data.items()
             if k not in ("schema", "fits", "codecs", "compute", "host", "samples", "residuals")}
-    return Calibration(fits, codecs, data.get("compute"), samples, data.get("residuals", []), meta, host)
+    if any(not (f >= 0 and math.isfinite(f)) for by_nodes in factors.values() for f in by_nodes.values()):
+        raise ValueError(f"calibration file {path!r}: codec ring_factor_by_nodes must hold finite numbers >= 0")
+    if any(not rate > 0 for rate in feedback.values()):
+        raise ValueError(f"calibration file {path!r}: codec feedback_Bps must be > 0")
+    return Calibration(fits, codecs, data.get("compute"), samples, data.get("residuals", []), meta, host, factors,
+                       feedback)

@@ -108,6 +108,8 @@ def _add_scenario_flags(parser: argparse.ArgumentParser, sweep: bool) -> None:
     add("--compression", default="none", help=f"{'|'.join(CODEC_RATIOS)}" + many)
     add("--compression-ratio", help="override the compressor's raw/payload ratio")
     add("--codec-gbps", help="codec throughput ENCODE[,DECODE] in GB/s of fp32 input (default: infinite)")
+    add("--error-feedback", action="store_true",
+        help="the codec keeps its error (pipesgd-train --error-feedback): adds the calibrated feedback cost")
     add("--width", default="2", help="Pipe-SGD pipeline width K (default 2)" + many)
     add("--overlap-fraction", default="0.5", help="DDP: fraction φ of backward that may overlap (default 0.5)")
     add("--bucket", default="25MiB", help="bytes per collective call (default 25MiB; 0 = one bucket)")
@@ -129,6 +131,7 @@ def _scenario_fields(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> di
         fields[name] = parse(value)
     if args.codec_gbps:
         fields["encode_Bps"], fields["decode_Bps"] = _codec_speeds(args.codec_gbps)
+    fields["error_feedback"] = args.error_feedback
     fields["ps_serialised"] = not args.ps_pipelined
     fields["ps_colocated"] = args.ps_colocated
     return fields

@@ -86,13 +86,15 @@ def add_calibrate_parser(sub) -> None:
     p.add_argument("--input-shape", default="3,32,32", help="model input shape without batch (default 3,32,32)")
     p.add_argument("--num-classes", type=int, default=10, help="model classes (default 10)")
     p.add_argument("--batch-size", type=int, default=32, help="batch for the compute timing (default 32)")
+    p.add_argument("--hidden", type=int, help="hidden width of --model mlp, as the trainer's --hidden")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads per rank, as the trainer's --threads (default 1: ranks share the cores)")
     p.add_argument("--fit-min-bytes", default="0",
                    help="leave allreduce samples below this size out of the fit, e.g. 1MB on a tc-tbf shaped link "
                         "whose burst sends small messages at line rate (default 0: fit all)")
     p.add_argument("--no-overlap", action="store_true",
-                   help="skip the interference measurement (κ, κc: ring and matmul loop together vs alone)")
+                   help="skip the interference measurement (κ, κc: the allreduce beside a compute load vs alone; "
+                        "the load is --model's forward+backward at its gradient size per codec, else a matmul loop)")
     p.set_defaults(run=cmd_calibrate)
 
 
@@ -115,9 +117,15 @@ def cmd_calibrate(args: argparse.Namespace) -> str | int:
             raise ValueError(f"unknown compression {name!r}; valid: {', '.join(CODEC_RATIOS)}")
     compute = None
     if args.model:
+        from pipesgd.train.models import MODELS
+
+        if args.model not in MODELS:
+            raise ValueError(f"unknown model {args.model!r}; valid: {', '.join(MODELS)}")
+        if args.batch_size < 1 or args.num_classes < 2 or (args.hidden is not None and args.hidden < 1):
+            raise ValueError("--batch-size and --hidden must be >= 1 and --num-classes >= 2")
         shape = tuple(int(x) for x in parse_list(args.input_shape))
         compute = {"model": args.model, "input_shape": shape, "num_classes": args.num_classes,
-                   "batch_size": args.batch_size}
+                   "batch_size": args.batch_size, "hidden": args.hidden}
     import torch
     import torch.distributed as dist
 
@@ -136,6 +144,7 @@ def cmd_calibrate(args: argparse.Namespace) -> str | int:
                               overlap=not args.no_overlap, min_fit_bytes=min_fit_bytes)
         if cal is not None:
             write_calibration(args.out, cal)
+        dist.barrier()  # rank 0 fits alone; leave together so no rank tears its links down under another
     finally:
         dist.destroy_process_group()
     if cal is None:
@@ -150,8 +159,15 @@ def cmd_calibrate(args: argparse.Namespace) -> str | int:
 
         terms = host_terms(cal.host)
         copy = "free" if terms["copy_Bps"] == float("inf") else f"{terms['copy_Bps'] / 1e9:.2f} GB/s"
-        out += (f"\nκ (compute slow-down) {terms['slowdown']:.3f}, κc (comm slow-down) {terms['comm_slowdown']:.3f}, "
-                f"copy {copy}, hand-off {1e6 * terms['handoff_s']:.0f} µs\n")
+        by_codec = cal.host.get("comm_slowdown_by_codec") or {}
+        per_codec = "".join(f", {name} {value:.3f}" for name, value in by_codec.items() if name != "none")
+        out += (f"\nκ (compute slow-down) {terms['slowdown']:.3f}, κc (comm slow-down) {terms['comm_slowdown']:.3f}"
+                f"{per_codec}, copy {copy}, hand-off {1e6 * terms['handoff_s']:.0f} µs"
+                f" (load: {cal.host.get('load', 'matmul')})\n")
+    if cal.codec_ring_factors:
+        out += "codec cost inside the ring / alone: " + ", ".join(
+            f"{name} {factor:.2f} at {p} ranks" for name, by_nodes in cal.codec_ring_factors.items()
+            for p, factor in by_nodes.items()) + "\n"
     return out
 
 

@@ -22,6 +22,8 @@ paper's own equations, which are not available here.
 """
 from __future__ import annotations
 
+import math
+
 __all__ = [
     "codec_passes",
     "codec_time",
@@ -40,20 +42,24 @@ __all__ = [
 def codec_passes(p: int, per_hop: bool) -> tuple[int, int]:
     """(E, D): encode and decode passes per rank for one allreduce.
 
-    Our ring re-encodes on every reduce-scatter hop and forwards the owner's payload in all-gather:
-    E = (p−1) + 1 = p, D = (p−1) + (p−1) = 2p−2, each over M/p bytes. Codec once at the ends
-    (DDP comm hook, Horovod, parameter server): E = D = 1 over M bytes. (Reconstruction.)
+    Our ring re-encodes on every reduce-scatter hop, the owner keeps decode(encode(chunk)), and all-gather
+    forwards the owner's payload: E = (p−1) + 1 = p, D = (p−1) + 1 + (p−1) = 2p−1 (REFERENCES §2), each
+    over M/p bytes. Codec once at the ends (DDP comm hook, Horovod, parameter server): E = D = 1 over M
+    bytes. (Reconstruction.)
     """
     if p <= 1:
         return 0, 0
-    return (p, 2 * p - 2) if per_hop else (1, 1)
+    return (p, 2 * p - 1) if per_hop else (1, 1)
 
 
-def codec_time(p: int, M: float, enc_Bps: float, dec_Bps: float, per_hop: bool) -> float:
-    """Codec seconds per allreduce: E·m/enc_Bps + D·m/dec_Bps with m = M/p per hop, m = M once at the ends."""
+def codec_time(p: int, M: float, enc_Bps: float, dec_Bps: float, per_hop: bool,
+               feedback_Bps: float = math.inf) -> float:
+    """Codec seconds per allreduce: E·m/enc_Bps + D·m/dec_Bps + E·m/feedback_Bps with m = M/p per hop, m = M
+    once at the ends. The last term is error feedback (our reconstruction): every encode's error is decoded
+    and added to the residual, at ``feedback_Bps`` fp32 bytes/s (inf: no error feedback)."""
     E, D = codec_passes(p, per_hop)
     m = M / p if per_hop else M
-    return E * m / enc_Bps + D * m / dec_Bps
+    return E * m / enc_Bps + D * m / dec_Bps + E * m / feedback_Bps
 
 
 def saved_transfer(p: int, M: float, B: float, r: float) -> float:
@@ -133,17 +139,20 @@ def ddp_iteration(T̂_c: float, T_u: float, T_AR: float, T_AR_last: float, φ: f
 def pipe_iteration(T_cu: float, T_AR: float, κ: float, K: int, κc: float = 0.0, H: float = 0.0) -> float:
     """Pipe-SGD steady-state iteration (reconstruction, unverified):
 
-    K = 1: T = T_cu + H + T_AR (synchronous). K ≥ 2: T = max((T_cu + H)·(1 + κ), T_AR·(1 + κc)):
-    successive allreduces share one link, so more width adds staleness, not speed. κc (our reconstruction)
-    slows the ring for its whole duration: on the emulated CPU cluster the ring of a ring-bound pipe run
-    was slowed throughout, not only while the compute side ran (ring busy 64.6 ms vs 48.5 ms in sync at
-    1gbit, p = 2, compute side ≈ 30 ms). The hand-off H (``handoff_time``) runs in ``step()`` on the compute
-    thread. κc = 0 and H = 0 give the original max(T_cu·(1 + κ), T_AR) exactly. A run pays one extra
-    start-up iteration.
+    K = 1: T = T_cu + H + T_AR (synchronous). K ≥ 2: T = max(W, T'_AR) with W = (T_cu + H)·(1 + κ) the
+    compute side and T'_AR = ``overlapped_comm``(T_AR, W, κc): successive allreduces share one link, so more
+    width adds staleness, not speed. κc (our reconstruction) slows the ring while the compute side runs beside
+    it, i.e. for the first W seconds of each ring, as in DDP; calibrate measures it with the model's own
+    forward+backward running beside the allreduce all along (``benchmarks.measure_overlap``). On the emulated
+    CPU cluster (1 Gbit/s, 4 nodes on 2 cores, κc 0.76 measured) this gave 100.5 ms for a run that took
+    102.0 ms, where slowing the ring throughout gave 117.5 ms. The hand-off H (``handoff_time``) runs in
+    ``step()`` on the compute thread. κc = 0 and H = 0 give the original max(T_cu·(1 + κ), T_AR) exactly. A
+    run pays one extra start-up iteration.
     """
     if K <= 1:
         return sync_iteration(T_cu, T_AR, H)
-    return max((T_cu + H) * (1 + κ), T_AR * (1 + κc))
+    compute_side = (T_cu + H) * (1 + κ)
+    return max(compute_side, overlapped_comm(T_AR, compute_side, κc))
 
 
 def pipe_speedup_vs_sync(T_cu: float, T_AR: float, κ: float = 0.0) -> float:

@@ -80,7 +80,8 @@ def allreduce_cost(cluster: ClusterParams, codec: CodecParams, schedule: Schedul
     one = collectives.ALLREDUCE[algorithm](workers, bucket, cluster.latency_s, wire_s_per_byte, reduce_s_per_byte,
                                            cluster.overhead_s)
     hop = per_hop and algorithm == "ring"
-    codec_s = formulas.codec_time(workers, cluster.grad_bytes, codec.encode_Bps, codec.decode_Bps, hop)
+    codec_s = formulas.codec_time(workers, cluster.grad_bytes, codec.encode_Bps, codec.decode_Bps, hop,
+                                  codec.feedback_Bps)
     split = workers if algorithm in ("ring", "rabenseifner") else 1
     return CommCost(one * buckets + codec_s, codec_s, one + codec_s / buckets, buckets,
                     bucket / codec.ratio / split)
@@ -105,7 +106,8 @@ def ps_cost(cluster: ClusterParams, codec: CodecParams, schedule: ScheduleParams
                                server.servers, directions, reduce_s_per_byte * codec.ratio, cluster.overhead_s,
                                colocated)
     # once at the worker, one encode and one decode of the whole gradient (the 2 only matters per hop)
-    codec_s = formulas.codec_time(2, cluster.grad_bytes, codec.encode_Bps, codec.decode_Bps, False) if one else 0.0
+    codec_s = formulas.codec_time(2, cluster.grad_bytes, codec.encode_Bps, codec.decode_Bps, False,
+                                  codec.feedback_Bps) if one else 0.0
     return CommCost(one * buckets + codec_s, codec_s, one + codec_s / buckets, buckets, bucket / codec.ratio)
 
 
@@ -162,8 +164,8 @@ def predict_ddp(cluster, compute, codec, schedule) -> ModeResult:
 
 
 def predict_pipe(cluster, compute, codec, schedule) -> ModeResult:
-    """Pipe-SGD on our ring (codec on every hop): max((compute + update + hand-off)·(1+κ), allreduce·(1+κc))
-    for width ≥ 2 (``formulas.pipe_iteration``)."""
+    """Pipe-SGD on our ring (codec on every hop): max(W, allreduce slowed by κc during W) with W = (compute +
+    update + hand-off)·(1+κ), for width ≥ 2 (``formulas.pipe_iteration``)."""
     comm = allreduce_cost(cluster, codec, schedule, per_hop=True)
     slow = _slowest_compute(cluster, compute)
     hand = _handoff(cluster, compute)

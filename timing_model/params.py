@@ -98,20 +98,22 @@ class CodecParams:
     ratio: float = 1.0  # r = raw fp32 bytes / payload bytes
     encode_Bps: float = math.inf  # encode throughput, fp32 input bytes/s
     decode_Bps: float = math.inf  # decode throughput, fp32 output bytes/s
+    feedback_Bps: float = math.inf  # error feedback: decode + residual update per encoded fp32 byte (inf: none)
 
     def __post_init__(self) -> None:
         _check(self.ratio >= 1.0, f"compression ratio must be >= 1, got {self.ratio!r}")
-        _check(self.encode_Bps > 0 and self.decode_Bps > 0, "codec throughput must be > 0 bytes/s")
+        _check(self.encode_Bps > 0 and self.decode_Bps > 0 and self.feedback_Bps > 0,
+               "codec throughput must be > 0 bytes/s")
 
 
 def build_codec(name: str, encode_Bps: float = math.inf, decode_Bps: float = math.inf,
-                ratio: float | None = None) -> CodecParams:
+                ratio: float | None = None, feedback_Bps: float = math.inf) -> CodecParams:
     """The default codec record for a compressor name; unknown names raise with the valid list."""
     if name not in CODEC_RATIOS:
         raise ValueError(f"unknown compression {name!r}; valid: {', '.join(CODEC_RATIOS)}")
     if name == "none":
         return CodecParams("none", 1.0)
-    return CodecParams(name, CODEC_RATIOS[name] if ratio is None else ratio, encode_Bps, decode_Bps)
+    return CodecParams(name, CODEC_RATIOS[name] if ratio is None else ratio, encode_Bps, decode_Bps, feedback_Bps)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,8 @@ class Scenario:
     compression: str = "none"  # none | fp16 | bf16 | q8 | q4 | sign
     encode_Bps: float = math.inf  # codec encode throughput (fp32 bytes/s)
     decode_Bps: float = math.inf  # codec decode throughput
+    error_feedback: bool = False  # the codec keeps its error (``--error-feedback``); costs feedback_Bps
+    feedback_Bps: float = math.inf  # error-feedback work per encoded fp32 byte (inf: free)
     compression_ratio: float | None = None  # override of the default ratio of ``compression``
     # schedule
     width: int = 2  # Pipe-SGD pipeline width
@@ -58,7 +60,8 @@ class Scenario:
                                 self.reduce_Bps, self.collective)
         compute = ComputeParams(self.compute_s, self.compute_std_s, self.update_s, self.slowdown, self.batch_size,
                                 self.comm_slowdown, self.copy_Bps, self.handoff_s)
-        codec = build_codec(self.compression, self.encode_Bps, self.decode_Bps, self.compression_ratio)
+        codec = build_codec(self.compression, self.encode_Bps, self.decode_Bps, self.compression_ratio,
+                            self.feedback_Bps if self.error_feedback else math.inf)
         schedule = ScheduleParams(self.width, self.overlap_fraction, self.bucket_bytes)
         server = ServerParams(self.servers, self.server_bandwidth_Bps, self.ps_serialised, self.ps_colocated)
         return cluster, compute, codec, schedule, server

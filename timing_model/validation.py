@@ -5,7 +5,7 @@ or ``RUN.rankN.jsonl`` per rank; files that differ only in ``.rankN`` form one r
 
 - ``{"type": "config", ...}`` — run settings, once per run (rank 0's file, first line). Fields read:
   ``mode`` (ps-sync | ps-async | sync | ddp | pipe), ``world_size``, ``num_workers`` (ranks that compute;
-  default world_size), ``width``, ``compression``, ``grad_bytes`` or ``params`` (fp32: 4 bytes each),
+  default world_size), ``width``, ``compression``, ``error_feedback``, ``grad_bytes`` or ``params`` (fp32: 4 bytes each),
   ``bucket_mb`` (MiB per bucket), ``overlap_fraction`` (DDP φ), ``servers``, ``ps_colocated``. All optional
   except the gradient size, which may instead come from ``bytes_sent`` of uncompressed ring steps.
 - ``{"type": "step", "step", "rank", "mode", "t_iter", "t_compute", "t_wait", "t_update", "bytes_sent"}``.
@@ -157,15 +157,17 @@ def read_runs(paths: list[str], skip: int = 3) -> list[RunRecord]:
 
 
 def calibrated_scenario(scenario: Scenario, cal: Calibration, mode: str) -> Scenario:
-    """``scenario`` with the network terms of the fit that serves ``mode``, the calibrated codec speeds and the
+    """``scenario`` with the network terms of the fit that serves ``mode``, the calibrated in-ring codec speeds and the
     calibrated host terms κ, κc, copy rate and hand-off (codec speeds and host terms given in the scenario win)."""
     fit = cal.fit_for(mode, scenario.compression)
-    encode, decode = cal.codecs.get(scenario.compression, (math.inf, math.inf))
-    host = host_terms(cal.host)
+    encode, decode = cal.codec_speeds(scenario.compression, scenario.nodes)
+    feedback = cal.feedback_speed(scenario.compression, scenario.nodes)
+    host = host_terms(cal.host, scenario.compression)
     return replace(scenario, bandwidth_Bps=fit.bandwidth_Bps, latency_s=fit.latency_s, overhead_s=fit.overhead_s,
                    reduce_Bps=fit.reduce_Bps,
                    encode_Bps=encode if math.isinf(scenario.encode_Bps) else scenario.encode_Bps,
                    decode_Bps=decode if math.isinf(scenario.decode_Bps) else scenario.decode_Bps,
+                   feedback_Bps=feedback if math.isinf(scenario.feedback_Bps) else scenario.feedback_Bps,
                    slowdown=scenario.slowdown or host["slowdown"],
                    comm_slowdown=scenario.comm_slowdown or host["comm_slowdown"],
                    copy_Bps=host["copy_Bps"] if math.isinf(scenario.copy_Bps) else scenario.copy_Bps,
@@ -186,6 +188,7 @@ def scenario_for(run: RunRecord, cal: Calibration, base: Scenario | None = None,
         nodes=run.nodes, grad_bytes=run.grad_bytes,
         compute_s=statistics.median(run.t_compute) if compute_s is None else compute_s,
         compute_std_s=0.0, update_s=statistics.median(run.t_update), compression=compression, width=width,
+        error_feedback=bool(cfg.get("error_feedback")),
     )
     if cfg.get("bucket_mb"):
         changes["bucket_bytes"] = float(cfg["bucket_mb"]) * 2**20

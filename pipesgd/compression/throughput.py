@@ -42,3 +42,29 @@ def measure_codec_gbps(
         decode_s.append(end - mid)
     n_bytes = 4 * numel
     return n_bytes / statistics.median(encode_s) / 1e9, n_bytes / statistics.median(decode_s) / 1e9
+
+
+def measure_feedback_gbps(
+    compressor: Compressor,
+    numel: int = 4_000_000,
+    repeats: int = 5,
+    device: str | torch.device = "cpu",
+) -> float:
+    """Error feedback's extra work per encode, as the ring does it (``residual += x - decode(encode(x))``
+    after the encode): throughput in 1e9 fp32-input bytes per second, median of ``repeats``."""
+    if numel < 1 or repeats < 1:
+        raise ValueError(f"numel and repeats must be >= 1, got {numel} and {repeats}")
+    device = torch.device(device)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(numel, generator=gen, dtype=torch.float32).to(device)
+    residual = torch.zeros_like(x)
+    payload, ctx = compressor.compress(x)
+    residual.add_(x - compressor.decompress(payload, ctx))  # warm-up
+    seconds = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        residual.add_(x - compressor.decompress(payload, ctx))
+        _sync(device)
+        seconds.append(time.perf_counter() - start)
+    return 4 * numel / statistics.median(seconds) / 1e9
