@@ -81,7 +81,7 @@ def speed_table(runs: dict, skip: int) -> tuple[str, dict]:
     # running), so ddp / compute-only caps any speed-up over ddp that overlap or compression can give here.
     ceiling = {"vs_ddp": t_iter["ddp"] / compute_only, "vs_ddp_fp16": t_iter["ddp+fp16"] / compute_only}
     nodes = runs["sync"].config.get("world_size", "?")
-    lines += [f"ceiling on this machine ({nodes} nodes on {os.cpu_count()} cores): no variant beats compute only, "
+    lines += [f"ceiling on this machine ({nodes} nodes on {cores} cores): no variant beats compute only, "
               f"so at best {ceiling['vs_ddp']:.2f}x faster than ddp and {ceiling['vs_ddp_fp16']:.2f}x faster than "
               f"ddp+fp16"]
     figures = {"t_iter_s": t_iter, "compute_only_s": compute_only, "allreduce_only_s": allreduce_only,

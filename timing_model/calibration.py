@@ -38,8 +38,8 @@ import numpy as np
 from . import collectives
 
 __all__ = ["SCHEMA", "Sample", "Fit", "Calibration", "fit_collective", "fit_codec_in_ring", "residual_table",
-           "slowdown_from_timings",
-           "copy_rate_from_timings", "host_terms", "write_calibration", "read_calibration", "BURST_BYTES"]
+           "slowdown_from_timings", "copy_rate_from_timings", "host_terms", "write_calibration", "read_calibration",
+           "BURST_BYTES"]
 
 # Below this message size a tc-tbf shaped link (burst ≈ 500 KB at 1gbit) may send the whole message at
 # line rate, a regime training-size gradients never see; such samples are flagged (or dropped with min_bytes).
@@ -304,9 +304,8 @@ class Calibration:
         """Error-feedback bytes/s of ``name`` inside our ring of ``nodes`` ranks (scaled like ``codec_speeds``);
         inf when not measured."""
         rate = self.codec_feedback.get(name)
-        if rate is None:
-            return math.inf
-        return (_in_ring((rate, rate), _ring_factor(self.codec_ring_factors, name, nodes)) or (math.inf,))[0]
+        factor = _ring_factor(self.codec_ring_factors, name, nodes)
+        return rate / factor if rate is not None and factor > 0 else math.inf
 
     def fit_for(self, mode: str, compression: str = "none") -> Fit:
         """Our ring serves sync and pipe with a codec on every hop; the backend's all_reduce serves

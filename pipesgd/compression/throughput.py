@@ -14,6 +14,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _input(numel: int, repeats: int, device: str | torch.device) -> tuple[torch.Tensor, torch.device]:
+    """The fixed fp32 test vector every codec is timed on, after checking the arguments."""
+    if numel < 1 or repeats < 1:
+        raise ValueError(f"numel and repeats must be >= 1, got {numel} and {repeats}")
+    device = torch.device(device)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    return torch.randn(numel, generator=gen, dtype=torch.float32).to(device), device
+
+
 def measure_codec_gbps(
     compressor: Compressor,
     numel: int = 4_000_000,
@@ -21,11 +30,7 @@ def measure_codec_gbps(
     device: str | torch.device = "cpu",
 ) -> tuple[float, float]:
     """(encode, decode) throughput in 1e9 fp32-input bytes per second: median of ``repeats`` after a warm-up."""
-    if numel < 1 or repeats < 1:
-        raise ValueError(f"numel and repeats must be >= 1, got {numel} and {repeats}")
-    device = torch.device(device)
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    x = torch.randn(numel, generator=gen, dtype=torch.float32).to(device)
+    x, device = _input(numel, repeats, device)
     payload, ctx = compressor.compress(x)  # warm-up (allocator, lazy generators, kernels)
     compressor.decompress(payload, ctx)
     encode_s, decode_s = [], []
@@ -52,11 +57,7 @@ def measure_feedback_gbps(
 ) -> float:
     """Error feedback's extra work per encode, as the ring does it (``residual += x - decode(encode(x))``
     after the encode): throughput in 1e9 fp32-input bytes per second, median of ``repeats``."""
-    if numel < 1 or repeats < 1:
-        raise ValueError(f"numel and repeats must be >= 1, got {numel} and {repeats}")
-    device = torch.device(device)
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    x = torch.randn(numel, generator=gen, dtype=torch.float32).to(device)
+    x, device = _input(numel, repeats, device)
     residual = torch.zeros_like(x)
     payload, ctx = compressor.compress(x)
     residual.add_(x - compressor.decompress(payload, ctx))  # warm-up
