@@ -139,14 +139,20 @@ def cmd_calibrate(args: argparse.Namespace) -> str | int:
         device = f"cuda:{torch.cuda.current_device()}"
     torch.set_num_threads(args.threads)
     dist.init_process_group(backend)
+    failure: Exception | None = None
     try:
-        cal = run_calibration(sizes, args.repeats, args.warmup, compressions, not args.no_ring, device, compute,
-                              overlap=not args.no_overlap, min_fit_bytes=min_fit_bytes)
-        if cal is not None:
-            write_calibration(args.out, cal)
+        try:
+            cal = run_calibration(sizes, args.repeats, args.warmup, compressions, not args.no_ring, device, compute,
+                                  overlap=not args.no_overlap, min_fit_bytes=min_fit_bytes)
+            if cal is not None:
+                write_calibration(args.out, cal)
+        except (ValueError, OSError) as err:  # rank 0's fit or write failed: still meet the others below
+            cal, failure = None, err
         dist.barrier()  # rank 0 fits alone; leave together so no rank tears its links down under another
     finally:
         dist.destroy_process_group()
+    if failure is not None:
+        raise failure
     if cal is None:
         return 0
     rows = [{"collective": name, "overhead_s": f.overhead_s, "latency_s": f.latency_s,
