@@ -3,24 +3,51 @@ ring-all-reduced (optionally compressed on every hop) in the background.
 
 Data path: gradients -> flat buckets (``buckets``) -> codec (``compression``) -> ring on a background
 worker (``ring``, ``comm_worker``) -> delayed apply (``optimizer.PipeSGD``) -> the wrapped torch optimizer.
+
+The public names load on first use, so torch-free modules (``pipesgd.defaults``, ``pipesgd.run_files``)
+can be imported by the analytic timing model without loading torch.
 """
-from pipesgd import compression
-from pipesgd.accounting import StepStats
-from pipesgd.handles import CompletedWork, Work
-from pipesgd.optimizer import DEFAULT_WARMUP_STEPS, NonFiniteGradientError, PipeSGD
-from pipesgd.replica_check import ReplicaDivergenceError
-from pipesgd.ring import ring_allreduce
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from pipesgd.defaults import WARMUP_STEPS as DEFAULT_WARMUP_STEPS
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "PipeSGD",
-    "ring_allreduce",
-    "compression",
-    "StepStats",
-    "Work",
-    "CompletedWork",
-    "NonFiniteGradientError",
-    "ReplicaDivergenceError",
-    "DEFAULT_WARMUP_STEPS",
-]
+# public name -> the module that defines it
+_EXPORTS = {
+    "PipeSGD": "pipesgd.optimizer",
+    "NonFiniteGradientError": "pipesgd.optimizer",
+    "ring_allreduce": "pipesgd.ring",
+    "StepStats": "pipesgd.accounting",
+    "Work": "pipesgd.handles",
+    "CompletedWork": "pipesgd.handles",
+    "ReplicaDivergenceError": "pipesgd.replica_check",
+}
+
+__all__ = [*_EXPORTS, "compression", "DEFAULT_WARMUP_STEPS"]
+
+if TYPE_CHECKING:
+    from pipesgd import compression
+    from pipesgd.accounting import StepStats
+    from pipesgd.handles import CompletedWork, Work
+    from pipesgd.optimizer import NonFiniteGradientError, PipeSGD
+    from pipesgd.replica_check import ReplicaDivergenceError
+    from pipesgd.ring import ring_allreduce
+
+
+def __getattr__(name: str) -> Any:
+    if name == "compression":
+        return importlib.import_module("pipesgd.compression")
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pipesgd' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

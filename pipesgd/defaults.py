@@ -1,0 +1,36 @@
+"""The defaults and choices that several layers share (the wrapper, the trainer's flags, the timing model).
+
+One owner per fact: everything here is imported, never copied. Torch-free, so the analytic model can read
+it without loading torch.
+"""
+from __future__ import annotations
+
+# Gradient bucket size in MiB: DDP's ``bucket_cap_mb`` default; each bucket is one collective call.
+BUCKET_MB = 25.0
+
+# Synchronous steps before the pipeline opens: staleness hurts most in the first steps, where loss and
+# gradients change fastest (SAPipe and ChainerMN report accuracy lost to 1-stale gradients); a few
+# synchronous steps cost a few iterations of exposed communication and nothing else.
+WARMUP_STEPS = 10
+
+# Elements per fp32 scale in the q8/q4/sign payloads.
+QUANT_BLOCK_SIZE = 4096
+
+# Which all-reduce runs a bucket. "auto": the backend's own all_reduce for a lossless codec (its C++ ring
+# has no per-hop Python round trip, which dominates small buckets), our ring whenever a codec must run on
+# every hop. "ring" forces ours; "backend" cannot compress.
+ALLREDUCE_CHOICES = ("auto", "ring", "backend")
+
+# Codecs that only converge with error feedback (1-bit SGD diverges without it).
+NEEDS_ERROR_FEEDBACK = ("sign",)
+
+
+def resolve_allreduce(choice: str, lossless: bool) -> str:
+    """"ring" or "backend" for an ``allreduce`` choice and whether the codec is lossless; ValueError if invalid."""
+    if choice not in ALLREDUCE_CHOICES:
+        raise ValueError(f"allreduce must be one of {ALLREDUCE_CHOICES}, got {choice!r}")
+    if choice == "auto":
+        return "backend" if lossless else "ring"
+    if choice == "backend" and not lossless:
+        raise ValueError("allreduce='backend' cannot compress on every hop; use 'ring' or 'auto' with a lossy codec")
+    return choice
