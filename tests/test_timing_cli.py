@@ -166,7 +166,7 @@ def test_python_m_entry_point_and_error_exit():
 
 
 def _calibrate_rank(rank, world_size, compressions=("none",), compute=None):
-    from timing_model.benchmarks import run_calibration
+    from timing_model.commands.calibrate import run_calibration
 
     try:
         cal = run_calibration([4096, 1 << 20, 4 << 20], repeats=3, warmup=1, compressions=compressions,

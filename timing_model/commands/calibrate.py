@@ -1,78 +1,56 @@
-"""The ``sweep``, ``calibrate`` and ``validate`` sub-commands of ``pipesgd-timing`` (``predict`` is in ``cli``)."""
+"""``pipesgd-timing calibrate``: measure this cluster under torchrun (``pipesgd.measure``) and fit the model to it
+(``timing_model.fitting``); rank 0 writes the calibration JSON and prints the fits.
+
+torch and the trainer are imported inside the functions only: the rest of the model stays importable without them.
+"""
 from __future__ import annotations
 
 import argparse
-import copy
-import itertools
-import json
+import datetime
 import os
-from dataclasses import asdict, replace
 
-from . import tables
-from .units import format_bandwidth, parse_bytes, parse_list, parse_size_range
+from .. import tables
+from ..calibration import Calibration, Sample, host_terms, write_calibration
+from ..fitting import fit_calibration, host_record, overlap_sizes
+from ..params import CODEC_RATIOS
+from ..units import format_bandwidth, parse_bytes, parse_list, parse_size_range
 
-__all__ = ["add_sweep_parser", "add_calibrate_parser", "add_validate_parser"]
-
-
-# ---------------------------------------------------------------- sweep
-def add_sweep_parser(sub, fmt: dict) -> None:
-    from .cli import _add_scenario_flags
-
-    p = sub.add_parser("sweep", help="Pipe-SGD speedup tables and the winning mode over a grid")
-    _add_scenario_flags(p, sweep=True)
-    p.add_argument("--format", **fmt)
-    p.set_defaults(run=cmd_sweep)
+__all__ = ["add_parser", "run", "run_calibration", "report"]
 
 
-def cmd_sweep(args: argparse.Namespace) -> str:
-    from .cli import SCENARIO_FLAGS, SWEEPABLE, _load_calibration, _modes, _predict, _scenario_fields
-    from .predict import Scenario
+def run_calibration(sizes_bytes: list[int], repeats: int = 20, warmup: int = 5,
+                    compressions: tuple[str, ...] = ("none",), include_ring: bool = True, device: str = "cpu",
+                    compute: dict | None = None, overlap: bool = True, min_fit_bytes: float = 0.0
+                    ) -> Calibration | None:
+    """Measure on every rank (``pipesgd.measure.calibrate``), fit on rank 0; rank 0 returns the ``Calibration``,
+    other ranks ``None``. Call it inside an initialised process group.
 
-    # Step 1: split every sweepable flag into its values; the first value of each goes into the base scenario.
-    raw = {flag: parse_list(getattr(args, flag)) for flag in SWEEPABLE if getattr(args, flag, None) is not None}
-    first = copy.copy(args)
-    for flag, values in raw.items():
-        setattr(first, flag, values[0])
-    base = Scenario(**_scenario_fields(first))
-    axes = {flag: values for flag, values in raw.items() if len(values) > 1}
-    parsed = {flag: [SCENARIO_FLAGS[flag][1](v) for v in values] for flag, values in axes.items()}
-    modes = _modes(args.modes)
-    calibration = _load_calibration(args.calibration)
-    # Step 2: predict every grid point.
-    rows = []
-    for combo in itertools.product(*(range(len(v)) for v in axes.values())):
-        changes = {SCENARIO_FLAGS[flag][0]: parsed[flag][i] for flag, i in zip(axes, combo)}
-        prediction = _predict(replace(base, **changes), modes, calibration)
-        row = {flag.replace("_", "-"): axes[flag][i] for flag, i in zip(axes, combo)}
-        for res in prediction.results:
-            row[f"{res.mode}_s"] = res.iteration_s
-        if "pipe" in modes:
-            for other in modes:
-                if other != "pipe":
-                    row[f"pipe_vs_{other}"] = prediction.speedup("pipe", other)
-        row["winner"] = prediction.winner()
-        rows.append(row)
-    if args.format != "markdown":
-        return tables.render(rows, args.format)
-    # Step 3: markdown: the speedup table, then the "which mode wins here" map.
-    keys = [k.replace("_", "-") for k in axes]
-    speed_cols = keys + [k for k in rows[0] if k.startswith("pipe_vs_")]
-    out = tables.render(rows, "markdown", speed_cols, "Pipe-SGD speedup over each baseline (>1: Pipe-SGD faster)")
-    if len(keys) == 2:
-        first_key, second_key = keys
-        columns = list(dict.fromkeys(r[second_key] for r in rows))
-        pivot = {}
-        for r in rows:
-            pivot.setdefault(r[first_key], {first_key: r[first_key]})[f"{second_key}={r[second_key]}"] = r["winner"]
-        win_cols = [first_key] + [f"{second_key}={c}" for c in columns]
-        out += "\n" + tables.render(list(pivot.values()), "markdown", win_cols, "Which mode wins here")
-    else:
-        out += "\n" + tables.render(rows, "markdown", keys + ["winner"], "Which mode wins here")
-    return out
+    ``compute`` = {'model', 'input_shape', 'num_classes', 'batch_size'[, 'hidden']} also times a trainer model.
+    ``overlap`` also measures κ and κc (needs our ring); the copy rate and hand-off are always measured.
+    ``min_fit_bytes`` leaves smaller all-reduce samples out of the fits (still in the residuals).
+    """
+    from pipesgd.measure.calibrate import measure_calibration  # torch: only when measuring
+
+    measured = measure_calibration(sizes_bytes, repeats, warmup, compressions, include_ring, device, compute,
+                                   overlap, overlap_sizes(sizes_bytes))
+    if measured is None:
+        return None
+    compute_record = None
+    if compute:
+        compute_record = {"model": compute["model"], "batch_size": compute["batch_size"],
+                          "compute_s": measured.compute_s}
+        if compute.get("hidden"):
+            compute_record["hidden"] = compute["hidden"]
+    meta = {"created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "backend": measured.backend, "device": device, "world_size": measured.world_size,
+            "grid": {"nodes": measured.nodes, "sizes_bytes": list(sizes_bytes), "repeats": repeats,
+                     "warmup": warmup, "compressions": list(compressions), "min_fit_bytes": min_fit_bytes},
+            "notes": list(measured.notes)}
+    return fit_calibration([Sample(**s) for s in measured.samples], measured.codecs, measured.feedback,
+                           compute_record, host_record(measured.host), meta, min_fit_bytes)
 
 
-# ---------------------------------------------------------------- calibrate
-def add_calibrate_parser(sub) -> None:
+def add_parser(sub) -> None:
     p = sub.add_parser("calibrate", help="micro-benchmark this cluster (under torchrun) and fit the model")
     p.add_argument("--sizes", default="4KB:64MB", help="message sizes: LOW:HIGH powers of two, or a list")
     p.add_argument("--repeats", type=int, default=20, help="timed calls per point (median; default 20)")
@@ -95,12 +73,10 @@ def add_calibrate_parser(sub) -> None:
     p.add_argument("--no-overlap", action="store_true",
                    help="skip the interference measurement (κ, κc: the allreduce beside a compute load vs alone; "
                         "the load is --model's forward+backward at its gradient size per codec, else a matmul loop)")
-    p.set_defaults(run=cmd_calibrate)
+    p.set_defaults(run=run)
 
 
-def cmd_calibrate(args: argparse.Namespace) -> str | int:
-    from .params import CODEC_RATIOS
-
+def run(args: argparse.Namespace) -> str | int:
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     if world < 2:
         raise ValueError("calibration needs >= 2 ranks (world size is 1): run it under "
@@ -129,9 +105,6 @@ def cmd_calibrate(args: argparse.Namespace) -> str | int:
     import torch
     import torch.distributed as dist
 
-    from .benchmarks import run_calibration
-    from .calibration import write_calibration
-
     backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
     device = args.device
     if device == "cuda":
@@ -155,14 +128,17 @@ def cmd_calibrate(args: argparse.Namespace) -> str | int:
         raise failure
     if cal is None:
         return 0
+    return report(cal, args.out)
+
+
+def report(cal: Calibration, out_path: str) -> str:
+    """The table of fits and the host and codec terms ``calibrate`` prints after writing ``out_path``."""
     rows = [{"collective": name, "overhead_s": f.overhead_s, "latency_s": f.latency_s,
              "bandwidth": format_bandwidth(f.bandwidth_Bps), "bandwidth_Bps": f.bandwidth_Bps,
              "median_abs_rel_err": f.median_abs_rel_err, "max_abs_rel_err": f.max_abs_rel_err,
              "samples": f.n_samples} for name, f in cal.fits.items()]
-    out = tables.render(rows, "markdown", title=f"Calibration written to {args.out}")
+    out = tables.render(rows, "markdown", title=f"Calibration written to {out_path}")
     if cal.host:
-        from .calibration import host_terms
-
         terms = host_terms(cal.host)
         copy = "free" if terms["copy_Bps"] == float("inf") else f"{terms['copy_Bps'] / 1e9:.2f} GB/s"
         by_codec = cal.host.get("comm_slowdown_by_codec") or {}
@@ -175,37 +151,3 @@ def cmd_calibrate(args: argparse.Namespace) -> str | int:
             f"{name} {factor:.2f} at {p} ranks" for name, by_nodes in cal.codec_ring_factors.items()
             for p, factor in by_nodes.items()) + "\n"
     return out
-
-
-# ---------------------------------------------------------------- validate
-def add_validate_parser(sub, fmt: dict) -> None:
-    p = sub.add_parser("validate", help="predicted vs measured iteration time of real runs")
-    p.add_argument("metrics", nargs="+", help="metrics JSONL files of pipesgd-train runs (RUN.jsonl, RUN.rankN.jsonl)")
-    p.add_argument("--calibration", required=True, help="calibration JSON written by `calibrate`")
-    p.add_argument("--skip", type=int, default=3, help="warm-up steps to drop per run (default 3)")
-    p.add_argument("--ddp-own-compute", action="store_true",
-                   help="predict ddp runs from their own t_compute (which holds DDP's allreduce) instead of the "
-                        "compute of an uncompressed sync run of the same configuration in the same folder")
-    p.add_argument("--format", **fmt)
-    p.set_defaults(run=cmd_validate)
-
-
-def cmd_validate(args: argparse.Namespace) -> str:
-    from .calibration import read_calibration
-    from .validation import read_runs, summarise, validate_runs
-
-    if args.skip < 0:
-        raise ValueError("--skip must be >= 0")
-    calibration = read_calibration(args.calibration)
-    checks = validate_runs(read_runs(args.metrics, args.skip), calibration, pair_ddp=not args.ddp_own_compute)
-    rows = [asdict(c) for c in checks]
-    summary = summarise(checks)
-    if args.format == "json":
-        return json.dumps({"runs": rows, "summary": summary}, indent=2) + "\n"
-    if args.format == "csv":
-        extra = [{"run": "(median |error|)", "error": summary["median_abs_error"]},
-                 {"run": "(max |error|)", "error": summary["max_abs_error"]}]
-        return tables.render(rows + extra, "csv")
-    return (tables.render(rows, "markdown", title="Predicted vs measured median iteration time")
-            + f"\nruns: {summary['runs']}, median |error|: {100 * summary['median_abs_error']:.2f} %, "
-              f"max |error|: {100 * summary['max_abs_error']:.2f} %\n")

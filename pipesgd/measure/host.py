@@ -1,0 +1,125 @@
+"""What the host adds around the all-reduce: interference between the all-reduce and compute, the gradient
+pack/unpack copy rate and the thread hand-off. Every rank must call these; each value is the slowest rank's median.
+
+These return raw timings; the model's terms (κ, κc, copy rate, hand-off) are derived from them by the pure
+``timing_model.fitting.host_record``.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from pipesgd.comm_worker import CommWorker
+from pipesgd.measure.allreduce import trainer_collective
+from pipesgd.measure.compute import Load, matmul_load, model_load
+from pipesgd.measure.timing import median_of_slowest, time_calls
+from pipesgd.ring import ring_allreduce
+
+__all__ = ["measure_overlap", "measure_copy", "measure_handoff", "measure_host"]
+
+
+def measure_overlap(sizes_bytes: list[int], repeats: int = 10, warmup: int = 2, device: str = "cpu",
+                    load: Load | None = None, compressions: tuple[str, ...] = ("none",)) -> dict:
+    """Interference between the gradient all-reduce and compute.
+
+    As in the trainer, the all-reduce (``trainer_collective``) runs on the background communication thread and
+    the compute on the main thread: ``load`` = (call, label), by default a matmul loop; ``calibrate --model``
+    passes the model's own forward + backward (``model_load``), which loads the cores as training does.
+    Per compression and size:
+      Step 1: all-reduce alone: warm-up, barrier, ``repeats`` timed calls on the worker thread.
+      Step 2: all-reduce together: the same while the main thread runs the load, each call timed.
+      Step 3: load alone (once, first): ``max(20, repeats)`` timed calls on the main thread.
+    Returns {'load': label, 'overlap': rows with ring_alone_s, ring_together_s, load_alone_s, load_together_s per
+    (compression, n_bytes), 'handoff_ring_s': hand-off around a ring job (first compression)}.
+    """
+    compute, label = load or matmul_load(device)
+
+    def collectives(tensor, collective) -> list[float]:
+        return time_calls(lambda: collective(tensor), repeats, warmup, device, before=dist.barrier)
+
+    for _ in range(3):  # Step 3
+        compute()
+    dist.barrier()
+    load_alone = median_of_slowest([compute() for _ in range(max(20, repeats))], device=device)
+    worker = CommWorker(device)
+    rows, handoff = [], []
+    try:
+        for compression in compressions:
+            collective = trainer_collective(compression)
+            for n_bytes in sizes_bytes:
+                tensor = torch.ones(max(1, n_bytes // 4), dtype=torch.float32, device=device)
+                alone = worker.submit(collectives, tensor, collective).wait()  # Step 1
+                if compression == compressions[0]:
+                    handoff.extend(_handoff_gaps(worker, tensor, repeats))
+                dist.barrier()
+                work = worker.submit(collectives, tensor, collective)  # Step 2
+                load_times = []
+                while not work.is_completed():
+                    load_times.append(compute())
+                together = work.wait()
+                rows.append({"compression": compression, "n_bytes": float(tensor.numel() * 4),
+                             "ring_alone_s": median_of_slowest(alone, device=device),
+                             "ring_together_s": median_of_slowest(together, device=device),
+                             "load_alone_s": load_alone,
+                             "load_together_s": median_of_slowest(load_times or [load_alone], device=device)})
+                dist.barrier()
+    finally:
+        worker.close()
+    return {"load": label, "overlap": rows,
+            "handoff_ring_s": median_of_slowest(handoff, device=device) if handoff else None}
+
+
+def _handoff_gaps(worker: CommWorker, tensor: torch.Tensor, repeats: int) -> list[float]:
+    """Per ring job: (submit → wait returns) − the job's own busy time, i.e. the thread hand-off latency the
+    trainer's ``step()`` pays around each ring on this (possibly oversubscribed) host."""
+    gaps = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        work = worker.submit(ring_allreduce, tensor, "none", "mean")
+        work.wait()
+        gaps.append(max(0.0, time.perf_counter() - start - work.busy_s))
+    return gaps
+
+
+def measure_copy(sizes_bytes: list[int], repeats: int = 20, device: str = "cpu") -> dict:
+    """Gradient pack/unpack copy: {'copy': rows of n_bytes and the slowest rank's median seconds of
+    ``dst.copy_(src)`` on fp32 tensors of each size}, all ranks timing at once."""
+    rows = []
+    for n_bytes in sizes_bytes:
+        src = torch.ones(max(1, n_bytes // 4), device=device)
+        dst = torch.empty_like(src)
+        times = time_calls(lambda: dst.copy_(src), repeats, warmup=3, device=device, before=dist.barrier)
+        rows.append({"n_bytes": float(src.numel() * 4), "seconds": median_of_slowest(times, device=device)})
+    return {"copy": rows}
+
+
+def measure_handoff(repeats: int = 50, device: str = "cpu") -> float:
+    """Thread hand-off: slowest rank's median seconds to submit a no-op to the communication worker and wait
+    for its result (host work only: the device is not synchronised)."""
+    worker = CommWorker(device)
+    try:
+        times = time_calls(lambda: worker.submit(lambda: None).wait(), repeats, warmup=5, device=None)
+    finally:
+        worker.close()
+    return median_of_slowest(times, device=device)
+
+
+def measure_host(sizes_bytes: list[int], overlap_sizes_bytes: list[int], repeats: int, warmup: int, device: str,
+                 overlap: bool, compute: dict | None = None, compressions: tuple[str, ...] = ("none",)) -> dict:
+    """The raw host timings of a calibration: interference (if ``overlap``), copy and hand-off.
+
+    With a ``compute`` model the interference probe loads the cores with that model's forward + backward and
+    reduces its own gradient size with each of ``compressions``, as a training step would; without one it runs
+    the matmul load beside uncompressed all-reduces of ``overlap_sizes_bytes``."""
+    host: dict = {}
+    if overlap and compute:
+        call, label, n_bytes = model_load(compute, device)
+        # one size per codec, so afford more calls: scheduling on shared cores makes each one noisy
+        host.update(measure_overlap([n_bytes], max(repeats, 30), warmup, device, (call, label), compressions))
+    elif overlap:
+        host.update(measure_overlap(overlap_sizes_bytes, repeats, warmup, device))
+    host.update(measure_copy(sizes_bytes, max(repeats, 10), device))
+    host["handoff_noop_s"] = measure_handoff(device=device)
+    return host

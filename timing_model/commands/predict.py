@@ -1,0 +1,35 @@
+"""``pipesgd-timing predict``: iteration time and its breakdown for every mode of one scenario."""
+from __future__ import annotations
+
+import argparse
+
+from .. import tables
+from ..predict import Scenario
+from .flags import FORMAT_FLAG, SWEEPABLE, add_scenario_flags, load_calibration, parse_modes, predict_modes, scenario_fields
+
+__all__ = ["PREDICT_COLUMNS", "add_parser", "run"]
+
+# markdown columns, in reading order (csv and json carry every field of ModeResult)
+PREDICT_COLUMNS = ["mode", "iteration_s", "compute_s", "straggler_s", "interference_s", "update_s",
+                   "handoff_s", "exposed_comm_s", "codec_s", "hidden_comm_s", "throughput_it_s", "speedup_vs_sync",
+                   "speedup_vs_one", "staleness", "regime"]
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("predict", help="iteration time and breakdown of every mode")
+    add_scenario_flags(p, sweep=False)
+    p.add_argument("--format", **FORMAT_FLAG)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> str:
+    for flag in SWEEPABLE:
+        value = getattr(args, flag, None)
+        if value is not None and "," in value:
+            raise ValueError(f"--{flag.replace('_', '-')} {value!r}: predict takes one value; use `sweep` for lists")
+    scenario = Scenario(**scenario_fields(args))
+    prediction = predict_modes(scenario, parse_modes(args.modes), load_calibration(args.calibration))
+    rows = prediction.rows()
+    if args.format == "markdown":
+        return tables.render(rows, "markdown", PREDICT_COLUMNS)
+    return tables.render(rows, args.format)
