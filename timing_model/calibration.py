@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from pipesgd.defaults import resolve_allreduce
+
 from . import collectives
 
 __all__ = ["SCHEMA", "Sample", "Fit", "Calibration", "fit_collective", "fit_codec_in_ring", "residual_table",
@@ -311,7 +313,7 @@ class Calibration:
         """Our ring serves sync and pipe with a codec on every hop; the backend's all_reduce serves
         uncompressed sync and pipe (PipeSGD's default fast path, ``allreduce="auto"``), ddp and the
         parameter server."""
-        ours = mode in ("sync", "pipe") and compression != "none"
+        ours = mode in ("sync", "pipe") and resolve_allreduce("auto", lossless=compression == "none") == "ring"
         order = ("ring", "backend") if ours else ("backend", "ring")
         for name in order:
             if name in self.fits:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pipesgd.defaults import BUCKET_MB, QUANT_BLOCK_SIZE
+
 __all__ = [
     "ClusterParams",
     "ComputeParams",
@@ -18,12 +20,14 @@ __all__ = [
     "COLLECTIVES",
     "build_codec",
     "QUANT_BLOCK",
+    "BUCKET_BYTES",
 ]
 
 COLLECTIVES = ("ring", "rabenseifner", "recursive-doubling", "tree")
-QUANT_BLOCK = 4096  # elements per fp32 scale in the q8/q4/sign payloads (pipesgd.compression)
+QUANT_BLOCK = QUANT_BLOCK_SIZE  # elements per fp32 scale in the q8/q4/sign payloads (owner: pipesgd.defaults)
+BUCKET_BYTES = BUCKET_MB * 2**20  # the trainer's default bytes per bucket (owner: pipesgd.defaults)
 
-# Raw fp32 bytes over payload bytes: 32/bits, less one fp32 scale per 4096-element block.
+# Raw fp32 bytes over payload bytes: 32/bits, less one fp32 scale per QUANT_BLOCK-element block.
 CODEC_RATIOS = {
     "none": 1.0,
     "fp16": 2.0,
@@ -139,7 +143,7 @@ class ScheduleParams:
 
     width: int = 2  # K, Pipe-SGD pipeline width (1 = synchronous)
     overlap_fraction: float = 0.5  # φ, fraction of backward during which DDP buckets may communicate
-    bucket_bytes: float = 25 * 2**20  # bytes per bucket; each bucket is one collective call (0: one bucket)
+    bucket_bytes: float = BUCKET_BYTES  # bytes per bucket; each bucket is one collective call (0: one bucket)
 
     def __post_init__(self) -> None:
         _check(isinstance(self.width, int) and self.width >= 1, f"width must be an integer >= 1, got {self.width!r}")

@@ -11,7 +11,8 @@ import math
 from dataclasses import dataclass, fields, replace
 
 from .modes import MODES, ModeResult, predict_mode
-from .params import ClusterParams, CodecParams, ComputeParams, ScheduleParams, ServerParams, build_codec
+from .params import (BUCKET_BYTES, ClusterParams, CodecParams, ComputeParams, ScheduleParams, ServerParams,
+                     build_codec)
 
 __all__ = ["Scenario", "Prediction", "predict", "sweep", "SWEEP_AXES"]
 
@@ -47,7 +48,7 @@ class Scenario:
     # schedule
     width: int = 2  # Pipe-SGD pipeline width
     overlap_fraction: float = 0.5  # DDP: fraction of backward that buckets overlap
-    bucket_bytes: float = 25 * 2**20  # bytes per collective call
+    bucket_bytes: float = BUCKET_BYTES  # bytes per collective call
     # parameter server
     servers: int = 1  # parameter-server shards
     server_bandwidth_Bps: float = 0.0  # 0: same as the worker link

@@ -29,9 +29,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import statistics
 from dataclasses import dataclass, replace
+
+from pipesgd.run_files import run_name
 
 from .calibration import Calibration, host_terms
 from .modes import MODES, ModeResult
@@ -40,9 +41,6 @@ from .predict import Scenario, predict
 
 __all__ = ["RunRecord", "RunCheck", "read_runs", "calibrated_scenario", "scenario_for", "predict_run",
            "compute_overrides", "validate_runs", "summarise", "COMPUTE_KEYS"]
-
-_RANK_SUFFIX = re.compile(r"\.rank\d+(?=\.[^.]*$|$)")
-
 
 @dataclass(frozen=True, slots=True)
 class RunRecord:
@@ -123,7 +121,7 @@ def read_runs(paths: list[str], skip: int = 3) -> list[RunRecord]:
     """Group files into runs and reduce each to slowest-rank step timings."""
     groups: dict[str, list[str]] = {}
     for path in paths:
-        groups.setdefault(_RANK_SUFFIX.sub("", path), []).append(path)
+        groups.setdefault(run_name(path), []).append(path)
     runs = []
     for name, files in groups.items():
         config: dict = {}
