@@ -15,80 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 
 from pipesgd.atomic import write_text_atomic
+from pipesgd.bench.speed import run_variant, speed_table
+from pipesgd.bench.variants import ACCURACY_VARIANTS, SPEED_VARIANTS
 from pipesgd.cluster.cluster import Cluster
 from pipesgd.cluster.netns import ClusterError
 from pipesgd.cluster.units import parse_bandwidth
 from pipesgd.results import load_run
-
-SPEED_VARIANTS = {  # name: trainer flags
-    "sync": ["--mode", "sync"],
-    "pipe": ["--mode", "pipe", "--width", "2"],
-    "pipe+bf16": ["--mode", "pipe", "--width", "2", "--compression", "bf16"],
-    "pipe+q8": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback"],
-    "ddp": ["--mode", "ddp"],
-    "ddp+fp16": ["--mode", "ddp", "--ddp-hook", "fp16"],
-}
-ACCURACY_VARIANTS = ("sync", "pipe", "pipe+bf16", "pipe+q8", "ddp", "ddp+fp16")
-
-
-def run_variant(cluster: Cluster, name: str, flags: list[str], extra: list[str], out_dir: str,
-                timeout_s: float, log) -> str:
-    metrics = os.path.join(out_dir, f"{name}.jsonl")
-    argv = ["pipesgd-train", *flags, *extra, "--metrics", metrics]
-    print(f"[bench] {name}: {' '.join(argv)}", file=sys.stderr, flush=True)
-    rc = cluster.run(argv, timeout_s=timeout_s, out=log, err=log)
-    if rc != 0:
-        raise RuntimeError(f"variant {name} failed with exit code {rc}; see {log.name}")
-    return metrics
-
-
-def speed_table(runs: dict, skip: int) -> tuple[str, dict]:
-    sync = runs["sync"]
-    compute_only = sync.median("t_compute", skip)
-    exposed = [i - c - u for i, c, u in zip(sync.per_step("t_iter", skip), sync.per_step("t_compute", skip),
-                                            sync.per_step("t_update", skip))]
-    allreduce_only = sorted(exposed)[len(exposed) // 2]
-    t_iter = {name: run.median("t_iter", skip) for name, run in runs.items()}
-    cores = os.cpu_count() or 1
-    lines = ["| variant | ms / iteration | compute ms | blocked on comm ms | MB sent / rank / iter | CPU busy "
-             "| vs ddp | vs ddp+fp16 |", "|---|---|---|---|---|---|---|---|"]
-    cpu_busy = {}
-    for name, seconds in t_iter.items():
-        run = runs[name]
-        sent = run.median("bytes_sent", skip) / 1e6
-        cpu = run.per_step("t_cpu", skip, over_ranks=sum)
-        if cpu:  # all ranks' CPU seconds per step over what the machine's cores offer in that step
-            cpu_busy[name] = statistics.median(c / (cores * t) for c, t in zip(cpu, run.per_step("t_iter", skip)))
-        busy = f"{100 * cpu_busy[name]:.0f} %" if name in cpu_busy else "-"
-        lines.append(f"| {name} | {seconds * 1e3:.1f} | {run.median('t_compute', skip) * 1e3:.1f} "
-                     f"| {run.median('t_wait', skip) * 1e3:.1f} | {sent:.2f} | {busy} | {t_iter['ddp'] / seconds:.2f}x "
-                     f"| {t_iter['ddp+fp16'] / seconds:.2f}x |")
-    lines += ["", "compute ms is forward + backward measured inside each run (for ddp it includes DDP's "
-              "allreduce, which runs inside backward); it grows when communication shares the cores. CPU busy is "
-              f"the CPU time all ranks' processes used per step over what the {cores} cores offer in that time "
-              "(kernel network work done outside those processes is not in it)."]
-    bound = max(compute_only, allreduce_only)
-    lines += ["", f"compute only {compute_only * 1e3:.1f} ms, allreduce only {allreduce_only * 1e3:.1f} ms "
-              f"(from the sync run); pipe / max(compute, allreduce) = {t_iter['pipe'] / bound:.3f}",
-              f"pipe+bf16 is {t_iter['ddp'] / t_iter['pipe+bf16']:.2f}x faster than ddp; "
-              f"pipe+q8 is {t_iter['ddp+fp16'] / t_iter['pipe+q8']:.2f}x faster than ddp+fp16"]
-    # No variant computes faster than the sync run's compute phase (all nodes computing at once, nothing else
-    # running), so ddp / compute-only caps any speed-up over ddp that overlap or compression can give here.
-    ceiling = {"vs_ddp": t_iter["ddp"] / compute_only, "vs_ddp_fp16": t_iter["ddp+fp16"] / compute_only}
-    nodes = runs["sync"].config.get("world_size", "?")
-    lines += [f"ceiling on this machine ({nodes} nodes on {cores} cores): no variant beats compute only, "
-              f"so at best {ceiling['vs_ddp']:.2f}x faster than ddp and {ceiling['vs_ddp_fp16']:.2f}x faster than "
-              f"ddp+fp16"]
-    figures = {"t_iter_s": t_iter, "compute_only_s": compute_only, "allreduce_only_s": allreduce_only,
-               "pipe_over_bound": t_iter["pipe"] / bound, "ceiling": ceiling, "cpu_count": cores,
-               "cpu_busy": cpu_busy}
-    return "\n".join(lines), figures
-
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -137,8 +73,8 @@ def main() -> int:
                 open(log_path, "w") as log:
             throughput = cluster.measure()
             report.append(f"measured TCP throughput node0->node1: {throughput.summary()}")
-            runs = {name: load_run(run_variant(cluster, name, flags, speed, speed_dir, args.timeout, log))
-                    for name, flags in SPEED_VARIANTS.items()}
+            runs = {name: load_run(run_variant(cluster, name, speed, speed_dir, args.timeout, log))
+                    for name in SPEED_VARIANTS}
             params = runs["pipe"].config.get("params")
             report += ["", f"## Speed: MLP {params:,} parameters, batch {args.batch_size}/worker, "
                        f"{args.steps} steps, median after step {args.warmup_steps + 2}"]
@@ -153,8 +89,7 @@ def main() -> int:
                 accuracies = {}
                 for name in ACCURACY_VARIANTS:
                     try:
-                        path = run_variant(cluster, name, SPEED_VARIANTS[name], common, accuracy_dir,
-                                           args.timeout, log)
+                        path = run_variant(cluster, name, common, accuracy_dir, args.timeout, log)
                         accuracies[name] = load_run(path).final_accuracy
                         report.append(f"| {name} | {100 * accuracies[name]:.1f} % |")
                     except RuntimeError as error:  # one failed run is reported, the others still count

@@ -10,8 +10,6 @@ the time measured here; inside `pipesgd-cluster up --bandwidth 1gbit` pass --lin
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.distributed as dist
@@ -21,37 +19,16 @@ from pipesgd import PipeSGD
 from pipesgd.compression import build
 from pipesgd.compression.throughput import measure_codec_gbps
 from pipesgd.launch import run_on_ranks
+from pipesgd.measure import time_collective
 from pipesgd.ring import RingTopology, ring_allreduce_
 
 CODECS = ("none", "fp16", "bf16", "q8", "q4", "sign")
-
-
-def slowest(value: float) -> float:
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t)
-
-
 DEVICE = torch.device("cpu")
 
 
-def synchronize() -> None:
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize(DEVICE)
-
-
 def median_time(call, repeats: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        call()
-    synchronize()
-    dist.barrier()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        synchronize()
-        times.append(time.perf_counter() - start)
-    return slowest(statistics.median(times))
+    """The slowest rank's median seconds of ``call`` (``pipesgd.measure.time_collective``)."""
+    return time_collective(call, repeats, warmup, device=DEVICE)
 
 
 def bench_collectives(rank: int, world: int, sizes: list[int], repeats: int) -> None:
