@@ -15,7 +15,7 @@ from ..fitting import fit_calibration, host_record, overlap_sizes
 from ..params import CODEC_RATIOS
 from ..units import format_bandwidth, parse_bytes, parse_list, parse_size_range
 
-__all__ = ["add_parser", "run", "run_calibration", "report"]
+__all__ = ["add_parser", "run", "run_calibration", "calibration_from", "report"]
 
 
 def run_calibration(sizes_bytes: list[int], repeats: int = 20, warmup: int = 5,
@@ -35,6 +35,13 @@ def run_calibration(sizes_bytes: list[int], repeats: int = 20, warmup: int = 5,
                                    overlap, overlap_sizes(sizes_bytes))
     if measured is None:
         return None
+    return calibration_from(measured, sizes_bytes, repeats, warmup, compressions, device, compute, min_fit_bytes)
+
+
+def calibration_from(measured, sizes_bytes: list[int], repeats: int, warmup: int, compressions: tuple[str, ...],
+                     device: str, compute: dict | None, min_fit_bytes: float = 0.0) -> Calibration:
+    """Rank 0's ``CalibrationMeasurements`` (``pipesgd.measure.calibrate``) fitted into a ``Calibration``, with the
+    grid it was measured on recorded in ``meta``; ``ValueError`` when no all-reduce could be fitted."""
     compute_record = None
     if compute:
         compute_record = {"model": compute["model"], "batch_size": compute["batch_size"],
