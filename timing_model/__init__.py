@@ -2,7 +2,9 @@
 in latency, bandwidth, cluster size and compute time; calibrated on a real cluster and validated on real runs.
 
 Pure functions of frozen parameter records (``params``); α-β-γ collective costs (``collectives``) and mode
-equations (``formulas``) carry the paper's symbols; ``predict`` returns named breakdowns per mode.
+equations (``formulas``) carry the paper's symbols; ``predict`` returns named breakdowns per mode; ``calibration``
+and ``fitting`` fit measured timings (taken by ``pipesgd.measure``); ``cli`` and ``commands`` are the command line.
+Nothing here imports torch.
 """
 from timing_model.calibration import Calibration, Fit, Sample, fit_collective, read_calibration, write_calibration
 from timing_model.modes import MODES, ModeResult, predict_mode
