@@ -10,6 +10,10 @@ So ``w_{t+1} = w_t - lr * mean_i(g^i_{t-K+1})``: K = 1 is synchronous AllReduce 
 Every gradient is applied exactly once: during the K-1 steps after warm-up the pipeline fills and
 ``step()`` applies nothing; ``flush()`` applies the last K-1 at the end.
 
+Data path, one module per stage: ``buckets`` (pack) -> ``compression`` (codec; error feedback) -> ``ring`` over
+``topology``, run per step by ``exchange`` on the ``channel``'s worker -> ``pipeline`` (which step is due)
+-> this wrapper (apply) -> the wrapped torch optimizer. ``options`` validates what the wrapper is asked.
+
 Warm-up default (``pipesgd.defaults.WARMUP_STEPS``): a few synchronous steps first, where staleness hurts
 most; pass 0 for a pure pipeline from the first step. Options are validated by ``PipeSGDOptions``.
 """
