@@ -1,4 +1,6 @@
-"""The background communication worker: one thread per process that runs rings while the caller computes.
+"""The background communication worker: a thread that runs rings while the caller computes.
+
+Inside pipesgd, rings reach it through a ``pipesgd.channel.RingChannel`` (one worker per channel).
 
 On CPU it is just a thread. On CUDA the thread also owns a side stream: a job first makes the side stream
 wait for an event recorded on the caller's stream when the job was submitted (the gradients are ready),
@@ -57,6 +59,10 @@ class CommWorker:
         self._jobs.put((fn, args, work, ready))
         return work
 
+    def is_alive(self) -> bool:
+        """False once ``close()`` has stopped the thread."""
+        return self._thread.is_alive()
+
     def close(self) -> None:
         """Finish queued jobs, then stop the thread."""
         if self._thread.is_alive():
@@ -87,17 +93,3 @@ class CommWorker:
                 work.set_result(result)
             except BaseException as error:  # noqa: BLE001 - handed to the waiting caller
                 work.set_error(error)
-
-
-_default_workers: dict[torch.device, CommWorker] = {}
-_default_lock = threading.Lock()
-
-
-def default_worker(device: torch.device | str) -> CommWorker:
-    """The process-wide worker for ``ring_allreduce(async_op=True)`` on ``device``."""
-    device = torch.device(device)
-    with _default_lock:
-        worker = _default_workers.get(device)
-        if worker is None or not worker._thread.is_alive():
-            worker = _default_workers[device] = CommWorker(device)
-        return worker

@@ -2,62 +2,44 @@
 
 Each ``step()``:
   Step 1: copy this step's gradients into flat buckets (the next backward may overwrite ``p.grad``).
-  Step 2: hand the buckets to the background ring (a thread; on CUDA a side stream too).
-  Step 3: if K steps are in flight (1 during warm-up), wait for the oldest, write its averaged gradient
-          into ``p.grad`` and run the wrapped optimizer on it.
+  Step 2: hand the buckets to the background ring (``channel`` + ``exchange``: a thread; on CUDA a side
+          stream too) and its handle to the pipeline (``pipeline``).
+  Step 3: if the pipeline says a step is due (K in flight, 1 during warm-up), wait for it, write its averaged
+          gradient into ``p.grad`` and run the wrapped optimizer on it (a non-finite one raises or is skipped).
 So ``w_{t+1} = w_t - lr * mean_i(g^i_{t-K+1})``: K = 1 is synchronous AllReduce SGD, K = 2 is Pipe-SGD.
 Every gradient is applied exactly once: during the K-1 steps after warm-up the pipeline fills and
 ``step()`` applies nothing; ``flush()`` applies the last K-1 at the end.
 
-Warm-up default (``DEFAULT_WARMUP_STEPS`` = 10): staleness hurts most in the first steps, where the loss and
-gradients change fastest (SAPipe and ChainerMN report accuracy loss from 1-stale gradients); a few
-synchronous steps cost a few iterations of exposed communication and nothing else. Pass 0 for a pure
-pipeline from the first step.
+Data path, one module per stage: ``buckets`` (pack) -> ``compression`` (codec; error feedback) -> ``ring`` over
+``topology``, run per step by ``exchange`` on the ``channel``'s worker -> ``pipeline`` (which step is due)
+-> this wrapper (apply) -> the wrapped torch optimizer. ``options`` validates what the wrapper is asked.
+
+Warm-up default (``pipesgd.defaults.WARMUP_STEPS``): a few synchronous steps first, where staleness hurts
+most; pass 0 for a pure pipeline from the first step. Options are validated by ``PipeSGDOptions``.
 """
 from __future__ import annotations
 
 import time
-from collections import deque
-from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from pipesgd.accounting import StepStats
-from pipesgd.buckets import Bucket, build_buckets, layout_signature, pack_gradients, unpack_to_gradients
-from pipesgd.comm_worker import CommWorker
-from pipesgd.compression import ErrorFeedback, build
-from pipesgd.finite import all_finite
-from pipesgd.handles import CompletedWork, Work
+from pipesgd.buckets import build_buckets, layout_signature, pack_gradients, unpack_to_gradients
+from pipesgd.channel import open_private_channel
+from pipesgd.compression import ErrorFeedback, codec_state, load_codec_state
+from pipesgd.defaults import BUCKET_MB, WARMUP_STEPS
+from pipesgd.exchange import ExchangeResult, GradientExchange
+from pipesgd.handles import CompletedWork
+from pipesgd.options import PipeSGDOptions
+from pipesgd.pipeline import InFlight, Pipeline
 from pipesgd.replica_check import check_replicas
-from pipesgd.ring import RingReport, RingTopology, backend_allreduce_, ring_allreduce_
 
-DEFAULT_WARMUP_STEPS = 10
-_NONFINITE_POLICIES = ("raise", "skip")
-# "auto": the backend's own all_reduce for the lossless codec (its C++ ring has no per-hop Python round trip,
-# which dominates small buckets), our ring whenever a codec must run on every hop.
-_ALLREDUCE_CHOICES = ("auto", "ring", "backend")
+DEFAULT_WARMUP_STEPS = WARMUP_STEPS  # an alias: pipesgd.defaults owns the number
 
 
 class NonFiniteGradientError(FloatingPointError):
     """The averaged gradient of a step holds NaN or Inf."""
-
-
-@dataclass(slots=True)
-class _RingResult:
-    """What the background worker hands back for one step's gradients."""
-
-    buckets: list[torch.Tensor]
-    report: RingReport
-    finite: bool
-    residual_norm: float | None
-
-
-@dataclass(slots=True)
-class _InFlight:
-    step: int
-    handle: Work[_RingResult]
 
 
 class PipeSGD:
@@ -73,8 +55,8 @@ class PipeSGD:
         width: int = 2,
         compression: str = "none",
         error_feedback: bool = False,
-        bucket_mb: float = 25.0,
-        warmup_steps: int = DEFAULT_WARMUP_STEPS,
+        bucket_mb: float = BUCKET_MB,
+        warmup_steps: int = WARMUP_STEPS,
         process_group: dist.ProcessGroup | None = None,
         nonfinite: str = "raise",
         check_replicas_every: int = 0,
@@ -84,53 +66,30 @@ class PipeSGD:
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"PipeSGD wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        if not isinstance(width, int) or width < 1:
-            raise ValueError(f"width must be an integer >= 1, got {width!r}")
-        if not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
-        if nonfinite not in _NONFINITE_POLICIES:
-            raise ValueError(f"nonfinite must be one of {_NONFINITE_POLICIES}, got {nonfinite!r}")
-        if not bucket_mb > 0:
-            raise ValueError(f"bucket_mb must be positive, got {bucket_mb!r}")
-        if timeout_s is not None and not timeout_s > 0:
-            raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
-        if allreduce not in _ALLREDUCE_CHOICES:
-            raise ValueError(f"allreduce must be one of {_ALLREDUCE_CHOICES}, got {allreduce!r}")
-        if check_replicas_every < 0:
-            raise ValueError(f"check_replicas_every must be >= 0, got {check_replicas_every!r}")
-        options = dict(compression_options or {})
-        if options.get("stochastic"):
-            # Independent rounding noise per rank, or the errors of all ranks would add up coherently.
-            rank = dist.get_rank() if dist.is_initialized() else 0
-            options["seed"] = int(options.get("seed", 0)) + 1_000_003 * rank
-        compressor = build(compression, **options)
-        if compression == "sign" and not error_feedback:
-            raise ValueError("compression='sign' needs error_feedback=True (1-bit SGD diverges without it)")
+        self.options = PipeSGDOptions(
+            width=width, warmup_steps=warmup_steps, compression=compression,
+            compression_options=compression_options or {}, error_feedback=error_feedback, bucket_mb=bucket_mb,
+            allreduce=allreduce, timeout_s=timeout_s, nonfinite=nonfinite, check_replicas_every=check_replicas_every,
+        )
         self.optimizer = optimizer
-        self.width = width
-        self.warmup_steps = warmup_steps
-        self.compression = compression
-        self.nonfinite = nonfinite
-        self.check_replicas_every = check_replicas_every
-        self._compressor = compressor
-        if allreduce == "backend" and not compressor.lossless:
-            raise ValueError(f"allreduce='backend' cannot compress on every hop; use 'ring' or 'auto' with {compression!r}")
-        self.allreduce = allreduce if allreduce != "auto" else ("backend" if compressor.lossless else "ring")
-        self._feedback = ErrorFeedback(compressor) if error_feedback else None
+        # What travels: the optimizer's trainable parameters, packed into flat buckets.
         self._params, self._names = _communicated_params(optimizer, model_or_params)
         self._param_ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        self._buckets: list[Bucket] = build_buckets(self._params, int(bucket_mb * 2**20))
+        self._buckets = build_buckets(self._params, self.options.bucket_bytes)
         self._free_buffers: list[list[torch.Tensor]] = []
-        self._in_flight: deque[_InFlight] = deque()
+        # How it travels: a private group with its own worker, one codec seeded for this rank.
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        compressor = self.options.build_compressor(rank)
+        device = self._params[0].device if self._params else torch.device("cpu")
+        self._user_group = process_group
+        self._channel = open_private_channel(process_group, device, timeout_s)
+        self._exchange = GradientExchange(self._channel.topology, compressor, self.options.allreduce_for(compressor),
+                                          ErrorFeedback(compressor) if error_feedback else None)
+        # When it is applied.
+        self._pipeline: Pipeline[ExchangeResult] = Pipeline(width, warmup_steps)
         self._step = 0
         self._fresh_grads = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._mark_fresh) for p in self._params]
-        # Step 0: a private clone of the group for the ring, so collectives the caller issues on its own
-        # group (metrics, replica checks) can never interleave with the background thread's traffic.
-        self._user_group = process_group
-        self._topology = RingTopology(_private_group(process_group, timeout_s))
-        device = self._params[0].device if self._params else torch.device("cpu")
-        self._worker = CommWorker(device) if self._topology.size > 1 else None
         self.last_stats = StepStats(step=-1, applied_step=None)
 
     # ----------------------------------------------------------------------------------------- public
@@ -139,13 +98,30 @@ class PipeSGD:
         return self.optimizer.param_groups
 
     @property
+    def width(self) -> int:
+        return self.options.width
+
+    @property
+    def warmup_steps(self) -> int:
+        return self.options.warmup_steps
+
+    @property
+    def compression(self) -> str:
+        return self.options.compression
+
+    @property
+    def allreduce(self) -> str:
+        """The all-reduce that runs the buckets, "ring" or "backend" ("auto" resolved)."""
+        return self._exchange.allreduce
+
+    @property
     def world_size(self) -> int:
-        return self._topology.size
+        return self._channel.size
 
     @property
     def in_flight(self) -> int:
         """How many steps' gradients are handed off and not yet applied."""
-        return len(self._in_flight)
+        return len(self._pipeline)
 
     def step(self) -> StepStats:
         """Hand this step's gradients to the ring; apply the averaged gradient of step t-K+1 if due."""
@@ -157,15 +133,14 @@ class PipeSGD:
             pack_gradients(bucket, self._params, out)
         self._fresh_grads = False
         # Step 2: hand off.
-        self._in_flight.append(_InFlight(t, self._submit(buffers, t)))
+        self._pipeline.submit(t, self._channel.submit(self._exchange, buffers))
         # Step 3: apply the oldest when the pipeline is full (depth 1 during warm-up).
-        depth = 1 if t < self.warmup_steps else self.width
-        stats = StepStats(step=t, applied_step=None)
-        if len(self._in_flight) >= depth:
-            stats = self._apply(self._in_flight.popleft(), t)
+        due = self._pipeline.pop_due(t)
+        stats = self._apply(due, t) if due is not None else StepStats(step=t, applied_step=None)
         self._step += 1
         self.last_stats = stats
-        if self.check_replicas_every and self._step % self.check_replicas_every == 0:
+        every = self.options.check_replicas_every
+        if every and self._step % every == 0:
             self.check_replicas()
         return stats
 
@@ -179,9 +154,7 @@ class PipeSGD:
 
     def flush(self) -> list[StepStats]:
         """Wait for every in-flight step and apply it, oldest first, so no gradient is lost."""
-        applied = []
-        while self._in_flight:
-            applied.append(self._apply(self._in_flight.popleft(), self._step))
+        applied = [self._apply(entry, self._step) for entry in self._pipeline.flush()]
         if applied:
             self.last_stats = applied[-1]
         return applied
@@ -192,22 +165,22 @@ class PipeSGD:
 
     def close(self) -> None:
         """Stop the background worker (after flush); the wrapper cannot step afterwards."""
-        if self._worker is not None:
-            self._worker.close()
+        self._channel.close()
         for hook in self._hooks:
             hook.remove()
 
     def state_dict(self) -> dict:
-        """Inner optimizer state, averaged gradients still to be applied, error-feedback residuals.
+        """Inner optimizer state, averaged gradients still to be applied, the codec's random state and the
+        error-feedback residuals (each saved once).
 
-        Waits for in-flight rings. Residuals are this rank's own: save one state per rank.
+        Waits for in-flight rings. Residuals and random state are this rank's own: save one state per rank.
         """
         in_flight = []
-        for entry in self._in_flight:
+        for entry in self._pipeline.entries():
             result = entry.handle.wait()
             in_flight.append({"step": entry.step, "buckets": [b.clone() for b in result.buckets],
                               "bytes_sent": result.report.bytes_sent, "raw_bytes": result.report.raw_bytes})
-        compressor_state = self._compressor.state_dict() if hasattr(self._compressor, "state_dict") else {}
+        feedback = self._exchange.feedback
         return {
             "optimizer": self.optimizer.state_dict(),
             "step": self._step,
@@ -217,8 +190,8 @@ class PipeSGD:
             "world_size": self.world_size,
             "layout": layout_signature(self._params),
             "in_flight": in_flight,
-            "error_feedback": self._feedback.state_dict() if self._feedback else None,
-            "compressor": compressor_state,
+            "compressor": codec_state(self._exchange.compressor),
+            "residuals": feedback.residuals_state() if feedback is not None else None,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -230,19 +203,20 @@ class PipeSGD:
                 theirs = [(tuple(shape), dtype) for shape, dtype in theirs]
             if theirs != mine:
                 raise ValueError(f"PipeSGD state does not match this wrapper: {key} is {theirs!r}, expected {mine!r}")
-        if self._in_flight:
+        if len(self._pipeline):
             raise RuntimeError("load_state_dict() with steps in flight; call flush() first")
         self.optimizer.load_state_dict(state["optimizer"])
         self._step = int(state["step"])
+        restored = []
         for entry in state["in_flight"]:
-            report = RingReport(int(entry.get("bytes_sent", 0)), int(entry.get("raw_bytes", 0)), 0.0)
             buckets = [b.to(bucket.device) for b, bucket in zip(entry["buckets"], self._buckets)]
-            finite = all(all_finite(b) for b in buckets)
-            self._in_flight.append(_InFlight(int(entry["step"]), CompletedWork(_RingResult(buckets, report, finite, None))))
-        if self._feedback is not None and state.get("error_feedback"):
-            self._feedback.load_state_dict(state["error_feedback"])
-        if state.get("compressor") and hasattr(self._compressor, "load_state_dict"):
-            self._compressor.load_state_dict(state["compressor"])
+            result = self._exchange.restored(buckets, int(entry.get("bytes_sent", 0)), int(entry.get("raw_bytes", 0)))
+            restored.append(InFlight(int(entry["step"]), CompletedWork(result)))
+        self._pipeline.restore(restored)
+        feedback = self._exchange.feedback
+        if feedback is not None and state.get("residuals"):
+            feedback.load_residuals_state(state["residuals"])
+        load_codec_state(self._exchange.compressor, state.get("compressor"))
 
     # ----------------------------------------------------------------------------------------- internals
     def _mark_fresh(self, _param: torch.Tensor) -> None:
@@ -260,25 +234,8 @@ class PipeSGD:
     def _acquire_buffers(self) -> list[torch.Tensor]:
         return self._free_buffers.pop() if self._free_buffers else [b.empty() for b in self._buckets]
 
-    def _submit(self, buffers: list[torch.Tensor], step: int) -> Work[_RingResult]:
-        if self._worker is None:
-            return CompletedWork(self._allreduce(buffers, step))
-        return self._worker.submit(self._allreduce, buffers, step)
-
-    def _allreduce(self, buffers: list[torch.Tensor], step: int) -> _RingResult:
-        """Runs on the background worker: one ring per bucket, then the checks the caller must not sync for."""
-        report = RingReport()
-        for index, flat in enumerate(buffers):
-            if self.allreduce == "backend":
-                report.add(backend_allreduce_(flat, self._topology, "mean"))
-                continue
-            residual = self._feedback.residual(index, flat) if self._feedback else None
-            report.add(ring_allreduce_(flat, self._compressor, self._topology, "mean", residual))
-        finite = all(all_finite(flat) for flat in buffers)
-        norm = self._feedback.residual_norm() if self._feedback else None
-        return _RingResult(buffers, report, finite, norm)
-
-    def _apply(self, entry: _InFlight, step: int) -> StepStats:
+    def _apply(self, entry: InFlight[ExchangeResult], step: int) -> StepStats:
+        """Wait for ``entry``'s averaged gradient and run the wrapped optimizer on it (or refuse a NaN/Inf)."""
         start = time.perf_counter()
         result = entry.handle.wait()
         waited = time.perf_counter() - start
@@ -288,18 +245,18 @@ class PipeSGD:
             t_wait_s=waited,
             t_comm_busy_s=result.report.busy_s,
             bytes_sent=result.report.bytes_sent,
-            compression_ratio=(result.report.raw_bytes / result.report.bytes_sent) if result.report.bytes_sent else 1.0,
+            compression_ratio=result.compression_ratio,
             residual_norm=result.residual_norm,
         )
         if not result.finite:
-            if self.nonfinite == "raise":
+            if self.options.nonfinite == "raise":
                 raise NonFiniteGradientError(
                     f"non-finite (NaN/Inf) averaged gradient from step {entry.step}; lower the learning rate, "
                     f"check the data, or pass nonfinite='skip' to skip such steps"
                 )
             stats.skipped_nonfinite = True
-            if self._feedback is not None:
-                self._feedback.reset(nonfinite_only=True)
+            if self._exchange.feedback is not None:
+                self._exchange.feedback.reset(nonfinite_only=True)
         else:
             for bucket, flat in zip(self._buckets, result.buckets):
                 unpack_to_gradients(bucket, self._params, flat)
@@ -333,17 +290,3 @@ def _communicated_params(optimizer: torch.optim.Optimizer, model_or_params) -> t
             params.append(p)
             names.append(n)
     return params, names
-
-
-def _private_group(group: dist.ProcessGroup | None, timeout_s: float | None) -> dist.ProcessGroup | None:
-    """A new group over the same ranks (a collective call on every rank of the default group).
-
-    ``timeout_s`` bounds every wait of the background ring: a dead or hung peer then surfaces as an error
-    from ``step()`` instead of a hang (torch's own default is 30 minutes)."""
-    if not dist.is_initialized():
-        return None
-    base = group if group is not None else dist.group.WORLD
-    if dist.get_world_size(base) == 1:
-        return None
-    timeout = timedelta(seconds=timeout_s) if timeout_s is not None else None
-    return dist.new_group(ranks=dist.get_process_group_ranks(base), backend=dist.get_backend(base), timeout=timeout)

@@ -1,15 +1,24 @@
 """Per-hop gradient codecs for the ring AllReduce, behind a plain-dict registry.
 
-``build("q8", block_size=1024)`` returns a :class:`Compressor`; ``available()`` lists the names.
-Error feedback is a separate wrapper, :class:`ErrorFeedback`, that owns the residuals.
+``build("q8", block_size=1024)`` returns a :class:`Compressor`; ``available()`` lists the names;
+``build(name, rank=r, ...)`` gives rank r its own stream of rounding noise. Error feedback is a separate
+wrapper, :class:`ErrorFeedback`, that owns the residuals and their arithmetic (``open_encoder``).
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from pipesgd.compression.base import ChunkContext, Compressor, compression_ratio, context_of
+from pipesgd.compression.base import (
+    ChunkContext,
+    Compressor,
+    StatefulCodec,
+    codec_state,
+    compression_ratio,
+    context_of,
+    load_codec_state,
+)
 from pipesgd.compression.cast import BFloat16Truncation, Float16Cast
-from pipesgd.compression.error_feedback import ErrorFeedback
+from pipesgd.compression.error_feedback import ErrorFeedback, HopEncoder, open_encoder
 from pipesgd.compression.lossless import NoCompression
 from pipesgd.compression.quantize import build_q4, build_q8
 from pipesgd.compression.sign import SignCompressor
@@ -18,12 +27,20 @@ __all__ = [
     "ChunkContext",
     "Compressor",
     "ErrorFeedback",
+    "HopEncoder",
+    "StatefulCodec",
     "available",
     "build",
+    "codec_state",
     "compression_ratio",
     "context_of",
+    "load_codec_state",
+    "open_encoder",
     "register",
 ]
+
+# Seeds of different ranks lie this far apart (a prime), so their rounding streams never coincide.
+_SEED_STRIDE_PER_RANK = 1_000_003
 
 _REGISTRY: dict[str, Callable[..., Compressor]] = {}
 
@@ -40,11 +57,18 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def build(name: str, **options: Any) -> Compressor:
-    """A new compressor ``name`` with ``options``; raises ``ValueError`` for an unknown name or bad option."""
+def build(name: str, rank: int | None = None, **options: Any) -> Compressor:
+    """A new compressor ``name`` with ``options``; raises ``ValueError`` for an unknown name or bad option.
+
+    ``rank``: the calling process's rank. With ``stochastic=True`` it is folded into ``seed``, so every rank
+    draws independent rounding noise (shared noise would make the ranks' errors add up coherently in the
+    sum). Without stochastic rounding the rank changes nothing, so every rank builds the same codec.
+    """
     factory = _REGISTRY.get(name)
     if factory is None:
         raise ValueError(f"unknown compressor {name!r}; valid names: {', '.join(available())}")
+    if rank is not None and options.get("stochastic"):
+        options = {**options, "seed": int(options.get("seed", 0)) + _SEED_STRIDE_PER_RANK * rank}
     try:
         return factory(**options)
     except TypeError as err:  # an option the codec does not take

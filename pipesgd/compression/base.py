@@ -2,11 +2,12 @@
 
 A compressor turns one contiguous chunk into a flat ``uint8`` payload whose size depends only on the
 chunk's element count and working dtype, so a receiver can allocate the buffer before the bytes arrive.
+A codec with random state (stochastic rounding) also satisfies :class:`StatefulCodec`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -51,3 +52,23 @@ def compression_ratio(compressor: Compressor, numel: int, dtype: torch.dtype = t
     payload = compressor.payload_bytes(numel, dtype)
     raw = numel * torch.empty((), dtype=dtype).element_size()
     return raw / payload if payload else 1.0
+
+
+@runtime_checkable
+class StatefulCodec(Protocol):
+    """A codec whose output depends on state it carries (the generators of stochastic rounding)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def codec_state(compressor: Compressor) -> dict[str, Any]:
+    """The codec's own state for a checkpoint; {} for a stateless codec."""
+    return compressor.state_dict() if isinstance(compressor, StatefulCodec) else {}
+
+
+def load_codec_state(compressor: Compressor, state: dict[str, Any] | None) -> None:
+    """Restore ``codec_state()``; an empty or missing state leaves the codec as built."""
+    if state and isinstance(compressor, StatefulCodec):
+        compressor.load_state_dict(state)

@@ -1,10 +1,12 @@
-"""Error feedback: the wrapper that owns per-bucket residuals, so compressors stay stateless about it.
+"""Error feedback: the wrapper that owns per-bucket residuals and all of their arithmetic.
 
-The ring uses it in three steps per bucket:
+One ring over one bucket uses it through a :class:`HopEncoder` (``open_encoder``):
 
-1. ``r = ef.residual(key, x)``; ``x += r``; ``r.zero_()`` — last step's compression error is sent now.
-2. at each hop, for the chunk it compresses: ``r[slice] += chunk - decompress(compress(chunk))``.
+1. at the start of the ring: ``x += r``; ``r = 0`` — last step's compression error is sent now;
+2. at every encode of a chunk at ``position``: ``r[position:] += chunk - decompress(compress(chunk))``
+   (in "sum" units: the owner's error on a mean counts once per rank it averages over);
 3. the decoded values go on as usual; over many steps nothing the compressor dropped is lost.
+The ring only calls ``encode`` / ``settle_`` / ``decode``; it never touches a residual.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Any, Hashable
 
 import torch
 
-from pipesgd.compression.base import Compressor
+from pipesgd.compression.base import ChunkContext, Compressor, codec_state, load_codec_state
 from pipesgd.finite import all_finite, l2_norm
 
 _WORKING_DTYPES = (torch.float32, torch.float64)
@@ -58,17 +60,86 @@ class ErrorFeedback:
             if not nonfinite_only or not all_finite(buf):
                 buf.zero_()
 
+    # -- checkpointing: residuals alone (a wrapper that saves its codec itself), or with the codec ----
+    def residuals_state(self) -> dict[Hashable, torch.Tensor]:
+        return {key: buf.clone() for key, buf in self._residuals.items()}
+
+    def load_residuals_state(self, residuals: dict[Hashable, torch.Tensor]) -> None:
+        self._residuals = {key: buf.clone() for key, buf in residuals.items()}
+
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"residuals": {key: buf.clone() for key, buf in self._residuals.items()}}
-        compressor_state = getattr(self.compressor, "state_dict", None)
-        if compressor_state is not None:
-            state["compressor"] = compressor_state()
+        """The residuals and, for a stateful codec, its state (so this object alone resumes identically)."""
+        state: dict[str, Any] = {"residuals": self.residuals_state()}
+        compressor_state = codec_state(self.compressor)
+        if compressor_state:
+            state["compressor"] = compressor_state
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._residuals = {key: buf.clone() for key, buf in state["residuals"].items()}
-        if "compressor" in state and hasattr(self.compressor, "load_state_dict"):
-            self.compressor.load_state_dict(state["compressor"])
+        self.load_residuals_state(state["residuals"])
+        load_codec_state(self.compressor, state.get("compressor"))
 
     def __repr__(self) -> str:
         return f"ErrorFeedback({self.compressor!r}, buckets={len(self._residuals)})"
+
+
+class HopEncoder:
+    """Encodes and decodes the chunks of one ring over one flat tensor, without error feedback."""
+
+    def __init__(self, compressor: Compressor, flat: torch.Tensor) -> None:
+        self.compressor = compressor
+        self._dtype, self._device = flat.dtype, flat.device
+
+    def encode(self, x: torch.Tensor, position: int) -> torch.Tensor:
+        """The payload of ``x``, the slice of the flat tensor that starts at element ``position``."""
+        payload, _ = self.compressor.compress(x)
+        return payload
+
+    def settle_(self, x: torch.Tensor, position: int) -> torch.Tensor:
+        """The payload of a final chunk, which is replaced by its decoded value in place so the owner
+        applies exactly the bits every other rank decodes."""
+        payload, _ = self.compressor.compress(x)
+        x.copy_(self.decode(payload, x))
+        return payload
+
+    def decode(self, payload: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """Decode a received payload for a chunk shaped like ``like`` (what a receiver knows unasked)."""
+        return self.compressor.decompress(payload, ChunkContext(like.numel(), self._dtype, self._device))
+
+
+class FeedbackEncoder(HopEncoder):
+    """A :class:`HopEncoder` that books every encode's error into a residual buffer of the flat tensor."""
+
+    def __init__(self, compressor: Compressor, flat: torch.Tensor, residual: torch.Tensor, mean_over: int) -> None:
+        super().__init__(compressor, flat)
+        if residual.shape != flat.shape:
+            raise ValueError(f"a residual of shape {tuple(residual.shape)} cannot serve a tensor of {tuple(flat.shape)}")
+        # Step 1: last ring's compression error travels in this one.
+        flat.add_(residual)
+        residual.zero_()
+        self._residual = residual
+        # Final chunks hold sum / mean_over; the residual is kept in sum units.
+        self._mean_over = mean_over
+
+    def encode(self, x: torch.Tensor, position: int) -> torch.Tensor:
+        payload, _ = self.compressor.compress(x)
+        # Step 2: what this encode dropped, kept for the next ring.
+        self._residual[position : position + x.numel()].add_(x - self.decode(payload, x))
+        return payload
+
+    def settle_(self, x: torch.Tensor, position: int) -> torch.Tensor:
+        payload, _ = self.compressor.compress(x)
+        decoded = self.decode(payload, x)
+        self._residual[position : position + x.numel()].add_((x - decoded) * self._mean_over)
+        x.copy_(decoded)
+        return payload
+
+
+def open_encoder(
+    compressor: Compressor, flat: torch.Tensor, residual: torch.Tensor | None = None, mean_over: int = 1
+) -> HopEncoder:
+    """The encoder for one ring over ``flat``; with a ``residual`` (from ``ErrorFeedback.residual``) it first
+    folds the residual into ``flat``. ``mean_over``: the divisor the ring applied to its final chunks."""
+    if residual is None:
+        return HopEncoder(compressor, flat)
+    return FeedbackEncoder(compressor, flat, residual, mean_over)

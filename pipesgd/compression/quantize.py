@@ -26,8 +26,9 @@ from pipesgd.compression._blocks import (
     view_bytes_as,
 )
 from pipesgd.compression.base import ChunkContext, context_of
+from pipesgd.defaults import QUANT_BLOCK_SIZE
 
-DEFAULT_BLOCK_SIZE = 4096
+DEFAULT_BLOCK_SIZE = QUANT_BLOCK_SIZE  # an alias: pipesgd.defaults owns the number
 _Q4_OFFSET = 8  # stores code + 8 in a nibble: codes [-7, 7] become [1, 15]
 
 
@@ -48,7 +49,7 @@ class ScalarQuantizer:
 
     # Codec parameters: fixed at build time, part of the wire format.
     bits: int
-    block_size: int = DEFAULT_BLOCK_SIZE
+    block_size: int = QUANT_BLOCK_SIZE
     # Stochastic rounding: unbiased, drawn from a per-device generator seeded with ``seed``.
     stochastic: bool = False
     seed: int = 0

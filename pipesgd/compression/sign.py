@@ -2,7 +2,8 @@
 
 Per block: one fp32 scale = mean|x| over the block's real elements, and one bit per element
 (x >= 0, packed 8 per byte, element 8i+k in bit k of byte i). Decoding gives +scale or -scale.
-The codec is biased, so it is only meaningful with error feedback; the optimizer enforces that.
+The codec is biased, so it is only meaningful with error feedback; ``PipeSGDOptions`` enforces that
+(``pipesgd.defaults.NEEDS_ERROR_FEEDBACK``).
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from pipesgd.compression._blocks import (
     view_bytes_as,
 )
 from pipesgd.compression.base import ChunkContext, context_of
-from pipesgd.compression.quantize import DEFAULT_BLOCK_SIZE, check_block_size
+from pipesgd.compression.quantize import check_block_size
+from pipesgd.defaults import QUANT_BLOCK_SIZE
 
 
 def _bit_weights(device: torch.device) -> torch.Tensor:
@@ -30,7 +32,7 @@ def _bit_weights(device: torch.device) -> torch.Tensor:
 class SignCompressor:
     """One bit per element plus one fp32 scale (mean |x|) per block of ``block_size`` elements."""
 
-    block_size: int = DEFAULT_BLOCK_SIZE
+    block_size: int = QUANT_BLOCK_SIZE
 
     name = "sign"
     lossless = False

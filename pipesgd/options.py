@@ -1,0 +1,74 @@
+"""What a PipeSGD wrapper is asked to do, validated in one place: ``PipeSGDOptions`` raises ``ValueError``
+saying why a value or a combination is invalid, before any group, worker or buffer exists.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipesgd.compression import Compressor, build
+from pipesgd.defaults import (
+    ALLREDUCE_CHOICES,
+    BUCKET_MB,
+    NEEDS_ERROR_FEEDBACK,
+    WARMUP_STEPS,
+    resolve_allreduce,
+)
+
+NONFINITE_POLICIES = ("raise", "skip")
+
+
+@dataclass(frozen=True, slots=True)
+class PipeSGDOptions:
+    """The keyword arguments of ``PipeSGD`` (same names, same defaults), checked on construction."""
+
+    # Pipeline: K steps in flight after ``warmup_steps`` synchronous ones (see pipesgd.pipeline).
+    width: int = 2
+    warmup_steps: int = WARMUP_STEPS
+    # Codec on every ring hop (pipesgd.compression registry name and its options).
+    compression: str = "none"
+    compression_options: dict[str, Any] = field(default_factory=dict)
+    error_feedback: bool = False  # keep what the codec dropped and send it with the next step
+    # Communication.
+    bucket_mb: float = BUCKET_MB  # MiB of gradients per flat bucket (one collective call each)
+    allreduce: str = "auto"  # pipesgd.defaults.ALLREDUCE_CHOICES
+    timeout_s: float | None = None  # bound on every wait of the background ring; None: torch's default
+    # Safety.
+    nonfinite: str = "raise"  # a NaN/Inf averaged gradient raises, or the step is skipped ("skip")
+    check_replicas_every: int = 0  # compare the weights bitwise across ranks every N steps; 0: never
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.width, int) or self.width < 1:
+            raise ValueError(f"width must be an integer >= 1, got {self.width!r}")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
+        if self.nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {self.nonfinite!r}")
+        if not self.bucket_mb > 0:
+            raise ValueError(f"bucket_mb must be positive, got {self.bucket_mb!r}")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {self.timeout_s!r}")
+        if self.allreduce not in ALLREDUCE_CHOICES:
+            raise ValueError(f"allreduce must be one of {ALLREDUCE_CHOICES}, got {self.allreduce!r}")
+        if self.check_replicas_every < 0:
+            raise ValueError(f"check_replicas_every must be >= 0, got {self.check_replicas_every!r}")
+        # A private copy: the caller's dict may change later, these options may not.
+        object.__setattr__(self, "compression_options", dict(self.compression_options or {}))
+        codec = self.build_compressor()  # an unknown name or a bad codec option raises here
+        if self.compression in NEEDS_ERROR_FEEDBACK and not self.error_feedback:
+            raise ValueError(
+                f"compression={self.compression!r} needs error_feedback=True (1-bit SGD diverges without it)"
+            )
+        self.allreduce_for(codec)  # "backend" with a lossy codec raises here
+
+    @property
+    def bucket_bytes(self) -> int:
+        return int(self.bucket_mb * 2**20)
+
+    def build_compressor(self, rank: int | None = None) -> Compressor:
+        """The codec for ``rank`` (stochastic rounding draws noise of its own on every rank)."""
+        return build(self.compression, rank=rank, **self.compression_options)
+
+    def allreduce_for(self, compressor: Compressor) -> str:
+        """"ring" or "backend": which all-reduce runs a bucket with ``compressor`` (pipesgd.defaults)."""
+        return resolve_allreduce(self.allreduce, compressor.lossless)
