@@ -5,7 +5,7 @@ all modes compare field by field. Times are measured, never estimated.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 
 @dataclass(slots=True)
@@ -24,3 +24,9 @@ class StepStats:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def as_metrics(self) -> dict:
+        """This record under the metrics' field names: the unit suffix ``_s`` dropped (``t_wait_s`` ->
+        ``t_wait``), ``step`` left out (a step record's ``step`` is the trainer's position, which the
+        trainer writes itself)."""
+        return {f.name.removesuffix("_s"): getattr(self, f.name) for f in fields(self) if f.name != "step"}

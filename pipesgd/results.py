@@ -1,15 +1,20 @@
-"""Reading the metrics a run wrote: one run = ``FILE.jsonl`` or its ``FILE.rankN.jsonl`` files.
+"""Reading the metrics a run wrote: one run = ``FILE.jsonl`` or its ``FILE.rankN.jsonl`` files
+(named by ``pipesgd.run_files``, written by ``pipesgd.train.metrics``).
 
 Benchmarks and notebooks use this to turn step records into per-step figures where each step counts its
 slowest rank (a synchronous iteration is as slow as its slowest worker).
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 import statistics
 from dataclasses import dataclass, field
+
+from pipesgd.run_files import metrics_files
+
+# Kept for notebooks/fidelity.ipynb, which imports it from here; the naming is run_files' alone.
+rank_files = metrics_files
 
 
 @dataclass(slots=True)
@@ -46,18 +51,9 @@ class Run:
         return float(self.evals[-1]["accuracy"]) if self.evals else None
 
 
-def rank_files(path: str) -> list[str]:
-    """``path`` itself if it exists, else its ``.rankN`` siblings in rank order."""
-    if os.path.exists(path):
-        return [path]
-    stem, ext = os.path.splitext(path)
-    files = glob.glob(f"{glob.escape(stem)}.rank*{ext}")
-    return sorted(files, key=lambda f: int(f[len(stem) + 5 : len(f) - len(ext)] or 0))
-
-
 def load_run(path: str) -> Run:
     """Read every record of the run written to ``--metrics path``."""
-    files = rank_files(path)
+    files = metrics_files(path)
     if not files:
         raise FileNotFoundError(f"no metrics at {path!r} (nor {os.path.splitext(path)[0]}.rankN files)")
     run = Run(path)

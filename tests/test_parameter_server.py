@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipesgd.baselines import ParameterServer
+from pipesgd.wrapper import OptimizerWrapper
 from tests.distributed import run_ranks
 
 PER_WORKER = 4  # samples per worker per step
@@ -327,3 +328,22 @@ def test_argument_errors():
     with pytest.raises(RuntimeError, match="finished"):
         ps.step()
     assert ps.worker_rank == 0 and ps.num_workers == 1 and not ps.is_server_only
+
+
+@pytest.mark.parametrize("mode,push_every", [("sync", 1), ("async", 2)])
+def test_flush_ends_a_worker_through_the_wrapper_seam(mode, push_every):
+    """The trainer ends every wrapper with flush(): here it pushes what async summed but did not push yet."""
+    model = _mlp()
+    ps = ParameterServer(_sgd(model), model, mode=mode, push_every=push_every)
+    assert isinstance(ps, OptimizerWrapper) and ps.param_groups is ps.optimizer.param_groups
+    for t in range(3):  # async: steps 0+1 pushed together, step 2 summed and waiting
+        x, y = _batch(t, 1)
+        F.mse_loss(model(x), y).backward()
+        ps.step()
+        ps.zero_grad()
+    applied = ps.flush()
+    assert [s.applied_step for s in applied] == ([2] if mode == "async" else [])
+    assert ps.flush() == []  # the end is reached once
+    with pytest.raises(RuntimeError, match="finished"):
+        ps.step()
+    ps.close()

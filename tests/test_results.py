@@ -1,21 +1,26 @@
-"""Reading a run's metrics back: per-step figures over ranks (slowest rank, or the total over ranks)."""
-import json
+"""Reading a run's metrics back: per-step figures over ranks (slowest rank, or the total over ranks).
 
+The files are written by the trainer's own writer, so writer and reader naming cannot drift apart.
+"""
 import pytest
 
 from pipesgd.results import load_run
+from pipesgd.train.metrics import MetricsWriter
 
 
-def _write(path, records):
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+def _write(path, rank, world_size, records):
+    writer = MetricsWriter(str(path), rank, world_size)
+    for record in records:
+        writer.write(record.pop("type"), **record)
+    writer.close()
 
 
 def test_per_step_reduces_over_ranks_and_a_resumed_step_counts_once(tmp_path):
-    config = {"type": "config", "mode": "pipe", "world_size": 2}
-    _write(tmp_path / "run.rank0.jsonl", [config] + [
+    config = {"type": "config", "mode": "pipe", "world_size": 2, "wall": 0.0}
+    _write(tmp_path / "run.jsonl", 0, 2, [dict(config)] + [
         {"type": "step", "step": s, "rank": 0, "t_iter": 1.0 + s, "t_cpu": 0.5} for s in range(3)
     ] + [{"type": "step", "step": 2, "rank": 0, "t_iter": 9.0, "t_cpu": 0.25}])  # step 2 again after a resume
-    _write(tmp_path / "run.rank1.jsonl", [
+    _write(tmp_path / "run.jsonl", 1, 2, [
         {"type": "step", "step": s, "rank": 1, "t_iter": 2.0 + s, "t_cpu": 1.0} for s in range(3)])
     run = load_run(str(tmp_path / "run.jsonl"))
     assert run.config == config
@@ -26,3 +31,10 @@ def test_per_step_reduces_over_ranks_and_a_resumed_step_counts_once(tmp_path):
         run.median("t_wait")
     with pytest.raises(FileNotFoundError):
         load_run(str(tmp_path / "other.jsonl"))
+
+
+def test_a_single_process_run_is_its_own_file(tmp_path):
+    _write(tmp_path / "solo.jsonl", 0, 1, [{"type": "step", "step": 0, "rank": 0, "t_iter": 0.5},
+                                          {"type": "summary", "accuracy": 0.75}])
+    run = load_run(str(tmp_path / "solo.jsonl"))
+    assert run.per_step("t_iter") == [0.5] and run.final_accuracy == 0.75

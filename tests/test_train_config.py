@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -88,3 +89,57 @@ def test_bad_input_from_a_real_process_has_no_traceback():
         "pipesgd-train: error: --compression applies to --mode pipe|sync only, not ddp; "
         "DDP compresses with --ddp-hook fp16"]
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+# -- one owner per fact: names come from the registries, defaults from pipesgd.defaults ----------------------
+def test_names_are_checked_against_the_registries(monkeypatch):
+    from torch import nn
+
+    from pipesgd import compression
+    from pipesgd.train.data import DATASETS
+    from pipesgd.train.models import MODELS
+
+    monkeypatch.setitem(MODELS, "tiny", lambda input_shape, num_classes, **_: nn.Flatten())
+    assert resolve(["--model", "tiny"]).model == "tiny"  # registered after the config module was imported
+    monkeypatch.setitem(DATASETS, "toy", lambda cfg: None)
+    assert resolve(["--dataset", "toy"]).dataset_name == "toy"
+    with pytest.raises(ConfigError, match=r"unknown --compression 'q2' \(valid: " + ", ".join(compression.available())):
+        resolve(["--compression", "q2"])
+
+
+def test_shared_defaults_come_from_their_owner():
+    from pipesgd import defaults
+
+    cfg = TrainConfig()
+    assert cfg.warmup_steps == defaults.WARMUP_STEPS and cfg.bucket_mb == defaults.BUCKET_MB
+    for codec in defaults.NEEDS_ERROR_FEEDBACK:
+        with pytest.raises(ConfigError, match=f"--compression {codec} needs --error-feedback"):
+            resolve(["--compression", codec])
+        assert resolve(["--compression", codec, "--error-feedback"]).error_feedback
+
+
+def test_help_shows_every_flag_with_its_default_and_its_valid_names(monkeypatch):
+    from dataclasses import fields
+
+    from pipesgd.train.config import build_parser
+    from pipesgd.train.strategy import MODES
+
+    monkeypatch.setenv("COLUMNS", "400")  # argparse wraps at the terminal width, hyphenated words too
+    options = build_parser().format_help().split("options:", 1)[1]
+    entries = {e.split()[0]: " ".join(e.split()) for e in re.split(r"\n  (?=--)", options) if e.strip()}
+    for f in fields(TrainConfig):
+        entry = entries["--" + f.name.replace("_", "-")]
+        assert entry.endswith(f"(default: {f.default!r})"), entry
+        assert " ".join(f.metadata["help"].split()) in entry, entry
+    text = " ".join(options.split())  # undo argparse's line wrapping
+    assert "one of " + ", ".join(MODES) in text
+
+
+def test_the_declared_python_floor_has_tomllib():
+    import pathlib
+    import tomllib
+
+    pyproject = pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml"
+    floor = tomllib.loads(pyproject.read_text())["project"]["requires-python"]
+    major, minor = map(int, re.fullmatch(r">=\s*(\d+)\.(\d+)", floor).groups())
+    assert (major, minor) >= (3, 11), f"train/config.py imports tomllib (3.11+), pyproject allows {floor}"

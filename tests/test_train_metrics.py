@@ -4,13 +4,14 @@ from __future__ import annotations
 import io
 import json
 
-from pipesgd.train.metrics import EVAL_FIELDS, STEP_FIELDS, MetricsWriter, rank_path
+from pipesgd.run_files import metrics_path
+from pipesgd.train.metrics import EVAL_FIELDS, STEP_FIELDS, MetricsWriter
 from pipesgd.train.progress import Progress
 
 
 def test_rank_paths():
-    assert rank_path("out/m.jsonl", 0, 1) == "out/m.jsonl"
-    assert rank_path("out/m.jsonl", 3, 4) == "out/m.rank3.jsonl"
+    assert metrics_path("out/m.jsonl", 0, 1) == "out/m.jsonl"
+    assert metrics_path("out/m.jsonl", 3, 4) == "out/m.rank3.jsonl"
 
 
 def test_records_are_strict_json_lines(tmp_path):
@@ -31,10 +32,12 @@ def test_records_are_strict_json_lines(tmp_path):
     assert set(EVAL_FIELDS) <= set(records[2]) and records[2]["wall"] >= 0
 
 
-def test_writer_without_path_does_nothing(tmp_path):
+def test_writer_without_path_does_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a relative file the writer made by mistake would land here
     w = MetricsWriter("", 0, 1)
     assert w.write("step", step=0)["type"] == "step"
     w.close()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_progress_plain_lines_when_not_a_tty():
@@ -49,3 +52,14 @@ def test_progress_plain_lines_when_not_a_tty():
     silent = io.StringIO()
     Progress(total_steps=5, enabled=False, stream=silent).update(4, 0, 1.0)
     assert silent.getvalue() == ""
+
+
+def test_step_stats_yield_the_step_record_names():
+    from pipesgd.accounting import StepStats
+
+    stats = StepStats(step=4, applied_step=3, t_wait_s=0.5, t_update_s=0.25, t_comm_busy_s=0.125, bytes_sent=8,
+                      compression_ratio=4.0, residual_norm=1.5, skipped_nonfinite=True)
+    assert stats.as_metrics() == {"applied_step": 3, "t_wait": 0.5, "t_update": 0.25, "t_comm_busy": 0.125,
+                                  "bytes_sent": 8, "compression_ratio": 4.0, "residual_norm": 1.5,
+                                  "skipped_nonfinite": True}
+    assert set(stats.as_metrics()) <= set(STEP_FIELDS) | {"skipped_nonfinite"}

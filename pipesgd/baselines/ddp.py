@@ -18,8 +18,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from pipesgd.accounting import StepStats
+from pipesgd.defaults import BUCKET_MB
 
-DDP_HOOKS = ("none", "fp16")
+DDP_HOOKS = ("none", "fp16")  # the comm hooks this adapter registers (the trainer's --ddp-hook choices)
 
 
 def ring_allreduce_bytes(n_bytes: int, world_size: int) -> int:
@@ -28,13 +29,14 @@ def ring_allreduce_bytes(n_bytes: int, world_size: int) -> int:
 
 
 class DDPOptimizer:
-    """``DistributedDataParallel(model)`` plus a plain torch optimizer with PipeSGD's step interface.
+    """``DistributedDataParallel(model)`` plus a plain torch optimizer behind the trainer's wrapper seam
+    (``pipesgd.wrapper.OptimizerWrapper``).
 
     Forward through ``ddp.model`` (the wrapped module) so that backward averages the gradients.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: nn.Module, hook: str = "none",
-                 bucket_mb: float = 25.0, process_group: dist.ProcessGroup | None = None,
+                 bucket_mb: float = BUCKET_MB, process_group: dist.ProcessGroup | None = None,
                  device_ids: list[int] | None = None) -> None:
         if hook not in DDP_HOOKS:
             raise ValueError(f"unknown DDP hook {hook!r} (valid: {', '.join(DDP_HOOKS)})")

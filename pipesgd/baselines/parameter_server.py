@@ -25,8 +25,9 @@ Hyperparameters (lr, momentum, betas, …): the co-located server uses rank 0's 
 trainer steps rank 0's LR scheduler); a dedicated server, whose scheduler nobody steps, takes them
 from each worker's header. Buffers (e.g. BatchNorm statistics) stay local to each worker.
 
-Ending: every worker calls ``finish()`` and every dedicated server ``serve()``; both end with a
-broadcast of the final weights on the PS group, so every rank's model holds the final weights.
+Ending: every worker calls ``flush()`` (the wrapper seam's end of training; ``finish()`` is its former
+name) and every dedicated server ``serve()``; both end with a broadcast of the final weights on the PS
+group, so every rank's model holds the final weights.
 A dead or silent peer surfaces as a RuntimeError naming what was awaited, after the group timeout.
 """
 from __future__ import annotations
@@ -44,7 +45,7 @@ from pipesgd.baselines.ps_protocol import (
     HyperSchema, assign_shards, wait_all,
 )
 from pipesgd.baselines.ps_server import ShardServer
-from pipesgd.baselines.ps_setup import NullLock, check_params, default_timeout, repoint
+from pipesgd.baselines.ps_setup import NullLock, check_params, default_timeout, repoint, share_weights
 
 MODES = ("sync", "async")
 
@@ -102,11 +103,11 @@ class ParameterServer:
 
             # Like DDP: every worker starts from the servers' weights.
             with torch.no_grad():
-                self._share_weights(lambda layout, bufs: layout.pack(self.params, bufs))
+                share_weights(self.layouts, self.params, self.rank, self.group, lambda layout, bufs: layout.pack(self.params, bufs))
 
         # Step 3: the shard this rank serves, if any. A co-located async server keeps its own copy of
         # the weights (the worker on the same rank computes on pulled ones) and the optimizer is
-        # re-pointed at that copy until finish().
+        # re-pointed at that copy until flush().
         self._colocated_async = mode == "async" and self.is_worker and self.rank in self.server_ranks
         self.server: ShardServer | None = None
         if self.rank in self.server_ranks:
@@ -135,7 +136,11 @@ class ParameterServer:
             self._thread = threading.Thread(target=self._serve_thread, name="pipesgd-ps-server", daemon=True)
             self._thread.start()
 
-    # -- the optimizer-like interface -------------------------------------------------------------
+    # -- the optimizer-wrapper seam (pipesgd.wrapper.OptimizerWrapper) ------------------------------
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
     def step(self) -> StepStats:
         self._check_usable()
         with torch.profiler.record_function(f"pipesgd::ps_{self.mode}"), torch.no_grad():
@@ -151,20 +156,23 @@ class ParameterServer:
             elif p.grad is not None:
                 p.grad.zero_()
 
-    def flush(self) -> None:
-        """Push what is summed but not pushed, wait for in-flight pushes, pull the latest weights."""
+    def flush(self) -> list[StepStats]:
+        """End this worker's training; afterwards step() raises. Returns step 1's stats (async), else [].
+
+        Step 1 (async): push what is summed but not pushed, wait for in-flight pushes, pull the latest weights.
+        Step 2: tell the servers this worker is done; a co-located server keeps serving the others.
+        Step 3: receive the final weights (every rank, dedicated servers in serve()).
+        """
+        if self._closed:
+            return []
+        if self.is_server_only:
+            raise RuntimeError("this rank is a dedicated parameter server: call serve(), not flush()")
         self._check_usable()
+        applied = []
         if self.mode == "async":
             with torch.no_grad():
-                self._step_async(self._step - 1, flush=True)
-
-    def finish(self) -> None:
-        """Flush, tell the servers this worker is done, and receive the final weights (all ranks)."""
-        if self._closed:
-            return
-        if self.is_server_only:
-            raise RuntimeError("this rank is a dedicated parameter server: call serve(), not finish()")
-        self.flush()
+                applied.append(self._step_async(self._step - 1, flush=True))
+            self.last_stats = applied[-1]
         done = torch.zeros(HEADER_FIXED + self.hyper.length, dtype=torch.float64)
         done[0] = DONE
         remote = [l for l in self.layouts if l.server != self.rank]
@@ -180,11 +188,19 @@ class ParameterServer:
             self._thread.join()
             self._raise_thread_error()
         self._end()
+        return applied
+
+    def finish(self) -> None:
+        """The end of a worker's training by its former name: ``flush()``."""
+        self.flush()
+
+    def close(self) -> None:
+        """Nothing to release: the protocol ends in flush()/serve(), the group lives as long as the default one."""
 
     def serve(self) -> None:
-        """Dedicated servers: answer workers until every one has called finish(); then share the weights."""
+        """Dedicated servers: answer workers until every one has called flush(); then share the weights."""
         if not self.is_server_only:
-            raise RuntimeError("serve() is for dedicated server ranks (is_server_only); workers call step()/finish()")
+            raise RuntimeError("serve() is for dedicated server ranks (is_server_only); workers call step()/flush()")
         if self._closed:
             return
         with torch.no_grad():
@@ -358,7 +374,7 @@ class ParameterServer:
         try:
             with torch.no_grad():
                 self.server.serve_async(self.group, self._remote_workers)
-        except BaseException as exc:  # noqa: BLE001 - surfaced on the main thread by step()/finish()
+        except BaseException as exc:  # noqa: BLE001 - surfaced on the main thread by step()/flush()
             self._thread_error = exc
 
     def _raise_thread_error(self) -> None:
@@ -375,18 +391,7 @@ class ParameterServer:
     def _end(self) -> None:
         """Every run ends so: each server broadcasts its shard, and all ranks hold the final weights."""
         with torch.no_grad():
-            self._share_weights(lambda layout, bufs: self.server.read(bufs))
+            share_weights(self.layouts, self.params, self.rank, self.group, lambda layout, bufs: self.server.read(bufs))
             if self._colocated_async:
                 repoint(self.optimizer, self.server.masters, self.params)
         self._closed = True
-
-    def _share_weights(self, source) -> None:
-        """Each server fills its shard's buffers with ``source(layout, bufs)`` and broadcasts them to every model."""
-        for layout in self.layouts:
-            bufs = layout.empty_buffers()
-            if layout.server == self.rank:
-                source(layout, bufs)
-            if self.world_size > 1:
-                for b in bufs:
-                    dist.broadcast(b, src=layout.server, group=self.group)
-            layout.unpack(bufs, self.params)

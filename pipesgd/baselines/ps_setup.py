@@ -1,4 +1,5 @@
-"""Setup helpers of the parameter-server wrapper: which parameters, re-pointing an optimizer, the group timeout."""
+"""Setup helpers of the parameter-server wrapper: which parameters, re-pointing an optimizer, the group timeout,
+sharing the servers' weights with every rank."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -44,3 +45,16 @@ def default_timeout() -> timedelta | None:
         return dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu")).options._timeout
     except Exception:  # noqa: BLE001 - private API; fall back to torch's default
         return None
+
+
+def share_weights(layouts, params: list[torch.Tensor], rank: int, group, source) -> None:
+    """Each server fills its shard's buffers with ``source(layout, bufs)`` and broadcasts them to every
+    rank's ``params`` (``group`` None: a single process, nothing to send)."""
+    for layout in layouts:
+        bufs = layout.empty_buffers()
+        if layout.server == rank:
+            source(layout, bufs)
+        if group is not None:
+            for b in bufs:
+                dist.broadcast(b, src=layout.server, group=group)
+        layout.unpack(bufs, params)

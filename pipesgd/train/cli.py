@@ -17,12 +17,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import faults
-from .checkpoint import CheckpointError
+from . import checkpoint, faults
+from .checkpoint import CheckpointError, Position, RunIdentity
 from .config import ConfigError, TrainConfig, resolve
 from .data import DataError, build_dataset, shard_size
-from .loop import Position, format_summary, train
-from .metrics import MetricsWriter
+from .loop import train
+from .metrics import MetricsWriter, format_summary, write_config_files
 from .models import build_model, count_params, grad_bytes
 from .strategy import build_strategy, num_workers_for
 
@@ -79,8 +79,6 @@ def _seed(seed: int) -> None:
 
 def run(cfg: TrainConfig, ds, rank: int, world_size: int, local_rank: int, debug: bool = False) -> None:
     """Everything after the process group exists (the code the failure handling in ``main`` wraps)."""
-    from .resume import restore
-
     if cfg.device == "cuda":
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
@@ -92,16 +90,19 @@ def run(cfg: TrainConfig, ds, rank: int, world_size: int, local_rank: int, debug
     strategy = build_strategy(cfg, model, device)
     metrics, watchdog = None, None
     try:
-        start, resumed = restore(cfg, rank, world_size, model, strategy, device) if cfg.resume else (Position(), False)
-        if strategy.is_server_only:
-            strategy.opt.serve()  # a dedicated parameter server: its own waits carry the timeout
+        resumed_at = None
+        if cfg.resume:
+            run_id = RunIdentity(world_size, cfg.model, cfg.mode)
+            resumed_at = checkpoint.restore(cfg.checkpoint, rank, run_id, model, strategy.opt, device)
+        start = resumed_at or Position()
+        if strategy.serve is not None:
+            strategy.serve()  # a dedicated parameter server: its own waits carry the timeout
             return
         metrics = MetricsWriter(cfg.metrics, rank, world_size)
         # Some waits (gloo point-to-point) have no deadline of their own: no progress for --timeout s fails.
         stalled = TimeoutError(f"no progress for {cfg.timeout:g} s")
         watchdog = faults.Watchdog(cfg.timeout, lambda: fail(stalled, cfg, rank, world_size, debug))
-        leader = strategy.is_leader
-        if leader:
+        if strategy.is_leader:
             n_params, n_bytes = count_params(model), grad_bytes(model)
             spe = len(ds.x_train) // strategy.num_workers // cfg.batch_size
             width = f" width {cfg.effective_width}" if cfg.mode == "pipe" else ""
@@ -109,29 +110,23 @@ def run(cfg: TrainConfig, ds, rank: int, world_size: int, local_rank: int, debug
                   f"on {cfg.dataset_name} ({len(ds.x_train)} train / {len(ds.x_test)} test, {spe} steps/epoch "
                   f"per worker); mode {cfg.mode}{width}, {world_size} ranks, batch {cfg.batch_size} per worker",
                   flush=True)
-            if resumed:
+            if resumed_at is not None:
                 print(f"{PROG}: resumed from {cfg.checkpoint} at step {start.step} (epoch {start.epoch})", flush=True)
-            # width and backend as used (sync/ddp/ps run at width 1; the backend defaults by device)
-            fields = {**cfg.to_dict(), "width": cfg.effective_width, "backend": cfg.resolved_backend}
-            metrics.write("config", **fields, world_size=world_size, num_workers=strategy.num_workers,
-                          params=n_params, grad_bytes=n_bytes,
-                          steps_per_epoch=spe, input_shape=list(ds.input_shape), num_classes=ds.num_classes,
-                          resumed_at_step=start.step if resumed else None)
-            if cfg.metrics:
-                cfg.write_json(os.path.splitext(cfg.metrics)[0] + ".config.json")
-            if cfg.checkpoint:
-                cfg.write_json(os.path.join(cfg.checkpoint, "config.json"))
+            metrics.write_config(cfg, world_size=world_size, num_workers=strategy.num_workers, params=n_params,
+                                 grad_bytes=n_bytes, steps_per_epoch=spe, input_shape=list(ds.input_shape),
+                                 num_classes=ds.num_classes,
+                                 resumed_at_step=start.step if resumed_at is not None else None)
+            write_config_files(cfg)
         summary = train(cfg, ds, model, strategy, device, metrics, rank, world_size, start, watchdog)
         if summary is not None:
-            metrics.write("summary", **summary)
+            metrics.write_summary(summary)
             print(format_summary(cfg, summary), flush=True)
     finally:
         if watchdog is not None:
             watchdog.stop()
         if metrics is not None:
             metrics.close()
-        if hasattr(strategy.opt, "close"):
-            strategy.opt.close()
+        strategy.opt.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,32 +1,41 @@
 """The trainer's configuration: one dataclass, resolved as CLI flags over an optional TOML file over defaults.
 
 ``resolve(argv)`` returns a validated ``TrainConfig``; any bad value raises ``ConfigError`` (a
-``ValueError``) with a one-line reason, before a process group exists.
+``ValueError``) with a one-line reason, before a process group exists. Each field carries its help text
+and, where it names something, the registry it is checked against (the owner of the names); defaults
+shared with other layers come from ``pipesgd.defaults``.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import inspect
 import os
-import re
 import tomllib
-from dataclasses import asdict, dataclass, fields
-from pipesgd.atomic import write_text_atomic
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
-MODES = ("pipe", "sync", "ddp", "ps-sync", "ps-async")
-COMPRESSIONS = ("none", "fp16", "bf16", "q8", "q4", "sign")
-DDP_HOOKS = ("none", "fp16")
-MODEL_NAMES = ("mlp", "lenet", "resnet20", "alexnet")
-DATASET_NAMES = ("digits", "synthetic", "mnist1d", "mnist", "cifar10")
-DATASETS_WITH_DIR = ("mnist", "cifar10")
-OPTIMIZERS = ("sgd", "adam")
+from pipesgd import compression
+from pipesgd.atomic import write_text_atomic
+from pipesgd.baselines.ddp import DDP_HOOKS
+from pipesgd.defaults import BUCKET_MB, NEEDS_ERROR_FEEDBACK, WARMUP_STEPS
+
+from .data import DATASETS, DATASETS_WITH_DIR
+from .models import MODELS
+from .strategy import MODES, OPTIMIZERS, PS_TRAIN_MODES, RING_MODES
+
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("gloo", "nccl")
 
 
 class ConfigError(ValueError):
     """A bad flag, TOML key or combination; the message is the one line shown to the user."""
+
+
+def _field(default: Any, help: str, choices: Callable[[], Iterable[str]] | None = None) -> Any:
+    """A config field: its default, its flag's help text, and the registry its value must be in (read when
+    validating, so a name registered later counts)."""
+    return field(default=default, metadata={"help": help, "choices": choices})
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,49 +50,51 @@ class TrainConfig:
     """
 
     # --- training mode (how gradients meet) ---
-    mode: str = "pipe"  # pipe (Pipe-SGD, width K) | sync (allreduce, K=1) | ddp (torch DDP) | ps-sync | ps-async
-    width: int = 2  # pipeline width K for mode=pipe; mode=sync always uses 1
-    compression: str = "none"  # codec on every ring hop (pipe/sync only): none|fp16|bf16|q8|q4|sign
-    error_feedback: bool = False  # keep the compression residual and add it to the next gradient
-    ddp_hook: str = "none"  # DDP communication hook (mode=ddp only): none|fp16
-    servers: int = 0  # parameter-server modes: dedicated server ranks (0 = rank 0 serves and trains)
-    push_every: int = 1  # ps-async (Downpour): push accumulated gradients every n steps
-    pull_every: int = 1  # ps-async (Downpour): pull fresh parameters every m steps
-    warmup_steps: int = 10  # mode=pipe: synchronous steps before the pipeline opens
-    bucket_mb: float = 25.0  # gradient bucket size in MiB (pipe/sync/ddp)
-    check_replicas: int = 0  # pipe/sync: compare weights across ranks every N steps (0 = never)
+    mode: str = _field("pipe", "how gradients meet: pipe = Pipe-SGD at --width, sync = allreduce every step "
+                       "(width 1), ddp = torch DDP, ps-* = parameter server", lambda: MODES)
+    width: int = _field(2, "pipeline width K for mode=pipe; mode=sync always uses 1")
+    compression: str = _field("none", "codec on every ring hop (pipe/sync only)", compression.available)
+    error_feedback: bool = _field(False, "keep the compression residual and add it to the next gradient")
+    ddp_hook: str = _field("none", "DDP communication hook (mode=ddp only)", lambda: DDP_HOOKS)
+    servers: int = _field(0, "parameter-server modes: dedicated server ranks (0 = rank 0 serves and trains)")
+    push_every: int = _field(1, "ps-async (Downpour): push accumulated gradients every n steps")
+    pull_every: int = _field(1, "ps-async (Downpour): pull fresh parameters every m steps")
+    warmup_steps: int = _field(WARMUP_STEPS, "mode=pipe: synchronous steps before the pipeline opens")
+    bucket_mb: float = _field(BUCKET_MB, "gradient bucket size in MiB (pipe/sync/ddp)")
+    check_replicas: int = _field(0, "pipe/sync: compare weights across ranks every N steps (0 = never)")
 
     # --- model and data ---
-    model: str = "mlp"  # mlp | lenet | resnet20 | alexnet
-    hidden: int = 128  # MLP hidden width
-    dataset: str = "digits"  # digits | synthetic | mnist1d | mnist:DIR | cifar10:DIR
-    synthetic_samples: int = 8192  # synthetic: number of samples (train + test)
-    synthetic_features: int = 64  # synthetic: features per sample
-    synthetic_classes: int = 10  # synthetic: number of classes
+    model: str = _field("mlp", "model to train", lambda: MODELS)
+    hidden: int = _field(128, "MLP hidden width")
+    dataset: str = _field("digits", f"data set; {' and '.join(DATASETS_WITH_DIR)} read local files, given as "
+                          "NAME:DIR", lambda: DATASETS)
+    synthetic_samples: int = _field(8192, "synthetic: number of samples (train + test)")
+    synthetic_features: int = _field(64, "synthetic: features per sample")
+    synthetic_classes: int = _field(10, "synthetic: number of classes")
 
     # --- optimisation ---
-    epochs: int = 20  # passes over each worker's shard
-    steps: int = 0  # stop after this many steps (0 = run all epochs); overrides epochs when set
-    batch_size: int = 32  # samples per worker per step
-    lr: float = 0.02  # learning rate
-    momentum: float = 0.9  # SGD momentum (ignored by adam)
-    optimizer: str = "sgd"  # sgd | adam
-    weight_decay: float = 0.0  # L2 penalty of the inner optimizer
-    seed: int = 0  # seeds model init, data split, shuffling and torch/numpy/python RNGs
+    epochs: int = _field(20, "passes over each worker's shard")
+    steps: int = _field(0, "stop after this many steps (0 = run all epochs); overrides epochs when set")
+    batch_size: int = _field(32, "samples per worker per step")
+    lr: float = _field(0.02, "learning rate")
+    momentum: float = _field(0.9, "SGD momentum (ignored by adam)")
+    optimizer: str = _field("sgd", "inner torch optimizer", lambda: OPTIMIZERS)
+    weight_decay: float = _field(0.0, "L2 penalty of the inner optimizer")
+    seed: int = _field(0, "seeds model init, data split, shuffling and torch/numpy/python RNGs")
 
     # --- execution ---
-    device: str = "cpu"  # cpu | cuda
-    backend: str = ""  # gloo | nccl; empty = gloo on cpu, nccl on cuda
-    threads: int = 1  # torch intra-op threads per process (1 suits several processes per core)
-    timeout: float = 60.0  # seconds a peer may stall before the run fails (exceed the longest evaluation)
-    debug: bool = False  # show Python tracebacks for expected failures too
+    device: str = _field("cpu", "where to train", lambda: DEVICES)
+    backend: str = _field("", "process-group backend; empty = gloo on cpu, nccl on cuda", lambda: BACKENDS)
+    threads: int = _field(1, "torch intra-op threads per process (1 suits several processes per core)")
+    timeout: float = _field(60.0, "seconds a peer may stall before the run fails (exceed the longest evaluation)")
+    debug: bool = _field(False, "show Python tracebacks for expected failures too")
 
     # --- outputs ---
-    metrics: str = ""  # JSONL path; with world size > 1 each rank writes FILE.rankN.jsonl
-    eval_every: int = 1  # evaluate on the held-out split every N epochs (0 = only at the end)
-    checkpoint: str = ""  # checkpoint directory (one file per rank); empty = no checkpoints
-    checkpoint_every: int = 0  # also checkpoint every N steps (0 = only at the end)
-    resume: bool = False  # continue from the checkpoint in --checkpoint (fresh start if none exists)
+    metrics: str = _field("", "JSONL path; with world size > 1 each rank writes FILE.rankN.jsonl")
+    eval_every: int = _field(1, "evaluate on the held-out split every N epochs (0 = only at the end)")
+    checkpoint: str = _field("", "checkpoint directory (one file per rank); empty = no checkpoints")
+    checkpoint_every: int = _field(0, "also checkpoint every N steps (0 = only at the end)")
+    resume: bool = _field(False, "continue from the checkpoint in --checkpoint (fresh start if none exists)")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -106,15 +117,14 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise ConfigError with a one-line reason if a value or a combination is invalid."""
-        _choice("mode", self.mode, MODES)
-        _choice("compression", self.compression, COMPRESSIONS)
-        _choice("ddp-hook", self.ddp_hook, DDP_HOOKS)
-        _choice("model", self.model, MODEL_NAMES)
-        _choice("optimizer", self.optimizer, OPTIMIZERS)
-        _choice("device", self.device, DEVICES)
-        if self.backend:
-            _choice("backend", self.backend, BACKENDS)
-        _choice("dataset", self.dataset_name, DATASET_NAMES)
+        named = [f for f in fields(self) if f.metadata["choices"] is not None]
+        # Names are checked against the registry that owns them; the dataset last, as its NAME:DIR form
+        # gets further checks right after.
+        for f in sorted(named, key=lambda f: f.name == "dataset"):
+            value = self.dataset_name if f.name == "dataset" else getattr(self, f.name)
+            if value == "" and f.default == "":  # an empty default means "chosen by context" (backend)
+                continue
+            _choice(_flag(f.name), value, _choices(f))
         if self.dataset_name in DATASETS_WITH_DIR:
             if not self.dataset_dir:
                 raise ConfigError(f"--dataset {self.dataset_name} needs a directory: --dataset {self.dataset_name}:DIR")
@@ -142,24 +152,26 @@ class TrainConfig:
         if not self.bucket_mb > 0:
             raise ConfigError(f"--bucket-mb must be positive (got {self.bucket_mb})")
 
-        ring_modes = ("pipe", "sync")
-        if self.compression != "none" and self.mode not in ring_modes:
+        ring_modes = "|".join(RING_MODES)
+        if self.compression != "none" and self.mode not in RING_MODES:
             hint = "; DDP compresses with --ddp-hook fp16" if self.mode == "ddp" else ""
-            raise ConfigError(f"--compression applies to --mode pipe|sync only, not {self.mode}{hint}")
-        if self.error_feedback and self.mode not in ring_modes:
-            raise ConfigError(f"--error-feedback applies to --mode pipe|sync only, not {self.mode}")
+            raise ConfigError(f"--compression applies to --mode {ring_modes} only, not {self.mode}{hint}")
+        if self.error_feedback and self.mode not in RING_MODES:
+            raise ConfigError(f"--error-feedback applies to --mode {ring_modes} only, not {self.mode}")
         if self.error_feedback and self.compression == "none":
-            raise ConfigError("--error-feedback needs a lossy --compression (fp16|bf16|q8|q4|sign)")
-        if self.compression == "sign" and not self.error_feedback:
-            raise ConfigError("--compression sign needs --error-feedback (1-bit SGD does not converge without it)")
+            lossy = "|".join(name for name in compression.available() if name != "none")
+            raise ConfigError(f"--error-feedback needs a lossy --compression ({lossy})")
+        if self.compression in NEEDS_ERROR_FEEDBACK and not self.error_feedback:
+            raise ConfigError(f"--compression {self.compression} needs --error-feedback "
+                              "(1-bit SGD does not converge without it)")
         if self.ddp_hook != "none" and self.mode != "ddp":
             raise ConfigError(f"--ddp-hook applies to --mode ddp only, not {self.mode}")
-        if self.servers and not self.mode.startswith("ps-"):
-            raise ConfigError(f"--servers applies to --mode ps-sync|ps-async only, not {self.mode}")
+        if self.servers and self.mode not in PS_TRAIN_MODES:
+            raise ConfigError(f"--servers applies to --mode {'|'.join(PS_TRAIN_MODES)} only, not {self.mode}")
         if (self.push_every != 1 or self.pull_every != 1) and self.mode != "ps-async":
             raise ConfigError(f"--push-every/--pull-every apply to --mode ps-async only, not {self.mode}")
-        if self.check_replicas and self.mode not in ring_modes:
-            raise ConfigError(f"--check-replicas applies to --mode pipe|sync only, not {self.mode}")
+        if self.check_replicas and self.mode not in RING_MODES:
+            raise ConfigError(f"--check-replicas applies to --mode {ring_modes} only, not {self.mode}")
         if self.resolved_backend == "nccl" and self.device != "cuda":
             raise ConfigError("--backend nccl needs --device cuda")
         if self.checkpoint and self.servers:
@@ -178,6 +190,10 @@ class TrainConfig:
         write_text_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
+def _choices(f) -> tuple[str, ...]:
+    return tuple(f.metadata["choices"]())
+
+
 def _choice(flag: str, value: str, valid: tuple[str, ...]) -> None:
     if value not in valid:
         raise ConfigError(f"unknown --{flag} {value!r} (valid: {', '.join(valid)})")
@@ -187,14 +203,10 @@ def _flag(field_name: str) -> str:
     return field_name.replace("_", "-")
 
 
-def _field_comments() -> dict[str, str]:
-    """Each field's trailing comment in TrainConfig's source: the flag's help text (one place to document)."""
-    comments = {}
-    for line in inspect.getsource(TrainConfig).splitlines():
-        match = re.match(r"\s+(\w+): [^=]+=[^#]+#\s*(.*)$", line)
-        if match:
-            comments[match.group(1)] = match.group(2)
-    return comments
+def help_text(f) -> str:
+    """A field's flag help: its text, the valid names from the owning registry, and its default."""
+    choices = f"; one of {', '.join(_choices(f))}" if f.metadata["choices"] is not None else ""
+    return f"{f.metadata['help']}{choices} (default: {f.default!r})"
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -217,16 +229,14 @@ def build_parser() -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS,
     )
     parser.add_argument("--config", metavar="FILE.toml", help="TOML file of field = value (flags win over it)")
-    comments = _field_comments()
     for f in fields(TrainConfig):
         default = f.default
         flag = f"--{_flag(f.name)}"
-        text = comments.get(f.name, "")
-        help_text = f"{text + ' ' if text else ''}(default: {default!r})".replace("%", "%%")
+        text = help_text(f).replace("%", "%%")
         if isinstance(default, bool):
-            parser.add_argument(flag, dest=f.name, action="store_true", help=help_text)
+            parser.add_argument(flag, dest=f.name, action="store_true", help=text)
         else:
-            parser.add_argument(flag, dest=f.name, type=type(default), metavar=f.name.upper(), help=help_text)
+            parser.add_argument(flag, dest=f.name, type=type(default), metavar=f.name.upper(), help=text)
     return parser
 
 

@@ -2,8 +2,9 @@
 
 Every data set is either shipped by a package (scikit-learn's digits), generated from a seed
 (synthetic, MNIST-1D-style) or read from local files (MNIST IDX, CIFAR-10 python batches); nothing is
-downloaded. ``shard_batches`` gives each worker an equal, disjoint slice of one seeded permutation per
-epoch, so all workers run the same number of steps.
+downloaded. ``DATASETS`` is the registry by ``--dataset`` name (the config checks names against it).
+``shard_batches`` gives each worker an equal, disjoint slice of one seeded permutation per epoch, so all
+workers run the same number of steps.
 """
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ import gzip
 import importlib.util
 import os
 import pickle
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from .config import TrainConfig
+if TYPE_CHECKING:  # the config validates against DATASETS below, so it imports this module
+    from .config import TrainConfig
 
 
 class DataError(ValueError):
@@ -179,20 +182,25 @@ def load_cifar10(directory: str) -> Dataset:
                    torch.from_numpy(y_test.astype(np.int64)), 10)
 
 
+# The data-set registry, by --dataset name (the config validates against it). Each loader gets the
+# resolved config; the names in DATASETS_WITH_DIR read local files and are given as NAME:DIR.
+DATASETS: dict[str, Callable[[TrainConfig], Dataset]] = {
+    "digits": lambda cfg: load_digits(cfg.seed),
+    "synthetic": lambda cfg: make_synthetic(cfg.synthetic_samples, cfg.synthetic_features, cfg.synthetic_classes,
+                                            cfg.seed),
+    "mnist1d": lambda cfg: make_mnist1d(cfg.seed),
+    "mnist": lambda cfg: load_mnist(cfg.dataset_dir),
+    "cifar10": lambda cfg: load_cifar10(cfg.dataset_dir),
+}
+DATASETS_WITH_DIR = ("mnist", "cifar10")
+
+
 def build_dataset(cfg: TrainConfig) -> Dataset:
     """The data set named by ``cfg.dataset`` (identical on every rank: same files, same seeds)."""
-    name = cfg.dataset_name
-    if name == "digits":
-        return load_digits(cfg.seed)
-    if name == "synthetic":
-        return make_synthetic(cfg.synthetic_samples, cfg.synthetic_features, cfg.synthetic_classes, cfg.seed)
-    if name == "mnist1d":
-        return make_mnist1d(cfg.seed)
-    if name == "mnist":
-        return load_mnist(cfg.dataset_dir)
-    if name == "cifar10":
-        return load_cifar10(cfg.dataset_dir)
-    raise DataError(f"unknown dataset {name!r}")
+    loader = DATASETS.get(cfg.dataset_name)
+    if loader is None:
+        raise DataError(f"unknown dataset {cfg.dataset_name!r}")
+    return loader(cfg)
 
 
 def shard_size(n_samples: int, num_workers: int) -> int:

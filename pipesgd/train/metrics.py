@@ -1,9 +1,12 @@
-"""JSONL metrics: one JSON object per line, flushed per line, read directly by ``pandas.read_json(lines=True)``.
+"""What one run writes: the JSONL records (config, step, eval, summary), the config copies and the summary text.
 
-File layout: with world size 1 the records go to ``FILE.jsonl`` itself; with world size > 1 each rank
-writes ``FILE.rankN.jsonl`` (its own step records), and the reporting rank also writes the ``config``,
-``eval`` and ``summary`` records into its file. The reporting rank is worker 0: global rank 0, except
-with dedicated parameter servers (``--servers N``: ranks 0..N-1 serve, rank N reports). Record types (times in seconds, ``wall`` = seconds since start):
+Records are one JSON object per line, flushed per line, read directly by ``pandas.read_json(lines=True)``
+and by ``pipesgd.results``. File layout (named by ``pipesgd.run_files``): with world size 1 the records go
+to ``FILE.jsonl`` itself; with world size > 1 each rank writes ``FILE.rankN.jsonl`` (its own step
+records), and the reporting rank also writes the ``config``, ``eval`` and ``summary`` records into its
+file. The reporting rank is worker 0: global rank 0, except with dedicated parameter servers
+(``--servers N``: ranks 0..N-1 serve, rank N reports). Record types (times in seconds, ``wall`` =
+seconds since start):
 
 - ``config``: world_size, mode, width, compression, model, params, grad_bytes, batch_size, ... (first line)
 - ``step``: step, epoch, rank, mode, loss, t_iter, t_compute, t_wait, t_update, bytes_sent, wall,
@@ -22,19 +25,20 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass, field, fields
 from typing import IO, Any
+
+from pipesgd.accounting import StepStats
+from pipesgd.run_files import metrics_path
+
+from .checkpoint import Position
+from .config import TrainConfig
 
 STEP_FIELDS = ("step", "epoch", "rank", "mode", "loss", "t_iter", "t_compute", "t_wait", "t_update",
                "bytes_sent", "wall", "applied_step", "compression_ratio", "residual_norm", "t_comm_busy")
 EVAL_FIELDS = ("step", "epoch", "accuracy", "loss", "wall")
-
-
-def rank_path(path: str, rank: int, world_size: int) -> str:
-    """``FILE.jsonl`` for a single process, ``FILE.rankN.jsonl`` for rank N of several."""
-    if world_size == 1:
-        return path
-    stem, ext = os.path.splitext(path)
-    return f"{stem}.rank{rank}{ext or '.jsonl'}"
+# The per-iteration times the summary averages (means of the measured steps).
+SUMMARY_TIMES = ("t_iter", "t_compute", "t_wait", "t_update")
 
 
 def _clean(value: Any) -> Any:
@@ -44,11 +48,25 @@ def _clean(value: Any) -> Any:
     return value
 
 
+@dataclass(frozen=True, slots=True)
+class StepTimes:
+    """What the loop measured around one iteration; the wrapper's own times come in its ``StepStats``."""
+
+    t_iter_s: float  # data slicing to zero_grad()
+    t_compute_s: float  # forward + backward (DDP's allreduce included: it runs inside backward)
+    t_data_s: float  # moving the batch to the device
+    t_cpu_s: float  # CPU seconds of this process during the step, all threads
+
+    def as_metrics(self) -> dict:
+        """Under the metrics' field names (unit suffix dropped, as ``StepStats.as_metrics``)."""
+        return {f.name.removesuffix("_s"): getattr(self, f.name) for f in fields(self)}
+
+
 class MetricsWriter:
-    """Appends records to this rank's JSONL file; a writer without a path does nothing."""
+    """Appends records to this rank's JSONL file; a writer without a path writes nothing anywhere."""
 
     def __init__(self, path: str, rank: int, world_size: int, start_time: float | None = None):
-        self.path = rank_path(path, rank, world_size) if path else ""
+        self.path = metrics_path(path, rank, world_size) if path else ""
         self.start_time = time.perf_counter() if start_time is None else start_time
         self._file: IO[str] | None = None
         if self.path:
@@ -67,7 +85,95 @@ class MetricsWriter:
             self._file.flush()
         return record
 
+    def write_config(self, cfg: TrainConfig, **facts: Any) -> dict:
+        """The run's first record: the resolved config as used, plus ``facts`` (world size, model size, ...)."""
+        # width and backend as used (sync/ddp/ps run at width 1; the backend defaults by device)
+        return self.write("config", **{**cfg.to_dict(), "width": cfg.effective_width,
+                                       "backend": cfg.resolved_backend, **facts})
+
+    def write_step(self, pos: Position, rank: int, mode: str, loss: float, times: StepTimes,
+                   stats: StepStats) -> dict:
+        """One iteration at ``pos`` (before it advances): the loop's times and the wrapper's stats."""
+        return self.write("step", step=pos.step, epoch=pos.epoch, rank=rank, mode=mode, loss=loss,
+                          **times.as_metrics(), **stats.as_metrics())
+
+    def write_eval(self, pos: Position, accuracy: float, loss: float) -> dict:
+        return self.write("eval", step=pos.step, epoch=pos.epoch, accuracy=accuracy, loss=loss)
+
+    def write_summary(self, summary: dict) -> dict:
+        return self.write("summary", **summary)
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def write_config_files(cfg: TrainConfig) -> list[str]:
+    """The resolved config as JSON next to the metrics (``FILE.config.json``) and in the checkpoint directory."""
+    paths = []
+    if cfg.metrics:
+        paths.append(os.path.splitext(cfg.metrics)[0] + ".config.json")
+    if cfg.checkpoint:
+        paths.append(os.path.join(cfg.checkpoint, "config.json"))
+    for path in paths:
+        cfg.write_json(path)
+    return paths
+
+
+# -- the summary --------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Timings:
+    """Per-iteration times kept on the reporting rank for the summary (seconds, by metrics field name)."""
+
+    by_name: dict[str, list[float]] = field(default_factory=lambda: {name: [] for name in SUMMARY_TIMES})
+
+    def add(self, step_record: dict) -> None:
+        for name, values in self.by_name.items():
+            values.append(step_record[name])
+
+    def mean(self, name: str) -> float:
+        values = self.by_name[name]
+        return sum(values) / len(values) if values else 0.0
+
+    def __len__(self) -> int:
+        return len(self.by_name["t_iter"])
+
+
+def summarize(cfg: TrainConfig, timings: Timings, pos: Position, accuracy: float, eval_loss: float,
+              world_size: int, num_workers: int) -> dict:
+    """The end-of-run figures: accuracy, iterations/s and where an iteration's time went (means, seconds)."""
+    n = len(timings)
+    t_iter, t_compute = timings.mean("t_iter"), timings.mean("t_compute")
+    t_wait, t_update = timings.mean("t_wait"), timings.mean("t_update")
+    return {
+        "steps": pos.step, "epochs": pos.epoch, "world_size": world_size, "num_workers": num_workers,
+        "mode": cfg.mode,
+        "accuracy": accuracy, "test_loss": eval_loss, "measured_steps": n, "skipped_steps": pos.step - n,
+        "iters_per_s": 1.0 / t_iter if t_iter > 0 else 0.0,
+        "t_iter": t_iter, "t_compute": t_compute, "t_wait": t_wait, "t_update": t_update,
+        "t_other": max(t_iter - t_compute - t_wait - t_update, 0.0),
+    }
+
+
+def format_summary(cfg: TrainConfig, s: dict) -> str:
+    """The summary as the lines printed at the end of a run."""
+    def part(name, seconds):
+        share = 100 * seconds / s["t_iter"] if s["t_iter"] > 0 else 0.0
+        return f"{name} {1000 * seconds:.2f} ms ({share:.0f} %)"
+
+    mode = f"{cfg.mode} (width {cfg.effective_width})" if cfg.mode == "pipe" else cfg.mode
+    comm = "waiting for communication" if cfg.mode != "ddp" else "waiting for communication (inside compute for ddp)"
+    ranks = f"{s['world_size']} ranks"
+    if s["num_workers"] != s["world_size"]:
+        servers = s["world_size"] - s["num_workers"]
+        ranks += f" ({servers} server{'s' if servers > 1 else ''}, {s['num_workers']} workers)"
+    lines = [
+        f"done: {cfg.model} on {cfg.dataset_name}, mode {mode}, {ranks}, {s['steps']} steps: "
+        f"test accuracy {100 * s['accuracy']:.1f} % (loss {s['test_loss']:.4f})",
+        f"speed: {s['iters_per_s']:.1f} iterations/s, {1000 * s['t_iter']:.2f} ms per iteration "
+        f"(mean of the last {s['measured_steps']} of this run)",
+        "time per iteration: " + ", ".join([part("compute", s["t_compute"]), part(comm, s["t_wait"]),
+                                            part("optimizer", s["t_update"]), part("other", s["t_other"])]),
+    ]
+    return "\n".join(lines)

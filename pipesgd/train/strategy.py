@@ -1,31 +1,46 @@
 """Build the optimizer wrapper a training mode uses; the only place the trainer chooses how gradients meet.
 
-Every wrapper offers ``step()``, ``zero_grad()``, ``flush()``, ``last_stats``, ``state_dict()`` and
-``load_state_dict()``. ``Strategy`` adds what the loop needs around it: the module to run forward
-through (DDP's wrapper in ``ddp`` mode) and this process's role (parameter-server modes may dedicate
-ranks to serving; workers shard the data by ``worker_rank`` / ``num_workers``).
+Every wrapper satisfies ``pipesgd.wrapper.OptimizerWrapper``. ``Strategy`` adds what the loop needs around
+it: the module to run forward through (DDP's wrapper in ``ddp`` mode) and this process's role
+(parameter-server modes may dedicate ranks to serving; workers shard the data by ``worker_rank`` /
+``num_workers``). ``MODES`` and ``OPTIMIZERS`` are the registries ``--mode`` and ``--optimizer`` are
+validated against.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from .config import TrainConfig
+from pipesgd.baselines.ddp import DDPOptimizer
+from pipesgd.baselines.parameter_server import MODES as PS_MODES
+from pipesgd.baselines.parameter_server import ParameterServer
+from pipesgd.optimizer import PipeSGD
+from pipesgd.wrapper import OptimizerWrapper
+
+if TYPE_CHECKING:  # the config validates against MODES and OPTIMIZERS, so it imports this module
+    from .config import TrainConfig
 
 
 @dataclass(slots=True)
 class Strategy:
     """The optimizer wrapper plus the role of this process."""
 
-    opt: Any  # PipeSGD, DDPOptimizer or ParameterServer
+    opt: OptimizerWrapper  # what the loop drives: step, zero_grad, flush, close, state
     forward_model: nn.Module  # what the loop calls for the forward pass
-    worker_rank: int  # index among the training workers (data shard)
+    worker_rank: int | None  # index among the training workers (data shard); None on a dedicated server
     num_workers: int  # training workers (world size minus dedicated servers)
-    is_server_only: bool  # a dedicated parameter server: serve(), never train
+    # A dedicated parameter server's whole part in the run (answer workers until each has flushed, then
+    # share the final weights); None on every rank that trains.
+    serve: Callable[[], None] | None = None
+
+    @property
+    def is_server_only(self) -> bool:
+        return self.serve is not None
 
     @property
     def is_leader(self) -> bool:
@@ -33,35 +48,59 @@ class Strategy:
         return not self.is_server_only and self.worker_rank == 0
 
 
-def build_inner_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+# -- the inner (torch) optimizers, by --optimizer name ----------------------------------------------
+def _sgd(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+
+def _adam(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+OPTIMIZERS: dict[str, Callable[[TrainConfig, nn.Module], torch.optim.Optimizer]] = {"sgd": _sgd, "adam": _adam}
+
+
+def build_inner_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+    return OPTIMIZERS[cfg.optimizer](cfg, model)
+
+
+# -- the wrappers, by --mode ------------------------------------------------------------------------
+def _ring(cfg: TrainConfig, inner: torch.optim.Optimizer, model: nn.Module, device: torch.device) -> Strategy:
+    opt = PipeSGD(inner, model, width=cfg.effective_width, compression=cfg.compression,
+                  error_feedback=cfg.error_feedback, bucket_mb=cfg.bucket_mb, warmup_steps=cfg.warmup_steps,
+                  check_replicas_every=cfg.check_replicas, timeout_s=cfg.timeout)
+    return Strategy(opt, model, dist.get_rank(), dist.get_world_size())
+
+
+def _ddp(cfg: TrainConfig, inner: torch.optim.Optimizer, model: nn.Module, device: torch.device) -> Strategy:
+    device_ids = [device.index] if device.type == "cuda" else None
+    opt = DDPOptimizer(inner, model, hook=cfg.ddp_hook, bucket_mb=cfg.bucket_mb, device_ids=device_ids)
+    return Strategy(opt, opt.model, dist.get_rank(), dist.get_world_size())
+
+
+def _parameter_server(cfg: TrainConfig, inner: torch.optim.Optimizer, model: nn.Module,
+                      device: torch.device) -> Strategy:
+    opt = ParameterServer(inner, model, mode=cfg.mode.removeprefix("ps-"), servers=cfg.servers,
+                          push_every=cfg.push_every, pull_every=cfg.pull_every)
+    if opt.is_server_only:
+        return Strategy(opt, model, None, opt.num_workers, serve=opt.serve)
+    return Strategy(opt, model, opt.worker_rank, opt.num_workers)
+
+
+# Modes whose gradients travel our ring: only they take --compression, --error-feedback, --check-replicas.
+RING_MODES = ("pipe", "sync")
+PS_TRAIN_MODES = tuple(f"ps-{mode}" for mode in PS_MODES)
+_BUILDERS: dict[str, Callable[..., Strategy]] = {
+    **dict.fromkeys(RING_MODES, _ring), "ddp": _ddp, **dict.fromkeys(PS_TRAIN_MODES, _parameter_server),
+}
+MODES = tuple(_BUILDERS)
 
 
 def num_workers_for(cfg: TrainConfig, world_size: int) -> int:
     """How many ranks train (and share the data) before any wrapper exists, for validation."""
-    return world_size - cfg.servers if cfg.mode.startswith("ps-") else world_size
+    return world_size - cfg.servers if cfg.mode in PS_TRAIN_MODES else world_size
 
 
 def build_strategy(cfg: TrainConfig, model: nn.Module, device: torch.device) -> Strategy:
-    inner = build_inner_optimizer(cfg, model)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if cfg.mode in ("pipe", "sync"):
-        from pipesgd import PipeSGD
-
-        opt = PipeSGD(inner, model, width=cfg.effective_width, compression=cfg.compression,
-                      error_feedback=cfg.error_feedback, bucket_mb=cfg.bucket_mb, warmup_steps=cfg.warmup_steps,
-                      check_replicas_every=cfg.check_replicas, timeout_s=cfg.timeout)
-        return Strategy(opt, model, rank, world, False)
-    if cfg.mode == "ddp":
-        from pipesgd.baselines.ddp import DDPOptimizer
-
-        device_ids = [device.index] if device.type == "cuda" else None
-        opt = DDPOptimizer(inner, model, hook=cfg.ddp_hook, bucket_mb=cfg.bucket_mb, device_ids=device_ids)
-        return Strategy(opt, opt.model, rank, world, False)
-    from pipesgd.baselines import ParameterServer  # ps-sync | ps-async
-
-    opt = ParameterServer(inner, model, mode=cfg.mode.removeprefix("ps-"), servers=cfg.servers,
-                          push_every=cfg.push_every, pull_every=cfg.pull_every)
-    return Strategy(opt, model, opt.worker_rank, opt.num_workers, bool(opt.is_server_only))
+    """The wrapper of ``cfg.mode`` around a fresh inner optimizer (a collective: every rank calls it)."""
+    return _BUILDERS[cfg.mode](cfg, build_inner_optimizer(cfg, model), model, device)

@@ -1,0 +1,70 @@
+"""``pipesgd-train``'s run in this process (world size 1, a recording wrapper): what a run writes, that the
+wrapper is always closed, dedicated servers, and resuming from the run's own checkpoint."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipesgd.train import cli
+from pipesgd.train.config import TrainConfig
+from pipesgd.train.data import build_dataset
+from pipesgd.train.strategy import Strategy
+from tests.single_process import RecordingWrapper, process_group  # noqa: F401 - a fixture
+
+ARGS = dict(dataset="synthetic", synthetic_samples=100, synthetic_features=8, synthetic_classes=3,
+            batch_size=16, steps=7, eval_every=0, timeout=30.0)
+
+
+def _run(monkeypatch, cfg: TrainConfig, wrapper: RecordingWrapper, serve=None) -> None:
+    """cli.run with ``wrapper`` in place of the mode's own."""
+    monkeypatch.setattr(cli, "build_strategy", lambda cfg, model, device: Strategy(wrapper, model, 0, 1, serve))
+    cli.run(cfg, build_dataset(cfg), rank=0, world_size=1, local_rank=0)
+
+
+def _records(path) -> list[dict]:
+    with open(path) as handle:
+        return [json.loads(line) for line in handle]
+
+
+def test_a_run_writes_its_record_and_closes_after_flush(tmp_path, monkeypatch, capsys, process_group):  # noqa: F811
+    cfg = TrainConfig(**ARGS, metrics=str(tmp_path / "m.jsonl"), checkpoint=str(tmp_path / "ck"))
+    wrapper = RecordingWrapper()
+    _run(monkeypatch, cfg, wrapper)
+    assert wrapper.calls == ["step", "zero_grad"] * 7 + ["flush", "close"]
+    records = _records(cfg.metrics)
+    assert [r["type"] for r in records] == ["config"] + ["step"] * 7 + ["eval", "summary"]
+    config = records[0]
+    assert config["world_size"] == 1 and config["num_workers"] == 1 and config["resumed_at_step"] is None
+    assert config["width"] == 2 and config["backend"] == "gloo" and config["steps_per_epoch"] == 5
+    assert records[-1]["steps"] == 7 and "done: mlp on synthetic" in capsys.readouterr().out
+    for copy in (tmp_path / "m.config.json", tmp_path / "ck" / "config.json"):
+        assert TrainConfig(**json.loads(copy.read_text())) == cfg
+
+
+def test_the_wrapper_is_closed_after_a_failure(tmp_path, monkeypatch, process_group):  # noqa: F811
+    wrapper = RecordingWrapper(fail_at=2)
+    with pytest.raises(RuntimeError, match="step 2 failed on purpose"):
+        _run(monkeypatch, TrainConfig(**ARGS), wrapper)
+    assert wrapper.calls[-1] == "close" and "flush" not in wrapper.calls
+
+
+def test_a_dedicated_server_serves_writes_nothing_and_closes(tmp_path, monkeypatch, process_group):  # noqa: F811
+    served = []
+    wrapper = RecordingWrapper()
+    _run(monkeypatch, TrainConfig(**ARGS, metrics=str(tmp_path / "m.jsonl")), wrapper, serve=lambda: served.append(1))
+    assert served == [1] and wrapper.calls == ["close"] and list(tmp_path.iterdir()) == []
+
+
+def test_resume_appends_to_the_same_record(tmp_path, monkeypatch, capsys, process_group):  # noqa: F811
+    args = dict(ARGS, metrics=str(tmp_path / "m.jsonl"), checkpoint=str(tmp_path / "ck"), resume=True)
+    first = RecordingWrapper()
+    _run(monkeypatch, TrainConfig(**args), first)  # no checkpoint yet: a fresh start
+    assert "load_state_dict" not in first.calls
+    second = RecordingWrapper()
+    _run(monkeypatch, TrainConfig(**{**args, "steps": 10}), second)
+    assert second.calls[0] == "load_state_dict" and second.steps == 10  # 7 restored + 3 run
+    assert "resumed from" in capsys.readouterr().out
+    records = _records(tmp_path / "m.jsonl")
+    assert [r["resumed_at_step"] for r in records if r["type"] == "config"] == [None, 7]
+    assert [r["step"] for r in records if r["type"] == "step"] == [*range(7), *range(7, 10)]
