@@ -1,8 +1,10 @@
 """pipesgd: Pipe-SGD (NeurIPS 2018) for PyTorch — compute iteration t while iteration t-1's gradients are
 ring-all-reduced (optionally compressed on every hop) in the background.
 
-Data path: gradients -> flat buckets (``buckets``) -> codec (``compression``) -> ring on a background
-worker (``ring``, ``comm_worker``) -> delayed apply (``optimizer.PipeSGD``) -> the wrapped torch optimizer.
+Data path: gradients -> flat buckets (``buckets``) -> codec and error feedback (``compression``) -> ring on the
+background worker (``ring``, ``topology``; ``exchange`` runs one step's buckets on a ``channel``) -> which
+step is due (``pipeline``) -> delayed apply (``optimizer.PipeSGD``, options in ``options``) -> the wrapped
+torch optimizer. Every way of averaging gradients satisfies ``wrapper.OptimizerWrapper``.
 
 The public names load on first use, so torch-free modules (``pipesgd.defaults``, ``pipesgd.run_files``)
 can be imported by the analytic timing model without loading torch.
@@ -25,6 +27,7 @@ _EXPORTS = {
     "Work": "pipesgd.handles",
     "CompletedWork": "pipesgd.handles",
     "ReplicaDivergenceError": "pipesgd.replica_check",
+    "OptimizerWrapper": "pipesgd.wrapper",
 }
 
 __all__ = [*_EXPORTS, "compression", "DEFAULT_WARMUP_STEPS"]
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
     from pipesgd.handles import CompletedWork, Work
     from pipesgd.optimizer import NonFiniteGradientError, PipeSGD
     from pipesgd.replica_check import ReplicaDivergenceError
+    from pipesgd.wrapper import OptimizerWrapper
     from pipesgd.ring import ring_allreduce
 
 

@@ -13,9 +13,6 @@ from dataclasses import dataclass, field
 
 from pipesgd.run_files import metrics_files
 
-# Kept for notebooks/fidelity.ipynb, which imports it from here; the naming is run_files' alone.
-rank_files = metrics_files
-
 
 @dataclass(slots=True)
 class Run:
