@@ -21,6 +21,7 @@ from pipesgd.compression.throughput import measure_codec_gbps
 from pipesgd.launch import run_on_ranks
 from pipesgd.measure import time_collective
 from pipesgd.ring import RingTopology, ring_allreduce_
+from pipesgd.train.step_timer import wait_for_compute
 
 CODECS = ("none", "fp16", "bf16", "q8", "q4", "sign")
 DEVICE = torch.device("cpu")
@@ -29,6 +30,17 @@ DEVICE = torch.device("cpu")
 def median_time(call, repeats: int, warmup: int = 2) -> float:
     """The slowest rank's median seconds of ``call`` (``pipesgd.measure.time_collective``)."""
     return time_collective(call, repeats, warmup, device=DEVICE)
+
+
+def median_step_time(call, repeats: int, warmup: int = 2) -> float:
+    """Like ``median_time``, but waiting only for the compute stream after each call: a device-wide
+    synchronize would also wait for the ring in flight on the side stream and undo the pipeline."""
+
+    def step() -> None:
+        call()
+        wait_for_compute(DEVICE)
+
+    return time_collective(step, repeats, warmup, device=None)
 
 
 def bench_collectives(rank: int, world: int, sizes: list[int], repeats: int) -> None:
@@ -91,7 +103,7 @@ def bench_steps(rank: int, world: int, hidden: int, batch: int, steps: int, comp
         nn.functional.cross_entropy(model(x), y).backward()
         model.zero_grad()
 
-    results = {"compute only": median_time(compute_only, steps)}
+    results = {"compute only": median_step_time(compute_only, steps)}
     for width in (1, 2):
         opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=1e-3), model, width=width, warmup_steps=0,
                       compression=compression, error_feedback=compression == "sign")
@@ -101,7 +113,7 @@ def bench_steps(rank: int, world: int, hidden: int, batch: int, steps: int, comp
             opt.step()
             opt.zero_grad()
 
-        results[f"width {width}"] = median_time(step, steps)
+        results[f"width {width}"] = median_step_time(step, steps)
         opt.flush()
         opt.close()
     if rank == 0:
@@ -117,6 +129,8 @@ def main_rank(rank: int, world: int, args: argparse.Namespace) -> None:
     global DEVICE
     DEVICE = torch.device(args.device)
     if DEVICE.type == "cuda":
+        # Ranks beyond the GPU count share GPUs (gloo over CUDA tensors); set_device needs an index.
+        DEVICE = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(DEVICE)
     if rank == 0:
         print(f"device {DEVICE}, backend {dist.get_backend()}, {world} ranks")

@@ -25,9 +25,11 @@ class RingChannel:
     At world size 1 there is no worker: a job runs at once and its handle is already completed.
     """
 
-    def __init__(self, group: dist.ProcessGroup | None, device: torch.device | str = "cpu") -> None:
+    def __init__(self, group: dist.ProcessGroup | None, device: torch.device | str = "cpu",
+                 owns_group: bool = False) -> None:
         self.topology = RingTopology(group)
         self._worker = CommWorker(device) if self.topology.size > 1 else None
+        self._owned_group = group if owns_group else None  # a private clone, destroyed by close()
 
     @property
     def size(self) -> int:
@@ -44,9 +46,14 @@ class RingChannel:
         return self._worker.submit(fn, *args)
 
     def close(self) -> None:
-        """Finish the queued jobs and stop the worker."""
+        """Finish the queued jobs, stop the worker and destroy the channel's private group (if it has one)."""
         if self._worker is not None:
             self._worker.close()
+        group, self._owned_group = self._owned_group, None
+        # Destroying the default group destroys every group; a private one left alive would keep its
+        # connections (gloo sockets, NCCL communicators) until the process ends.
+        if group is not None and dist.is_initialized():
+            dist.destroy_process_group(group)
 
 
 def open_private_channel(
@@ -55,10 +62,14 @@ def open_private_channel(
     """A channel on a private clone of ``group`` (the default group if None): collectives the caller issues
     on its own group (metrics, replica checks) can then never interleave with the worker's traffic.
 
-    Creating the clone is a collective call on every rank of the default group. ``timeout_s`` bounds every
-    wait of the background ring: a dead or hung peer then surfaces as an error from ``wait()`` instead of a
-    hang (torch's own default is 30 minutes)."""
-    return RingChannel(_private_group(group, timeout_s), device)
+    Creating the clone is a collective call on every rank of the default group; ``close()`` destroys it.
+    ``timeout_s`` bounds every wait of the background ring. On gloo a dead or hung peer then surfaces as an
+    error from ``wait()`` (so from ``PipeSGD.step()``) instead of a hang (torch's own default is 30 minutes).
+    On NCCL the worker's waits only order streams, so a timeout is caught by NCCL's watchdog, which by default
+    (``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``) tears the process down rather than raising; set
+    ``TORCH_NCCL_BLOCKING_WAIT=1`` for the error to be raised from ``step()`` instead."""
+    private = _private_group(group, timeout_s)
+    return RingChannel(private, device, owns_group=private is not None)
 
 
 def _private_group(group: dist.ProcessGroup | None, timeout_s: float | None) -> dist.ProcessGroup | None:

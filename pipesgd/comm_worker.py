@@ -5,8 +5,9 @@ Inside pipesgd, rings reach it through a ``pipesgd.channel.RingChannel`` (one wo
 On CPU it is just a thread. On CUDA the thread also owns a side stream: a job first makes the side stream
 wait for an event recorded on the caller's stream when the job was submitted (the gradients are ready),
 and records a done-event after it; the handle's ``wait()`` makes the caller's current stream wait for that
-event, so no host synchronisation is needed on the compute side. Jobs run in submission order, which is
-what keeps the rings of all ranks matched.
+event, so no host synchronisation is needed on the compute side. A failed job records its done-event too,
+and ``close()`` waits for the side stream, so no error path frees a buffer that a queued kernel still uses.
+Jobs run in submission order, which is what keeps the rings of all ranks matched.
 """
 from __future__ import annotations
 
@@ -25,16 +26,20 @@ _STOP = object()
 class StreamWork(Work):
     """A handle whose result, on CUDA, is only valid on a stream after waiting for the job's done-event."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | None = None) -> None:
         super().__init__()
+        self.device = device  # the worker's device: its current stream is the one that waits
         self.done_event: torch.cuda.Event | None = None
         self.busy_s = 0.0
 
     def wait(self, timeout: float | None = None):
-        result = super().wait(timeout)
-        if self.done_event is not None:
-            torch.cuda.current_stream().wait_event(self.done_event)
-        return result
+        try:
+            return super().wait(timeout)
+        finally:
+            # On success and on error alike: the caller's stream must not touch the job's tensors (or free
+            # them) before the kernels the job queued on the side stream have run.
+            if self.done_event is not None:
+                torch.cuda.current_stream(self.device).wait_event(self.done_event)
 
 
 class CommWorker:
@@ -51,7 +56,7 @@ class CommWorker:
         """Queue ``fn(*args)``; returns a handle whose ``wait()`` gives its result or raises its error."""
         if not self._thread.is_alive():
             raise RuntimeError("the communication worker has been closed")
-        work = StreamWork()
+        work = StreamWork(self.device if self._stream is not None else None)
         ready = None
         if self._stream is not None:
             ready = torch.cuda.Event()
@@ -64,10 +69,12 @@ class CommWorker:
         return self._thread.is_alive()
 
     def close(self) -> None:
-        """Finish queued jobs, then stop the thread."""
+        """Finish queued jobs, stop the thread, and wait for the kernels they queued on the side stream."""
         if self._thread.is_alive():
             self._jobs.put(_STOP)
             self._thread.join()
+        if self._stream is not None:
+            self._stream.synchronize()
 
     def _loop(self) -> None:
         if self._stream is not None:
@@ -85,10 +92,11 @@ class CommWorker:
                     else:
                         with torch.cuda.stream(self._stream):
                             self._stream.wait_event(ready)
-                            result = fn(*args)
-                            done = torch.cuda.Event()
-                            done.record(self._stream)
-                            work.done_event = done
+                            try:
+                                result = fn(*args)
+                            finally:  # a failed job may have queued kernels too
+                                work.done_event = torch.cuda.Event()
+                                work.done_event.record(self._stream)
                 work.busy_s = time.perf_counter() - start
                 work.set_result(result)
             except BaseException as error:  # noqa: BLE001 - handed to the waiting caller

@@ -1,9 +1,11 @@
 """One step's gradient exchange, as the background worker runs it: every bucket all-reduced to its mean
 (our ring with the codec on every hop, or the backend's all_reduce), then the checks the caller must not
-synchronise for (finiteness, the error-feedback residual norm).
+synchronise for (finiteness, the error-feedback residual norm). A residual that a non-finite gradient made
+non-finite is zeroed here, on the worker, before the next step's ring can fold it in.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +58,10 @@ class GradientExchange:
             report.add(ring_allreduce_(flat, self.compressor, self.topology, "mean", residual))
         finite = all(all_finite(flat) for flat in buffers)
         norm = self.feedback.residual_norm() if self.feedback is not None else None
+        if norm is not None and not math.isfinite(norm):
+            # Here and not in the caller's thread: the next ring may already be queued behind this one, and
+            # only the worker runs them in order (a reset from the caller raced with it and poisoned it).
+            self.feedback.reset(nonfinite_only=True)
         return ExchangeResult(buffers, report, finite, norm)
 
     def restored(self, buckets: list[torch.Tensor], bytes_sent: int, raw_bytes: int) -> ExchangeResult:

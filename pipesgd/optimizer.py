@@ -254,9 +254,7 @@ class PipeSGD:
                     f"non-finite (NaN/Inf) averaged gradient from step {entry.step}; lower the learning rate, "
                     f"check the data, or pass nonfinite='skip' to skip such steps"
                 )
-            stats.skipped_nonfinite = True
-            if self._exchange.feedback is not None:
-                self._exchange.feedback.reset(nonfinite_only=True)
+            stats.skipped_nonfinite = True  # the exchange already zeroed a non-finite residual, on the worker
         else:
             for bucket, flat in zip(self._buckets, result.buckets):
                 unpack_to_gradients(bucket, self._params, flat)

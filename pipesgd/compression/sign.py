@@ -24,8 +24,16 @@ from pipesgd.compression.quantize import check_block_size
 from pipesgd.defaults import QUANT_BLOCK_SIZE
 
 
+_BIT_WEIGHTS: dict[torch.device, torch.Tensor] = {}
+
+
 def _bit_weights(device: torch.device) -> torch.Tensor:
-    return torch.tensor([1 << k for k in range(8)], dtype=torch.uint8, device=device)
+    """[1, 2, ..., 128] on ``device``, built once per device: building it from a Python list on every
+    decode was a host-to-device copy each time."""
+    weights = _BIT_WEIGHTS.get(device)
+    if weights is None:
+        weights = _BIT_WEIGHTS[device] = torch.tensor([1 << k for k in range(8)], dtype=torch.uint8, device=device)
+    return weights
 
 
 @dataclass(frozen=True, slots=True)

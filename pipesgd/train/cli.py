@@ -53,6 +53,13 @@ def check_shapes(cfg: TrainConfig, n_train: int, world_size: int) -> None:
         raise ConfigError("--device cuda but no CUDA device is available")
 
 
+def check_gpus(cfg: TrainConfig, local_world_size: int, gpu_count: int) -> None:
+    """NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), and ranks map to GPUs by local rank."""
+    if cfg.device == "cuda" and cfg.resolved_backend == "nccl" and local_world_size > gpu_count:
+        raise ConfigError(f"{local_world_size} ranks on this node but {gpu_count} GPU(s): NCCL needs one GPU per "
+                          "rank; use --backend gloo (ranks then share the GPUs) or fewer ranks per node")
+
+
 def init_process_group(cfg: TrainConfig, rank: int, world_size: int) -> None:
     """One code path for 1 and N ranks: torchrun's env:// rendezvous, or an in-memory store when alone."""
     timeout = timedelta(seconds=cfg.timeout)
@@ -138,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(cfg.threads)
         ds = build_dataset(cfg)
         check_shapes(cfg, len(ds.x_train), world_size)
+        check_gpus(cfg, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)), torch.cuda.device_count())
     except (ConfigError, DataError) as exc:
         if debug:
             traceback.print_exc()

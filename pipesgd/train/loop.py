@@ -1,8 +1,9 @@
 """The training loop, top to bottom: batch -> forward/backward -> opt.step() -> opt.zero_grad() -> record.
 
 The loop never talks to the network: gradients meet only inside the optimizer wrapper (``strategy``).
-Timing of one iteration: ``t_compute`` is forward + backward (on CUDA synchronised before the clock
-stops; in ``ddp`` mode it includes DDP's allreduce, which runs inside backward), ``t_wait`` and
+Timing of one iteration: ``t_compute`` is forward + backward (on CUDA timed by events on the compute stream,
+``step_timer``, so the ring in flight on the side stream is not counted; in ``ddp`` mode it includes DDP's
+allreduce, which runs inside backward), ``t_wait`` and
 ``t_update`` come from the ``StepStats`` that ``opt.step()`` returns, ``t_iter`` spans data slicing to ``zero_grad()``.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .config import TrainConfig
 from .data import Dataset, shard_batches, steps_per_epoch
 from .metrics import MetricsWriter, StepTimes, Timings, summarize
 from .progress import Progress
+from .step_timer import ComputeTimer
 from .strategy import Strategy
 
 SUMMARY_SKIP_STEPS = 5  # first iterations left out of the speed figures (allocation, thread start-up)
@@ -42,11 +44,6 @@ def evaluate(model: nn.Module, ds: Dataset, device: torch.device, batch_size: in
     return correct / n, loss_sum / n
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, device: torch.device,
           metrics: MetricsWriter, rank: int, world_size: int, start: Position,
           watchdog: faults.Watchdog) -> dict | None:
@@ -60,6 +57,7 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
     timings = Timings()
     skip = SUMMARY_SKIP_STEPS if total_steps - start.step > 2 * SUMMARY_SKIP_STEPS else 0  # short runs: all
     pos = Position(start.epoch, start.step_in_epoch, start.step)
+    compute = ComputeTimer(device)
     model.train()
 
     while pos.step < total_steps:
@@ -73,16 +71,16 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             # forward / backward (DDP averages gradients in here)
             t1 = time.perf_counter()
+            compute.start()
             loss = F.cross_entropy(strategy.forward_model(x), y)
             loss.backward()
-            _sync(device)
-            t2 = time.perf_counter()
+            t_compute = compute.stop()
             # the optimizer wrapper: hand off this step's gradients, apply the averaged ones that are due
             stats = opt.step()
             opt.zero_grad()
             t3, cpu3 = time.perf_counter(), time.process_time()
             loss_value = float(loss.detach())
-            times = StepTimes(t_iter_s=t3 - t0, t_compute_s=t2 - t1, t_data_s=t1 - t0, t_cpu_s=cpu3 - cpu0)
+            times = StepTimes(t_iter_s=t3 - t0, t_compute_s=t_compute, t_data_s=t1 - t0, t_cpu_s=cpu3 - cpu0)
             record = metrics.write_step(pos, rank, cfg.mode, loss_value, times, stats)
             if leader and pos.step - start.step >= skip:
                 timings.add(record)
