@@ -1,0 +1,111 @@
+"""What the GPU scripts (gpu_check.py, gpu_speed.py) share: the launch (spawned ranks or torchrun, gloo or
+NCCL), each rank's device, the models, a stand-in for ``torch.cuda._sleep`` on CPU, and the results folder.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from pipesgd.launch import free_port
+from pipesgd.train.models import BasicBlock, build_model
+
+CIFAR_SHAPE, CLASSES = (3, 32, 32), 10
+
+
+def rank_device(kind: str, rank: int) -> torch.device:
+    """``cuda:rank % GPUs`` (ranks beyond the GPU count share them, over gloo) or the CPU."""
+    if kind == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda but no CUDA device is available (use --device cpu for a smoke run)")
+    device = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (torch {torch.__version__}, CUDA {torch.version.cuda})"
+    return f"CPU {platform.processor() or platform.machine()}, {os.cpu_count()} cores (torch {torch.__version__})"
+
+
+def check_backend(backend: str, ranks: int, device_kind: str) -> None:
+    """NCCL needs CUDA and one GPU per rank; say so in one line instead of NCCL's "Duplicate GPU detected"."""
+    if backend == "nccl" and device_kind != "cuda":
+        raise SystemExit("error: --backend nccl needs --device cuda")
+    if backend == "nccl" and "RANK" not in os.environ and ranks > torch.cuda.device_count():
+        raise SystemExit(f"error: {ranks} ranks but {torch.cuda.device_count()} GPU(s): NCCL needs one GPU per rank; "
+                         "use --backend gloo (ranks then share the GPU) or fewer --ranks")
+
+
+def _entry(rank: int, world: int, port: int, backend: str, fn: Callable, args: tuple) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    _run(fn, backend, args)
+
+
+def _run(fn: Callable, backend: str, args: tuple) -> None:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["WORLD_SIZE"])))
+    dist.init_process_group(backend, timeout=timedelta(seconds=300))
+    try:
+        fn(dist.get_rank(), dist.get_world_size(), *args)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(fn: Callable, ranks: int, backend: str, *args: Any) -> None:
+    """``fn(rank, world, *args)`` on every rank: under torchrun as launched, else ``ranks`` spawned processes."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        _run(fn, backend, args)
+    else:
+        mp.spawn(_entry, args=(ranks, free_port(), backend, fn, args), nprocs=ranks, join=True)
+
+
+def build_resnet18(num_classes: int = CLASSES) -> nn.Module:
+    """ResNet-18 for CIFAR-shaped input (4 stages x 2 basic blocks, 64-512 channels; 11.2 M parameters)."""
+    layers: list[nn.Module] = [nn.Conv2d(3, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU()]
+    c_in = 64
+    for stage, c_out in enumerate((64, 128, 256, 512)):
+        for block in range(2):
+            layers.append(BasicBlock(c_in, c_out, stride=2 if stage > 0 and block == 0 else 1))
+            c_in = c_out
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, num_classes)]
+    return nn.Sequential(*layers)
+
+
+def build(name: str) -> nn.Module:
+    """``lenet``, ``resnet20`` (the trainer's) or ``resnet18``, for 3x32x32 inputs and 10 classes."""
+    return build_resnet18() if name == "resnet18" else build_model(name, CIFAR_SHAPE, CLASSES)
+
+
+def stall(device: torch.device, seconds: float) -> None:
+    """Delay the current stream by about ``seconds`` (``torch.cuda._sleep``); on CPU, the calling thread."""
+    if device.type == "cuda":
+        torch.cuda._sleep(int(seconds * 1.5e9))  # cycles at ~1.5 GHz: only the order matters, not the length
+    else:
+        time.sleep(seconds)
+
+
+def write_results(out: str, name: str, header: str, table: str, data: Any) -> Path:
+    """``out/name.md`` (the header and the table as printed) and ``out/name.json``; returns the folder."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.md").write_text(f"{header}\n\n{table}\n")
+    (folder / f"{name}.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+    return folder
+
+
+def markdown(rows: list[dict], columns: list[str]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(row.get(c, "")) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)

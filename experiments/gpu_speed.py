@@ -1,0 +1,169 @@
+"""Speed of the GPU path (issue 13, part 4): one table per run, per model and variant, with the device name.
+
+    python experiments/gpu_speed.py --device cuda --ranks 4 --out results/gpu          # 4 ranks share the GPU
+    torchrun --nnodes 4 --nproc-per-node 1 ... experiments/gpu_speed.py --device cuda --backend nccl --out DIR
+    python experiments/gpu_speed.py --device cpu --ranks 2 --models lenet --batch 8 --repeats 3 --out /tmp/s
+
+Per model (synthetic CIFAR-shaped data, ``--batch`` per rank): compute only (forward + backward), the
+all-reduce alone on a gradient-sized buffer (the backend's for none, our ring for bf16 / q8), and the
+iteration of sync SGD (PipeSGD K = 1), DDP, DDP + fp16 hook and Pipe-SGD K = 2 with none / bf16 / q8.
+Overlap efficiency = max(compute, that codec's all-reduce) / the measured Pipe-SGD iteration (1.0: the
+communication is hidden entirely; target >= 0.90). Every time is the slowest rank's median; an iteration is
+timed up to the end of its compute-stream work, never a device-wide synchronize (that would wait for the
+ring in flight on the side stream). Then codec throughput on the device: encode + decode of ``--codec-mb``.
+Writes ``gpu_speed.md`` and ``gpu_speed.json`` under ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_common import build, check_backend, device_name, launch, markdown, rank_device, write_results  # noqa: E402
+
+from pipesgd import PipeSGD  # noqa: E402
+from pipesgd.compression import build as build_codec  # noqa: E402
+from pipesgd.compression.throughput import measure_codec_gbps  # noqa: E402
+from pipesgd.measure import time_collective  # noqa: E402
+from pipesgd.ring import RingTopology, ring_allreduce_  # noqa: E402
+from pipesgd.train.step_timer import wait_for_compute  # noqa: E402
+
+PIPE_CODECS = ("none", "bf16", "q8")
+
+
+def iteration_time(call, device: torch.device, repeats: int) -> float:
+    """Slowest rank's median seconds of ``call()`` up to the end of its compute-stream work."""
+
+    def timed() -> None:
+        call()
+        wait_for_compute(device)
+
+    return time_collective(timed, repeats, warmup=3, device=None)
+
+
+def bench_model(rank: int, world: int, device: torch.device, name: str, args) -> list[dict]:
+    torch.manual_seed(0)
+    x = torch.randn(args.batch, 3, 32, 32, device=device)
+    y = torch.randint(0, 10, (args.batch,), device=device)
+
+    def fresh() -> nn.Module:
+        torch.manual_seed(0)
+        return build(name).to(device)
+
+    model = fresh()
+    n_params = sum(p.numel() for p in model.parameters())
+
+    def compute_only() -> None:
+        nn.functional.cross_entropy(model(x), y).backward()
+        model.zero_grad()
+
+    compute_s = iteration_time(compute_only, device, args.repeats)
+    grads = torch.randn(n_params, device=device)
+    topology = RingTopology(dist.group.WORLD)
+    comm_s = {"none": time_collective(lambda: dist.all_reduce(grads), args.repeats, 2, device=device)}
+    for codec_name in PIPE_CODECS[1:]:
+        codec = build_codec(codec_name)
+        comm_s[codec_name] = time_collective(lambda: ring_allreduce_(grads, codec, topology, "mean"),
+                                             args.repeats, 2, device=device)
+
+    def timed_training(forward: nn.Module, opt) -> float:
+        def step() -> None:
+            nn.functional.cross_entropy(forward(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+
+        seconds = iteration_time(step, device, args.repeats)
+        if isinstance(opt, PipeSGD):
+            opt.flush()
+            opt.close()
+        return seconds
+
+    iters: dict[str, float] = {}
+    for hook in ("none", "fp16"):
+        net = fresh()
+        ddp = DistributedDataParallel(net, device_ids=[device.index] if dist.get_backend() == "nccl" else None)
+        if hook == "fp16":
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+
+            ddp.register_comm_hook(None, fp16_compress_hook)
+        iters["DDP" if hook == "none" else "DDP + fp16 hook"] = timed_training(ddp, torch.optim.SGD(net.parameters(), lr=0.01))
+    net = fresh()
+    iters["sync (K = 1)"] = timed_training(net, PipeSGD(torch.optim.SGD(net.parameters(), lr=0.01), net, width=1))
+    for codec_name in PIPE_CODECS:
+        net = fresh()
+        opt = PipeSGD(torch.optim.SGD(net.parameters(), lr=0.01), net, width=2, warmup_steps=0, compression=codec_name)
+        iters[f"Pipe-SGD K = 2, {codec_name}"] = timed_training(net, opt)
+
+    ms = lambda s: f"{s * 1e3:.2f}"  # noqa: E731
+    base = {"model": name, "params": f"{n_params / 1e6:.2f} M"}
+    rows = [base | {"variant": "compute only", "ms / iter": ms(compute_s)}]
+    rows += [base | {"variant": f"all-reduce only, {c}", "comm ms": ms(s)} for c, s in comm_s.items()]
+    for variant, seconds in iters.items():
+        entry = base | {"variant": variant, "ms / iter": ms(seconds), "vs DDP": f"{iters['DDP'] / seconds:.2f}x"}
+        if variant.startswith("Pipe-SGD"):
+            codec_name = variant.rsplit(" ", 1)[-1]
+            entry["comm ms"] = ms(comm_s[codec_name])
+            entry["overlap efficiency"] = f"{max(compute_s, comm_s[codec_name]) / seconds:.2f}"
+        rows.append(entry)
+    return rows
+
+
+def bench_codecs(device: torch.device, codec_mb: int) -> list[dict]:
+    numel = (codec_mb << 20) // 4
+    rows = []
+    for name in ("bf16", "q8", "q4", "sign"):
+        encode_gbps, decode_gbps = measure_codec_gbps(build_codec(name), numel, repeats=5, device=device)
+        n_bytes = 4 * numel
+        total_ms = (n_bytes / encode_gbps + n_bytes / decode_gbps) / 1e6
+        rows.append({"codec": name, "input": f"{codec_mb} MiB fp32", "encode GB/s": f"{encode_gbps:.1f}",
+                     "decode GB/s": f"{decode_gbps:.1f}", "encode + decode ms": f"{total_ms:.3f}"})
+    return rows
+
+
+def main_rank(rank: int, world: int, args) -> None:
+    device = rank_device(args.device, rank)
+    rows = []
+    for name in args.models.split(","):
+        rows += bench_model(rank, world, device, name, args)
+    if rank != 0:
+        return
+    codec_rows = bench_codecs(device, args.codec_mb)
+    header = (f"# GPU path speed\n\ndevice: {device_name(device)}; backend {dist.get_backend()}, {world} rank(s); "
+              f"batch {args.batch} per rank, synthetic 3x32x32 data; slowest rank's median of {args.repeats}")
+    table = markdown(rows, ["model", "params", "variant", "ms / iter", "comm ms", "overlap efficiency", "vs DDP"])
+    table += "\n\n" + markdown(codec_rows, ["codec", "input", "encode GB/s", "decode GB/s", "encode + decode ms"])
+    print(f"{header}\n\n{table}", flush=True)
+    write_results(args.out, "gpu_speed", header, table, {"device": device_name(device), "world": world,
+                                                          "backend": dist.get_backend(), "batch": args.batch,
+                                                          "rows": rows, "codecs": codec_rows})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--ranks", type=int, default=4, help="spawned processes when not under torchrun")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument("--models", default="lenet,resnet20,resnet18", help="comma-separated: lenet,resnet20,resnet18")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--codec-mb", type=int, default=100, help="input size of the codec-throughput table")
+    parser.add_argument("--out", required=True, help="results folder")
+    args = parser.parse_args(argv)
+    unknown = [m for m in args.models.split(",") if m not in ("lenet", "resnet20", "resnet18")]
+    if unknown:
+        parser.error(f"unknown --models {','.join(unknown)} (valid: lenet, resnet20, resnet18)")
+    if args.ranks < 1 or args.batch < 1 or args.repeats < 1 or args.codec_mb < 1:
+        parser.error("--ranks, --batch, --repeats and --codec-mb must be >= 1")
+    check_backend(args.backend, args.ranks, args.device)
+    launch(main_rank, args.ranks, args.backend, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
