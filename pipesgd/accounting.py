@@ -5,7 +5,7 @@ all modes compare field by field. Times are measured, never estimated.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 
 @dataclass(slots=True)
@@ -21,6 +21,11 @@ class StepStats:
     compression_ratio: float = 1.0  # raw gradient bytes / payload bytes sent
     residual_norm: float | None = None  # L2 norm of the error-feedback residuals, None without feedback
     skipped_nonfinite: bool = False  # the applied gradient was non-finite and the update was skipped
+    # Optional fields: in the metrics only when their feature is on (None otherwise).
+    grad_norm: float | None = field(default=None, metadata={"optional": True})  # the applied averaged
+    #   gradient's L2 norm before clipping (max_grad_norm set and a gradient applied)
+    t_buffers_s: float | None = field(default=None, metadata={"optional": True})  # seconds step() spent
+    #   making module buffers identical across ranks (buffers synced)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -28,5 +33,6 @@ class StepStats:
     def as_metrics(self) -> dict:
         """This record under the metrics' field names: the unit suffix ``_s`` dropped (``t_wait_s`` ->
         ``t_wait``), ``step`` left out (a step record's ``step`` is the trainer's position, which the
-        trainer writes itself)."""
-        return {f.name.removesuffix("_s"): getattr(self, f.name) for f in fields(self) if f.name != "step"}
+        trainer writes itself), an optional field left out while it is None."""
+        return {f.name.removesuffix("_s"): getattr(self, f.name) for f in fields(self)
+                if f.name != "step" and not (f.metadata.get("optional") and getattr(self, f.name) is None)}

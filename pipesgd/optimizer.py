@@ -4,8 +4,10 @@ Each ``step()``:
   Step 1: copy this step's gradients into flat buckets (the next backward may overwrite ``p.grad``).
   Step 2: hand the buckets to the background ring (``channel`` + ``exchange``: a thread; on CUDA a side
           stream too) and its handle to the pipeline (``pipeline``).
-  Step 3: if the pipeline says a step is due (K in flight, 1 during warm-up), wait for it, write its averaged
-          gradient into ``p.grad`` and run the wrapped optimizer on it (a non-finite one raises or is skipped).
+  Step 3: make the module buffers identical across ranks (``buffers``; not delayed: forward t+1 sees them).
+  Step 4: if the pipeline says a step is due (K in flight, 1 during warm-up), wait for it, write its averaged
+          gradient into ``p.grad`` (unscaled with its own step's loss scale under ``amp``), clip it
+          (``clipping``) and run the wrapped optimizer on it (a non-finite one raises or is skipped).
 So ``w_{t+1} = w_t - lr * mean_i(g^i_{t-K+1})``: K = 1 is synchronous AllReduce SGD, K = 2 is Pipe-SGD.
 Every gradient is applied exactly once: during the K-1 steps after warm-up the pipeline fills and
 ``step()`` applies nothing; ``flush()`` applies the last K-1 at the end.
@@ -13,6 +15,12 @@ Every gradient is applied exactly once: during the K-1 steps after warm-up the p
 Data path, one module per stage: ``buckets`` (pack) -> ``compression`` (codec; error feedback) -> ``ring`` over
 ``topology``, run per step by ``exchange`` on the ``channel``'s worker -> ``pipeline`` (which step is due)
 -> this wrapper (apply) -> the wrapped torch optimizer. ``options`` validates what the wrapper is asked.
+Every ring job starts with an agreement on which ranks still train (``uneven``), so uneven data ends in an
+error naming the rank that ran out instead of a hang.
+
+Gradient accumulation (DDP's ``no_sync()``): call ``backward()`` several times, then ``step()`` once; the
+gradients accumulated in ``p.grad`` are what is handed off, so nothing is sent in between (scale the loss
+by 1/N for the mean, as DDP users do).
 
 Warm-up default (``pipesgd.defaults.WARMUP_STEPS``): a few synchronous steps first, where staleness hurts
 most; pass 0 for a pure pipeline from the first step. Options are validated by ``PipeSGDOptions``.
@@ -25,8 +33,11 @@ import torch
 import torch.distributed as dist
 
 from pipesgd.accounting import StepStats
+from pipesgd.amp import DelayedLossScale
+from pipesgd.buffers import BufferSync
 from pipesgd.buckets import build_buckets, layout_signature, pack_gradients, unpack_to_gradients
 from pipesgd.channel import open_private_channel
+from pipesgd.clipping import clip_averaged_gradient
 from pipesgd.compression import ErrorFeedback, codec_state, load_codec_state
 from pipesgd.defaults import BUCKET_MB, WARMUP_STEPS
 from pipesgd.exchange import ExchangeResult, GradientExchange
@@ -34,6 +45,7 @@ from pipesgd.handles import CompletedWork
 from pipesgd.options import PipeSGDOptions
 from pipesgd.pipeline import InFlight, Pipeline
 from pipesgd.replica_check import check_replicas
+from pipesgd.uneven import Participation
 
 DEFAULT_WARMUP_STEPS = WARMUP_STEPS  # an alias: pipesgd.defaults owns the number
 
@@ -63,6 +75,9 @@ class PipeSGD:
         compression_options: dict | None = None,
         allreduce: str = "auto",
         timeout_s: float | None = None,
+        max_grad_norm: float | None = None,
+        buffers: str = "broadcast",
+        grad_scaler: torch.amp.GradScaler | None = None,
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"PipeSGD wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -70,6 +85,7 @@ class PipeSGD:
             width=width, warmup_steps=warmup_steps, compression=compression,
             compression_options=compression_options or {}, error_feedback=error_feedback, bucket_mb=bucket_mb,
             allreduce=allreduce, timeout_s=timeout_s, nonfinite=nonfinite, check_replicas_every=check_replicas_every,
+            max_grad_norm=max_grad_norm, buffers=buffers, grad_scaler=grad_scaler,
         )
         self.optimizer = optimizer
         # What travels: the optimizer's trainable parameters, packed into flat buckets.
@@ -85,6 +101,11 @@ class PipeSGD:
         self._channel = open_private_channel(process_group, device, timeout_s)
         self._exchange = GradientExchange(self._channel.topology, compressor, self.options.allreduce_for(compressor),
                                           ErrorFeedback(compressor) if error_feedback else None)
+        self._participation = Participation(self._channel.topology, device)
+        # Buffers on the caller's group and thread (see pipesgd.buffers); loss scales per in-flight step.
+        self._buffer_sync = BufferSync(model_or_params, buffers, process_group)
+        enabled = grad_scaler is not None and grad_scaler.is_enabled()
+        self._loss_scale = DelayedLossScale(grad_scaler, optimizer) if enabled else None
         # When it is applied.
         self._pipeline: Pipeline[ExchangeResult] = Pipeline(width, warmup_steps)
         self._step = 0
@@ -132,11 +153,20 @@ class PipeSGD:
         for bucket, out in zip(self._buckets, buffers):
             pack_gradients(bucket, self._params, out)
         self._fresh_grads = False
+        if self._loss_scale is not None:
+            self._loss_scale.record(t)
         # Step 2: hand off.
-        self._pipeline.submit(t, self._channel.submit(self._exchange, buffers))
-        # Step 3: apply the oldest when the pipeline is full (depth 1 during warm-up).
+        self._pipeline.submit(t, self._channel.submit(self._participation.exchange, self._exchange, buffers, t))
+        # Step 3: buffers, while the ring runs.
+        t_buffers = None
+        if self._buffer_sync.active:
+            start = time.perf_counter()
+            self._buffer_sync()
+            t_buffers = time.perf_counter() - start
+        # Step 4: apply the oldest when the pipeline is full (depth 1 during warm-up).
         due = self._pipeline.pop_due(t)
         stats = self._apply(due, t) if due is not None else StepStats(step=t, applied_step=None)
+        stats.t_buffers_s = t_buffers
         self._step += 1
         self.last_stats = stats
         every = self.options.check_replicas_every
@@ -153,15 +183,23 @@ class PipeSGD:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def flush(self) -> list[StepStats]:
-        """Wait for every in-flight step and apply it, oldest first, so no gradient is lost."""
+        """Wait for every in-flight step and apply it, oldest first, so no gradient is lost.
+
+        Marks this rank's data as ended: a peer that still steps gets ``UnevenInputsError`` naming this rank,
+        and so does this rank (every rank must flush after the same number of steps)."""
+        alone = self._channel.size == 1
+        finished = None if alone else self._channel.submit(self._participation.finish, self._step)
         applied = [self._apply(entry, self._step) for entry in self._pipeline.flush()]
+        if finished is not None:
+            finished.wait()
         if applied:
             self.last_stats = applied[-1]
         return applied
 
     def check_replicas(self) -> None:
-        """Raise ReplicaDivergenceError if any parameter differs bitwise across ranks."""
-        check_replicas(self._params, self._names, self._step, self._user_group)
+        """Raise ReplicaDivergenceError if any parameter or synced buffer differs bitwise across ranks."""
+        check_replicas(self._params + self._buffer_sync.buffers, self._names + self._buffer_sync.names, self._step,
+                       self._user_group)
 
     def close(self) -> None:
         """Stop the background worker (after flush); the wrapper cannot step afterwards."""
@@ -192,6 +230,7 @@ class PipeSGD:
             "in_flight": in_flight,
             "compressor": codec_state(self._exchange.compressor),
             "residuals": feedback.residuals_state() if feedback is not None else None,
+            "loss_scales": self._loss_scale.state_dict() if self._loss_scale is not None else None,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -217,6 +256,8 @@ class PipeSGD:
         if feedback is not None and state.get("residuals"):
             feedback.load_residuals_state(state["residuals"])
         load_codec_state(self._exchange.compressor, state.get("compressor"))
+        if self._loss_scale is not None:
+            self._loss_scale.load_state_dict(state.get("loss_scales"))
 
     # ----------------------------------------------------------------------------------------- internals
     def _mark_fresh(self, _param: torch.Tensor) -> None:
@@ -248,6 +289,8 @@ class PipeSGD:
             compression_ratio=result.compression_ratio,
             residual_norm=result.residual_norm,
         )
+        if self._loss_scale is not None:  # fp16: an inf/NaN is an overflow the scaler skips (pipesgd.amp)
+            return self._apply_scaled(entry.step, result, stats)
         if not result.finite:
             if self.options.nonfinite == "raise":
                 raise NonFiniteGradientError(
@@ -258,12 +301,33 @@ class PipeSGD:
         else:
             for bucket, flat in zip(self._buckets, result.buckets):
                 unpack_to_gradients(bucket, self._params, flat)
+            stats.grad_norm = self._clip()
             start = time.perf_counter()
             self.optimizer.step()
             stats.t_update_s = time.perf_counter() - start
+        self._recycle(result)
+        return stats
+
+    def _apply_scaled(self, step: int, result: ExchangeResult, stats: StepStats) -> StepStats:
+        for bucket, flat in zip(self._buckets, result.buckets):
+            unpack_to_gradients(bucket, self._params, flat)
+        start = time.perf_counter()
+        stats.skipped_nonfinite, stats.grad_norm = self._loss_scale.apply(step, result.finite, self._params,
+                                                                          self._clip)
+        stats.t_update_s = time.perf_counter() - start
+        if stats.skipped_nonfinite and self._exchange.feedback is not None:
+            self._exchange.feedback.reset(nonfinite_only=True)
+        self._recycle(result)
+        return stats
+
+    def _clip(self) -> float | None:
+        """Clip the averaged gradient in ``p.grad`` to ``max_grad_norm``; its norm before clipping (None: off)."""
+        limit = self.options.max_grad_norm
+        return clip_averaged_gradient(self._params, limit) if limit is not None else None
+
+    def _recycle(self, result: ExchangeResult) -> None:
         if len(self._free_buffers) < self.width:
             self._free_buffers.append(result.buckets)
-        return stats
 
 
 def _communicated_params(optimizer: torch.optim.Optimizer, model_or_params) -> tuple[list, list[str]]:

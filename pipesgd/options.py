@@ -6,6 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+from pipesgd.buffers import BUFFER_MODES
+from pipesgd.clipping import validate_max_grad_norm
 from pipesgd.compression import Compressor, build
 from pipesgd.defaults import (
     ALLREDUCE_CHOICES,
@@ -35,7 +39,11 @@ class PipeSGDOptions:
     timeout_s: float | None = None  # bound on every wait of the background ring; None: torch's default
     # Safety.
     nonfinite: str = "raise"  # a NaN/Inf averaged gradient raises, or the step is skipped ("skip")
-    check_replicas_every: int = 0  # compare the weights bitwise across ranks every N steps; 0: never
+    check_replicas_every: int = 0  # compare the weights (and synced buffers) bitwise across ranks every N steps
+    # What DDP users expect (pipesgd.clipping, pipesgd.buffers, pipesgd.amp).
+    max_grad_norm: float | None = None  # clip the averaged gradient to this global L2 norm; None: no clipping
+    buffers: str = "broadcast"  # module buffers: rank 0's ("broadcast", as DDP), the mean ("average"), "none"
+    grad_scaler: Any = None  # a torch.amp.GradScaler the wrapper drives (fp16 loss scaling); None: no scaling
 
     def __post_init__(self) -> None:
         if not isinstance(self.width, int) or self.width < 1:
@@ -50,6 +58,11 @@ class PipeSGDOptions:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s!r}")
         if self.allreduce not in ALLREDUCE_CHOICES:
             raise ValueError(f"allreduce must be one of {ALLREDUCE_CHOICES}, got {self.allreduce!r}")
+        validate_max_grad_norm(self.max_grad_norm)
+        if self.buffers not in BUFFER_MODES:
+            raise ValueError(f"buffers must be one of {BUFFER_MODES}, got {self.buffers!r}")
+        if self.grad_scaler is not None and not isinstance(self.grad_scaler, torch.amp.GradScaler):
+            raise ValueError(f"grad_scaler must be a torch.amp.GradScaler, got {type(self.grad_scaler).__name__}")
         if self.check_replicas_every < 0:
             raise ValueError(f"check_replicas_every must be >= 0, got {self.check_replicas_every!r}")
         # A private copy: the caller's dict may change later, these options may not.

@@ -17,6 +17,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from pipesgd.replica_check import ReplicaDivergenceError
+from pipesgd.uneven import UnevenInputsError
+
 from . import checkpoint, faults
 from .checkpoint import CheckpointError, Position, RunIdentity
 from .config import ConfigError, TrainConfig, resolve
@@ -187,8 +190,9 @@ def fail(exc: BaseException, cfg: TrainConfig, rank: int, world_size: int, debug
     if not _fail_lock.acquire(blocking=True, timeout=30):
         os._exit(1)
     peer = faults.is_peer_failure(exc)
-    expected = peer or isinstance(exc, (CheckpointError, FloatingPointError)) \
-        or type(exc).__name__ == "ReplicaDivergenceError"
+    # Failures with a message meant for the user: one line, no traceback (unless --debug).
+    expected = peer or isinstance(exc, (CheckpointError, FloatingPointError, ReplicaDivergenceError,
+                                        UnevenInputsError))
     if isinstance(exc, KeyboardInterrupt):
         _error(f"rank {rank}: interrupted")
     else:

@@ -18,6 +18,7 @@ from typing import Any
 from pipesgd import compression
 from pipesgd.atomic import write_text_atomic
 from pipesgd.baselines.ddp import DDP_HOOKS
+from pipesgd.buffers import BUFFER_MODES
 from pipesgd.defaults import BUCKET_MB, NEEDS_ERROR_FEEDBACK, WARMUP_STEPS
 
 from .data import DATASETS, DATASETS_WITH_DIR
@@ -61,7 +62,13 @@ class TrainConfig:
     pull_every: int = _field(1, "ps-async (Downpour): pull fresh parameters every m steps")
     warmup_steps: int = _field(WARMUP_STEPS, "mode=pipe: synchronous steps before the pipeline opens")
     bucket_mb: float = _field(BUCKET_MB, "gradient bucket size in MiB (pipe/sync/ddp)")
-    check_replicas: int = _field(0, "pipe/sync: compare weights across ranks every N steps (0 = never)")
+    check_replicas: int = _field(0, "pipe/sync: compare weights and synced buffers across ranks every N steps "
+                                 "(0 = never)")
+    buffers: str = _field("broadcast", "pipe/sync: module buffers (BatchNorm statistics) made identical after "
+                          "every step: rank 0's (broadcast, as DDP), their mean (average), or per rank (none)",
+                          lambda: BUFFER_MODES)
+    clip_grad_norm: float = _field(0.0, "pipe/sync: clip the averaged gradient to this global L2 norm before "
+                                   "the optimizer applies it (0 = no clipping)")
 
     # --- model and data ---
     model: str = _field("mlp", "model to train", lambda: MODELS)
@@ -76,6 +83,8 @@ class TrainConfig:
     epochs: int = _field(20, "passes over each worker's shard")
     steps: int = _field(0, "stop after this many steps (0 = run all epochs); overrides epochs when set")
     batch_size: int = _field(32, "samples per worker per step")
+    accumulate: int = _field(1, "split each batch into N micro-batches, backward each (loss scaled 1/N, as DDP "
+                             "users do) and step once: the same update with 1/N of the activation memory")
     lr: float = _field(0.02, "learning rate")
     momentum: float = _field(0.9, "SGD momentum (ignored by adam)")
     optimizer: str = _field("sgd", "inner torch optimizer", lambda: OPTIMIZERS)
@@ -133,12 +142,12 @@ class TrainConfig:
         elif self.dataset_dir:
             raise ConfigError(f"--dataset {self.dataset_name} takes no directory (got {self.dataset!r})")
 
-        for name in ("width", "epochs", "batch_size", "threads", "hidden", "push_every", "pull_every",
+        for name in ("width", "epochs", "batch_size", "accumulate", "threads", "hidden", "push_every", "pull_every",
                      "synthetic_samples", "synthetic_features"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{_flag(name)} must be at least 1 (got {getattr(self, name)})")
         for name in ("steps", "servers", "warmup_steps", "check_replicas", "eval_every", "checkpoint_every",
-                     "weight_decay"):
+                     "weight_decay", "clip_grad_norm"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{_flag(name)} must not be negative (got {getattr(self, name)})")
         if self.synthetic_classes < 2:
@@ -172,6 +181,14 @@ class TrainConfig:
             raise ConfigError(f"--push-every/--pull-every apply to --mode ps-async only, not {self.mode}")
         if self.check_replicas and self.mode not in RING_MODES:
             raise ConfigError(f"--check-replicas applies to --mode {ring_modes} only, not {self.mode}")
+        if self.clip_grad_norm and self.mode not in RING_MODES:
+            raise ConfigError(f"--clip-grad-norm applies to --mode {ring_modes} only, not {self.mode}")
+        if self.buffers != "broadcast" and self.mode not in RING_MODES:
+            hint = " (DDP broadcasts rank 0's buffers itself)" if self.mode == "ddp" else ""
+            raise ConfigError(f"--buffers applies to --mode {ring_modes} only, not {self.mode}{hint}")
+        if self.batch_size % self.accumulate:
+            raise ConfigError(f"--batch-size {self.batch_size} must be divisible by --accumulate {self.accumulate} "
+                              "(equal micro-batches)")
         if self.resolved_backend == "nccl" and self.device != "cuda":
             raise ConfigError("--backend nccl needs --device cuda")
         if self.checkpoint and self.servers:

@@ -1,4 +1,5 @@
-"""The training loop, top to bottom: batch -> forward/backward -> opt.step() -> opt.zero_grad() -> record.
+"""The training loop, top to bottom: batch -> forward/backward (``--accumulate`` micro-batches) -> opt.step()
+-> opt.zero_grad() -> record.
 
 The loop never talks to the network: gradients meet only inside the optimizer wrapper (``strategy``).
 Timing of one iteration: ``t_compute`` is forward + backward (on CUDA timed by events on the compute stream,
@@ -44,6 +45,25 @@ def evaluate(model: nn.Module, ds: Dataset, device: torch.device, batch_size: in
     return correct / n, loss_sum / n
 
 
+def forward_backward(model: nn.Module, x: torch.Tensor, y: torch.Tensor, micro_batches: int = 1) -> torch.Tensor:
+    """Forward and backward over ``micro_batches`` equal slices of the batch, each loss scaled by 1/N as DDP
+    users do, so the gradients accumulated in ``p.grad`` are the whole batch's mean; returns its mean loss.
+
+    Accumulation is DDP's ``no_sync()`` without the context: the wrapper sends nothing until ``step()``.
+    (In ``ddp`` mode DDP itself still all-reduces after every micro-batch; the sum is the same.)
+    """
+    if micro_batches == 1:
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return loss.detach()
+    total = torch.zeros((), device=x.device)
+    for xs, ys in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
+        loss = F.cross_entropy(model(xs), ys) / micro_batches
+        loss.backward()
+        total += loss.detach()
+    return total
+
+
 def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, device: torch.device,
           metrics: MetricsWriter, rank: int, world_size: int, start: Position,
           watchdog: faults.Watchdog) -> dict | None:
@@ -72,8 +92,7 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
             # forward / backward (DDP averages gradients in here)
             t1 = time.perf_counter()
             compute.start()
-            loss = F.cross_entropy(strategy.forward_model(x), y)
-            loss.backward()
+            loss = forward_backward(strategy.forward_model, x, y, cfg.accumulate)
             t_compute = compute.stop()
             # the optimizer wrapper: hand off this step's gradients, apply the averaged ones that are due
             stats = opt.step()

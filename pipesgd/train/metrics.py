@@ -12,7 +12,10 @@ seconds since start):
 - ``step``: step, epoch, rank, mode, loss, t_iter, t_compute, t_wait, t_update, bytes_sent, wall,
   applied_step, compression_ratio, residual_norm, t_comm_busy, skipped_nonfinite, t_data (batch loading),
   t_cpu (CPU seconds this process used during the step, all its threads: compute, the communication
-  thread, the backend's threads; with t_iter it shows whether the cores, rather than the links, set the pace)
+  thread, the backend's threads; with t_iter it shows whether the cores, rather than the links, set the pace);
+  only when their feature is on: grad_norm (the applied averaged gradient's L2 norm before clipping, with
+  --clip-grad-norm), t_buffers (seconds spent making module buffers identical across ranks, with --buffers
+  broadcast|average and a model that has buffers)
 - ``eval``: step, epoch, accuracy, loss, wall
 - ``summary``: the end-of-run figures printed on rank 0
 
@@ -36,6 +39,8 @@ from .config import TrainConfig
 
 STEP_FIELDS = ("step", "epoch", "rank", "mode", "loss", "t_iter", "t_compute", "t_wait", "t_update",
                "bytes_sent", "wall", "applied_step", "compression_ratio", "residual_norm", "t_comm_busy")
+# In a step record only when their feature is on (StepStats' optional fields).
+OPTIONAL_STEP_FIELDS = ("grad_norm", "t_buffers")
 EVAL_FIELDS = ("step", "epoch", "accuracy", "loss", "wall")
 # The per-iteration times the summary averages (means of the measured steps).
 SUMMARY_TIMES = ("t_iter", "t_compute", "t_wait", "t_update")

@@ -90,6 +90,18 @@ def build_lenet(input_shape, num_classes, **_) -> nn.Module:
                          nn.Linear(84, num_classes))
 
 
+@register("bncnn")
+def build_bncnn(input_shape, num_classes, **_) -> nn.Module:
+    """A small CNN with BatchNorm (the model of a DDP tutorial): two conv(3x3)+BN+ReLU+pool stages (16 and 32
+    channels), then a linear classifier. Its running statistics are what ``--buffers`` keeps identical."""
+    c, h, w = image = _as_image(input_shape)
+    h1, w1 = h // min(2, h), w // min(2, w)
+    features = nn.Sequential(_ToImage(image), nn.Conv2d(c, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16),
+                             nn.ReLU(), _pool(h, w), nn.Conv2d(16, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32),
+                             nn.ReLU(), _pool(h1, w1), nn.Flatten())
+    return nn.Sequential(features, nn.Linear(_flat_size(features, image), num_classes))
+
+
 class BasicBlock(nn.Module):
     """Two 3x3 conv+BN layers with an identity (or 1x1 projection) shortcut."""
 
@@ -112,8 +124,8 @@ class BasicBlock(nn.Module):
 def build_resnet20(input_shape, num_classes, **_) -> nn.Module:
     """CIFAR-style ResNet-20 (He et al. 2016): 3 stages x 3 basic blocks (16, 32, 64 channels), global pool.
 
-    Batch-norm statistics are per rank (not averaged) in every mode but ``ddp``, which broadcasts rank
-    0's buffers each forward; evaluation uses the evaluating rank's statistics.
+    Batch-norm statistics follow ``--buffers`` in pipe/sync modes (rank 0's after every step by default);
+    ``ddp`` broadcasts rank 0's buffers before each forward; parameter-server modes keep them per rank.
     """
     c = _as_image(input_shape)[0]
     layers: list[nn.Module] = [_ToImage(_as_image(input_shape)), nn.Conv2d(c, 16, 3, padding=1, bias=False),

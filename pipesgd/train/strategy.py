@@ -68,7 +68,8 @@ def build_inner_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Opt
 def _ring(cfg: TrainConfig, inner: torch.optim.Optimizer, model: nn.Module, device: torch.device) -> Strategy:
     opt = PipeSGD(inner, model, width=cfg.effective_width, compression=cfg.compression,
                   error_feedback=cfg.error_feedback, bucket_mb=cfg.bucket_mb, warmup_steps=cfg.warmup_steps,
-                  check_replicas_every=cfg.check_replicas, timeout_s=cfg.timeout)
+                  check_replicas_every=cfg.check_replicas, timeout_s=cfg.timeout,
+                  max_grad_norm=cfg.clip_grad_norm or None, buffers=cfg.buffers)
     return Strategy(opt, model, dist.get_rank(), dist.get_world_size())
 
 

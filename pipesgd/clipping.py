@@ -1,0 +1,34 @@
+"""Gradient clipping of the averaged gradient: what DDP users get from ``clip_grad_norm_`` after ``backward()``.
+
+PipeSGD clips after the ring and before the wrapped optimizer steps, so the clip sees the gradient that is
+actually applied (the mean over ranks of step t-K+1's gradients), not a rank's local one.
+"""
+from __future__ import annotations
+
+import torch
+from torch.nn.utils import clip_grad_norm_
+
+
+def clip_averaged_gradient(params: list[torch.Tensor], max_norm: float) -> float:
+    """Scale the ``.grad`` of ``params`` so that their global L2 norm is at most ``max_norm``; return the norm
+    before clipping.
+
+    It is ``torch.nn.utils.clip_grad_norm_`` itself (coefficient ``max_norm / (norm + 1e-6)``, capped at 1),
+    so a run matches the reference clip bit for bit. No collective is needed for an identical decision on
+    every rank: every rank holds the same averaged bits and computes the norm in the same order.
+    A non-finite norm is returned as is (the wrapper's non-finite handling has already run).
+    """
+    grads = [p for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    return float(clip_grad_norm_(grads, max_norm))
+
+
+def validate_max_grad_norm(value: float | None) -> None:
+    """ValueError unless ``value`` is None (no clipping) or a positive finite number."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"max_grad_norm must be a positive number or None, got {value!r}")
+    if not 0 < value < float("inf"):
+        raise ValueError(f"max_grad_norm must be positive and finite, got {value!r}")

@@ -1,0 +1,61 @@
+"""Uneven inputs: a rank that runs out of data ends the run on every rank with an error naming it, within the
+timeout, never a hang (gloo, 2 and 3 ranks)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from pipesgd import PipeSGD
+from pipesgd.uneven import UnevenInputsError
+from tests.distributed import run_ranks
+from tests.test_pipesgd import batch, make_model
+
+TIMEOUT_S = 20.0
+
+
+def _uneven(rank: int, world: int, width: int):
+    model = make_model()
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, width=width, warmup_steps=1,
+                  timeout_s=TIMEOUT_S)
+    steps = 5 if rank == world - 1 else 7  # the last rank has two batches fewer
+    start = time.monotonic()
+    try:
+        for t in range(steps):
+            x, y = batch(t, rank)
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        opt.flush()
+        return "no error", time.monotonic() - start
+    except UnevenInputsError as error:
+        return str(error), time.monotonic() - start
+    finally:
+        opt.close()
+
+
+@pytest.mark.parametrize("world, width", [(2, 2), (3, 1), (3, 3)])
+def test_the_rank_that_ran_out_is_named_on_every_rank(world, width):
+    last = world - 1
+    for rank, (message, seconds) in enumerate(run_ranks(_uneven, world, width)):
+        assert f"rank {last} ran out of data after 5 steps" in message, (rank, message)
+        assert "same number of steps" in message and seconds < TIMEOUT_S
+
+
+def _even(rank: int, world: int):
+    model = make_model()
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, width=2, warmup_steps=0)
+    for t in range(4):
+        x, y = batch(t, rank)
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    applied = [s.applied_step for s in opt.flush()] + [s.applied_step for s in opt.flush()]
+    opt.close()
+    return applied
+
+
+def test_even_ranks_finish_quietly_and_flush_twice():
+    assert run_ranks(_even, 2) == [[3], [3]]
