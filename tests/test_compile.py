@@ -34,7 +34,7 @@ def losses(compiled: bool) -> list[float]:
         loss.backward()
         opt.step()
         opt.zero_grad()
-        out.append(float(loss))
+        out.append(float(loss.detach()))
     opt.flush()
     return out
 
