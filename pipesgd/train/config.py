@@ -23,6 +23,7 @@ from pipesgd.defaults import BUCKET_MB, NEEDS_ERROR_FEEDBACK, WARMUP_STEPS
 
 from .data import DATASETS, DATASETS_WITH_DIR
 from .models import MODELS
+from .precision import AMP_MODES, SCALED_AMP_MODES
 from .strategy import MODES, OPTIMIZERS, PS_TRAIN_MODES, RING_MODES
 
 DEVICES = ("cpu", "cuda")
@@ -83,6 +84,9 @@ class TrainConfig:
     epochs: int = _field(20, "passes over each worker's shard")
     steps: int = _field(0, "stop after this many steps (0 = run all epochs); overrides epochs when set")
     batch_size: int = _field(32, "samples per worker per step")
+    amp: str = _field("none", "mixed precision of forward/backward: bf16 autocast (any mode), or fp16 autocast "
+                      "with a loss scaler that PipeSGD drives (pipe/sync only)", lambda: AMP_MODES)
+    compile: bool = _field(False, "run the forward through torch.compile(model) (the wrapper stays outside)")
     accumulate: int = _field(1, "split each batch into N micro-batches, backward each (loss scaled 1/N, as DDP "
                              "users do) and step once: the same update with 1/N of the activation memory")
     lr: float = _field(0.02, "learning rate")
@@ -186,6 +190,9 @@ class TrainConfig:
         if self.buffers != "broadcast" and self.mode not in RING_MODES:
             hint = " (DDP broadcasts rank 0's buffers itself)" if self.mode == "ddp" else ""
             raise ConfigError(f"--buffers applies to --mode {ring_modes} only, not {self.mode}{hint}")
+        if self.amp in SCALED_AMP_MODES and self.mode not in RING_MODES:
+            raise ConfigError(f"--amp {self.amp} applies to --mode {ring_modes} only (its loss scaler is driven by "
+                              f"PipeSGD), not {self.mode}; --amp bf16 needs no scaler and works with every mode")
         if self.batch_size % self.accumulate:
             raise ConfigError(f"--batch-size {self.batch_size} must be divisible by --accumulate {self.accumulate} "
                               "(equal micro-batches)")

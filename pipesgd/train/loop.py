@@ -21,6 +21,7 @@ from .checkpoint import Position, RunIdentity
 from .config import TrainConfig
 from .data import Dataset, shard_batches, steps_per_epoch
 from .metrics import MetricsWriter, StepTimes, Timings, summarize
+from .precision import Precision
 from .progress import Progress
 from .step_timer import ComputeTimer
 from .strategy import Strategy
@@ -45,22 +46,22 @@ def evaluate(model: nn.Module, ds: Dataset, device: torch.device, batch_size: in
     return correct / n, loss_sum / n
 
 
-def forward_backward(model: nn.Module, x: torch.Tensor, y: torch.Tensor, micro_batches: int = 1) -> torch.Tensor:
+def forward_backward(model: nn.Module, x: torch.Tensor, y: torch.Tensor, micro_batches: int = 1,
+                     precision: Precision | None = None) -> torch.Tensor:
     """Forward and backward over ``micro_batches`` equal slices of the batch, each loss scaled by 1/N as DDP
     users do, so the gradients accumulated in ``p.grad`` are the whole batch's mean; returns its mean loss.
+    ``precision`` sets the autocast and, for fp16, scales each loss before backward (the wrapper unscales).
 
     Accumulation is DDP's ``no_sync()`` without the context: the wrapper sends nothing until ``step()``.
     (In ``ddp`` mode DDP itself still all-reduces after every micro-batch; the sum is the same.)
     """
-    if micro_batches == 1:
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        return loss.detach()
+    precision = precision or Precision(x.device.type)
     total = torch.zeros((), device=x.device)
     for xs, ys in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
-        loss = F.cross_entropy(model(xs), ys) / micro_batches
-        loss.backward()
-        total += loss.detach()
+        with precision.autocast():
+            loss = F.cross_entropy(model(xs), ys) / micro_batches
+        precision.scale(loss).backward()
+        total += loss.detach().float()
     return total
 
 
@@ -92,7 +93,7 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
             # forward / backward (DDP averages gradients in here)
             t1 = time.perf_counter()
             compute.start()
-            loss = forward_backward(strategy.forward_model, x, y, cfg.accumulate)
+            loss = forward_backward(strategy.forward_model, x, y, cfg.accumulate, strategy.precision)
             t_compute = compute.stop()
             # the optimizer wrapper: hand off this step's gradients, apply the averaged ones that are due
             stats = opt.step()

@@ -22,6 +22,8 @@ from pipesgd.baselines.parameter_server import ParameterServer
 from pipesgd.optimizer import PipeSGD
 from pipesgd.wrapper import OptimizerWrapper
 
+from .precision import Precision, build_precision
+
 if TYPE_CHECKING:  # the config validates against MODES and OPTIMIZERS, so it imports this module
     from .config import TrainConfig
 
@@ -34,6 +36,7 @@ class Strategy:
     forward_model: nn.Module  # what the loop calls for the forward pass
     worker_rank: int | None  # index among the training workers (data shard); None on a dedicated server
     num_workers: int  # training workers (world size minus dedicated servers)
+    precision: Precision = Precision("cpu")  # the autocast and loss scaling of forward/backward (--amp)
     # A dedicated parameter server's whole part in the run (answer workers until each has flushed, then
     # share the final weights); None on every rank that trains.
     serve: Callable[[], None] | None = None
@@ -65,27 +68,29 @@ def build_inner_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Opt
 
 
 # -- the wrappers, by --mode ------------------------------------------------------------------------
-def _ring(cfg: TrainConfig, inner: torch.optim.Optimizer, model: nn.Module, device: torch.device) -> Strategy:
+def _ring(cfg: TrainConfig, inner: torch.optim.Optimizer, model: nn.Module, device: torch.device,
+          precision: Precision) -> Strategy:
     opt = PipeSGD(inner, model, width=cfg.effective_width, compression=cfg.compression,
                   error_feedback=cfg.error_feedback, bucket_mb=cfg.bucket_mb, warmup_steps=cfg.warmup_steps,
                   check_replicas_every=cfg.check_replicas, timeout_s=cfg.timeout,
-                  max_grad_norm=cfg.clip_grad_norm or None, buffers=cfg.buffers)
-    return Strategy(opt, model, dist.get_rank(), dist.get_world_size())
+                  max_grad_norm=cfg.clip_grad_norm or None, buffers=cfg.buffers, grad_scaler=precision.scaler)
+    return Strategy(opt, model, dist.get_rank(), dist.get_world_size(), precision=precision)
 
 
-def _ddp(cfg: TrainConfig, inner: torch.optim.Optimizer, model: nn.Module, device: torch.device) -> Strategy:
+def _ddp(cfg: TrainConfig, inner: torch.optim.Optimizer, model: nn.Module, device: torch.device,
+         precision: Precision) -> Strategy:
     device_ids = [device.index] if device.type == "cuda" else None
     opt = DDPOptimizer(inner, model, hook=cfg.ddp_hook, bucket_mb=cfg.bucket_mb, device_ids=device_ids)
-    return Strategy(opt, opt.model, dist.get_rank(), dist.get_world_size())
+    return Strategy(opt, opt.model, dist.get_rank(), dist.get_world_size(), precision=precision)
 
 
 def _parameter_server(cfg: TrainConfig, inner: torch.optim.Optimizer, model: nn.Module,
-                      device: torch.device) -> Strategy:
+                      device: torch.device, precision: Precision) -> Strategy:
     opt = ParameterServer(inner, model, mode=cfg.mode.removeprefix("ps-"), servers=cfg.servers,
                           push_every=cfg.push_every, pull_every=cfg.pull_every)
     if opt.is_server_only:
         return Strategy(opt, model, None, opt.num_workers, serve=opt.serve)
-    return Strategy(opt, model, opt.worker_rank, opt.num_workers)
+    return Strategy(opt, model, opt.worker_rank, opt.num_workers, precision=precision)
 
 
 # Modes whose gradients travel our ring: only they take --compression, --error-feedback, --check-replicas.
@@ -103,5 +108,10 @@ def num_workers_for(cfg: TrainConfig, world_size: int) -> int:
 
 
 def build_strategy(cfg: TrainConfig, model: nn.Module, device: torch.device) -> Strategy:
-    """The wrapper of ``cfg.mode`` around a fresh inner optimizer (a collective: every rank calls it)."""
-    return _BUILDERS[cfg.mode](cfg, build_inner_optimizer(cfg, model), model, device)
+    """The wrapper of ``cfg.mode`` around a fresh inner optimizer (a collective: every rank calls it), with the
+    run's precision (``--amp``) and, with ``--compile``, the forward compiled (the wrapper stays outside it)."""
+    precision = build_precision(cfg.amp, device)
+    strategy = _BUILDERS[cfg.mode](cfg, build_inner_optimizer(cfg, model), model, device, precision)
+    if cfg.compile:
+        strategy.forward_model = torch.compile(strategy.forward_model)
+    return strategy
