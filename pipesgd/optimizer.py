@@ -315,8 +315,7 @@ class PipeSGD:
         stats.skipped_nonfinite, stats.grad_norm = self._loss_scale.apply(step, result.finite, self._params,
                                                                           self._clip)
         stats.t_update_s = time.perf_counter() - start
-        if stats.skipped_nonfinite and self._exchange.feedback is not None:
-            self._exchange.feedback.reset(nonfinite_only=True)
+        # An overflow's non-finite residual was already zeroed by the exchange, on the worker, in ring order.
         self._recycle(result)
         return stats
 
