@@ -36,10 +36,10 @@ class Strategy:
     forward_model: nn.Module  # what the loop calls for the forward pass
     worker_rank: int | None  # index among the training workers (data shard); None on a dedicated server
     num_workers: int  # training workers (world size minus dedicated servers)
-    precision: Precision = Precision("cpu")  # the autocast and loss scaling of forward/backward (--amp)
     # A dedicated parameter server's whole part in the run (answer workers until each has flushed, then
     # share the final weights); None on every rank that trains.
     serve: Callable[[], None] | None = None
+    precision: Precision = Precision("cpu")  # the autocast and loss scaling of forward/backward (--amp)
 
     @property
     def is_server_only(self) -> bool:
