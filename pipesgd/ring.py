@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from pipesgd import phases
 from pipesgd.buckets import working_dtype
 from pipesgd.channel import channel_for
 from pipesgd.compression import Compressor, build, open_encoder
@@ -153,7 +154,8 @@ def backend_allreduce_(flat: torch.Tensor, topology: RingTopology, op: str = "me
     p = topology.size
     report = RingReport()
     if p > 1:
-        dist.all_reduce(flat, group=topology.group)
+        with phases.timed("wire_wait"):  # the backend's C++ ring: its wire time and its adds, not told apart
+            dist.all_reduce(flat, group=topology.group)
         if op == "mean":
             flat.div_(p)
         # A ring all-reduce sends 2(p-1)/p of the message per rank (gloo's and NCCL's large-message case).

@@ -9,6 +9,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from pipesgd import phases
+
 _TAG = 7_201  # a tag of our own so user point-to-point traffic on the same group cannot be matched
 
 
@@ -101,10 +103,12 @@ class RingTopology:
                 send_ops.append(dist.isend(wire, self.right, group=self.group, tag=_TAG + 1 + k))
         for k, op in enumerate(recv_ops):
             if op is not None:
-                op.wait()
+                with phases.timed("wire_wait"):
+                    op.wait()
             self._arrived(k, recv_wires[k], recv_bufs[k], on_receive)
-        for op in send_ops:
-            op.wait()
+        with phases.timed("wire_wait"):
+            for op in send_ops:
+                op.wait()
         return sent
 
     def _exchange_paired(self, n_send, make_payload, recv_bufs, on_receive) -> list[torch.Tensor]:
@@ -124,8 +128,9 @@ class RingTopology:
                 ops.append(dist.P2POp(dist.irecv, recv_wire, self.left, self.group, _TAG + 1 + k))
             posted.append((dist.batch_isend_irecv(ops) if ops else [], recv_wire))
         for k, (works, recv_wire) in enumerate(posted):
-            for work in works:
-                work.wait()
+            with phases.timed("wire_wait"):
+                for work in works:
+                    work.wait()
             if recv_wire is not None:
                 self._arrived(k, recv_wire, recv_bufs[k], on_receive)
         return sent

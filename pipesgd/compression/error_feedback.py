@@ -14,6 +14,7 @@ from typing import Any, Hashable
 
 import torch
 
+from pipesgd import phases
 from pipesgd.compression.base import ChunkContext, Compressor, codec_state, load_codec_state
 from pipesgd.finite import all_finite, l2_norm
 
@@ -92,19 +93,22 @@ class HopEncoder:
 
     def encode(self, x: torch.Tensor, position: int) -> torch.Tensor:
         """The payload of ``x``, the slice of the flat tensor that starts at element ``position``."""
-        payload, _ = self.compressor.compress(x)
+        with phases.timed("codec"):
+            payload, _ = self.compressor.compress(x)
         return payload
 
     def settle_(self, x: torch.Tensor, position: int) -> torch.Tensor:
         """The payload of a final chunk, which is replaced by its decoded value in place so the owner
         applies exactly the bits every other rank decodes."""
-        payload, _ = self.compressor.compress(x)
+        with phases.timed("codec"):
+            payload, _ = self.compressor.compress(x)
         x.copy_(self.decode(payload, x))
         return payload
 
     def decode(self, payload: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """Decode a received payload for a chunk shaped like ``like`` (what a receiver knows unasked)."""
-        return self.compressor.decompress(payload, ChunkContext(like.numel(), self._dtype, self._device))
+        with phases.timed("codec"):
+            return self.compressor.decompress(payload, ChunkContext(like.numel(), self._dtype, self._device))
 
 
 class FeedbackEncoder(HopEncoder):
@@ -115,24 +119,32 @@ class FeedbackEncoder(HopEncoder):
         if residual.shape != flat.shape:
             raise ValueError(f"a residual of shape {tuple(residual.shape)} cannot serve a tensor of {tuple(flat.shape)}")
         # Step 1: last ring's compression error travels in this one.
-        flat.add_(residual)
-        residual.zero_()
+        with phases.timed("error_feedback"):
+            flat.add_(residual)
+            residual.zero_()
         self._residual = residual
         # Final chunks hold sum / mean_over; the residual is kept in sum units.
         self._mean_over = mean_over
 
     def encode(self, x: torch.Tensor, position: int) -> torch.Tensor:
-        payload, _ = self.compressor.compress(x)
+        payload = super().encode(x, position)
         # Step 2: what this encode dropped, kept for the next ring.
-        self._residual[position : position + x.numel()].add_(x - self.decode(payload, x))
+        with phases.timed("error_feedback"):
+            self._residual[position : position + x.numel()].add_(x - self._decode_plain(payload, x))
         return payload
 
     def settle_(self, x: torch.Tensor, position: int) -> torch.Tensor:
-        payload, _ = self.compressor.compress(x)
+        with phases.timed("codec"):
+            payload, _ = self.compressor.compress(x)
         decoded = self.decode(payload, x)
-        self._residual[position : position + x.numel()].add_((x - decoded) * self._mean_over)
+        with phases.timed("error_feedback"):
+            self._residual[position : position + x.numel()].add_((x - decoded) * self._mean_over)
         x.copy_(decoded)
         return payload
+
+    def _decode_plain(self, payload: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """A decode that error feedback alone needs (booked as feedback's cost, not the codec's)."""
+        return self.compressor.decompress(payload, ChunkContext(like.numel(), self._dtype, self._device))
 
 
 def open_encoder(
