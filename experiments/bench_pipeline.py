@@ -90,7 +90,7 @@ def main() -> int:
         print(f"bench_pipeline: error: {error}", file=sys.stderr)
         return 1
     table = markdown(records, f"Pipe-SGD at its limit: {where_text}, one thread per process "
-                              f"({os.cpu_count()} cores; {elapsed:.0f} s)")
+                              f"({os.cpu_count()} cores; {elapsed:.0f} s)", cores=os.cpu_count())
     print(table)
     write_text_atomic(os.path.join(args.out, f"{label}.md"), table + "\n")
     summary = {"where": where_text, "elapsed_s": elapsed, "cpu_count": os.cpu_count(), "records": records}

@@ -68,6 +68,10 @@ def test_report_tables_show_efficiency_and_the_comm_split(tmp_path):
     assert "| mlp1.9m (1.86 M) | q8+ef | 55.0 | 115.0 | 156.0 | 0.74 | 2.80 |" in text
     # comm other = busy - (wire + codec + feedback + finite) = 110 - 106 ms; CPU comm = process - caller
     assert "| mlp1.9m | q8 | 50.0 | 2.0 | 60.0 | 1.0 | 110.0 | 80.0 | 10.0 | 15.0 | 1.0 | 4.0 | 60.0 | 30.0 |" in text
+    # Four ranks each using 90 ms of CPU per iteration on 2 cores cannot iterate faster than 180 ms.
+    shared = markdown(read_records(str(path)), "t", cores=2)
+    assert "| mlp1.9m (1.86 M) | q8 | 55.0 | 115.0 | 130.0 | 0.88 | 2.80 | 180.0 | 0.64 |" in shared
+    assert "CPU floor = all ranks' process CPU per iteration / 2 cores" in shared
     with pytest.raises(ValueError, match="cannot read benchmark records from"):
         read_records(str(tmp_path / "missing.jsonl"))
 

@@ -20,16 +20,32 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f}"
 
 
-def markdown(records: list[dict], title: str) -> str:
-    """Both tables for ``records`` (milliseconds per iteration; MB of payload each rank sends per iteration)."""
-    lines = [f"# {title}", "",
-             "| workload | variant | compute alone ms | ring alone ms | pipe iteration ms | efficiency | MB sent |",
-             "|---|---|---|---|---|---|---|"]
+def cpu_floor_s(record: dict, cores: int) -> float:
+    """The shortest iteration the machine's CPU allows when every rank runs on it: all ranks' process CPU per
+    iteration over the cores (what four emulated nodes on two shared cores can at best do)."""
+    return record["ranks"] * record["cpu_process"] / cores
+
+
+def markdown(records: list[dict], title: str, cores: int | None = None) -> str:
+    """Both tables for ``records`` (milliseconds per iteration; MB of payload each rank sends per iteration).
+    ``cores``: the cores every rank shares (one machine), which adds the CPU floor and the efficiency ceiling."""
+    shared = cores is not None
+    head = "| workload | variant | compute alone ms | ring alone ms | pipe iteration ms | efficiency | MB sent |"
+    lines = [f"# {title}", "", head + (" CPU floor ms | ceiling |" if shared else ""),
+             "|---|---|---|---|---|---|---|" + ("---|---|" if shared else "")]
     for r in records:
-        lines.append(f"| {r['workload']} ({r['params'] / 1e6:.2f} M) | {r['variant']} | {_ms(r['compute_s'])} "
-                     f"| {_ms(r['ring_s'])} | {_ms(r['t_iter'])} | {r['efficiency']:.2f} | {r['bytes_sent'] / 1e6:.2f} |")
+        row = (f"| {r['workload']} ({r['params'] / 1e6:.2f} M) | {r['variant']} | {_ms(r['compute_s'])} "
+               f"| {_ms(r['ring_s'])} | {_ms(r['t_iter'])} | {r['efficiency']:.2f} | {r['bytes_sent'] / 1e6:.2f} |")
+        if shared:
+            bound = max(r["compute_s"], r["ring_s"])
+            row += f" {_ms(cpu_floor_s(r, cores))} | {bound / max(bound, cpu_floor_s(r, cores)):.2f} |"
+        lines.append(row)
     lines += ["", "efficiency = max(compute alone, ring alone) / pipe iteration (1.00: the pipeline costs only its "
-              "slower half). Times: the slowest rank's median; below, means over ranks per iteration.", "",
+              "slower half). Times: the slowest rank's median; below, means over ranks per iteration."]
+    if shared:
+        lines.append(f"CPU floor = all ranks' process CPU per iteration / {cores} cores (every rank on this machine); "
+                     "ceiling = max(compute, ring) / max(that, CPU floor): the best efficiency these cores allow.")
+    lines += ["",
               "| workload | variant | compute | pack/unpack | blocked on comm | update | comm busy | wire wait | codec "
               "| error feedback | finite check | comm other | CPU caller | CPU comm |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
