@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pipesgd import phases
+
 
 def working_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype the ring adds in: fp64 stays fp64, every other float is summed in fp32."""
@@ -75,6 +77,12 @@ def _make_bucket(params, indices, dtype, device) -> Bucket:
 
 def pack_gradients(bucket: Bucket, params: list[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
     """Copy the gradients of ``bucket``'s parameters into ``out`` (zeros where a gradient is missing)."""
+    with phases.timed("pack_unpack"):
+        _pack(bucket, params, out)
+    return out
+
+
+def _pack(bucket: Bucket, params: list[torch.Tensor], out: torch.Tensor) -> None:
     for i, offset, n in zip(bucket.param_indices, bucket.offsets, bucket.numels):
         grad = params[i].grad
         view = out[offset : offset + n]
@@ -82,11 +90,15 @@ def pack_gradients(bucket: Bucket, params: list[torch.Tensor], out: torch.Tensor
             view.zero_()
         else:
             view.copy_(grad.reshape(-1))
-    return out
 
 
 def unpack_to_gradients(bucket: Bucket, params: list[torch.Tensor], flat: torch.Tensor) -> None:
     """Write ``flat`` into the ``.grad`` of ``bucket``'s parameters, creating gradients where missing."""
+    with phases.timed("pack_unpack"):
+        _unpack(bucket, params, flat)
+
+
+def _unpack(bucket: Bucket, params: list[torch.Tensor], flat: torch.Tensor) -> None:
     for i, offset, n in zip(bucket.param_indices, bucket.offsets, bucket.numels):
         p = params[i]
         view = flat[offset : offset + n].view(p.shape)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pipesgd import phases
 from pipesgd.compression import Compressor, ErrorFeedback
 from pipesgd.finite import all_finite
 from pipesgd.ring import RingReport, backend_allreduce_, ring_allreduce_
@@ -56,8 +57,12 @@ class GradientExchange:
                 continue
             residual = self.feedback.residual(index, flat) if self.feedback is not None else None
             report.add(ring_allreduce_(flat, self.compressor, self.topology, "mean", residual))
-        finite = all(all_finite(flat) for flat in buffers)
-        norm = self.feedback.residual_norm() if self.feedback is not None else None
+        with phases.timed("finite_check"):
+            finite = all(all_finite(flat) for flat in buffers)
+        norm = None
+        if self.feedback is not None:
+            with phases.timed("error_feedback"):
+                norm = self.feedback.residual_norm()
         if norm is not None and not math.isfinite(norm):
             # Here and not in the caller's thread: the next ring may already be queued behind this one, and
             # only the worker runs them in order (a reset from the caller raced with it and poisoned it).

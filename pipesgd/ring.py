@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from pipesgd import phases
 from pipesgd.buckets import working_dtype
 from pipesgd.channel import channel_for
 from pipesgd.compression import Compressor, build, open_encoder
@@ -89,11 +90,23 @@ def ring_allreduce_(
     start = time.perf_counter()
     report = RingReport()
     p, r = topology.size, topology.rank
-    encoder = open_encoder(compressor, flat, residual, mean_over=p if op == "mean" else 1)
+    # Deferred: error feedback folds each chunk just in time and books its errors while the wire is busy.
+    encoder = open_encoder(compressor, flat, residual, mean_over=p if op == "mean" else 1, deferred=True)
     bounds = chunk_bounds(flat.numel(), p)
     chunk = [flat[bounds[i] : bounds[i + 1]] for i in range(p)]
     lossless = compressor.lossless
     item = flat.element_size()
+    # Every chunk gets last ring's residual before it is encoded or receives anything (the same sums as folding
+    # the whole tensor first): the first one sent at once, the others while hop 0 waits on the wire.
+    first = r % p
+    encoder.fold_(flat if lossless else chunk[first], 0 if lossless else bounds[first])
+    unfolded = [] if lossless else [i for i in range(p) if i != first]
+
+    def fold_rest_and_drain() -> None:
+        for i in unfolded:
+            encoder.fold_(chunk[i], bounds[i])
+        unfolded.clear()
+        encoder.drain()
 
     def placed_pieces(i: int) -> list[tuple[int, torch.Tensor]]:
         """Chunk i's pieces with their positions in ``flat`` (where the encoder books their error)."""
@@ -116,7 +129,7 @@ def ring_allreduce_(
             outgoing, targets = placed_pieces(send_i), pieces(chunk[recv_i])
             sent = topology.exchange_pieces(
                 len(outgoing), lambda k: encoder.encode(outgoing[k][1], outgoing[k][0]), receive_buffers(recv_i),
-                lambda k, buf: targets[k].add_(encoder.decode(buf, targets[k])))
+                lambda k, buf: targets[k].add_(encoder.decode(buf, targets[k])), fold_rest_and_drain)
             report.bytes_sent += sum(payload.numel() for payload in sent)
         report.raw_bytes += chunk[send_i].numel() * item
 
@@ -126,6 +139,7 @@ def ring_allreduce_(
         chunk[own].div_(p)
     forward: list[torch.Tensor] = []
     if p > 1 and not lossless:
+        # Encoded now, settled in place (and, with feedback, booked) while all-gather hop 0 waits on the wire.
         forward = [encoder.settle_(x, position) for position, x in placed_pieces(own)]
 
     # Step 3: all-gather; lossy payloads are forwarded unchanged and decoded once.
@@ -138,10 +152,11 @@ def ring_allreduce_(
         else:
             incoming, targets, outgoing = receive_buffers(recv_i), pieces(chunk[recv_i]), forward
             topology.exchange_pieces(len(outgoing), outgoing.__getitem__, incoming,
-                                     lambda k, buf: targets[k].copy_(encoder.decode(buf, targets[k])))
+                                     lambda k, buf: targets[k].copy_(encoder.decode(buf, targets[k])), encoder.drain)
             report.bytes_sent += sum(payload.numel() for payload in outgoing)
             forward = incoming
         report.raw_bytes += chunk[send_i].numel() * item
+    encoder.drain()  # nothing is left at p > 1 (hop 0 of each phase drained); kept so no path can skip it
     report.busy_s = time.perf_counter() - start
     return report
 
@@ -153,7 +168,8 @@ def backend_allreduce_(flat: torch.Tensor, topology: RingTopology, op: str = "me
     p = topology.size
     report = RingReport()
     if p > 1:
-        dist.all_reduce(flat, group=topology.group)
+        with phases.timed("wire_wait"):  # the backend's C++ ring: its wire time and its adds, not told apart
+            dist.all_reduce(flat, group=topology.group)
         if op == "mean":
             flat.div_(p)
         # A ring all-reduce sends 2(p-1)/p of the message per rank (gloo's and NCCL's large-message case).

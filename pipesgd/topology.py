@@ -9,6 +9,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from pipesgd import phases
+
 _TAG = 7_201  # a tag of our own so user point-to-point traffic on the same group cannot be matched
 
 
@@ -74,17 +76,19 @@ class RingTopology:
         make_payload: Callable[[int], torch.Tensor],
         recv_bufs: list[torch.Tensor],
         on_receive: Callable[[int, torch.Tensor], None],
+        while_waiting: Callable[[], None] | None = None,
     ) -> list[torch.Tensor]:
         """One hop: send ``n_send`` pieces to the right neighbour while receiving ``recv_bufs`` from the left.
 
         Piece k is built and sent while the earlier ones are on the wire, and each received piece goes to
-        ``on_receive`` as it arrives (in order), so encoding and decoding overlap the transfer. Returns the
-        payloads sent. Both ways match piece k of the sender with piece k of the receiver."""
+        ``on_receive`` as it arrives (in order), so encoding and decoding overlap the transfer. ``while_waiting``
+        runs once every send is posted and before any receive is waited for (work that must not delay a send).
+        Returns the payloads sent. Both ways match piece k of the sender with piece k of the receiver."""
         if self.batched:
-            return self._exchange_paired(n_send, make_payload, recv_bufs, on_receive)
-        return self._exchange_posted(n_send, make_payload, recv_bufs, on_receive)
+            return self._exchange_paired(n_send, make_payload, recv_bufs, on_receive, while_waiting)
+        return self._exchange_posted(n_send, make_payload, recv_bufs, on_receive, while_waiting)
 
-    def _exchange_posted(self, n_send, make_payload, recv_bufs, on_receive) -> list[torch.Tensor]:
+    def _exchange_posted(self, n_send, make_payload, recv_bufs, on_receive, while_waiting=None) -> list[torch.Tensor]:
         """Gloo: every receive is posted first (with p = 2 both directions share one gloo connection, and a
         send posted before its matching receive took ~1.8x longer for 4 MB on a shaped link)."""
         recv_wires, recv_ops = [], []
@@ -99,15 +103,19 @@ class RingTopology:
             wire = self._send_wire(k, payload)
             if wire.numel():
                 send_ops.append(dist.isend(wire, self.right, group=self.group, tag=_TAG + 1 + k))
+        if while_waiting is not None:
+            while_waiting()
         for k, op in enumerate(recv_ops):
             if op is not None:
-                op.wait()
+                with phases.timed("wire_wait"):
+                    op.wait()
             self._arrived(k, recv_wires[k], recv_bufs[k], on_receive)
-        for op in send_ops:
-            op.wait()
+        with phases.timed("wire_wait"):
+            for op in send_ops:
+                op.wait()
         return sent
 
-    def _exchange_paired(self, n_send, make_payload, recv_bufs, on_receive) -> list[torch.Tensor]:
+    def _exchange_paired(self, n_send, make_payload, recv_bufs, on_receive, while_waiting=None) -> list[torch.Tensor]:
         """NCCL: piece k's send and receive go out as one batch (an NCCL group), so neither direction can
         queue ahead of the other; every batch is posted before the first receive is waited for."""
         sent, posted = [], []
@@ -123,9 +131,12 @@ class RingTopology:
             if recv_wire is not None and recv_wire.numel():
                 ops.append(dist.P2POp(dist.irecv, recv_wire, self.left, self.group, _TAG + 1 + k))
             posted.append((dist.batch_isend_irecv(ops) if ops else [], recv_wire))
+        if while_waiting is not None:
+            while_waiting()
         for k, (works, recv_wire) in enumerate(posted):
-            for work in works:
-                work.wait()
+            with phases.timed("wire_wait"):
+                for work in works:
+                    work.wait()
             if recv_wire is not None:
                 self._arrived(k, recv_wire, recv_bufs[k], on_receive)
         return sent

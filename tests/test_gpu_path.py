@@ -91,8 +91,10 @@ class LoopbackTopology:
     def scratch(self, numel, dtype, device):
         return torch.empty(numel, dtype=dtype, device=device)
 
-    def exchange_pieces(self, n_send, make_payload, recv_bufs, on_receive):
+    def exchange_pieces(self, n_send, make_payload, recv_bufs, on_receive, while_waiting=None):
         sent = [make_payload(k) for k in range(n_send)]
+        if while_waiting is not None:
+            while_waiting()
         for k, (payload, buf) in enumerate(zip(sent, recv_bufs)):
             buf.copy_(payload)
             on_receive(k, buf)

@@ -6,14 +6,17 @@ One ring over one bucket uses it through a :class:`HopEncoder` (``open_encoder``
 2. at every encode of a chunk at ``position``: ``r[position:] += chunk - decompress(compress(chunk))``
    (in "sum" units: the owner's error on a mean counts once per rank it averages over);
 3. the decoded values go on as usual; over many steps nothing the compressor dropped is lost.
-The ring only calls ``encode`` / ``settle_`` / ``decode``; it never touches a residual.
+The ring only calls ``fold_`` / ``encode`` / ``settle_`` / ``decode`` / ``drain``; it never touches a residual.
+It opens the encoder deferred, so 1 runs chunk by chunk and 2 runs while the ring waits on the wire.
 """
 from __future__ import annotations
 
-from typing import Any, Hashable
+from functools import partial
+from typing import Any, Callable, Hashable
 
 import torch
 
+from pipesgd import phases
 from pipesgd.compression.base import ChunkContext, Compressor, codec_state, load_codec_state
 from pipesgd.finite import all_finite, l2_norm
 
@@ -84,62 +87,115 @@ class ErrorFeedback:
 
 
 class HopEncoder:
-    """Encodes and decodes the chunks of one ring over one flat tensor, without error feedback."""
+    """Encodes and decodes the chunks of one ring over one flat tensor, without error feedback.
 
-    def __init__(self, compressor: Compressor, flat: torch.Tensor) -> None:
+    ``deferred``: work that only has to be done before the ring hands its result back (settling a final chunk;
+    with feedback, booking an encode's error) is queued instead of done at once, and ``drain()`` does it. The ring
+    drains while it waits on the wire, so that work never delays a send; the ring's last call is a drain."""
+
+    def __init__(self, compressor: Compressor, flat: torch.Tensor, deferred: bool = False) -> None:
         self.compressor = compressor
         self._dtype, self._device = flat.dtype, flat.device
+        self._deferred = deferred
+        self._pending: list[Callable[[], None]] = []
+
+    def fold_(self, x: torch.Tensor, position: int) -> None:
+        """Bring last ring's residual for ``x`` into it (a deferred encoder folds chunk by chunk; see
+        :class:`FeedbackEncoder`). Without feedback there is nothing to fold."""
 
     def encode(self, x: torch.Tensor, position: int) -> torch.Tensor:
         """The payload of ``x``, the slice of the flat tensor that starts at element ``position``."""
-        payload, _ = self.compressor.compress(x)
+        with phases.timed("codec"):
+            payload, _ = self.compressor.compress(x)
         return payload
 
     def settle_(self, x: torch.Tensor, position: int) -> torch.Tensor:
         """The payload of a final chunk, which is replaced by its decoded value in place so the owner
-        applies exactly the bits every other rank decodes."""
-        payload, _ = self.compressor.compress(x)
-        x.copy_(self.decode(payload, x))
+        applies exactly the bits every other rank decodes (at once, or at the next ``drain`` if deferred)."""
+        with phases.timed("codec"):
+            payload, _ = self.compressor.compress(x)
+        self._later(partial(self._settle_now, x, position, payload))
         return payload
 
     def decode(self, payload: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """Decode a received payload for a chunk shaped like ``like`` (what a receiver knows unasked)."""
-        return self.compressor.decompress(payload, ChunkContext(like.numel(), self._dtype, self._device))
+        with phases.timed("codec"):
+            return self.compressor.decompress(payload, ChunkContext(like.numel(), self._dtype, self._device))
+
+    def drain(self) -> None:
+        """Do the work deferred so far, oldest first."""
+        pending, self._pending = self._pending, []
+        for work in pending:
+            work()
+
+    def _later(self, work: Callable[[], None]) -> None:
+        if self._deferred:
+            self._pending.append(work)
+        else:
+            work()
+
+    def _settle_now(self, x: torch.Tensor, position: int, payload: torch.Tensor) -> None:
+        x.copy_(self.decode(payload, x))
 
 
 class FeedbackEncoder(HopEncoder):
-    """A :class:`HopEncoder` that books every encode's error into a residual buffer of the flat tensor."""
+    """A :class:`HopEncoder` that books every encode's error into a residual buffer of the flat tensor.
 
-    def __init__(self, compressor: Compressor, flat: torch.Tensor, residual: torch.Tensor, mean_over: int) -> None:
-        super().__init__(compressor, flat)
+    Eager (the default), it folds the whole residual in when opened. Deferred, the ring folds each chunk with
+    ``fold_`` before that chunk is encoded or receives anything, which gives the same sums bit for bit, and the
+    error of each encode is booked at the next ``drain`` (the encoded slice and its payload stay untouched until
+    then: the ring drains within the hop that sent them)."""
+
+    def __init__(self, compressor: Compressor, flat: torch.Tensor, residual: torch.Tensor, mean_over: int,
+                 deferred: bool = False) -> None:
+        super().__init__(compressor, flat, deferred)
         if residual.shape != flat.shape:
             raise ValueError(f"a residual of shape {tuple(residual.shape)} cannot serve a tensor of {tuple(flat.shape)}")
-        # Step 1: last ring's compression error travels in this one.
-        flat.add_(residual)
-        residual.zero_()
         self._residual = residual
         # Final chunks hold sum / mean_over; the residual is kept in sum units.
         self._mean_over = mean_over
+        if not deferred:
+            self._fold_now(flat, 0)
+
+    def fold_(self, x: torch.Tensor, position: int) -> None:
+        if self._deferred:
+            self._fold_now(x, position)
+
+    def _fold_now(self, x: torch.Tensor, position: int) -> None:
+        # Step 1: last ring's compression error travels in this one.
+        with phases.timed("error_feedback"):
+            residual = self._residual[position : position + x.numel()]
+            x.add_(residual)
+            residual.zero_()
 
     def encode(self, x: torch.Tensor, position: int) -> torch.Tensor:
-        payload, _ = self.compressor.compress(x)
-        # Step 2: what this encode dropped, kept for the next ring.
-        self._residual[position : position + x.numel()].add_(x - self.decode(payload, x))
+        payload = super().encode(x, position)
+        self._later(partial(self._book, x, position, payload))
         return payload
 
-    def settle_(self, x: torch.Tensor, position: int) -> torch.Tensor:
-        payload, _ = self.compressor.compress(x)
+    def _book(self, x: torch.Tensor, position: int, payload: torch.Tensor) -> None:
+        # Step 2: what this encode dropped, kept for the next ring.
+        with phases.timed("error_feedback"):
+            self._residual[position : position + x.numel()].add_(x - self._decode_plain(payload, x))
+
+    def _settle_now(self, x: torch.Tensor, position: int, payload: torch.Tensor) -> None:
         decoded = self.decode(payload, x)
-        self._residual[position : position + x.numel()].add_((x - decoded) * self._mean_over)
+        with phases.timed("error_feedback"):
+            self._residual[position : position + x.numel()].add_((x - decoded) * self._mean_over)
         x.copy_(decoded)
-        return payload
+
+    def _decode_plain(self, payload: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """A decode that error feedback alone needs (booked as feedback's cost, not the codec's)."""
+        return self.compressor.decompress(payload, ChunkContext(like.numel(), self._dtype, self._device))
 
 
 def open_encoder(
-    compressor: Compressor, flat: torch.Tensor, residual: torch.Tensor | None = None, mean_over: int = 1
+    compressor: Compressor, flat: torch.Tensor, residual: torch.Tensor | None = None, mean_over: int = 1,
+    deferred: bool = False,
 ) -> HopEncoder:
     """The encoder for one ring over ``flat``; with a ``residual`` (from ``ErrorFeedback.residual``) it first
-    folds the residual into ``flat``. ``mean_over``: the divisor the ring applied to its final chunks."""
+    folds the residual into ``flat``. ``mean_over``: the divisor the ring applied to its final chunks.
+    ``deferred``: fold chunk by chunk (``fold_``) and put work off until ``drain`` (see :class:`HopEncoder`)."""
     if residual is None:
-        return HopEncoder(compressor, flat)
-    return FeedbackEncoder(compressor, flat, residual, mean_over)
+        return HopEncoder(compressor, flat, deferred)
+    return FeedbackEncoder(compressor, flat, residual, mean_over, deferred)

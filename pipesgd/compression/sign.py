@@ -25,6 +25,9 @@ from pipesgd.defaults import QUANT_BLOCK_SIZE
 
 
 _BIT_WEIGHTS: dict[torch.device, torch.Tensor] = {}
+# sum over k of 2**(56 - 7k): byte k of a word (bit 8k) times 2**(56 - 7k) lands on bit 56 + k. The product
+# wraps modulo 2**64 (torch's int64 multiply), which only drops bits above the top byte.
+_GATHER = 0x0102040810204080
 
 
 def _bit_weights(device: torch.device) -> torch.Tensor:
@@ -71,14 +74,16 @@ class SignCompressor:
         scale.masked_fill_(~torch.isfinite(scale), float("nan"))
         payload[: 4 * rows].view(torch.float32).copy_(scale)
 
-        # Step 2: sign bits, padded to whole bytes and packed little-endian within each byte.
-        bits = torch.zeros(8 * ((numel + 7) // 8), dtype=torch.uint8, device=x.device)
+        # Step 2: sign bits, padded to whole bytes and packed little-endian within each byte: each 8 bytes of
+        # 0/1 read as one int64 and multiplied by _GATHER, which moves byte k's bit to bit 56 + k without carries
+        # (the partial products all land on distinct bits), so the top byte is the packed byte: two passes over
+        # n/8 words instead of eight strided passes over n bytes.
+        n_bytes = (numel + 7) // 8
+        bits = torch.empty(8 * n_bytes, dtype=torch.uint8, device=x.device)
+        bits[numel:].zero_()
         torch.ge(x, 0, out=bits[:numel].view(torch.bool))
-        bits = bits.view(-1, 8)
-        packed = payload[4 * rows :]
-        packed.copy_(bits[:, 0])
-        for k in range(1, 8):  # eight vectorised ops over n/8 bytes; a length-8 reduction is slower
-            packed.bitwise_or_(bits[:, k] << k)
+        words = bits.view(torch.int64).mul_(_GATHER).bitwise_right_shift_(56)
+        payload[4 * rows :].copy_(words)  # the low byte of each word (int64 -> uint8 keeps it, modulo 256)
         return payload, ctx
 
     def decompress(self, payload: torch.Tensor, ctx: ChunkContext) -> torch.Tensor:

@@ -1,0 +1,102 @@
+"""Issue-11 pipeline benchmark: for each codec with and without error feedback, compute alone, ring alone and a
+Pipe-SGD width-2 iteration, efficiency = max(compute, ring) / iteration, and where the iteration's time and CPU go.
+
+    python experiments/bench_pipeline.py --bandwidth 200mbit          # 4 emulated nodes (root; ip, tc)
+    python experiments/bench_pipeline.py --loopback --quick           # 4 local ranks, no root, a minute or two
+
+One process per node (one thread each). The logic is in ``pipesgd/bench/pipeline.py`` (per rank) and
+``pipeline_report.py`` (tables). Writes ``<label>.jsonl`` (one record per workload and variant), ``<label>.md``
+and ``<label>.json`` under --out, and prints the tables.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from pipesgd.atomic import write_text_atomic
+from pipesgd.bench.pipeline import VARIANTS, WORKLOADS, PipelineSettings, run, settings_json
+from pipesgd.bench.pipeline_report import markdown, read_records
+from pipesgd.cluster.units import parse_bandwidth
+
+QUICK = {"workloads": ("mlp1.9m",), "steps": 4, "warmup": 2, "ring_repeats": 2}
+
+
+def _names(text: str, valid, what: str, parser) -> tuple[str, ...]:
+    names = tuple(n for n in text.split(",") if n)
+    bad = [n for n in names if n not in valid]
+    if bad or not names:
+        parser.error(f"unknown {what} {', '.join(bad) or repr(text)}; valid: {', '.join(valid)}")
+    return names
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="bench_pipeline", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--bandwidth", help="per-link rate of the emulated cluster, e.g. 200mbit (root)")
+    where.add_argument("--loopback", action="store_true", help="local ranks over loopback (no root)")
+    parser.add_argument("--nodes", type=int, default=4, help="nodes (or loopback ranks)")
+    parser.add_argument("--quick", action="store_true", help="the 1.9 M MLP only, 4 timed iterations")
+    parser.add_argument("--workloads", help=f"comma-separated, of {', '.join(WORKLOADS)}")
+    parser.add_argument("--variants", help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument("--steps", type=int, help="timed iterations per variant (default 8; --quick 4)")
+    parser.add_argument("--label", help="result file names (default: loopback or the bandwidth)")
+    parser.add_argument("--out", default="results/bench_pipeline")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds for the whole cluster run")
+    args = parser.parse_args()
+    if args.nodes < 2:
+        parser.error(f"--nodes must be >= 2, got {args.nodes}")
+    chosen = dict(QUICK) if args.quick else {}
+    if args.workloads:
+        chosen["workloads"] = _names(args.workloads, WORKLOADS, "workload", parser)
+    if args.variants:
+        chosen["variants"] = _names(args.variants, VARIANTS, "variant", parser)
+    if args.steps is not None:
+        chosen["steps"] = args.steps
+    label = args.label or ("loopback" if args.loopback else args.bandwidth)
+    os.makedirs(args.out, exist_ok=True)
+    records_path = os.path.join(args.out, f"{label}.jsonl")
+    try:
+        settings = PipelineSettings(out_json=os.path.abspath(records_path), **chosen)
+        bandwidth_bps = None if args.loopback else parse_bandwidth(args.bandwidth)
+    except ValueError as error:
+        parser.error(str(error))
+    write_text_atomic(records_path, "")
+    start = time.perf_counter()
+    if args.loopback:
+        run(settings, args.nodes)
+        where_text = f"{args.nodes} ranks on loopback"
+    else:
+        from pipesgd.cluster.cluster import Cluster
+        from pipesgd.cluster.netns import ClusterError
+        try:
+            with Cluster.up(args.nodes, bandwidth_bps, name="psgd-pipe", force=True) as cluster:
+                rc = cluster.run([sys.executable, "-m", "pipesgd.bench.pipeline", settings_json(settings)],
+                                 timeout_s=args.timeout)
+        except ClusterError as error:
+            print(f"bench_pipeline: error: {error}", file=sys.stderr)
+            return 1
+        if rc != 0:
+            print(f"bench_pipeline: error: the cluster run failed with exit code {rc}", file=sys.stderr)
+            return 1
+        where_text = f"{args.nodes} emulated nodes, {args.bandwidth} per link (tc tbf)"
+    elapsed = time.perf_counter() - start
+    try:
+        records = read_records(records_path)
+    except ValueError as error:
+        print(f"bench_pipeline: error: {error}", file=sys.stderr)
+        return 1
+    table = markdown(records, f"Pipe-SGD at its limit: {where_text}, one thread per process "
+                              f"({os.cpu_count()} cores; {elapsed:.0f} s)", cores=os.cpu_count())
+    print(table)
+    write_text_atomic(os.path.join(args.out, f"{label}.md"), table + "\n")
+    summary = {"where": where_text, "elapsed_s": elapsed, "cpu_count": os.cpu_count(), "records": records}
+    write_text_atomic(os.path.join(args.out, f"{label}.json"), json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

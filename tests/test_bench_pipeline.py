@@ -1,0 +1,104 @@
+"""The issue-11 pipeline benchmark: the phase accumulators (off by default, on when asked), the settings' checks,
+the report's tables from synthetic records, and a smoke run of experiments/bench_pipeline.py on loopback."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipesgd import phases
+from pipesgd.bench.pipeline import VARIANTS, PipelineSettings, parse_variant
+from pipesgd.bench.pipeline_report import markdown, read_records
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+ENV["PYTHONPATH"] = str(ROOT)
+
+
+def test_phases_accumulate_only_while_enabled():
+    phases.reset()
+    with phases.timed("codec"):
+        sum(range(1000))
+    assert phases.snapshot() == dict.fromkeys(phases.PHASES, 0.0)
+    phases.enable(True)
+    try:
+        with phases.timed("codec"):
+            sum(range(1000))
+        with pytest.raises(ValueError, match="unknown phase 'network'; valid: wire_wait, codec"):
+            phases.timed("network")
+    finally:
+        phases.enable(False)
+    totals = phases.snapshot()
+    assert totals["codec"] > 0 and all(v == 0.0 for k, v in totals.items() if k != "codec")
+    phases.reset()
+    assert not phases.enabled() and phases.snapshot()["codec"] == 0.0
+
+
+def test_variants_and_settings_say_what_is_wrong(tmp_path):
+    assert parse_variant("q8+ef") == ("q8", True) and parse_variant("bf16") == ("bf16", False)
+    assert "sign" not in VARIANTS and "sign+ef" in VARIANTS
+    with pytest.raises(ValueError, match="unknown variant 'q2'; valid: none, fp16"):
+        parse_variant("q2")
+    out = str(tmp_path / "r.jsonl")
+    with pytest.raises(ValueError, match="unknown workload 'resnet'"):
+        PipelineSettings(out, workloads=("resnet",))
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        PipelineSettings(out, steps=0)
+    with pytest.raises(ValueError, match="warmup must be >= 2"):
+        PipelineSettings(out, warmup=1)
+
+
+def _record(variant: str, t_iter: float) -> dict:
+    return {"workload": "mlp1.9m", "params": 1_863_690, "variant": variant, "ranks": 4, "compute_s": 0.055,
+            "ring_s": 0.115, "t_iter": t_iter, "efficiency": 0.115 / t_iter, "bytes_sent": 2.8e6,
+            "compute": 0.05, "compute_cpu": 0.05, "wait": 0.06, "comm_busy": 0.11, "update": 0.001,
+            "wire_wait": 0.08, "codec": 0.01, "error_feedback": 0.015, "pack_unpack": 0.002, "finite_check": 0.001,
+            "cpu_main": 0.06, "cpu_process": 0.09}
+
+
+def test_report_tables_show_efficiency_and_the_comm_split(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(_record(v, t)) + "\n" for v, t in (("q8", 0.130), ("q8+ef", 0.156))))
+    text = markdown(read_records(str(path)), "t")
+    assert "| mlp1.9m (1.86 M) | q8 | 55.0 | 115.0 | 130.0 | 0.88 | 2.80 |" in text
+    assert "| mlp1.9m (1.86 M) | q8+ef | 55.0 | 115.0 | 156.0 | 0.74 | 2.80 |" in text
+    # comm other = busy - (wire + codec + feedback + finite) = 110 - 106 ms; CPU comm = process - caller
+    assert "| mlp1.9m | q8 | 50.0 | 2.0 | 60.0 | 1.0 | 110.0 | 80.0 | 10.0 | 15.0 | 1.0 | 4.0 | 60.0 | 30.0 |" in text
+    # Four ranks each using 90 ms of CPU per iteration on 2 cores cannot iterate faster than 180 ms.
+    shared = markdown(read_records(str(path)), "t", cores=2)
+    assert "| mlp1.9m (1.86 M) | q8 | 55.0 | 115.0 | 130.0 | 0.88 | 2.80 | 180.0 | 0.64 |" in shared
+    assert "CPU floor = all ranks' process CPU per iteration / 2 cores" in shared
+    with pytest.raises(ValueError, match="cannot read benchmark records from"):
+        read_records(str(tmp_path / "missing.jsonl"))
+
+
+def _script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "experiments" / "bench_pipeline.py"), *args],
+                          capture_output=True, text=True, env=ENV, timeout=300)
+
+
+def test_script_refuses_bad_flags_in_one_line(tmp_path):
+    proc = _script("--loopback", "--workloads", "resnet", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "error: unknown workload resnet; valid: mlp1.9m" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = _script("--loopback", "--nodes", "1", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "--nodes must be >= 2" in proc.stderr
+
+
+@pytest.mark.slow
+def test_quick_loopback_run_prints_and_writes_the_tables(tmp_path):
+    proc = _script("--loopback", "--quick", "--nodes", "2", "--workloads", "tiny", "--variants", "none,q8+ef",
+                   "--steps", "2", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| tiny (0.01 M) | none |" in proc.stdout and "| tiny | q8+ef |" in proc.stdout
+    records = json.loads((tmp_path / "loopback.json").read_text())["records"]
+    assert [r["variant"] for r in records] == ["none", "q8+ef"]
+    q8 = records[1]
+    assert q8["ranks"] == 2 and q8["t_iter"] > 0 and q8["efficiency"] > 0
+    assert q8["codec"] > 0 and q8["error_feedback"] > 0 and q8["wire_wait"] > 0 and q8["pack_unpack"] > 0
+    assert records[0]["error_feedback"] == 0.0  # no feedback, nothing booked
+    assert (tmp_path / "loopback.md").read_text().startswith("# Pipe-SGD at its limit: 2 ranks on loopback")
