@@ -6,6 +6,7 @@ import torch
 
 from pipesgd.compression import ErrorFeedback, build, open_encoder
 from pipesgd.ring import ring_allreduce_
+from tests.fake_topology import LoopbackTopology
 
 
 def randn(numel: int, seed: int = 0) -> torch.Tensor:
@@ -33,30 +34,19 @@ def test_a_deferred_encoder_books_at_drain_what_an_eager_one_books_at_once():
     assert torch.equal(res, eager_res)
 
 
-class RecordingLoopback:
-    """Two ranks holding the same data (each piece sent comes back as the one received); records the residual
-    when the last send of each hop is posted and when the hop starts waiting."""
-
-    size, rank, batched = 2, 0, False
+class RecordingLoopback(LoopbackTopology):
+    """Records the residual when the last send of each hop is posted and when the hop starts waiting."""
 
     def __init__(self, residual: torch.Tensor) -> None:
         self.residual = residual
         self.at_send: list[torch.Tensor] = []
         self.at_wait: list[torch.Tensor] = []
 
-    def scratch(self, numel, dtype, device):
-        return torch.empty(numel, dtype=dtype, device=device)
-
-    def exchange_pieces(self, n_send, make_payload, recv_bufs, on_receive, while_waiting=None):
-        sent = [make_payload(k) for k in range(n_send)]
+    def sends_posted(self) -> None:
         self.at_send.append(self.residual.clone())
-        if while_waiting is not None:
-            while_waiting()
+
+    def waiting(self) -> None:
         self.at_wait.append(self.residual.clone())
-        for k, (payload, buf) in enumerate(zip(sent, recv_bufs)):
-            buf.copy_(payload)
-            on_receive(k, buf)
-        return sent
 
 
 def test_the_ring_books_feedback_only_after_the_hop_s_sends_are_posted():

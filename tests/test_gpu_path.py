@@ -18,6 +18,7 @@ from pipesgd.exchange import GradientExchange
 from pipesgd.ring import RingTopology, ring_allreduce_
 from pipesgd.topology import HostStaging
 from tests.distributed import run_ranks
+from tests.fake_topology import LoopbackTopology
 
 CODECS = ("none", "fp16", "bf16", "q8", "q4", "sign")
 SIZES = (0, 3, 1_000, 600_001)  # the last one travels in several pieces per hop
@@ -81,24 +82,6 @@ def test_a_nonfinite_step_skips_only_itself_even_when_the_reset_is_slow():
     for skipped, finite in run_ranks(_skips_with_a_slow_reset, 2):
         # step() at t applies step t-1: only step 2's gradient (applied at t = 3) is skipped.
         assert skipped == [False, False, False, True, False, False, False, False] and finite
-
-
-class LoopbackTopology:
-    """A ring of two ranks holding the same data: every piece sent comes straight back as the one received."""
-
-    size, rank, batched = 2, 0, False
-
-    def scratch(self, numel, dtype, device):
-        return torch.empty(numel, dtype=dtype, device=device)
-
-    def exchange_pieces(self, n_send, make_payload, recv_bufs, on_receive, while_waiting=None):
-        sent = [make_payload(k) for k in range(n_send)]
-        if while_waiting is not None:
-            while_waiting()
-        for k, (payload, buf) in enumerate(zip(sent, recv_bufs)):
-            buf.copy_(payload)
-            on_receive(k, buf)
-        return sent
 
 
 def test_the_exchange_zeroes_a_nonfinite_residual_before_the_next_ring():
