@@ -185,11 +185,16 @@ class PipeSGD:
         return stats
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """The wrapped optimizer's ``zero_grad``; with ``gradient_as_bucket_view`` a gradient that is a bucket view
+        stays one and is zeroed even for ``set_to_none=True`` (so the next backward writes into the bucket)."""
         if self._fresh_grads:
             raise RuntimeError(
                 "zero_grad() after backward() but before step() would discard this step's gradients; "
                 "call step() first (or the inner optimizer's zero_grad() to drop them on purpose)"
             )
+        # With views both modes keep them and zero them (pipesgd.bucket_sets): a None would make the next backward
+        # allocate fresh gradients that step() copies in again, which measures slower than a zero fill plus an
+        # accumulating add (experiments/bench_bucket_views.py).
         self._sets.zero_grad(self.optimizer, set_to_none)
 
     def flush(self) -> list[StepStats]:
