@@ -88,21 +88,46 @@ def _pack(bucket: Bucket, params: list[torch.Tensor], out: torch.Tensor) -> None
         view = out[offset : offset + n]
         if grad is None:
             view.zero_()
-        else:
+        elif not is_slot(grad, view):  # a gradient written straight into its slot needs no copy
             view.copy_(grad.reshape(-1))
 
 
-def unpack_to_gradients(bucket: Bucket, params: list[torch.Tensor], flat: torch.Tensor) -> None:
-    """Write ``flat`` into the ``.grad`` of ``bucket``'s parameters, creating gradients where missing."""
+def is_slot(grad: torch.Tensor, view: torch.Tensor) -> bool:
+    """Whether ``grad`` is the flat slot ``view`` itself (same memory, dtype and size), so a copy is a no-op."""
+    return (grad.data_ptr() == view.data_ptr() and grad.dtype == view.dtype and grad.device == view.device
+            and grad.numel() == view.numel() and grad.is_contiguous())
+
+
+def viewable(param: torch.Tensor, flat: torch.Tensor) -> bool:
+    """Whether ``param.grad`` can be a view into ``flat``: same dtype and device, and a dense contiguous layout
+    (a bf16/fp16 parameter in an fp32 bucket keeps its own gradient and the copy)."""
+    return (param.dtype == flat.dtype and param.device == flat.device and param.layout == torch.strided
+            and param.is_contiguous())
+
+
+def unpack_to_gradients(bucket: Bucket, params: list[torch.Tensor], flat: torch.Tensor, as_view: bool = False,
+                        copy: bool = True, create: bool = True) -> None:
+    """Write ``flat`` into the ``.grad`` of ``bucket``'s parameters, creating gradients where missing.
+
+    ``as_view``: a parameter that can (``viewable``) gets a view into ``flat`` as its ``.grad`` instead of a
+    copy; ``copy=False`` leaves the others' gradients as they are; ``create=False`` leaves a None a None."""
     with phases.timed("pack_unpack"):
-        _unpack(bucket, params, flat)
+        _unpack(bucket, params, flat, as_view, copy, create)
 
 
-def _unpack(bucket: Bucket, params: list[torch.Tensor], flat: torch.Tensor) -> None:
+def _unpack(bucket: Bucket, params: list[torch.Tensor], flat: torch.Tensor, as_view: bool, copy: bool,
+            create: bool) -> None:
     for i, offset, n in zip(bucket.param_indices, bucket.offsets, bucket.numels):
         p = params[i]
         view = flat[offset : offset + n].view(p.shape)
-        if p.grad is None:
+        if p.grad is None and not create:
+            continue
+        if as_view and viewable(p, flat):
+            if p.grad is None or not is_slot(p.grad, view):
+                p.grad = view
+        elif not copy:
+            continue
+        elif p.grad is None:
             p.grad = view.to(dtype=p.dtype, copy=True)
         else:
             p.grad.copy_(view)

@@ -21,6 +21,10 @@ QUANT_BLOCK_SIZE = 4096
 # every hop. "ring" forces ours; "backend" cannot compress.
 ALLREDUCE_CHOICES = ("auto", "ring", "backend")
 
+# p.grad as views into the flat buckets (pipesgd.bucket_sets): no copy in or out of a step; K sets of
+# gradient memory for width K instead of K + 1 (the K sets plus the gradients themselves).
+GRADIENT_AS_BUCKET_VIEW = True
+
 # Codecs that only converge with error feedback (1-bit SGD diverges without it).
 NEEDS_ERROR_FEEDBACK = ("sign",)
 

@@ -1,12 +1,14 @@
 """PipeSGD: the optimizer wrapper that delays the application of averaged gradients by K-1 steps.
 
 Each ``step()``:
-  Step 1: copy this step's gradients into flat buckets (the next backward may overwrite ``p.grad``).
+  Step 1: this step's gradients in a set of flat buckets (``bucket_sets``): with ``gradient_as_bucket_view``
+          (the default) ``p.grad`` already is a view into it, so nothing is copied, and the views move to
+          another set before the ring owns this one; without it the gradients are copied in.
   Step 2: hand the buckets to the background ring (``channel`` + ``exchange``: a thread; on CUDA a side
           stream too) and its handle to the pipeline (``pipeline``).
   Step 3: make the module buffers identical across ranks (``buffers``; not delayed: forward t+1 sees them).
   Step 4: if the pipeline says a step is due (K in flight, 1 during warm-up), wait for it, write its averaged
-          gradient into ``p.grad`` (unscaled with its own step's loss scale under ``amp``), clip it
+          gradient into ``p.grad`` (views into its set, or a copy; unscaled with its own step's loss scale under ``amp``), clip it
           (``clipping``) and run the wrapped optimizer on it (a non-finite one raises or is skipped).
 So ``w_{t+1} = w_t - lr * mean_i(g^i_{t-K+1})``: K = 1 is synchronous AllReduce SGD, K = 2 is Pipe-SGD.
 Every gradient is applied exactly once: during the K-1 steps after warm-up the pipeline fills and
@@ -35,11 +37,12 @@ import torch.distributed as dist
 from pipesgd.accounting import StepStats
 from pipesgd.amp import DelayedLossScale
 from pipesgd.buffers import BufferSync
-from pipesgd.buckets import build_buckets, layout_signature, pack_gradients, unpack_to_gradients
+from pipesgd.bucket_sets import BucketSets
+from pipesgd.buckets import build_buckets, layout_signature
 from pipesgd.channel import open_private_channel
 from pipesgd.clipping import clip_averaged_gradient
 from pipesgd.compression import ErrorFeedback, codec_state, load_codec_state
-from pipesgd.defaults import BUCKET_MB, WARMUP_STEPS
+from pipesgd.defaults import BUCKET_MB, GRADIENT_AS_BUCKET_VIEW, WARMUP_STEPS
 from pipesgd.exchange import ExchangeResult, GradientExchange
 from pipesgd.handles import CompletedWork
 from pipesgd.options import PipeSGDOptions
@@ -78,6 +81,7 @@ class PipeSGD:
         max_grad_norm: float | None = None,
         buffers: str = "broadcast",
         grad_scaler: torch.amp.GradScaler | None = None,
+        gradient_as_bucket_view: bool = GRADIENT_AS_BUCKET_VIEW,
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"PipeSGD wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -86,13 +90,14 @@ class PipeSGD:
             compression_options=compression_options or {}, error_feedback=error_feedback, bucket_mb=bucket_mb,
             allreduce=allreduce, timeout_s=timeout_s, nonfinite=nonfinite, check_replicas_every=check_replicas_every,
             max_grad_norm=max_grad_norm, buffers=buffers, grad_scaler=grad_scaler,
+            gradient_as_bucket_view=gradient_as_bucket_view,
         )
         self.optimizer = optimizer
         # What travels: the optimizer's trainable parameters, packed into flat buckets.
         self._params, self._names = _communicated_params(optimizer, model_or_params)
         self._param_ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
         self._buckets = build_buckets(self._params, self.options.bucket_bytes)
-        self._free_buffers: list[list[torch.Tensor]] = []
+        self._sets = BucketSets(self._buckets, self._params, gradient_as_bucket_view, keep=width)
         # How it travels: a private group with its own worker, one codec seeded for this rank.
         rank = dist.get_rank() if dist.is_initialized() else 0
         compressor = self.options.build_compressor(rank)
@@ -144,14 +149,19 @@ class PipeSGD:
         """How many steps' gradients are handed off and not yet applied."""
         return len(self._pipeline)
 
+    @property
+    def bucket_memory_bytes(self) -> int:
+        """Bytes of flat bucket sets allocated so far (in flight, applied or free): K x the gradient bytes in a
+        width-K pipeline. With ``gradient_as_bucket_view`` they hold ``p.grad`` too; without, add the gradients."""
+        return self._sets.allocated * self._sets.set_bytes
+
     def step(self) -> StepStats:
         """Hand this step's gradients to the ring; apply the averaged gradient of step t-K+1 if due."""
         self._check_usage()
         t = self._step
-        # Step 1: pack (copies; p.grad is the caller's again once this returns).
-        buffers = self._acquire_buffers()
-        for bucket, out in zip(self._buckets, buffers):
-            pack_gradients(bucket, self._params, out)
+        # Step 1: the gradients' bucket set (p.grad no longer points into it once this returns).
+        applies = len(self._pipeline) + 1 >= self._pipeline.depth(t)
+        buffers = self._sets.hand_off(keep_local=not applies)
         self._fresh_grads = False
         if self._loss_scale is not None:
             self._loss_scale.record(t)
@@ -175,12 +185,17 @@ class PipeSGD:
         return stats
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """The wrapped optimizer's ``zero_grad``; with ``gradient_as_bucket_view`` a gradient that is a bucket view
+        stays one and is zeroed even for ``set_to_none=True`` (so the next backward writes into the bucket)."""
         if self._fresh_grads:
             raise RuntimeError(
                 "zero_grad() after backward() but before step() would discard this step's gradients; "
                 "call step() first (or the inner optimizer's zero_grad() to drop them on purpose)"
             )
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+        # With views both modes keep them and zero them (pipesgd.bucket_sets): a None would make the next backward
+        # allocate fresh gradients that step() copies in again, which measures slower than a zero fill plus an
+        # accumulating add (experiments/bench_bucket_views.py).
+        self._sets.zero_grad(self.optimizer, set_to_none)
 
     def flush(self) -> list[StepStats]:
         """Wait for every in-flight step and apply it, oldest first, so no gradient is lost.
@@ -272,9 +287,6 @@ class PipeSGD:
                 "step() without a backward() since the last step(): the same gradients would be sent twice"
             )
 
-    def _acquire_buffers(self) -> list[torch.Tensor]:
-        return self._free_buffers.pop() if self._free_buffers else [b.empty() for b in self._buckets]
-
     def _apply(self, entry: InFlight[ExchangeResult], step: int) -> StepStats:
         """Wait for ``entry``'s averaged gradient and run the wrapped optimizer on it (or refuse a NaN/Inf)."""
         start = time.perf_counter()
@@ -292,6 +304,7 @@ class PipeSGD:
         if self._loss_scale is not None:  # fp16: an inf/NaN is an overflow the scaler skips (pipesgd.amp)
             return self._apply_scaled(entry.step, result, stats)
         if not result.finite:
+            self._sets.bind(result.buckets, copy=False)  # views leave the ring's set; the rest stay the caller's
             if self.options.nonfinite == "raise":
                 raise NonFiniteGradientError(
                     f"non-finite (NaN/Inf) averaged gradient from step {entry.step}; lower the learning rate, "
@@ -299,34 +312,26 @@ class PipeSGD:
                 )
             stats.skipped_nonfinite = True  # the exchange already zeroed a non-finite residual, on the worker
         else:
-            for bucket, flat in zip(self._buckets, result.buckets):
-                unpack_to_gradients(bucket, self._params, flat)
+            self._sets.bind(result.buckets)
             stats.grad_norm = self._clip()
             start = time.perf_counter()
             self.optimizer.step()
             stats.t_update_s = time.perf_counter() - start
-        self._recycle(result)
         return stats
 
     def _apply_scaled(self, step: int, result: ExchangeResult, stats: StepStats) -> StepStats:
-        for bucket, flat in zip(self._buckets, result.buckets):
-            unpack_to_gradients(bucket, self._params, flat)
+        self._sets.bind(result.buckets)
         start = time.perf_counter()
         stats.skipped_nonfinite, stats.grad_norm = self._loss_scale.apply(step, result.finite, self._params,
                                                                           self._clip)
         stats.t_update_s = time.perf_counter() - start
         # An overflow's non-finite residual was already zeroed by the exchange, on the worker, in ring order.
-        self._recycle(result)
         return stats
 
     def _clip(self) -> float | None:
         """Clip the averaged gradient in ``p.grad`` to ``max_grad_norm``; its norm before clipping (None: off)."""
         limit = self.options.max_grad_norm
         return clip_averaged_gradient(self._params, limit) if limit is not None else None
-
-    def _recycle(self, result: ExchangeResult) -> None:
-        if len(self._free_buffers) < self.width:
-            self._free_buffers.append(result.buckets)
 
 
 def _communicated_params(optimizer: torch.optim.Optimizer, model_or_params) -> tuple[list, list[str]]:

@@ -14,6 +14,7 @@ from pipesgd.compression import Compressor, build
 from pipesgd.defaults import (
     ALLREDUCE_CHOICES,
     BUCKET_MB,
+    GRADIENT_AS_BUCKET_VIEW,
     NEEDS_ERROR_FEEDBACK,
     WARMUP_STEPS,
     resolve_allreduce,
@@ -44,6 +45,8 @@ class PipeSGDOptions:
     max_grad_norm: float | None = None  # clip the averaged gradient to this global L2 norm; None: no clipping
     buffers: str = "broadcast"  # module buffers: rank 0's ("broadcast", as DDP), the mean ("average"), "none"
     grad_scaler: Any = None  # a torch.amp.GradScaler the wrapper drives (fp16 loss scaling); None: no scaling
+    # Memory layout (pipesgd.bucket_sets): p.grad as views into K bucket sets, so no step copies a gradient.
+    gradient_as_bucket_view: bool = GRADIENT_AS_BUCKET_VIEW
 
     def __post_init__(self) -> None:
         if not isinstance(self.width, int) or self.width < 1:
@@ -63,6 +66,8 @@ class PipeSGDOptions:
             raise ValueError(f"buffers must be one of {BUFFER_MODES}, got {self.buffers!r}")
         if self.grad_scaler is not None and not isinstance(self.grad_scaler, torch.amp.GradScaler):
             raise ValueError(f"grad_scaler must be a torch.amp.GradScaler, got {type(self.grad_scaler).__name__}")
+        if not isinstance(self.gradient_as_bucket_view, bool):
+            raise ValueError(f"gradient_as_bucket_view must be True or False, got {self.gradient_as_bucket_view!r}")
         if self.check_replicas_every < 0:
             raise ValueError(f"check_replicas_every must be >= 0, got {self.check_replicas_every!r}")
         # A private copy: the caller's dict may change later, these options may not.
