@@ -82,6 +82,7 @@ class PipeSGD:
         buffers: str = "broadcast",
         grad_scaler: torch.amp.GradScaler | None = None,
         gradient_as_bucket_view: bool = GRADIENT_AS_BUCKET_VIEW,
+        check_uneven: bool = True,
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"PipeSGD wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -90,7 +91,7 @@ class PipeSGD:
             compression_options=compression_options or {}, error_feedback=error_feedback, bucket_mb=bucket_mb,
             allreduce=allreduce, timeout_s=timeout_s, nonfinite=nonfinite, check_replicas_every=check_replicas_every,
             max_grad_norm=max_grad_norm, buffers=buffers, grad_scaler=grad_scaler,
-            gradient_as_bucket_view=gradient_as_bucket_view,
+            gradient_as_bucket_view=gradient_as_bucket_view, check_uneven=check_uneven,
         )
         self.optimizer = optimizer
         # What travels: the optimizer's trainable parameters, packed into flat buckets.
@@ -106,7 +107,7 @@ class PipeSGD:
         self._channel = open_private_channel(process_group, device, timeout_s)
         self._exchange = GradientExchange(self._channel.topology, compressor, self.options.allreduce_for(compressor),
                                           ErrorFeedback(compressor) if error_feedback else None)
-        self._participation = Participation(self._channel.topology, device)
+        self._participation = Participation(self._channel.topology, device, self.options.check_uneven)
         # Buffers on the caller's group and thread (see pipesgd.buffers); loss scales per in-flight step.
         self._buffer_sync = BufferSync(model_or_params, buffers, process_group)
         enabled = grad_scaler is not None and grad_scaler.is_enabled()
@@ -201,7 +202,7 @@ class PipeSGD:
         """Wait for every in-flight step and apply it, oldest first, so no gradient is lost.
 
         Marks this rank's data as ended: a peer that still steps gets ``UnevenInputsError`` naming this rank,
-        and so does this rank (every rank must flush after the same number of steps)."""
+        and so does this rank (every rank must flush after the same number of steps; ``check_uneven``)."""
         alone = self._channel.size == 1
         finished = None if alone else self._channel.submit(self._participation.finish, self._step)
         applied = [self._apply(entry, self._step) for entry in self._pipeline.flush()]

@@ -41,6 +41,10 @@ class PipeSGDOptions:
     # Safety.
     nonfinite: str = "raise"  # a NaN/Inf averaged gradient raises, or the step is skipped ("skip")
     check_replicas_every: int = 0  # compare the weights (and synced buffers) bitwise across ranks every N steps
+    # Before every ring, agree (one small all-reduce on the background worker) on which ranks still train, so a
+    # rank that ran out of data is named instead of a hang (pipesgd.uneven). False when every rank runs the
+    # same number of steps by construction: the agreement is a latency-bound collective per step.
+    check_uneven: bool = True
     # What DDP users expect (pipesgd.clipping, pipesgd.buffers, pipesgd.amp).
     max_grad_norm: float | None = None  # clip the averaged gradient to this global L2 norm; None: no clipping
     buffers: str = "broadcast"  # module buffers: rank 0's ("broadcast", as DDP), the mean ("average"), "none"
@@ -66,6 +70,8 @@ class PipeSGDOptions:
             raise ValueError(f"buffers must be one of {BUFFER_MODES}, got {self.buffers!r}")
         if self.grad_scaler is not None and not isinstance(self.grad_scaler, torch.amp.GradScaler):
             raise ValueError(f"grad_scaler must be a torch.amp.GradScaler, got {type(self.grad_scaler).__name__}")
+        if not isinstance(self.check_uneven, bool):
+            raise ValueError(f"check_uneven must be True or False, got {self.check_uneven!r}")
         if not isinstance(self.gradient_as_bucket_view, bool):
             raise ValueError(f"gradient_as_bucket_view must be True or False, got {self.gradient_as_bucket_view!r}")
         if self.check_replicas_every < 0:

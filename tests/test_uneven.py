@@ -59,3 +59,43 @@ def _even(rank: int, world: int):
 
 def test_even_ranks_finish_quietly_and_flush_twice():
     assert run_ranks(_even, 2) == [[3], [3]]
+
+
+def _agreements(rank: int, world: int, check_uneven: bool):
+    """How many agreements a 4-step even run made, and its final weights."""
+    from pipesgd import uneven
+
+    calls = []
+    agree = uneven.Participation._agree
+
+    def counting(self, steps):
+        calls.append(steps)
+        return agree(self, steps)
+
+    uneven.Participation._agree = counting
+    model = make_model()
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, width=2, warmup_steps=1,
+                  check_uneven=check_uneven)
+    for t in range(4):
+        x, y = batch(t, rank)
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    opt.flush()
+    opt.close()
+    return len(calls), [p.detach().clone() for p in model.parameters()]
+
+
+def test_check_uneven_off_skips_the_per_step_agreement_and_trains_the_same():
+    """The trainer runs the same number of steps on every rank and turns the agreement off (a latency-bound
+    collective per step); the weights are the same bits either way."""
+    (checked, weights), _ = run_ranks(_agreements, 2, True)
+    (unchecked, same), _ = run_ranks(_agreements, 2, False)
+    assert checked == 5 and unchecked == 0  # 4 steps + the flush's, or none
+    assert all(torch.equal(a, b) for a, b in zip(weights, same))
+
+
+def test_check_uneven_must_be_a_bool():
+    model = make_model()
+    with pytest.raises(ValueError, match="check_uneven must be True or False"):
+        PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, check_uneven="no")
