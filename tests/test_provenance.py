@@ -1,0 +1,38 @@
+"""Committed results carry their provenance and are found from the repository root or notebooks/."""
+import json
+import os
+
+import pytest
+
+from pipesgd.bench.provenance import find_results, provenance, read_result, write_result
+
+
+def test_provenance_names_command_date_machine_commit():
+    origin = provenance(["python", "experiments/x.py", "--flag", "a b"])
+    assert origin["command"] == "python experiments/x.py --flag 'a b'"
+    assert origin["date"].endswith("Z") and len(origin["date"]) == 20
+    assert origin["machine"]["cores"] == os.cpu_count()
+    assert origin["commit"]  # a hash (maybe +dirty) in a checkout, "unknown" elsewhere
+
+
+def test_write_then_read_round_trip_and_refuses_foreign_files(tmp_path):
+    path = tmp_path / "r.json"
+    write_result(str(path), {"rows": [1, 2]}, origin={"command": "c"})
+    data = read_result(str(path))
+    assert data == {"provenance": {"command": "c"}, "rows": [1, 2]}
+    with pytest.raises(ValueError, match="already has"):
+        write_result(str(path), {"provenance": 1})
+    foreign = tmp_path / "f.json"
+    foreign.write_text(json.dumps({"rows": []}))
+    with pytest.raises(ValueError, match="no 'provenance'"):
+        read_result(str(foreign))
+
+
+def test_find_results_from_a_subfolder(tmp_path):
+    target = tmp_path / "experiments" / "results" / "x"
+    target.mkdir(parents=True)
+    (tmp_path / "notebooks").mkdir()
+    assert find_results("x", str(tmp_path / "notebooks")) == str(target)
+    assert find_results("x", str(tmp_path)) == str(target)
+    with pytest.raises(FileNotFoundError, match="experiments/results/y"):
+        find_results("y", str(tmp_path / "notebooks"))
