@@ -1,5 +1,6 @@
 """Issue-11 pipeline benchmark: for each codec with and without error feedback, compute alone, ring alone and a
-Pipe-SGD width-2 iteration, efficiency = max(compute, ring) / iteration, and where the iteration's time and CPU go.
+Pipe-SGD width-2 iteration, efficiency = max(compute, ring) / iteration, and where the iteration's time and CPU go;
+then DDP and DDP with its fp16 hook on the same job: each variant's speed-up over them and its comm-path CPU.
 
     python experiments/bench_pipeline.py --bandwidth 200mbit          # 4 emulated nodes (root; ip, tc)
     python experiments/bench_pipeline.py --loopback --quick           # 4 local ranks, no root, a minute or two
@@ -17,7 +18,7 @@ import sys
 import time
 
 from pipesgd.atomic import write_text_atomic
-from pipesgd.bench.pipeline import VARIANTS, WORKLOADS, PipelineSettings, run, settings_json
+from pipesgd.bench.pipeline import BASELINES, VARIANTS, WORKLOADS, PipelineSettings, run, settings_json
 from pipesgd.bench.pipeline_report import markdown, read_records
 from pipesgd.cluster.units import parse_bandwidth
 
@@ -42,6 +43,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="the 1.9 M MLP only, 4 timed iterations")
     parser.add_argument("--workloads", help=f"comma-separated, of {', '.join(WORKLOADS)}")
     parser.add_argument("--variants", help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument("--baselines", help=f"comma-separated, of {', '.join(BASELINES)} (default: both; "
+                        "'-' for none)")
     parser.add_argument("--steps", type=int, help="timed iterations per variant (default 8; --quick 4)")
     parser.add_argument("--label", help="result file names (default: loopback or the bandwidth)")
     parser.add_argument("--out", default="results/bench_pipeline")
@@ -54,6 +57,10 @@ def main() -> int:
         chosen["workloads"] = _names(args.workloads, WORKLOADS, "workload", parser)
     if args.variants:
         chosen["variants"] = _names(args.variants, VARIANTS, "variant", parser)
+    if args.baselines == "-":
+        chosen["baselines"] = ()
+    elif args.baselines:
+        chosen["baselines"] = _names(args.baselines, BASELINES, "baseline", parser)
     if args.steps is not None:
         chosen["steps"] = args.steps
     label = args.label or ("loopback" if args.loopback else args.bandwidth)

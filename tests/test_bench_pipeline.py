@@ -76,6 +76,19 @@ def test_report_tables_show_efficiency_and_the_comm_split(tmp_path):
         read_records(str(tmp_path / "missing.jsonl"))
 
 
+def test_against_ddp_table_gives_speedups_and_comm_cpu():
+    pipe = {**_record("q8+ef", 0.100), "compute_cpu_s": 0.050}  # 90 ms process CPU: 40 ms beyond compute
+    ddp = {"workload": "mlp1.9m", "params": 1_863_690, "variant": "ddp", "baseline": True, "ranks": 4,
+           "compute_s": 0.055, "compute_cpu_s": 0.050, "t_iter": 0.350, "cpu_main": 0.06, "cpu_process": 0.070,
+           "bytes_sent": 5.6e6}
+    fp16 = {**ddp, "variant": "ddp+fp16", "t_iter": 0.250, "cpu_process": 0.080}
+    text = markdown([pipe, ddp, fp16], "t")
+    assert "| mlp1.9m | q8+ef | 100.0 | 3.50x | 2.50x | 40.0 | 2.00 |" in text
+    assert "| mlp1.9m | ddp | 350.0 | 1.00x | 0.71x | 20.0 | 1.00 |" in text
+    assert "| mlp1.9m | ddp+fp16 | 250.0 | 1.40x | 1.00x | 30.0 | 1.50 |" in text
+    assert text.count("| ddp |") == 1  # baselines are not in the efficiency tables
+
+
 def _script(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "experiments" / "bench_pipeline.py"), *args],
                           capture_output=True, text=True, env=ENV, timeout=300)
@@ -96,7 +109,10 @@ def test_quick_loopback_run_prints_and_writes_the_tables(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| tiny (0.01 M) | none |" in proc.stdout and "| tiny | q8+ef |" in proc.stdout
     records = json.loads((tmp_path / "loopback.json").read_text())["records"]
-    assert [r["variant"] for r in records] == ["none", "q8+ef"]
+    assert [r["variant"] for r in records] == ["none", "q8+ef", "ddp", "ddp+fp16"]
+    assert records[2]["baseline"] and records[2]["t_iter"] > 0 and records[2]["cpu_process"] > 0
+    assert records[3]["bytes_sent"] == pytest.approx(records[2]["bytes_sent"] / 2, rel=0.01)  # fp16 halves it
+    assert "| tiny | ddp+fp16 |" in proc.stdout and "| tiny | q8+ef |" in proc.stdout.split("vs ddp+fp16")[-2]
     q8 = records[1]
     assert q8["ranks"] == 2 and q8["t_iter"] > 0 and q8["efficiency"] > 0
     assert q8["codec"] > 0 and q8["error_feedback"] > 0 and q8["wire_wait"] > 0 and q8["pack_unpack"] > 0

@@ -7,6 +7,8 @@ Per workload (an MLP on fixed random data, one batch per rank):
   Step 2: per variant, ring alone: one step's buckets averaged by the exchange ``PipeSGD`` would run.
   Step 3: per variant, Pipe-SGD (width 2): full iterations (zero_grad, forward, backward, step), with the phase
           accumulators on, the caller's thread CPU and the process CPU read around the timed iterations.
+  Step 4: per baseline, PyTorch DDP (plain, and with its fp16 compression hook): the same iterations through
+          ``DistributedDataParallel``, whose allreduce runs inside backward; time and process CPU per iteration.
 Times are the slowest rank's median (``pipesgd.measure.timing``); phase and CPU figures are means over ranks.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from pipesgd import phases
+from pipesgd.baselines.ddp import DDPOptimizer
 from pipesgd.buckets import build_buckets, pack_gradients
 from pipesgd.compression import ErrorFeedback
 from pipesgd.exchange import GradientExchange
@@ -31,7 +34,7 @@ from pipesgd.options import PipeSGDOptions
 from pipesgd.topology import RingTopology
 from pipesgd.train.models import build_mlp, count_params
 
-__all__ = ["WORKLOADS", "VARIANTS", "Workload", "PipelineSettings", "parse_variant", "run_rank", "run"]
+__all__ = ["WORKLOADS", "VARIANTS", "BASELINES", "Workload", "PipelineSettings", "parse_variant", "run_rank", "run"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,8 @@ WORKLOADS: dict[str, Workload] = {
 }
 # Codec variants in table order: each codec without and with error feedback ("+ef"); sign only with it.
 VARIANTS = ("none", "fp16", "fp16+ef", "bf16", "bf16+ef", "q8", "q8+ef", "q4", "q4+ef", "sign+ef")
+# The peers the targets name, timed on the same job: DDP, and DDP with its fp16 compression hook.
+BASELINES = {"ddp": "none", "ddp+fp16": "fp16"}  # record name: DDPOptimizer hook
 
 
 def parse_variant(name: str) -> tuple[str, bool]:
@@ -66,6 +71,7 @@ class PipelineSettings:
     out_json: str
     workloads: tuple[str, ...] = ("mlp1.9m", "mlp6.3m")
     variants: tuple[str, ...] = VARIANTS
+    baselines: tuple[str, ...] = tuple(BASELINES)
     steps: int = 8  # timed iterations (and timed compute steps) per variant
     warmup: int = 3  # untimed iterations first (the pipeline fills, allocations settle)
     ring_repeats: int = 4  # timed rings alone per variant
@@ -73,6 +79,10 @@ class PipelineSettings:
     def __post_init__(self) -> None:
         object.__setattr__(self, "workloads", tuple(self.workloads))
         object.__setattr__(self, "variants", tuple(self.variants))
+        object.__setattr__(self, "baselines", tuple(self.baselines))
+        for name in self.baselines:
+            if name not in BASELINES:
+                raise ValueError(f"unknown baseline {name!r}; valid: {', '.join(BASELINES)}")
         for name in self.workloads:
             if name not in WORKLOADS:
                 raise ValueError(f"unknown workload {name!r}; valid: {', '.join(WORKLOADS)}")
@@ -162,26 +172,62 @@ def _pipe(job: _Job, codec: str, feedback: bool, settings: PipelineSettings) -> 
     return figures
 
 
+def _ddp(job: _Job, hook: str, settings: PipelineSettings) -> dict:
+    """Step 4: timed DDP iterations (seconds per iteration; CPU means over ranks)."""
+    opt = DDPOptimizer(torch.optim.SGD(job.model.parameters(), lr=1e-4), job.model, hook=hook)
+    sent = [0]
+
+    def iteration() -> None:
+        opt.zero_grad()
+        F.cross_entropy(opt.model(job.x), job.y).backward()  # DDP's allreduce runs inside backward
+        sent[0] += opt.step().bytes_sent
+
+    for _ in range(settings.warmup):
+        iteration()
+    sent[0] = 0
+    cpu_main, cpu_process = time.thread_time(), time.process_time()
+    t_iter = time_collective(iteration, repeats=settings.steps)
+    cpu_main, cpu_process = time.thread_time() - cpu_main, time.process_time() - cpu_process
+    means = _mean_over_ranks([cpu_main / settings.steps, cpu_process / settings.steps, sent[0] / settings.steps])
+    return {"t_iter": t_iter, "cpu_main": means[0], "cpu_process": means[1], "bytes_sent": means[2]}
+
+
+def _compute_alone(job: _Job, settings: PipelineSettings) -> tuple[float, float]:
+    """Step 1: (slowest rank's median seconds, mean over ranks of the process CPU seconds) per forward+backward."""
+    cpu = time.process_time()
+    seconds = time_collective(lambda: (job.model.zero_grad(), job.backward()), repeats=settings.steps, warmup=2)
+    cpu = time.process_time() - cpu  # includes the 2 warm-up steps: divide by all of them
+    return seconds, _mean_over_ranks([cpu / (settings.steps + 2)])[0]
+
+
 def run_rank(rank: int, world: int, settings: PipelineSettings) -> None:
     """Everything on one rank; rank 0 appends a JSON line per (workload, variant) to ``settings.out_json``."""
-    records = []
     for workload_name in settings.workloads:
         job = _Job(WORKLOADS[workload_name], rank)
-        compute_s = time_collective(lambda: (job.model.zero_grad(), job.backward()), repeats=settings.steps,
-                                    warmup=2)
+        compute_s, compute_cpu_s = _compute_alone(job, settings)
         for variant in settings.variants:
             codec, feedback = parse_variant(variant)
             ring_s = _ring_alone(job, codec, feedback, settings, rank)
             figures = _pipe(job, codec, feedback, settings)
             record = {"workload": workload_name, "params": count_params(job.model), "variant": variant,
-                      "ranks": world, "compute_s": compute_s, "ring_s": ring_s, **figures,
-                      "efficiency": max(compute_s, ring_s) / figures["t_iter"]}
-            records.append(record)
-            if rank == 0:
-                print(f"[bench_pipeline] {workload_name} {variant}: iteration {figures['t_iter'] * 1e3:.1f} ms, "
-                      f"efficiency {record['efficiency']:.2f}", file=sys.stderr, flush=True)
-                with open(settings.out_json, "a") as out:
-                    out.write(json.dumps(record) + "\n")
+                      "ranks": world, "compute_s": compute_s, "compute_cpu_s": compute_cpu_s, "ring_s": ring_s,
+                      **figures, "efficiency": max(compute_s, ring_s) / figures["t_iter"]}
+            _publish(record, rank, settings, f"efficiency {record['efficiency']:.2f}")
+        for baseline in settings.baselines:
+            figures = _ddp(job, BASELINES[baseline], settings)
+            record = {"workload": workload_name, "params": count_params(job.model), "variant": baseline,
+                      "baseline": True, "ranks": world, "compute_s": compute_s, "compute_cpu_s": compute_cpu_s,
+                      **figures}
+            _publish(record, rank, settings, "a baseline")
+
+
+def _publish(record: dict, rank: int, settings: PipelineSettings, note: str) -> None:
+    """Rank 0 appends the record to the run's JSON lines as soon as it is measured."""
+    if rank == 0:
+        print(f"[bench_pipeline] {record['workload']} {record['variant']}: iteration {record['t_iter'] * 1e3:.1f} ms, "
+              f"{note}", file=sys.stderr, flush=True)
+        with open(settings.out_json, "a") as out:
+            out.write(json.dumps(record) + "\n")
 
 
 def run(settings: PipelineSettings, ranks: int) -> None:

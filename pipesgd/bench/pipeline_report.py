@@ -1,5 +1,6 @@
 """Issue-11 pipeline benchmark, the report: the records ``pipesgd.bench.pipeline`` wrote, as two markdown tables
-(efficiency = max(compute alone, ring alone) / Pipe-SGD iteration; where an iteration's time and CPU go)."""
+(efficiency = max(compute alone, ring alone) / Pipe-SGD iteration; where an iteration's time and CPU go), and a
+third against DDP and DDP with its fp16 hook measured in the same run (speed-up; the comm path's CPU)."""
 from __future__ import annotations
 
 import json
@@ -30,6 +31,8 @@ def markdown(records: list[dict], title: str, cores: int | None = None) -> str:
     """Both tables for ``records`` (milliseconds per iteration; MB of payload each rank sends per iteration).
     ``cores``: the cores every rank shares (one machine), which adds the CPU floor and the efficiency ceiling."""
     shared = cores is not None
+    baselines = [r for r in records if r.get("baseline")]
+    records = [r for r in records if not r.get("baseline")]
     head = "| workload | variant | compute alone ms | ring alone ms | pipe iteration ms | efficiency | MB sent |"
     lines = [f"# {title}", "", head + (" CPU floor ms | ceiling |" if shared else ""),
              "|---|---|---|---|---|---|---|" + ("---|---|" if shared else "")]
@@ -61,4 +64,32 @@ def markdown(records: list[dict], title: str, cores: int | None = None) -> str:
               "(encode + decode), error feedback (residual fold-in, booking, norm), the finite check and the rest "
               "(reduction adds, copies, Python). CPU caller / CPU comm: thread CPU time of the caller, and the rest "
               "of the process (the comm worker and gloo's threads)."]
+    if baselines:
+        lines += ["", *against_ddp(records, baselines)]
     return "\n".join(lines)
+
+
+def comm_cpu_s(record: dict) -> float:
+    """CPU per iteration beyond compute alone (all of the process: caller, comm worker, gloo's threads): what
+    the communication path costs the machine, for Pipe-SGD and DDP alike."""
+    return max(0.0, record["cpu_process"] - record["compute_cpu_s"])
+
+
+def against_ddp(records: list[dict], baselines: list[dict]) -> list[str]:
+    """Per workload: each Pipe-SGD variant's speed-up over DDP and DDP+fp16 (iteration times of this run) and its
+    comm-path CPU per iteration beside theirs."""
+    lines = ["| workload | variant | iteration ms | vs ddp | vs ddp+fp16 | comm-path CPU ms | vs ddp's |",
+             "|---|---|---|---|---|---|---|"]
+    for workload in dict.fromkeys(r["workload"] for r in records + baselines):
+        peers = {b["variant"]: b for b in baselines if b["workload"] == workload}
+        ddp = peers.get("ddp")
+        for r in [*peers.values(), *(r for r in records if r["workload"] == workload)]:
+            speedups = [f"{peers[name]['t_iter'] / r['t_iter']:.2f}x" if name in peers else "-"
+                        for name in ("ddp", "ddp+fp16")]
+            cpu_ratio = f"{comm_cpu_s(r) / comm_cpu_s(ddp):.2f}" if ddp and comm_cpu_s(ddp) > 0 else "-"
+            lines.append(f"| {workload} | {r['variant']} | {_ms(r['t_iter'])} | {' | '.join(speedups)} "
+                         f"| {_ms(comm_cpu_s(r))} | {cpu_ratio} |")
+    lines += ["", "vs ddp / vs ddp+fp16: their iteration time over this row's, measured in the same run (ddp's "
+              "allreduce runs inside backward). comm-path CPU: process CPU per iteration beyond compute alone's, "
+              "means over ranks (kernel network work outside the processes is not in it)."]
+    return lines
