@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from dataclasses import replace
 
@@ -24,6 +25,14 @@ from pipesgd.bench.comparison_store import ResultStore, estimate_wall
 from pipesgd.bench.provenance import read_result
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "comparison.toml")
+
+
+class _Terminated(BaseException):
+    """SIGTERM as an exception, so the cluster's context manager tears the namespaces down."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
 
 
 def _names(text: str | None) -> list[str] | None:
@@ -82,7 +91,13 @@ def main() -> int:
     except (OSError, ValueError) as error:
         print(f"comparison: {error}", file=sys.stderr)
         return 1
-    failed = run_grid(cfg, store, resume=args.resume, model=not args.no_model)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        failed = run_grid(cfg, store, resume=args.resume, model=not args.no_model)
+    except (KeyboardInterrupt, _Terminated):
+        print(f"comparison: stopped; {len(store.data['runs'])} runs kept in {cfg.result} (continue with --resume)",
+              file=sys.stderr)
+        return 130
     print(report(store.data | {"provenance": store.origin}))
     print(estimate_table(*estimate_wall(load_config(args.config), store.data["runs"], store.data["cells"])))
     return 1 if failed else 0

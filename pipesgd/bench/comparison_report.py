@@ -75,8 +75,8 @@ def estimate_table(total_s: float, rows: list[dict]) -> str:
     lines = [f"Estimated wall time of the grid: {total_s / 3600:.1f} h ({total_s / 60:.0f} min) for {len(rows)} runs; "
              "sources: " + ", ".join(f"{n} {s}" for s, n in by_source.items())]
     if unknown:
-        lines.append(f"not counted (nothing of the workload measured): "
-                     + ", ".join(f"{r['cell']} {r['variant']}" for r in unknown))
+        cells = dict.fromkeys(r["cell"] for r in unknown)
+        lines.append(f"not counted ({len(unknown)} runs; nothing of their workload measured): cells {', '.join(cells)}")
     return "\n".join(lines) + "\n"
 
 

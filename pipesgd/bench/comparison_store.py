@@ -108,7 +108,10 @@ def estimate_wall(cfg: GridConfig, runs: list[dict], cells: dict, steps_per_epoc
             elif in_cell:
                 per, source = statistics.median(_per_step_s(r) for r in in_cell), "same cell, other variants"
             elif other_bw:
-                per, source = statistics.median(_per_step_s(r) for r in other_bw), f"{w.name} {variant} at another bandwidth"
+                per, source = statistics.median(_per_step_s(r) for r in other_bw), "same variant, other bandwidth"
+            elif any(r["workload"] == w.name for r in ok):
+                per = statistics.median(_per_step_s(r) for r in ok if r["workload"] == w.name)
+                source = "same workload, other cells (a guess: link speed not reflected)"
             else:
                 per, source = None, "nothing measured"
             seconds = None if per is None else startup + steps * per
