@@ -212,3 +212,31 @@ def test_predict_leaves_ddp_hooks_to_a_note(tmp_path):
         assert predict({variant: str(tmp_path / "x.jsonl")}, variant, str(tmp_path / "calib.json"), 2)["model"] is None
     out = predict({"sync": write_metrics(tmp_path / "a.jsonl")}, "sync", str(tmp_path / "missing.json"), 2)
     assert out["model"] is None and "not found" in out["model_note"]
+
+
+def test_plots_draw_only_the_results_numbers(tmp_path):
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pipesgd.bench import comparison_plot as cp
+
+    base = run_record(load_run(write_metrics(tmp_path / "a.jsonl")), skip=2, target=0.9)
+    data = {"config": {"variants": ["sync", "pipe"], "target_accuracy": 0.9}, "cells": {},
+            "runs": [{"cell": "c", "workload": "lenet", "variant": v, "status": "ok", **base,
+                      "model": {"measured_s": 0.1, "predicted_s": p}} for v, p in (("pipe", 0.09), ("sync", 0.2))]
+            + [{"cell": "c", "variant": "ddp", "status": "failed"}]}
+    assert cp.cells(data) == ["c"] and [r["variant"] for r in cp.runs_of(data, "c")] == ["sync", "pipe"]
+    fig, ax = plt.subplots()
+    cp.plot_split(data, "c", ax)
+    heights = sorted(round(p.get_height(), 6) for p in ax.patches)
+    assert heights == sorted(round(1e3 * base[k], 6) for k in ("compute_s", "exposed_comm_s", "update_s")
+                             for _ in range(2))
+    fig2, ax2 = plt.subplots()
+    cp.plot_model_scatter(data, ax2)
+    offsets = sorted(tuple(o) for c in ax2.collections if hasattr(c, "get_offsets") for o in c.get_offsets()
+                     if len(c.get_offsets()) == 1)
+    assert (100.0, 90.0) in [tuple(round(v, 6) for v in o) for o in offsets]
+    plt.close("all")
+    cp.cell_figure(data, "c")
+    plt.close("all")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -34,6 +35,9 @@ __all__ = ["log", "run_grid", "run_cell", "predict", "MODEL_FREE"]
 
 # Variants the timing model cannot predict: it has no DDP communication hooks (it would predict plain ddp).
 MODEL_FREE = {"ddp+fp16": "the timing model has no DDP comm hooks", "ddp+powersgd": "the timing model has no DDP comm hooks"}
+# config keys timing_model.validation.scenario_for reads (kept in each prediction's inputs)
+SCENARIO_KEYS = ("mode", "compression", "width", "error_feedback", "bucket_mb", "overlap_fraction", "servers",
+                 "ps_colocated", "warmup_steps")
 MAX_EMBEDDED_CALIBRATION = 64_000  # bytes of calibration JSON kept in runs.json (so a notebook can re-predict)
 
 
@@ -62,9 +66,13 @@ def predict(done: dict[str, str], variant: str, calib_path: str, skip: int) -> d
         _, result = predict_run(mine, cal, compute_s=override)
     except (ValueError, KeyError, StopIteration) as error:
         return {"model": None, "model_note": f"no prediction: {error}"}
+    # what the prediction used, so it can be re-made from the committed file (RunRecord of one step + calibration)
+    inputs = {"mode": mine.mode, "nodes": mine.nodes, "grad_bytes": mine.grad_bytes, "compute_s": check.compute_s,
+              "update_s": statistics.median(mine.t_update), "override": override is not None,
+              "config": {k: mine.config[k] for k in SCENARIO_KEYS if k in mine.config}}
     return {"model": {"predicted_s": check.predicted_s, "measured_s": check.measured_s, "error": check.error,
                       "compute_from": os.path.basename(check.compute_from), "regime": result.regime,
-                      "breakdown": {k: getattr(result, k) for k in BREAKDOWN}}}
+                      "breakdown": {k: getattr(result, k) for k in BREAKDOWN}, "inputs": inputs}}
 
 
 def _calibrate(cluster, cfg: GridConfig, workload: Workload, cell: str, cell_dir: str, store: ResultStore,
