@@ -240,3 +240,13 @@ def test_plots_draw_only_the_results_numbers(tmp_path):
     plt.close("all")
     cp.cell_figure(data, "c")
     plt.close("all")
+
+
+def test_failure_hint_names_the_reason_not_the_traceback(tmp_path):
+    from pipesgd.bench.comparison import failure_hint
+
+    log = tmp_path / "run.log"
+    log.write_text('[node 0] step 3/33\n[node 2]   File "/x/errors/__init__.py", line 3, error: no\n'
+                   "[node 2] terminate called without an active exception\n[node 1] pipesgd-train: error: late\n")
+    assert failure_hint(str(log)) == "[node 2] terminate called without an active exception"
+    assert failure_hint(str(tmp_path / "missing.log")) == ""

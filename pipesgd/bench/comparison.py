@@ -31,7 +31,7 @@ from pipesgd.run_files import metrics_files, run_name
 from timing_model.calibration import read_calibration
 from timing_model.validation import predict_run, read_runs, validate_runs
 
-__all__ = ["log", "run_grid", "run_cell", "predict", "MODEL_FREE"]
+__all__ = ["log", "run_grid", "run_cell", "predict", "failure_hint", "MODEL_FREE"]
 
 # Variants the timing model cannot predict: it has no DDP communication hooks (it would predict plain ddp).
 MODEL_FREE = {"ddp+fp16": "the timing model has no DDP comm hooks", "ddp+powersgd": "the timing model has no DDP comm hooks"}
@@ -48,6 +48,21 @@ def log(message: str) -> None:
 def _model_flags(cfg: GridConfig, workload: Workload) -> list[str]:
     return ["--model", workload.model, "--input-shape", "1,8,8", "--num-classes", "10",
             "--batch-size", str(cfg.batch_size), "--threads", str(cfg.threads)]
+
+
+_HINTS = ("pipesgd-train: error", "error:", "terminate called", "Killed", "Timeout", "timed out")
+
+
+def failure_hint(log_path: str) -> str:
+    """The first line of a failed run's log that says why (a trainer error, a crash at exit), '' if none."""
+    try:
+        with open(log_path, errors="replace") as handle:
+            for line in handle:
+                if any(h in line for h in _HINTS) and "File \"" not in line:
+                    return line.strip()[:300]
+    except OSError:
+        pass
+    return ""
 
 
 def predict(done: dict[str, str], variant: str, calib_path: str, skip: int) -> dict:
@@ -139,6 +154,10 @@ def run_cell(cfg: GridConfig, workload: Workload, bandwidth: str, store: ResultS
             seconds = time.monotonic() - t0
             if rc != 0 or not metrics_files(metrics):
                 reason = "timeout" if rc == 124 else f"exit code {rc}"
+                if metrics_files(metrics) and load_run(metrics).summary:
+                    reason += " after the run wrote its summary (it trained to the end, then a process failed)"
+                hint = failure_hint(run_log)
+                reason += f": {hint}" if hint else ""
                 store.put_run({**base, "status": "failed", "reason": reason, "run_wall_s": seconds})
                 log(f"{progress[0]}/{total} {cell} {variant}: FAILED ({reason}, {seconds:.0f} s); see {run_log}")
                 continue
