@@ -41,7 +41,8 @@ def _names(text: str | None) -> list[str] | None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help="grid TOML (default experiments/configs/comparison.toml)")
+    parser.add_argument("--config", default=DEFAULT_CONFIG,
+                        help="grid TOML (default experiments/configs/comparison.toml)")
     parser.add_argument("--cells", help="comma list of WORKLOAD-BANDWIDTH cells, e.g. lenet-1gbit")
     parser.add_argument("--workloads", help="comma list of the config's workloads")
     parser.add_argument("--bandwidths", help="comma list of the config's bandwidths")

@@ -141,7 +141,8 @@ def test_select_subsets_and_refuses_unknown_names():
     assert sub.variants == ("sync", "pipe")
     assert split_cell("resnet20-unshaped") == ("resnet20", "unshaped")
     for kwargs, needle in (({"cells": ["lenet-2gbit"]}, "unknown cells"), ({"variants": ["x"]}, "not in the grid"),
-                           ({"workloads": ["vgg"]}, "unknown workload"), ({"bandwidths": ["5mbit"]}, "unknown bandwidths")):
+                           ({"workloads": ["vgg"]}, "unknown workload"),
+                           ({"bandwidths": ["5mbit"]}, "unknown bandwidths")):
         with pytest.raises(ValueError, match=needle):
             select(cfg, **kwargs)
 

@@ -34,7 +34,8 @@ from timing_model.validation import predict_run, read_runs, validate_runs
 __all__ = ["log", "run_grid", "run_cell", "predict", "failure_hint", "MODEL_FREE"]
 
 # Variants the timing model cannot predict: it has no DDP communication hooks (it would predict plain ddp).
-MODEL_FREE = {"ddp+fp16": "the timing model has no DDP comm hooks", "ddp+powersgd": "the timing model has no DDP comm hooks"}
+_NO_HOOKS = "the timing model has no DDP comm hooks"
+MODEL_FREE = {"ddp+fp16": _NO_HOOKS, "ddp+powersgd": _NO_HOOKS}
 # config keys timing_model.validation.scenario_for reads (kept in each prediction's inputs)
 SCENARIO_KEYS = ("mode", "compression", "width", "error_feedback", "bucket_mb", "overlap_fraction", "servers",
                  "ps_colocated", "warmup_steps")
@@ -144,7 +145,7 @@ def run_cell(cfg: GridConfig, workload: Workload, bandwidth: str, store: ResultS
             for stale in metrics_files(metrics):
                 os.unlink(stale)
             argv = ["pipesgd-train", *trainer_flags(variant), *shared, "--metrics", metrics]
-            base = {"cell": cell, "workload": workload.name, "model": workload.model, "bandwidth": bandwidth,
+            base = {"cell": cell, "workload": workload.name, "architecture": workload.model, "bandwidth": bandwidth,
                     "nodes": cfg.nodes, "variant": variant, "flags": argv[1:-2],
                     "metrics": os.path.relpath(metrics), "log": os.path.relpath(run_log)}
             log(f"{progress[0]}/{total} {cell} {variant} ... (elapsed {(time.monotonic() - started) / 60:.1f} min)")

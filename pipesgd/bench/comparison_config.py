@@ -140,14 +140,16 @@ def load_config(path: str) -> GridConfig:
     tables = data.pop("workload", {})
     unknown = set(data) - _TOP_KEYS
     if unknown:
-        raise ValueError(f"{path}: unknown keys {sorted(unknown)}; valid: {', '.join(sorted(_TOP_KEYS | {'workload'}))}")
+        valid = ", ".join(sorted(_TOP_KEYS | {"workload"}))
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)}; valid: {valid}")
     if not isinstance(tables, dict) or not tables:
         raise ValueError(f"{path}: no [workload.NAME] tables")
     workloads = []
     for name, table in tables.items():
         bad = set(table) - _WORKLOAD_KEYS if isinstance(table, dict) else {"(not a table)"}
         if bad:
-            raise ValueError(f"{path}: workload {name}: unknown keys {sorted(bad)}; valid: {', '.join(sorted(_WORKLOAD_KEYS))}")
+            valid = ", ".join(sorted(_WORKLOAD_KEYS))
+            raise ValueError(f"{path}: workload {name}: unknown keys {sorted(bad)}; valid: {valid}")
         try:
             workloads.append(Workload(name=name, **table))
         except TypeError as error:

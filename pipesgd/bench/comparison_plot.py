@@ -103,13 +103,14 @@ def plot_model_scatter(data: dict, ax, flag: float = 0.10) -> None:
     ax.plot([lo, hi], [lo, hi], "k-", lw=1, label="y = x")
     ax.fill_between([lo, hi], [lo * (1 - flag), hi * (1 - flag)], [lo * (1 + flag), hi * (1 + flag)], color="0.85",
                     label=f"±{100 * flag:.0f} %")
-    markers = dict(zip(dict.fromkeys(r["workload"] for r in points), "osD^v<>"))
-    for variant in dict.fromkeys(r["variant"] for r in points):
+    markers = dict(zip(dict.fromkeys(r["workload"] for r in points), "osD^v<>"))  # a marker per workload
+    for i, variant in enumerate(dict.fromkeys(r["variant"] for r in points)):  # a colour per variant
         for workload, marker in markers.items():
             sel = [r for r in points if r["variant"] == variant and r["workload"] == workload]
             if sel:
-                ax.scatter([1e3 * r["model"]["measured_s"] for r in sel], [1e3 * r["model"]["predicted_s"] for r in sel],
-                           marker=marker, label=f"{variant} ({workload})", zorder=3)
+                ax.scatter([1e3 * r["model"]["measured_s"] for r in sel],
+                           [1e3 * r["model"]["predicted_s"] for r in sel],
+                           marker=marker, color=f"C{i % 10}", label=f"{variant} ({workload})", zorder=3)
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured ms / iteration",
            ylabel="predicted ms / iteration", title="Timing model against the comparison runs")
     ax.legend(fontsize=6, loc="upper left")

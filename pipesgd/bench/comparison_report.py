@@ -27,8 +27,9 @@ def cell_tables(data: dict) -> str:
     for cell, runs in cells.items():
         info = data["cells"].get(cell, {})
         params = next((r.get("params") for r in runs if r.get("params")), None)
-        lines += [f"### {cell}: {_fmt(params, ',')} params, TCP {_fmt(info.get('tcp_bps') and info['tcp_bps'] / 1e6, '.0f')}"
-                  f" Mbit/s measured, target accuracy {data['config'].get('target_accuracy')}", "",
+        tcp_mbps = info.get("tcp_bps") and info["tcp_bps"] / 1e6
+        lines += [f"### {cell}: {_fmt(params, ',')} params, TCP {_fmt(tcp_mbps, '.0f')} Mbit/s measured, "
+                  f"target accuracy {data['config'].get('target_accuracy')}", "",
                   "| variant | ms / iter | compute | exposed comm | update | samples/s | MB on wire / iter | "
                   "final acc | to target s | steps | model ms | model error |", "|---" * 12 + "|"]
         for r in runs:

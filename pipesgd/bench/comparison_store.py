@@ -81,7 +81,8 @@ def _planned_steps(cfg: GridConfig, workload: str, bandwidth: str, steps_per_epo
     return w.steps.get(bandwidth) or w.epochs * steps_per_epoch
 
 
-def estimate_wall(cfg: GridConfig, runs: list[dict], cells: dict, steps_per_epoch: int = 11) -> tuple[float, list[dict]]:
+def estimate_wall(cfg: GridConfig, runs: list[dict], cells: dict,
+                  steps_per_epoch: int = 11) -> tuple[float, list[dict]]:
     """(seconds, rows): the grid's wall time from measured runs. Per planned run: the startup seen in ``runs``
     plus its planned steps times a measured seconds per step from, in order, the same cell and variant, the same
     cell (median over its variants), the same workload and variant at another bandwidth; rows name the source,

@@ -94,7 +94,8 @@ def markdown_tables(runs: list[dict]) -> str:
         parts = []
         for kind in ("per_iter", "to_target"):
             b = kinds[kind]
-            parts += ["-", "-"] if b is None else [_x(b["speedup"]), f"{b['variant']}, {b['workload']}, {b['bandwidth']}"]
+            setup = "" if b is None else f"{b['variant']}, {b['workload']}, {b['bandwidth']}"
+            parts += ["-", "-"] if b is None else [_x(b["speedup"]), setup]
         lines.append(f"| {base} | " + " | ".join(parts) + " |")
     lines += ["", f"The paper claims {PAPER_CLAIM}; its setup and tables are not available here, so compare "
                   "shapes only (where the gain grows: slower links, larger gradients), not values."]

@@ -88,7 +88,8 @@ def _main(args: argparse.Namespace, command: list[str]) -> int:
         c = Cluster.up(args.nodes, bandwidth_bps, name=args.name, burst_bytes=burst, mtu=args.mtu,
                        queue_ms=args.queue_ms, shape_ingress=not args.egress_only, force=args.force)
         s = c.state
-        links = f"{format_bandwidth(s.bandwidth_bps)} per link, burst {s.burst_bytes} B" if s.shaped else "unshaped links"
+        links = (f"{format_bandwidth(s.bandwidth_bps)} per link, burst {s.burst_bytes} B" if s.shaped
+                 else "unshaped links")
         print(f"cluster {s.name} up: {s.nodes} node(s) {s.addresses[0]}..{s.addresses[-1]}, {links}")
         return 0
     if args.command == "down":
