@@ -251,3 +251,30 @@ def test_failure_hint_names_the_reason_not_the_traceback(tmp_path):
                    "[node 2] terminate called without an active exception\n[node 1] pipesgd-train: error: late\n")
     assert failure_hint(str(log)) == "[node 2] terminate called without an active exception"
     assert failure_hint(str(tmp_path / "missing.log")) == ""
+
+
+def test_embedded_calibration_drops_samples_and_still_reads(tmp_path):
+    from pipesgd.bench.comparison import embeddable_calibration
+    from timing_model.calibration import read_calibration
+
+    from timing_model.calibration import SCHEMA, Fit
+
+    fit = Fit(overhead_s=0.0, latency_s=1e-4, bandwidth_Bps=1e8, reduce_Bps=1e9, n_samples=5,
+              median_abs_rel_err=0.0, max_abs_rel_err=0.0).as_json()
+    full = {"schema": SCHEMA, "fits": {"ring": fit, "backend": fit}, "codecs": {}, "host": {},
+            "samples": [{"x": i} for i in range(500)], "residuals": [{"r": i} for i in range(500)]}
+    path = tmp_path / "calib.json"
+    path.write_text(json.dumps(full))
+    slim = embeddable_calibration(str(path))
+    assert "samples" not in slim and slim["dropped"] == {"samples": 500, "residuals": 500}
+    again = tmp_path / "slim.json"
+    again.write_text(json.dumps(slim))
+    cal = read_calibration(str(again))
+    assert cal.fits["ring"].bandwidth_Bps == 1e8
+
+
+def test_rounded_keeps_six_significant_digits_everywhere():
+    from pipesgd.bench.comparison_store import rounded
+
+    out = rounded({"a": 0.123456789, "b": [1234567.891, {"c": 1e-9 / 3}], "d": 3, "e": None, "f": "x"})
+    assert out == {"a": 0.123457, "b": [1234570.0, {"c": 3.33333e-10}], "d": 3, "e": None, "f": "x"}

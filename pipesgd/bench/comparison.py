@@ -31,7 +31,7 @@ from pipesgd.run_files import metrics_files, run_name
 from timing_model.calibration import read_calibration
 from timing_model.validation import predict_run, read_runs, validate_runs
 
-__all__ = ["log", "run_grid", "run_cell", "predict", "failure_hint", "MODEL_FREE"]
+__all__ = ["log", "run_grid", "run_cell", "predict", "failure_hint", "embeddable_calibration", "MODEL_FREE"]
 
 # Variants the timing model cannot predict: it has no DDP communication hooks (it would predict plain ddp).
 _NO_HOOKS = "the timing model has no DDP comm hooks"
@@ -39,7 +39,7 @@ MODEL_FREE = {"ddp+fp16": _NO_HOOKS, "ddp+powersgd": _NO_HOOKS}
 # config keys timing_model.validation.scenario_for reads (kept in each prediction's inputs)
 SCENARIO_KEYS = ("mode", "compression", "width", "error_feedback", "bucket_mb", "overlap_fraction", "servers",
                  "ps_colocated", "warmup_steps")
-MAX_EMBEDDED_CALIBRATION = 64_000  # bytes of calibration JSON kept in runs.json (so a notebook can re-predict)
+MAX_EMBEDDED_CALIBRATION = 16_000  # bytes of calibration kept per cell in runs.json (so a notebook can re-predict)
 
 
 def log(message: str) -> None:
@@ -64,6 +64,16 @@ def failure_hint(log_path: str) -> str:
     except OSError:
         pass
     return ""
+
+
+def embeddable_calibration(path: str) -> dict | None:
+    """The calibration at ``path`` without its raw samples and residuals (the fits, codec speeds and host terms
+    the predictions use: ~3 KB instead of ~30 KB), or None when even that exceeds ``MAX_EMBEDDED_CALIBRATION``."""
+    with open(path) as handle:
+        data = json.load(handle)
+    slim = {k: v for k, v in data.items() if k not in ("samples", "residuals")}
+    slim["dropped"] = {k: len(data.get(k) or []) for k in ("samples", "residuals")}
+    return slim if len(json.dumps(slim)) <= MAX_EMBEDDED_CALIBRATION else None
 
 
 def predict(done: dict[str, str], variant: str, calib_path: str, skip: int) -> dict:
@@ -106,9 +116,7 @@ def _calibrate(cluster, cfg: GridConfig, workload: Workload, cell: str, cell_dir
         store.put_cell(cell, {"calibration_error": f"calibration failed; see {logfile.name}"})
         return None
     seconds = time.monotonic() - t0
-    with open(path) as handle:
-        text = handle.read()
-    embedded = json.loads(text) if len(text) <= MAX_EMBEDDED_CALIBRATION else None
+    embedded = embeddable_calibration(path)
     store.put_cell(cell, {"calibration_s": seconds, "calibration_argv": argv[2:], "calibration": embedded})
     log(f"{cell}: calibrated in {seconds:.0f} s")
     return path

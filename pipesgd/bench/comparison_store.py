@@ -10,7 +10,7 @@ import statistics
 from pipesgd.bench.comparison_config import GridConfig, cell_name
 from pipesgd.bench.provenance import provenance, read_result, write_result
 
-__all__ = ["SCHEMA", "ResultStore", "config_dict", "estimate_wall"]
+__all__ = ["SCHEMA", "ResultStore", "config_dict", "rounded", "estimate_wall"]
 
 SCHEMA = "pipesgd/comparison/1"
 CELL_OVERHEAD_S = 8.0  # cluster up, TCP measurement, tear-down (measured ~5-8 s on the 2-core machine)
@@ -22,6 +22,18 @@ def config_dict(cfg: GridConfig) -> dict:
     out["workloads"] = {w.name: {f: getattr(w, f) for f in w.__dataclass_fields__ if f != "name"}
                         for w in cfg.workloads}
     return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+
+def rounded(value, digits: int = 6):
+    """``value`` with every float rounded to ``digits`` significant digits (the file stays small; timings are
+    not known to more than that)."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}")
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rounded(v, digits) for v in value]
+    return value
 
 
 class ResultStore:
@@ -60,7 +72,7 @@ class ResultStore:
 
     def save(self) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        write_result(self.path, self.data, origin=self.origin)
+        write_result(self.path, rounded(self.data), origin=self.origin)
 
 
 def _per_step_s(r: dict) -> float | None:
