@@ -108,9 +108,10 @@ def _calibrate(cluster, cfg: GridConfig, workload: Workload, cell: str, cell_dir
     if resume and os.path.exists(path) and store.data["cells"].get(cell, {}).get("calibration"):
         log(f"{cell}: reusing {path}")
         return path
-    argv = calibrate_argv(path, workload.calib_sizes, cfg.calib_repeats, cfg.calib_warmup, cfg.calib_compressions,
+    repeats = workload.calib_repeats or cfg.calib_repeats
+    argv = calibrate_argv(path, workload.calib_sizes, repeats, cfg.calib_warmup, cfg.calib_compressions,
                           _model_flags(cfg, workload))
-    log(f"{cell}: calibrating ({workload.calib_sizes}, {cfg.calib_repeats} repeats) -> {path}")
+    log(f"{cell}: calibrating ({workload.calib_sizes}, {repeats} repeats) -> {path}")
     t0 = time.monotonic()
     if not calibrate_in(cluster, argv, path, cfg.calib_timeout_s, logfile):
         store.put_cell(cell, {"calibration_error": f"calibration failed; see {logfile.name}"})

@@ -24,6 +24,7 @@ class Workload:
     steps: dict[str, int] = field(default_factory=dict)  # per bandwidth: a step budget instead of epochs
     lr: float = 0.02  # pipesgd-train --lr
     calib_sizes: str = "256KB:4MB"  # calibration message sizes (timing_model calibrate --sizes)
+    calib_repeats: int = 0  # timed calls per calibration point for this workload (0: the grid's calib_repeats)
 
     def __post_init__(self) -> None:
         if not self.name or not self.model:
@@ -32,6 +33,8 @@ class Workload:
             raise ValueError(f"workload {self.name}: epochs and step budgets must be integers >= 1")
         if self.lr <= 0:
             raise ValueError(f"workload {self.name}: lr must be > 0")
+        if not isinstance(self.calib_repeats, int) or self.calib_repeats < 0:
+            raise ValueError(f"workload {self.name}: calib_repeats must be an integer >= 0 (0: the grid's)")
         try:
             parse_size_range(self.calib_sizes)
         except ValueError as error:
