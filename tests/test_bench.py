@@ -7,7 +7,8 @@ import pytest
 from pipesgd.bench.fidelity import summary
 from pipesgd.bench.fidelity_report import markdown
 from pipesgd.bench.speed import speed_table
-from pipesgd.bench.variants import (ACCURACY_VARIANTS, DEFAULT_FIDELITY_VARIANTS, FIDELITY_VARIANTS, SPEED_VARIANTS,
+from pipesgd.bench.variants import (ACCURACY_VARIANTS, COMPARISON_VARIANTS, CONVENTIONAL_BASELINES, DDP_BASELINES,
+                                    DEFAULT_FIDELITY_VARIANTS, FIDELITY_VARIANTS, PIPE_VARIANTS, SPEED_VARIANTS,
                                     TRAINER_FLAGS, trainer_flags)
 from pipesgd.results import Run
 
@@ -20,7 +21,12 @@ def test_variants_are_the_flags_the_experiments_ran():
     assert FIDELITY_VARIANTS == ("sync", "pipe", "pipe+bf16", "pipe+q8", "sync+bf16", "sync+q8", "ddp", "ps-sync",
                                  "ps-async")
     assert set(DEFAULT_FIDELITY_VARIANTS) <= set(FIDELITY_VARIANTS)
-    assert set(SPEED_VARIANTS) | set(FIDELITY_VARIANTS) == set(TRAINER_FLAGS)
+    # every variant of the table is run by some experiment (issue 12's grid added pipe+sign, pipe-w3, ddp+powersgd)
+    assert set(SPEED_VARIANTS) | set(FIDELITY_VARIANTS) | set(COMPARISON_VARIANTS) == set(TRAINER_FLAGS)
+    assert trainer_flags("pipe+sign") == ["--mode", "pipe", "--width", "2", "--compression", "sign", "--error-feedback"]
+    assert trainer_flags("pipe-w3") == ["--mode", "pipe", "--width", "3"]
+    assert trainer_flags("ddp+powersgd") == ["--mode", "ddp", "--ddp-hook", "powersgd"]
+    assert set(PIPE_VARIANTS) | set(CONVENTIONAL_BASELINES) | set(DDP_BASELINES) == set(COMPARISON_VARIANTS)
     flags = trainer_flags("sync")
     flags.append("--oops")  # a caller's list never changes the table
     assert TRAINER_FLAGS["sync"] == ["--mode", "sync"]

@@ -403,3 +403,52 @@ def test_root_context_manager_cleans_up(root_ok, tmp_path):
         assert cluster_netns(name) == []
     finally:
         topology.teardown(name, str(tmp_path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Unshaped clusters: the same namespaces and bridge without tbf
+def test_parse_link_unshaped_or_rate():
+    from pipesgd.cluster.units import parse_link
+
+    assert parse_link("unshaped") is None and parse_link(" Unshaped ") is None
+    assert parse_link("100mbit") == pytest.approx(1e8)
+    with pytest.raises(ValueError):
+        parse_link("fast")
+
+
+def test_unshaped_state_round_trip_and_describe_text(tmp_path):
+    s = make_state(name="psgd-un", nodes=2, bandwidth_bps=None, burst_bytes=0)
+    assert not s.shaped and make_state().shaped
+    assert load_state("psgd-un", str(tmp_path)) is None
+    save_state(s, str(tmp_path))
+    assert load_state("psgd-un", str(tmp_path)) == s
+    with pytest.raises(ValueError):  # a shaped cluster still needs a burst
+        make_state(burst_bytes=0)
+
+
+def test_unshaped_throughput_summary_has_no_ratio():
+    from pipesgd.cluster.measure import Throughput
+
+    t = Throughput(0, 1, 10_000_000, 8_000_000, 0.01, None)
+    assert t.ratio is None and t.measured_bps == pytest.approx(6.4e9)
+    assert "unshaped" in t.summary()
+    assert Throughput(0, 1, 1, 1_000_000, 0.1, 1e8).ratio == pytest.approx(0.8)
+
+
+@pytest.mark.root
+def test_root_unshaped_cluster_has_no_tbf_and_carries_traffic(root_ok, tmp_path):
+    name = unique_name()
+    try:
+        c = Cluster.up(2, None, name=name, state_dir=str(tmp_path))
+        assert not c.state.shaped and load_state(name, str(tmp_path)) == c.state
+        status = c.status()
+        assert "tbf" not in status and "unshaped" in status and "MISSING" not in status
+        for ns in c.state.node_netns:
+            qdisc = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", c.state.ifname],
+                                   capture_output=True, text=True, check=True).stdout
+            assert "tbf" not in qdisc
+        result = c.measure(0, 1, duration_s=0.5)
+        assert result.ratio is None and result.steady_bytes > 0 and result.measured_bps > 0
+    finally:
+        topology.teardown(name, str(tmp_path))
+        assert cluster_netns(name) == []

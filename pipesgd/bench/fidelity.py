@@ -26,7 +26,8 @@ from pipesgd.run_files import metrics_files
 from timing_model.calibration import host_terms, read_calibration
 from timing_model.validation import predict_run, read_runs, validate_runs
 
-__all__ = ["FidelitySettings", "BREAKDOWN", "log", "write_json_atomic", "calibrate", "point", "check_skip",
+__all__ = ["FidelitySettings", "BREAKDOWN", "log", "write_json_atomic", "calibrate_argv", "calibrate_in", "calibrate",
+           "point", "check_skip",
            "run_cell", "summary"]
 
 BREAKDOWN = ("compute_s", "straggler_s", "interference_s", "update_s", "handoff_s", "exposed_comm_s", "codec_s",
@@ -67,19 +68,30 @@ def write_json_atomic(path: str, data) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, allow_nan=False, default=lambda v: None) + "\n")
 
 
-def calibrate(cluster: Cluster, path: str, settings: FidelitySettings, logfile) -> bool:
-    """``python -m timing_model calibrate`` inside ``cluster`` with the runs' model as the interference load;
-    False (and a log line) when it fails."""
-    argv = ["python", "-m", "timing_model", "calibrate", "--sizes", settings.calib_sizes, "--repeats",
-            str(settings.calib_repeats), "--warmup", str(settings.calib_warmup), "--compressions", "none,bf16,q8",
-            # the interference probe loads the cores with this model's forward+backward (not the runs' metrics)
-            "--model", "mlp", "--hidden", str(settings.hidden), "--input-shape", str(settings.features),
-            "--num-classes", "10", "--batch-size", str(settings.batch_size), "--out", path]
-    rc = cluster.run(argv, timeout_s=settings.calib_timeout_s, out=logfile, err=logfile)
+def calibrate_argv(path: str, sizes: str, repeats: int, warmup: int, compressions: str,
+                   model_flags: list[str]) -> list[str]:
+    """``python -m timing_model calibrate`` writing ``path``; ``model_flags`` (``--model ... --batch-size ...``)
+    name the model whose forward+backward loads the cores in the interference probe (not the runs' metrics)."""
+    return ["python", "-m", "timing_model", "calibrate", "--sizes", sizes, "--repeats", str(repeats),
+            "--warmup", str(warmup), "--compressions", compressions, *model_flags, "--out", path]
+
+
+def calibrate_in(cluster: Cluster, argv: list[str], path: str, timeout_s: float, logfile) -> bool:
+    """Run a ``calibrate_argv`` command inside ``cluster``; False (and a log line) when it fails."""
+    rc = cluster.run(argv, timeout_s=timeout_s, out=logfile, err=logfile)
     if rc != 0 or not os.path.exists(path):
         log(f"calibration failed (exit {rc}); see {logfile.name}")
         return False
     return True
+
+
+def calibrate(cluster: Cluster, path: str, settings: FidelitySettings, logfile) -> bool:
+    """The fidelity cell's calibration: the runs' MLP as the interference load."""
+    model = ["--model", "mlp", "--hidden", str(settings.hidden), "--input-shape", str(settings.features),
+             "--num-classes", "10", "--batch-size", str(settings.batch_size)]
+    argv = calibrate_argv(path, settings.calib_sizes, settings.calib_repeats, settings.calib_warmup, "none,bf16,q8",
+                          model)
+    return calibrate_in(cluster, argv, path, settings.calib_timeout_s, logfile)
 
 
 def point(run, check, cal, cell: dict, variant: str, metrics: str) -> dict:

@@ -3,17 +3,20 @@ same run in every experiment."""
 from __future__ import annotations
 
 __all__ = ["TRAINER_FLAGS", "SPEED_VARIANTS", "ACCURACY_VARIANTS", "FIDELITY_VARIANTS", "DEFAULT_FIDELITY_VARIANTS",
-           "trainer_flags"]
+           "COMPARISON_VARIANTS", "PIPE_VARIANTS", "CONVENTIONAL_BASELINES", "DDP_BASELINES", "trainer_flags"]
 
 TRAINER_FLAGS: dict[str, list[str]] = {  # variant name: pipesgd-train flags
     "sync": ["--mode", "sync"],
     "pipe": ["--mode", "pipe", "--width", "2"],
     "pipe+bf16": ["--mode", "pipe", "--width", "2", "--compression", "bf16"],
     "pipe+q8": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback"],
+    "pipe+sign": ["--mode", "pipe", "--width", "2", "--compression", "sign", "--error-feedback"],
+    "pipe-w3": ["--mode", "pipe", "--width", "3"],  # more width: more staleness, no more overlap to win
     "sync+bf16": ["--mode", "sync", "--compression", "bf16"],
     "sync+q8": ["--mode", "sync", "--compression", "q8", "--error-feedback"],
     "ddp": ["--mode", "ddp"],
     "ddp+fp16": ["--mode", "ddp", "--ddp-hook", "fp16"],
+    "ddp+powersgd": ["--mode", "ddp", "--ddp-hook", "powersgd"],  # PyTorch's powerSGD_hook (its error feedback)
     "ps-sync": ["--mode", "ps-sync"],
     "ps-async": ["--mode", "ps-async"],
 }
@@ -24,6 +27,13 @@ ACCURACY_VARIANTS = ("sync", "pipe", "pipe+bf16", "pipe+q8", "ddp", "ddp+fp16")
 # issue 5 (fidelity.py): every mode the timing model predicts
 FIDELITY_VARIANTS = ("sync", "pipe", "pipe+bf16", "pipe+q8", "sync+bf16", "sync+q8", "ddp", "ps-sync", "ps-async")
 DEFAULT_FIDELITY_VARIANTS = ("sync", "pipe", "pipe+bf16", "pipe+q8", "ddp", "ps-sync")
+# issue 12 (comparison.py): the 4-node grid, baselines first; sync runs before ddp so the timing model can lend
+# the sync run's compute to the ddp runs of the same cell
+COMPARISON_VARIANTS = ("ps-sync", "ps-async", "sync", "ddp", "ddp+fp16", "ddp+powersgd", "pipe", "pipe+bf16",
+                       "pipe+q8", "pipe+sign", "pipe-w3")
+PIPE_VARIANTS = ("pipe", "pipe+bf16", "pipe+q8", "pipe+sign", "pipe-w3")  # the Pipe-SGD side of the speedup tables
+CONVENTIONAL_BASELINES = ("ps-sync", "ps-async", "sync")  # the paper's "conventional approaches"
+DDP_BASELINES = ("ddp", "ddp+fp16", "ddp+powersgd")  # the peers users would pick today
 
 
 def trainer_flags(variant: str) -> list[str]:

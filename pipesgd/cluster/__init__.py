@@ -7,7 +7,7 @@ from .launch import LaunchSpec, node_argv, node_env, torchrun_tail
 from .measure import Throughput
 from .netns import ClusterError
 from .state import ClusterState
-from .units import default_burst_bytes, format_bandwidth, parse_bandwidth
+from .units import UNSHAPED, default_burst_bytes, format_bandwidth, parse_bandwidth, parse_link
 
-__all__ = ["Cluster", "ClusterError", "ClusterState", "LaunchSpec", "Throughput", "default_burst_bytes",
-           "format_bandwidth", "node_argv", "node_env", "parse_bandwidth", "torchrun_tail"]
+__all__ = ["Cluster", "ClusterError", "ClusterState", "LaunchSpec", "Throughput", "UNSHAPED", "default_burst_bytes",
+           "format_bandwidth", "node_argv", "node_env", "parse_bandwidth", "parse_link", "torchrun_tail"]

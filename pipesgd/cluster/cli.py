@@ -16,7 +16,7 @@ from .cluster import DEFAULT_QUEUE_MS, Cluster
 from .netns import ClusterError
 from .state import DEFAULT_NAME
 from .topology import teardown
-from .units import format_bandwidth, parse_bandwidth, parse_size
+from .units import format_bandwidth, parse_link, parse_size
 
 NO_LATENCY = "netem is not available on this kernel; latency emulation unsupported"
 
@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="create the namespaces, bridge and tbf shaping")
     up.add_argument("--nodes", type=int, default=4, help="number of nodes (network namespaces)")
     up.add_argument("--bandwidth", default="1gbit",
-                    help="per-link rate: 1gbit, 100mbit, 10gbit, 500kbit, 1.25GB/s (default 1gbit)")
+                    help="per-link rate: 1gbit, 100mbit, 10gbit, 500kbit, 1.25GB/s, or unshaped (no tbf) "
+                    "(default 1gbit)")
     up.add_argument("--burst", default=None,
                     help="tbf bucket in bytes (65536, 64kb); default max(rate/250 Hz, 4 frames, 64 KiB)")
     up.add_argument("--mtu", type=int, default=1500)
@@ -80,15 +81,16 @@ def _main(args: argparse.Namespace, command: list[str]) -> int:
         if args.latency is not None:
             raise ClusterError(NO_LATENCY)
         try:
-            bandwidth_bps = parse_bandwidth(args.bandwidth)
+            bandwidth_bps = parse_link(args.bandwidth)
             burst = parse_size(args.burst) if args.burst else None
         except ValueError as e:
             raise ClusterError(str(e)) from None
         c = Cluster.up(args.nodes, bandwidth_bps, name=args.name, burst_bytes=burst, mtu=args.mtu,
                        queue_ms=args.queue_ms, shape_ingress=not args.egress_only, force=args.force)
         s = c.state
-        print(f"cluster {s.name} up: {s.nodes} node(s) {s.addresses[0]}..{s.addresses[-1]}, "
-              f"{format_bandwidth(s.bandwidth_bps)} per link, burst {s.burst_bytes} B")
+        links = (f"{format_bandwidth(s.bandwidth_bps)} per link, burst {s.burst_bytes} B" if s.shaped
+                 else "unshaped links")
+        print(f"cluster {s.name} up: {s.nodes} node(s) {s.addresses[0]}..{s.addresses[-1]}, {links}")
         return 0
     if args.command == "down":
         removed = teardown(args.name)

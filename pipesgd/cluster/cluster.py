@@ -34,15 +34,17 @@ class Cluster:
 
     # -- lifecycle ----------------------------------------------------------------------------
     @classmethod
-    def up(cls, nodes: int, bandwidth_bps: float, *, name: str = DEFAULT_NAME, burst_bytes: int | None = None,
+    def up(cls, nodes: int, bandwidth_bps: float | None, *, name: str = DEFAULT_NAME, burst_bytes: int | None = None,
            mtu: int = 1500, queue_ms: float = DEFAULT_QUEUE_MS, shape_ingress: bool = True,
            force: bool = False, state_dir: str | None = None) -> "Cluster":
-        """Create the namespaces, bridge and shaping; refuse if ``name`` exists unless ``force``."""
+        """Create the namespaces, bridge and shaping (none when ``bandwidth_bps`` is None: unshaped links at veth
+        speed); refuse if ``name`` exists unless ``force``."""
         if nodes < 1:
             raise ClusterError(f"--nodes must be >= 1, got {nodes}")
         try:
-            state = ClusterState(name=name, nodes=nodes, bandwidth_bps=float(bandwidth_bps),
-                                 burst_bytes=burst_bytes or default_burst_bytes(bandwidth_bps, mtu),
+            shaped = bandwidth_bps is not None
+            state = ClusterState(name=name, nodes=nodes, bandwidth_bps=float(bandwidth_bps) if shaped else None,
+                                 burst_bytes=(burst_bytes or default_burst_bytes(bandwidth_bps, mtu)) if shaped else 0,
                                  queue_ms=queue_ms, mtu=mtu, shape_ingress=shape_ingress)
         except ValueError as e:
             raise ClusterError(str(e)) from None

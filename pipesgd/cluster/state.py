@@ -61,8 +61,9 @@ class ClusterState:
     # Identity
     name: str
     nodes: int
-    # Shaping (tbf on each node's egress; also on the node's ingress when shape_ingress)
-    bandwidth_bps: float
+    # Shaping (tbf on each node's egress; also on the node's ingress when shape_ingress); bandwidth_bps None =
+    # unshaped: the same namespaces and bridge with no tbf, so links run at veth speed (burst_bytes unused)
+    bandwidth_bps: float | None
     burst_bytes: int
     queue_ms: float
     mtu: int
@@ -78,7 +79,7 @@ class ClusterState:
         validate_name(self.name)
         if not 1 <= self.nodes <= MAX_NODES:
             raise ValueError(f"nodes must be in 1..{MAX_NODES}, got {self.nodes}")
-        if self.bandwidth_bps <= 0 or self.burst_bytes <= 0 or self.queue_ms <= 0:
+        if self.shaped and (self.bandwidth_bps <= 0 or self.burst_bytes <= 0) or self.queue_ms <= 0:
             raise ValueError("bandwidth, burst and queue length must be positive")
         if not 576 <= self.mtu <= 65535:
             raise ValueError(f"mtu must be in 576..65535, got {self.mtu}")
@@ -89,6 +90,11 @@ class ClusterState:
             object.__setattr__(self, "node_netns", [node_netns(self.name, i) for i in range(self.nodes)])
         if not self.addresses:
             object.__setattr__(self, "addresses", [node_address(i) for i in range(self.nodes)])
+
+    @property
+    def shaped(self) -> bool:
+        """Whether links are shaped with tbf (False: an unshaped cluster, veth speed)."""
+        return self.bandwidth_bps is not None
 
     @property
     def master_addr(self) -> str:

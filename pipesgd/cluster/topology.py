@@ -7,7 +7,8 @@ Steps of ``build`` (any failure rolls back everything made so far):
 1. preflight (root, ip, tc) and refuse if the cluster already exists (unless ``force``);
 2. create the switch namespace and its bridge;
 3. per node: namespace, loopback up, veth pair switch↔node, address, link up;
-4. shape: tbf on each node's veth (egress), and on its bridge port (the node's ingress) if asked;
+4. shape: tbf on each node's veth (egress), and on its bridge port (the node's ingress) if asked; nothing for an
+   unshaped cluster (``bandwidth_bps`` None), whose links run at veth speed;
 5. write the state file atomically.
 The host's own network namespace is never touched.
 """
@@ -65,9 +66,10 @@ def build(state: ClusterState, *, force: bool = False, directory: str | None = N
             sh("ip", "-n", ns, "link", "set", state.ifname, "up")
             write_hosts(ns, hosts)
             # Step 4
-            _shape(ns, state.ifname, state)
-            if state.shape_ingress:
-                _shape(sw, port, state)
+            if state.shaped:
+                _shape(ns, state.ifname, state)
+                if state.shape_ingress:
+                    _shape(sw, port, state)
         # Step 5
         state = dataclasses.replace(state, created_at=time.time())
         save_state(state, directory)
@@ -103,9 +105,13 @@ def describe(state: ClusterState) -> str:
     """Multi-line status: one block per node with address and tbf counters (``tc -s qdisc``)."""
     from .units import format_bandwidth
 
-    lines = [f"cluster {state.name}: {state.nodes} node(s), {format_bandwidth(state.bandwidth_bps)} per "
-             f"link ({'both directions' if state.shape_ingress else 'egress only'}), burst "
-             f"{state.burst_bytes} B, queue {state.queue_ms:g} ms, mtu {state.mtu}, switch {state.switch_netns}"]
+    if state.shaped:
+        direction = "both directions" if state.shape_ingress else "egress only"
+        shaping = (f"{format_bandwidth(state.bandwidth_bps)} per link ({direction}), burst {state.burst_bytes} B, "
+                   f"queue {state.queue_ms:g} ms")
+    else:
+        shaping = "unshaped links (veth speed)"
+    lines = [f"cluster {state.name}: {state.nodes} node(s), {shaping}, mtu {state.mtu}, switch {state.switch_netns}"]
     present = set(cluster_netns(state.name))
     for i, (ns, addr) in enumerate(zip(state.node_netns, state.addresses)):
         if ns not in present:
@@ -114,7 +120,7 @@ def describe(state: ClusterState) -> str:
         lines.append(f"  node {i}: {ns} {addr} dev {state.ifname}")
         qdisc = sh("tc", "-n", ns, "-s", "qdisc", "show", "dev", state.ifname, check=False).stdout
         lines.extend("    egress  " + ln.strip() for ln in qdisc.splitlines() if ln.strip())
-        if state.shape_ingress and state.switch_netns in present:
+        if state.shaped and state.shape_ingress and state.switch_netns in present:
             qdisc = sh("tc", "-n", state.switch_netns, "-s", "qdisc", "show", "dev", port_ifname(i),
                        check=False).stdout
             lines.extend("    ingress " + ln.strip() for ln in qdisc.splitlines() if ln.strip())

@@ -41,6 +41,14 @@ def parse_bandwidth(text: str) -> float:
     return value
 
 
+UNSHAPED = "unshaped"  # the link rate that means no tbf at all (``parse_link``)
+
+
+def parse_link(text: str) -> float | None:
+    """``parse_bandwidth``, or None for ``unshaped`` (the cluster's links then run at veth speed)."""
+    return None if (text or "").strip().lower() == UNSHAPED else parse_bandwidth(text)
+
+
 def format_bandwidth(bandwidth_bps: float) -> str:
     """Human form in bit/s, e.g. ``1 Gbit/s``; used in status lines and reports."""
     for scale, name in ((1e12, "Tbit/s"), (1e9, "Gbit/s"), (1e6, "Mbit/s"), (1e3, "kbit/s")):

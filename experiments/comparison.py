@@ -1,0 +1,108 @@
+"""Issue-12 4-node comparison on the emulated cluster (root): workloads x bandwidths x variants from a TOML config,
+the speedup tables and the timing model against every run.
+
+    python experiments/comparison.py --resume                       # the whole grid of the config (hours; resumable)
+    python experiments/comparison.py --cells lenet-1gbit --variants sync,pipe --resume
+    python experiments/comparison.py --report                       # tables from the committed runs.json, no runs
+    python experiments/comparison.py --estimate                     # the grid's wall time from the runs.json
+
+Per cell: cluster up and TCP throughput, one calibration (``--no-model`` skips it), one ``pipesgd-train`` run per
+variant; runs.json (committed, ``experiments/results/comparison/``) is re-written after every run, raw metrics and
+logs go under ``results/comparison/<cell>/``. See ``pipesgd/bench/comparison.py`` for the steps.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from dataclasses import replace
+
+from pipesgd.bench.comparison import run_grid
+from pipesgd.bench.comparison_config import load_config, select
+from pipesgd.bench.comparison_report import estimate_table, report
+from pipesgd.bench.comparison_store import ResultStore, estimate_wall
+from pipesgd.bench.provenance import read_result
+
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "comparison.toml")
+
+
+class _Terminated(BaseException):
+    """SIGTERM as an exception, so the cluster's context manager tears the namespaces down."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
+
+
+def _names(text: str | None) -> list[str] | None:
+    return [t.strip() for t in text.split(",") if t.strip()] if text else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=DEFAULT_CONFIG,
+                        help="grid TOML (default experiments/configs/comparison.toml)")
+    parser.add_argument("--cells", help="comma list of WORKLOAD-BANDWIDTH cells, e.g. lenet-1gbit")
+    parser.add_argument("--workloads", help="comma list of the config's workloads")
+    parser.add_argument("--bandwidths", help="comma list of the config's bandwidths")
+    parser.add_argument("--variants", help="comma list of the config's variants")
+    parser.add_argument("--nodes", type=int, help="override the config's node count")
+    parser.add_argument("--steps", type=int, help="override every run's length with this step budget (smoke runs)")
+    parser.add_argument("--result", help="runs.json to write (default: the config's result)")
+    parser.add_argument("--out", help="raw metrics folder (default: the config's out)")
+    parser.add_argument("--resume", action="store_true", help="skip runs already recorded as ok in the result")
+    parser.add_argument("--fresh", action="store_true", help="start the result empty (default: merge into it)")
+    parser.add_argument("--no-model", action="store_true", help="no calibration, no predictions")
+    parser.add_argument("--report", action="store_true", help="print the tables of the result; run nothing")
+    parser.add_argument("--estimate", action="store_true", help="print the config grid's wall time from the result")
+    parser.add_argument("--estimate-from", help="comma list of runs.json files to estimate from (default: the result)")
+    args = parser.parse_args()
+    try:
+        cfg = select(load_config(args.config), workloads=_names(args.workloads), bandwidths=_names(args.bandwidths),
+                     variants=_names(args.variants), cells=_names(args.cells), nodes=args.nodes)
+        if args.steps is not None:
+            if args.steps <= cfg.skip:
+                raise ValueError(f"--steps ({args.steps}) must exceed the skipped steps ({cfg.skip})")
+            cfg = replace(cfg, workloads=tuple(replace(w, steps={b: args.steps for b in cfg.bandwidths})
+                                               for w in cfg.workloads))
+        cfg = replace(cfg, result=args.result or cfg.result, out=args.out or cfg.out)
+    except ValueError as error:
+        parser.error(str(error))
+    if args.report or args.estimate:
+        sources = _names(args.estimate_from) or [cfg.result]
+        try:
+            loaded = [read_result(path) for path in sources]
+        except (OSError, ValueError) as error:
+            print(f"comparison: {error}", file=sys.stderr)
+            return 1
+        if args.report:
+            print(report(loaded[0]))
+        if args.estimate:
+            runs = [r for d in loaded for r in d["runs"]]
+            cells = {k: v for d in loaded for k, v in d["cells"].items()}
+            print(estimate_table(*estimate_wall(cfg, runs, cells)))
+        return 0
+    if os.geteuid() != 0:
+        print("comparison: the emulated cluster needs root (ip netns, tc); --report and --estimate do not",
+              file=sys.stderr)
+        return 1
+    try:
+        store = ResultStore(cfg.result, cfg, fresh=args.fresh)
+    except (OSError, ValueError) as error:
+        print(f"comparison: {error}", file=sys.stderr)
+        return 1
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        failed = run_grid(cfg, store, resume=args.resume, model=not args.no_model)
+    except (KeyboardInterrupt, _Terminated):
+        print(f"comparison: stopped; {len(store.data['runs'])} runs kept in {cfg.result} (continue with --resume)",
+              file=sys.stderr)
+        return 130
+    print(report(store.data | {"provenance": store.origin}))
+    print(estimate_table(*estimate_wall(load_config(args.config), store.data["runs"], store.data["cells"])))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,280 @@
+"""The comparison grid's logic without a cluster: tidy records from hand-made metrics files, speedup tables,
+resume/skip of the result store, the wall-time estimate, config validation and the driver's refusals."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pipesgd.bench.comparison import MODEL_FREE, predict
+from pipesgd.bench.comparison_config import GridConfig, Workload, cell_name, load_config, select, split_cell
+from pipesgd.bench.comparison_record import curve, run_record, step_split, time_to_target
+from pipesgd.bench.comparison_report import model_summary, report
+from pipesgd.bench.comparison_store import ResultStore, estimate_wall
+from pipesgd.bench.provenance import read_result
+from pipesgd.bench.speedup import cell_speedups, headline, markdown_tables
+from pipesgd.results import load_run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "experiments", "configs", "comparison.toml")
+
+
+def write_metrics(path, steps=8, ranks=2, t_iter=(0.10, 0.12), compute=(0.04, 0.05), update=0.01, sent=1000,
+                  evals=((4, 1.5, 0.5), (8, 3.0, 0.93)), batch=32):
+    """A 2-rank run: rank r's step times are t_iter[r] etc., evals (step, wall, accuracy)."""
+    stem = str(path)[:-len(".jsonl")]
+    for rank in range(ranks):
+        lines = []
+        if rank == 0:
+            lines.append({"type": "config", "world_size": ranks, "num_workers": ranks, "batch_size": batch,
+                          "params": 250, "grad_bytes": 1000, "mode": "sync", "warmup_steps": 0})
+        for step in range(steps):
+            lines.append({"type": "step", "step": step, "rank": rank, "t_iter": t_iter[rank] + step * 1e-3,
+                          "t_compute": compute[rank], "t_data": 0.001, "t_update": update, "bytes_sent": sent,
+                          "wall": step * 0.1})
+        if rank == 0:
+            lines += [{"type": "eval", "step": s, "wall": w, "accuracy": a, "loss": 1 - a} for s, w, a in evals]
+            lines.append({"type": "summary", "wall": 3.5, "accuracy": evals[-1][2] if evals else None})
+        with open(f"{stem}.rank{rank}.jsonl", "w") as handle:
+            handle.write("\n".join(json.dumps(line) for line in lines) + "\n")
+    return str(path)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Tidy records
+def test_step_split_takes_the_slowest_rank_and_medians_after_skip(tmp_path):
+    run = load_run(write_metrics(tmp_path / "a.jsonl"))
+    split = step_split(run, skip=2)
+    assert split["steps_kept"] == 6
+    # slowest rank: t_iter 0.12 + step ms, steps 2..7 -> median of 0.122..0.127 = 0.1245
+    assert split["t_iter_s"] == pytest.approx(0.1245)
+    assert split["compute_s"] == pytest.approx(0.051)  # t_compute + t_data of the slower rank
+    assert split["update_s"] == pytest.approx(0.01)
+    assert split["exposed_comm_s"] == pytest.approx(0.1245 - 0.051 - 0.01)
+    assert split["bytes_per_iter"] == 2000  # all ranks' bytes per step
+    with pytest.raises(ValueError, match="no step records"):
+        step_split(run, skip=8)
+
+
+def test_run_record_throughput_accuracy_and_time_to_target(tmp_path):
+    rec = run_record(load_run(write_metrics(tmp_path / "a.jsonl")), skip=2, target=0.9)
+    assert rec["throughput_sps"] == pytest.approx(2 * 32 / 0.1245)
+    assert rec["final_accuracy"] == 0.93 and rec["final_loss"] == pytest.approx(0.07)
+    assert rec["time_to_target_s"] == 3.0 and rec["reached_target"]
+    assert rec["steps"] == 8 and rec["params"] == 250 and rec["train_wall_s"] == 3.5
+    missed = run_record(load_run(write_metrics(tmp_path / "b.jsonl")), skip=2, target=0.95)
+    assert missed["time_to_target_s"] is None and not missed["reached_target"]
+
+
+def test_curve_is_thinned_and_keeps_the_last_point(tmp_path):
+    evals = tuple((s, 0.1 * s, min(1.0, 0.01 * s)) for s in range(1, 201))
+    run = load_run(write_metrics(tmp_path / "c.jsonl", evals=evals))
+    points = curve(run, max_points=10)
+    assert len(points) == 10 and points[-1]["step"] == 200 and points[0]["step"] == 1
+    assert time_to_target(points, 2.0) is None
+    assert time_to_target([{"accuracy": 0.5, "wall_s": 1.0}, {"accuracy": 0.9, "wall_s": 2.0}], 0.9) == 2.0
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Speedups
+def rec(cell, variant, t_iter, tta=None, workload="lenet", bandwidth="1gbit", status="ok"):
+    return {"cell": cell, "variant": variant, "t_iter_s": t_iter, "time_to_target_s": tta, "workload": workload,
+            "bandwidth": bandwidth, "status": status}
+
+
+def test_cell_speedups_and_headline_pick_the_largest_with_its_setup():
+    runs = [rec("lenet-1gbit", "sync", 0.2, 10.0), rec("lenet-1gbit", "pipe", 0.1, 4.0),
+            rec("lenet-1gbit", "pipe+q8", 0.08, None), rec("lenet-1gbit", "ddp", 0.3, 9.0),
+            rec("alex-100mbit", "sync", 4.0, None, "alex", "100mbit"),
+            rec("alex-100mbit", "pipe+q8", 1.0, None, "alex", "100mbit"),
+            rec("alex-100mbit", "ps-sync", 9.0, None, "alex", "100mbit", status="failed")]
+    rows = {(r["pipe"], r["baseline"]): r for r in cell_speedups(
+        {r["variant"]: r for r in runs if r["cell"] == "lenet-1gbit"})}
+    assert rows[("pipe", "sync")]["per_iter"] == pytest.approx(2.0)
+    assert rows[("pipe", "sync")]["to_target"] == pytest.approx(2.5)
+    assert rows[("pipe+q8", "sync")]["to_target"] is None  # pipe+q8 never reached the target
+    best = headline(runs)
+    assert best["sync"]["per_iter"] == {"speedup": pytest.approx(4.0), "cell": "alex-100mbit", "workload": "alex",
+                                        "bandwidth": "100mbit", "variant": "pipe+q8"}
+    assert best["sync"]["to_target"]["speedup"] == pytest.approx(2.5)
+    assert best["ddp"]["per_iter"]["speedup"] == pytest.approx(0.3 / 0.08)
+    assert "ps-sync" not in best  # its only run failed: no ratio, never a guess
+    text = markdown_tables(runs)
+    assert "4.00x" in text and "5.4x" in text
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Config
+def test_config_file_loads_and_builds_flags():
+    cfg = load_config(CONFIG)
+    assert len(cfg.cells()) == 9 and cfg.nodes == 4 and cfg.warmup_steps == 3
+    assert "ddp+powersgd" in cfg.variants and "pipe-w3" in cfg.variants
+    flags = cfg.train_flags(cfg.workload("alexnet"), "100mbit")
+    assert flags[flags.index("--steps") + 1] == "12" and "--epochs" not in flags
+    assert "--epochs" in cfg.train_flags(cfg.workload("lenet"), "1gbit")
+    assert flags[flags.index("--warmup-steps") + 1] == "3"
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("nodes = 4\n", "no \\[workload"),
+    ("colour = 1\n[workload.a]\nmodel='lenet'\n", "unknown keys \\['colour'\\]"),
+    ("variants=['nope']\n[workload.a]\nmodel='lenet'\n", "unknown variants"),
+    ("variants=['sync']\nbandwidths=['fast']\n[workload.a]\nmodel='lenet'\n", "bad bandwidth"),
+    ("variants=['sync']\n[workload.a]\nmodel='lenet'\nsteps={'2gbit'=3}\n", "not in the grid"),
+    ("variants=['sync']\n[workload.a]\nmodel='lenet'\nshape=3\n", "unknown keys"),
+    ("variants=['sync']\n[workload.a]\nmodel='lenet'\nepochs=0\n", "epochs"),
+    ("variants=['sync']\nnodes=1\n[workload.a]\nmodel='lenet'\n", "nodes"),
+    ("variants=['sync'\n", "not valid TOML"),
+])
+def test_config_errors_name_the_problem(tmp_path, text, needle):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=needle):
+        load_config(str(path))
+
+
+def test_select_subsets_and_refuses_unknown_names():
+    cfg = load_config(CONFIG)
+    sub = select(cfg, cells=["lenet-1gbit", "alexnet-100mbit"], variants=["sync", "pipe"])
+    assert [cell_name(w.name, b) for w, b in sub.cells()] == ["lenet-1gbit", "alexnet-100mbit"]
+    assert sub.variants == ("sync", "pipe")
+    assert split_cell("resnet20-unshaped") == ("resnet20", "unshaped")
+    for kwargs, needle in (({"cells": ["lenet-2gbit"]}, "unknown cells"), ({"variants": ["x"]}, "not in the grid"),
+                           ({"workloads": ["vgg"]}, "unknown workload"),
+                           ({"bandwidths": ["5mbit"]}, "unknown bandwidths")):
+        with pytest.raises(ValueError, match=needle):
+            select(cfg, **kwargs)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--variants", "nope", "--report"], "not in the grid"),
+    (["--config", "/nonexistent.toml", "--report"], "cannot read config"),
+    (["--steps", "3", "--report"], "must exceed"),
+    (["--report", "--result", "/nonexistent/runs.json"], "No such file"),
+])
+def test_driver_refusals_are_one_line(argv, needle):
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "comparison.py"), *argv],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode != 0 and needle in done.stderr and "Traceback" not in done.stderr
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Result store: resume, replacement, provenance; the estimate
+def small_cfg(tmp_path, **kw):
+    return GridConfig(workloads=(Workload("lenet", "lenet", epochs=2),), bandwidths=("1gbit", "100mbit"),
+                      variants=("sync", "pipe"), result=str(tmp_path / "runs.json"), **kw)
+
+
+def test_store_resume_skips_ok_runs_only_and_keeps_everything_on_disk(tmp_path):
+    cfg = small_cfg(tmp_path)
+    store = ResultStore(cfg.result, cfg)
+    store.put_run({"cell": "lenet-1gbit", "variant": "sync", "status": "ok", "t_iter_s": 0.1})
+    store.put_run({"cell": "lenet-1gbit", "variant": "pipe", "status": "failed", "reason": "exit code 1"})
+    again = ResultStore(cfg.result, cfg)  # a new invocation reads what the last one wrote
+    assert again.done("lenet-1gbit", "sync") and not again.done("lenet-1gbit", "pipe")
+    again.put_run({"cell": "lenet-1gbit", "variant": "pipe", "status": "ok", "t_iter_s": 0.05})
+    data = read_result(cfg.result)
+    assert [(r["variant"], r["status"]) for r in data["runs"]] == [("sync", "ok"), ("pipe", "ok")]
+    assert data["provenance"]["command"] and len(data["earlier"]) == 1
+    assert ResultStore(cfg.result, cfg, fresh=True).data["runs"] == []
+
+
+def test_estimate_uses_measured_then_fallbacks(tmp_path):
+    cfg = small_cfg(tmp_path)
+    runs = [{"cell": "lenet-1gbit", "workload": "lenet", "variant": "sync", "status": "ok", "steps": 10,
+             "train_wall_s": 5.0, "run_wall_s": 25.0}]
+    total, rows = estimate_wall(cfg, runs, {"lenet-1gbit": {"calibration_s": 30.0}})
+    by = {(r["cell"], r["variant"]): r for r in rows}
+    assert by[("lenet-1gbit", "sync")]["seconds"] == pytest.approx(20 + 22 * 0.5)  # startup + 2 epochs x 11 steps
+    assert by[("lenet-1gbit", "sync")]["source"] == "measured"
+    assert by[("lenet-1gbit", "pipe")]["source"].startswith("same cell")
+    assert by[("lenet-100mbit", "sync")]["source"].startswith("same variant")
+    assert total == pytest.approx(4 * (20 + 11.0) + 2 * (8.0 + 30.0))
+
+
+def test_report_from_hand_made_result(tmp_path):
+    cfg = small_cfg(tmp_path)
+    store = ResultStore(cfg.result, cfg)
+    base = run_record(load_run(write_metrics(tmp_path / "a.jsonl")), skip=2, target=0.9)
+    for variant, error in (("sync", 0.05), ("pipe", -0.2)):
+        store.put_run({"cell": "lenet-1gbit", "workload": "lenet", "bandwidth": "1gbit", "variant": variant,
+                       "status": "ok", **base, "model": {"predicted_s": 0.1, "measured_s": 0.1, "error": error}})
+    data = read_result(cfg.result)
+    assert model_summary(data)["over_flag"] == 1
+    assert model_summary(data)["median_abs_error"] == pytest.approx(0.125)
+    text = report(data)
+    assert "| pipe | 124.5 |" in text and "Headline" in text
+
+
+def test_predict_leaves_ddp_hooks_to_a_note(tmp_path):
+    for variant in MODEL_FREE:
+        assert predict({variant: str(tmp_path / "x.jsonl")}, variant, str(tmp_path / "calib.json"), 2)["model"] is None
+    out = predict({"sync": write_metrics(tmp_path / "a.jsonl")}, "sync", str(tmp_path / "missing.json"), 2)
+    assert out["model"] is None and "not found" in out["model_note"]
+
+
+def test_plots_draw_only_the_results_numbers(tmp_path):
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pipesgd.bench import comparison_plot as cp
+
+    base = run_record(load_run(write_metrics(tmp_path / "a.jsonl")), skip=2, target=0.9)
+    data = {"config": {"variants": ["sync", "pipe"], "target_accuracy": 0.9}, "cells": {},
+            "runs": [{"cell": "c", "workload": "lenet", "variant": v, "status": "ok", **base,
+                      "model": {"measured_s": 0.1, "predicted_s": p}} for v, p in (("pipe", 0.09), ("sync", 0.2))]
+            + [{"cell": "c", "variant": "ddp", "status": "failed"}]}
+    assert cp.cells(data) == ["c"] and [r["variant"] for r in cp.runs_of(data, "c")] == ["sync", "pipe"]
+    fig, ax = plt.subplots()
+    cp.plot_split(data, "c", ax)
+    heights = sorted(round(p.get_height(), 6) for p in ax.patches)
+    assert heights == sorted(round(1e3 * base[k], 6) for k in ("compute_s", "exposed_comm_s", "update_s")
+                             for _ in range(2))
+    fig2, ax2 = plt.subplots()
+    cp.plot_model_scatter(data, ax2)
+    offsets = sorted(tuple(o) for c in ax2.collections if hasattr(c, "get_offsets") for o in c.get_offsets()
+                     if len(c.get_offsets()) == 1)
+    assert (100.0, 90.0) in [tuple(round(v, 6) for v in o) for o in offsets]
+    plt.close("all")
+    cp.cell_figure(data, "c")
+    plt.close("all")
+
+
+def test_failure_hint_names_the_reason_not_the_traceback(tmp_path):
+    from pipesgd.bench.comparison import failure_hint
+
+    log = tmp_path / "run.log"
+    log.write_text('[node 0] step 3/33\n[node 2]   File "/x/errors/__init__.py", line 3, error: no\n'
+                   "[node 2] terminate called without an active exception\n[node 1] pipesgd-train: error: late\n")
+    assert failure_hint(str(log)) == "[node 2] terminate called without an active exception"
+    assert failure_hint(str(tmp_path / "missing.log")) == ""
+
+
+def test_embedded_calibration_drops_samples_and_still_reads(tmp_path):
+    from pipesgd.bench.comparison import embeddable_calibration
+    from timing_model.calibration import read_calibration
+
+    from timing_model.calibration import SCHEMA, Fit
+
+    fit = Fit(overhead_s=0.0, latency_s=1e-4, bandwidth_Bps=1e8, reduce_Bps=1e9, n_samples=5,
+              median_abs_rel_err=0.0, max_abs_rel_err=0.0).as_json()
+    full = {"schema": SCHEMA, "fits": {"ring": fit, "backend": fit}, "codecs": {}, "host": {},
+            "samples": [{"x": i} for i in range(500)], "residuals": [{"r": i} for i in range(500)]}
+    path = tmp_path / "calib.json"
+    path.write_text(json.dumps(full))
+    slim = embeddable_calibration(str(path))
+    assert "samples" not in slim and slim["dropped"] == {"samples": 500, "residuals": 500}
+    again = tmp_path / "slim.json"
+    again.write_text(json.dumps(slim))
+    cal = read_calibration(str(again))
+    assert cal.fits["ring"].bandwidth_Bps == 1e8
+
+
+def test_rounded_keeps_six_significant_digits_everywhere():
+    from pipesgd.bench.comparison_store import rounded
+
+    out = rounded({"a": 0.123456789, "b": [1234567.891, {"c": 1e-9 / 3}], "d": 3, "e": None, "f": "x"})
+    assert out == {"a": 0.123457, "b": [1234570.0, {"c": 3.33333e-10}], "d": 3, "e": None, "f": "x"}
