@@ -83,7 +83,8 @@ def _ring(cfg: TrainConfig, inner: torch.optim.Optimizer, model: nn.Module, devi
 def _ddp(cfg: TrainConfig, inner: torch.optim.Optimizer, model: nn.Module, device: torch.device,
          precision: Precision) -> Strategy:
     device_ids = [device.index] if device.type == "cuda" else None
-    opt = DDPOptimizer(inner, model, hook=cfg.ddp_hook, bucket_mb=cfg.bucket_mb, device_ids=device_ids)
+    opt = DDPOptimizer(inner, model, hook=cfg.ddp_hook, bucket_mb=cfg.bucket_mb, device_ids=device_ids,
+                       powersgd_rank=cfg.powersgd_rank, powersgd_start=cfg.warmup_steps, seed=cfg.seed)
     return Strategy(opt, opt.model, dist.get_rank(), dist.get_world_size(), precision=precision)
 
 
