@@ -18,7 +18,7 @@ import time
 from pipesgd.atomic import write_text_atomic
 from pipesgd.run_files import metrics_path
 
-__all__ = ["enable", "disable", "enabled", "set_step", "span", "record", "name_thread", "events", "chrome_trace",
+__all__ = ["enable", "disable", "enabled", "set_step", "current_step", "span", "record", "name_thread", "events", "chrome_trace",
            "write", "merge", "trace_path", "parse_steps"]
 
 # Thread rows in the order a reader expects them (others follow in order of first appearance).
@@ -29,6 +29,7 @@ _rank = 0
 _steps: tuple[int, int] = (0, 0)  # [first, last) traced steps of the training loop
 _open_ns: int | None = None  # wall clock when the first traced step began; None before it
 _close_ns: int | None = None  # wall clock when the first step past the window began
+_step_now: int | None = None  # the training loop's current step (labels work other threads do for it)
 _events: list[tuple[str, str, str, int, int, dict | None]] = []  # (name, cat, thread, start_ns, end_ns, args)
 _lock = threading.Lock()  # list.append is atomic in CPython; the lock guards the window and snapshotting
 _names = threading.local()
@@ -37,10 +38,10 @@ _OFF = contextlib.nullcontext()
 
 def enable(rank: int, steps: tuple[int, int]) -> None:
     """Start a recording for this process (rank ``rank``) that keeps spans starting within ``steps``."""
-    global _on, _rank, _steps, _open_ns, _close_ns
+    global _on, _rank, _steps, _open_ns, _close_ns, _step_now
     with _lock:
         _events.clear()
-        _on, _rank, _steps, _open_ns, _close_ns = True, int(rank), steps, None, None
+        _on, _rank, _steps, _open_ns, _close_ns, _step_now = True, int(rank), steps, None, None, None
 
 
 def disable() -> None:
@@ -54,13 +55,19 @@ def enabled() -> bool:
 
 def set_step(step: int) -> None:
     """The training loop is at ``step``: opens the window at its first step and closes it after the last."""
-    global _open_ns, _close_ns
+    global _open_ns, _close_ns, _step_now
     if not _on:
         return
+    _step_now = step
     if _open_ns is None and step >= _steps[0]:
         _open_ns = time.time_ns()
     if _close_ns is None and step >= _steps[1]:
         _close_ns = time.time_ns()
+
+
+def current_step() -> int | None:
+    """The step the training loop is at (None when not tracing)."""
+    return _step_now if _on else None
 
 
 def name_thread(name: str) -> None:
