@@ -178,3 +178,38 @@ def test_no_trace_file_without_the_flag(tmp_path):
     for rc, _, err in launch(["--mode", "pipe", *STEPS, "--metrics", metrics]):
         assert rc == 0, err
     assert sorted(os.listdir(tmp_path)) == ["m.config.json", "m.rank0.jsonl", "m.rank1.jsonl"]
+
+
+# -- the timeline experiment's trimming, on hand-made per-rank traces ------------------------------------------
+def _rank_file(path, rank, spans):
+    """spans: (row, name, cat, start_us, dur_us, step) -> a Chrome trace file like trace.write makes."""
+    rows = sorted({s[0] for s in spans})
+    events = [{"ph": "M", "name": "thread_name", "pid": rank, "tid": rows.index(r), "args": {"name": r}} for r in rows]
+    events += [{"ph": "X", "name": n, "cat": c, "pid": rank, "tid": rows.index(r), "ts": ts, "dur": d,
+                "args": {"step": st}} for r, n, c, ts, d, st in spans]
+    with open(trace.trace_path(path, rank, 2), "w") as handle:
+        json.dump({"traceEvents": events}, handle)
+
+
+def test_timeline_trim_keeps_a_common_interval(tmp_path):
+    from pipesgd.bench.timeline import overlap_summary, trim
+
+    path = str(tmp_path / "pipe.json")
+    # rank 0 computes steps 0-3 every 100 us from t=1000; rank 1 is 30 us late; comm of step t runs 60 us from the
+    # end of compute t; step 0 is the warm-up the figure skips
+    for rank, late in ((0, 0), (1, 30)):
+        spans = []
+        for step in range(4):
+            t = 1000 + late + 100 * step
+            spans += [("main", "compute", "compute", t, 50, step), ("comm", "exchange", "comm", t + 50, 60, step),
+                      ("main", "codec", "phase", t + 50, 5, step)]
+        _rank_file(path, rank, spans)
+    spans = trim(path, world_size=2, first_step=1, traced=2)
+    # interval: from rank 1's step-1 compute (t=1130) for 2 periods of 100 us, in ms
+    assert {s[3] for s in spans} == {"compute", "comm"}  # phases are left out
+    assert min(s[4] for s in spans) == 0.0 and max(s[4] + s[5] for s in spans) == pytest.approx(0.2)
+    first = [s for s in spans if s[0] == 0 and s[2] == "compute"][0]
+    assert first[4] == 0.0 and first[5] == pytest.approx(0.02)  # rank 0's step 1 (1100-1150) clipped at 1130
+    summary = overlap_summary({"schemes": {"pipe": {"spans": spans}}})["pipe"]
+    # comm of step t (t+50 .. t+110) overlaps compute of step t+1 (t+100 .. t+150) for 10 of its 60 us
+    assert 0 < summary["comm_overlapping_compute"] < 0.5 and summary["blocked_share"] == 0.0

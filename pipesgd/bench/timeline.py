@@ -94,24 +94,28 @@ def trim(trace_file: str, world_size: int, first_step: int, traced: int) -> list
             for rank, row, name, kind, a, b in sorted(kept, key=lambda r: (r[0], r[4]))]
 
 
-def _median_ms(metrics_base: str, field: str, skip: int) -> float | None:
-    """Median of ``field`` (seconds) over rank 0's step records from ``skip`` on, in ms."""
-    path = metrics_base.replace(".jsonl", ".rank0.jsonl")
-    if not os.path.exists(path):
-        return None
-    with open(path) as handle:
-        values = sorted(r[field] for r in map(json.loads, handle) if r.get("type") == "step" and r["step"] >= skip)
-    return round(1e3 * values[len(values) // 2], 3) if values else None
+def _median_ms(metrics_base: str, field: str, skip: int, world_size: int) -> float | None:
+    """The slowest worker's median of ``field`` (seconds) over its step records from ``skip`` on, in ms (ps-async
+    workers run at different speeds: the co-located one never waits on the network)."""
+    medians = []
+    for rank in range(world_size):
+        path = metrics_base.replace(".jsonl", f".rank{rank}.jsonl")
+        with open(path) as handle:
+            values = sorted(r[field] for r in map(json.loads, handle) if r.get("type") == "step" and r["step"] >= skip)
+        if values:
+            medians.append(values[len(values) // 2])
+    return round(1e3 * max(medians), 3) if medians else None
 
 
 def build_result(traces: dict[str, str], world_size: int, first_step: int, traced: int, setup: dict) -> dict:
-    """The committed result: the setup, per scheme its trimmed spans and rank 0's median step times."""
+    """The committed result: the setup, per scheme its trimmed spans and the slowest worker's median step times."""
     schemes = {}
     for scheme, path in traces.items():
         metrics = path.replace(".json", ".jsonl")
         schemes[scheme] = {
             "flags": trainer_flags(scheme),
-            "median_ms": {f: _median_ms(metrics, f, first_step) for f in ("t_iter", "t_compute", "t_wait", "t_update")},
+            "median_ms": {f: _median_ms(metrics, f, first_step, world_size)
+                          for f in ("t_iter", "t_compute", "t_wait", "t_update")},
             "spans": trim(path, world_size, first_step, traced),
         }
     return {"setup": dict(setup, world_size=world_size, first_step=first_step, iterations=traced), "columns":

@@ -132,7 +132,6 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
             watchdog.beat()  # evaluation and checkpoints count as progress too
             fetch_ns = time.time_ns()
     progress.close()
-    trace.set_step(pos.step)  # past the last step: closes a window that reaches the end
 
     # The final checkpoint is taken before flush(): it holds the in-flight gradients in the optimizer
     # state, so a resumed run continues exactly the trajectory this one would have followed.
