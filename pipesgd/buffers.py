@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipesgd import trace
+
 BUFFER_MODES = ("broadcast", "average", "none")
 
 
@@ -50,7 +52,8 @@ class BufferSync:
     def __call__(self) -> None:
         if not self.active:
             return
-        with torch.no_grad():
+        # Traced as a wait: the training thread blocks on this collective (beside the ring in flight, on the wire).
+        with torch.no_grad(), trace.span("buffer sync", "wait"):
             for (dtype, _device), tensors in self._groups.items():
                 flat = torch.cat([t.reshape(-1) for t in tensors])
                 if self.mode == "average" and dtype.is_floating_point:

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from pipesgd import trace
 from pipesgd.handles import Work
 
 _STOP = object()
@@ -34,7 +35,8 @@ class StreamWork(Work):
 
     def wait(self, timeout: float | None = None):
         try:
-            return super().wait(timeout)
+            with trace.span("wait", "wait"):  # the caller blocked on the background ring (its exposed part)
+                return super().wait(timeout)
         finally:
             # On success and on error alike: the caller's stream must not touch the job's tensors (or free
             # them) before the kernels the job queued on the side stream have run.
@@ -61,7 +63,7 @@ class CommWorker:
         if self._stream is not None:
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(self.device))
-        self._jobs.put((fn, args, work, ready))
+        self._jobs.put((fn, args, work, ready, trace.current_step()))
         return work
 
     def is_alive(self) -> bool:
@@ -79,14 +81,18 @@ class CommWorker:
     def _loop(self) -> None:
         if self._stream is not None:
             torch.cuda.set_device(self.device)
+        trace.name_thread("comm")
         while True:
             job = self._jobs.get()
             if job is _STOP:
                 return
-            fn, args, work, ready = job
+            fn, args, work, ready, step = job
             start = time.perf_counter()
             try:
-                with torch.profiler.record_function("pipesgd::allreduce"):
+                # One span per job, labelled with the trainer step that submitted it (on CUDA it covers the
+                # host side of the job: the kernels it queues may still run on the side stream afterwards).
+                with trace.span(getattr(fn, "__name__", "job"), "comm", {"step": step}), \
+                        torch.profiler.record_function("pipesgd::allreduce"):
                     if self._stream is None:
                         result = fn(*args)
                     else:

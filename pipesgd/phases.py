@@ -1,11 +1,14 @@
 """Opt-in wall-clock accumulators for the phases of the communication path (wire wait, codec, error feedback,
 pack/unpack, finite check): what the pipeline benchmark splits an iteration's comm-thread time into.
 Off by default; while off, ``timed`` hands back one shared no-op context, so the ring pays one global read.
+While ``pipesgd-train --trace`` records (``pipesgd.trace``) and accounting is off, each phase is a trace span instead.
 """
 from __future__ import annotations
 
 import contextlib
 import time
+
+from pipesgd import trace
 
 __all__ = ["PHASES", "enable", "enabled", "reset", "snapshot", "timed"]
 
@@ -34,7 +37,7 @@ class _Timer:
 def timed(phase: str):
     """A context that adds its wall time to ``phase`` while accounting is on (a shared no-op otherwise)."""
     if not _on:
-        return _OFF
+        return trace.span(phase, "phase") if trace.enabled() else _OFF
     if phase not in _totals:
         raise ValueError(f"unknown phase {phase!r}; valid: {', '.join(PHASES)}")
     return _Timer(phase)

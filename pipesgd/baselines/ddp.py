@@ -6,7 +6,9 @@ its communication wait cannot be separated from compute: ``last_stats.t_wait_s``
 ``t_compute`` holds backward plus all exposed communication. ``t_update_s`` is the optimizer step.
 ``bytes_sent`` is what a ring allreduce sends per rank for one gradient of M bytes, 2(p-1)/p * M,
 halved by the fp16 compression hook (the hook's payload is half precision; DDP's backend may use another
-algorithm than a ring, so this is the ring-equivalent volume, comparable across modes).
+algorithm than a ring, so this is the ring-equivalent volume, comparable across modes). With PowerSGD it is
+counted per bucket as the hook communicates (``pipesgd.baselines.ddp_hooks``): plain allreduce for its first
+``start_powerSGD_iter`` backward passes, then the uncompressed tensors plus the P and Q factors.
 """
 from __future__ import annotations
 
@@ -18,14 +20,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from pipesgd.accounting import StepStats
+from pipesgd.baselines.ddp_hooks import DDP_HOOKS, build_hook, ring_allreduce_bytes
 from pipesgd.defaults import BUCKET_MB
 
-DDP_HOOKS = ("none", "fp16")  # the comm hooks this adapter registers (the trainer's --ddp-hook choices)
-
-
-def ring_allreduce_bytes(n_bytes: int, world_size: int) -> int:
-    """Bytes one rank sends in a ring allreduce of ``n_bytes``: reduce-scatter plus all-gather."""
-    return 0 if world_size <= 1 else int(2 * (world_size - 1) * n_bytes / world_size)
+__all__ = ["DDPOptimizer", "DDP_HOOKS", "ring_allreduce_bytes"]
 
 
 class DDPOptimizer:
@@ -33,25 +31,33 @@ class DDPOptimizer:
     (``pipesgd.wrapper.OptimizerWrapper``).
 
     Forward through ``ddp.model`` (the wrapped module) so that backward averages the gradients.
+    ``powersgd_rank``, ``powersgd_start`` and ``seed`` configure the ``powersgd`` hook (PyTorch's
+    ``PowerSGDState``: rank, plain allreduce for the first ``max(2, powersgd_start)`` backward passes, RNG seed).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: nn.Module, hook: str = "none",
                  bucket_mb: float = BUCKET_MB, process_group: dist.ProcessGroup | None = None,
-                 device_ids: list[int] | None = None) -> None:
+                 device_ids: list[int] | None = None, powersgd_rank: int = 2, powersgd_start: int = 2,
+                 seed: int = 0) -> None:
         if hook not in DDP_HOOKS:
             raise ValueError(f"unknown DDP hook {hook!r} (valid: {', '.join(DDP_HOOKS)})")
+        if powersgd_rank < 1:
+            raise ValueError(f"powersgd_rank must be at least 1 (got {powersgd_rank})")
         self.optimizer = optimizer
         self.hook = hook
         self.model = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=bucket_mb,
                                              process_group=process_group)
-        if hook == "fp16":
-            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
-
-            self.model.register_comm_hook(process_group, fp16_compress_hook)
         self.world_size = dist.get_world_size(process_group)
+        built = build_hook(hook, process_group, self.world_size, powersgd_rank=powersgd_rank,
+                           start_iter=powersgd_start, seed=seed)
+        self.hook_state, self._counted = built if built is not None else (None, None)
+        if self._counted is not None:
+            self.model.register_comm_hook(self.hook_state, self._counted)
         raw = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         self.compression_ratio = 2.0 if hook == "fp16" else 1.0
+        self._raw_bytes_per_step = ring_allreduce_bytes(raw, self.world_size)
         self._bytes_per_step = ring_allreduce_bytes(int(raw / self.compression_ratio), self.world_size)
+        self._counts_bytes = hook == "powersgd"  # its volume changes at its start iteration: counted per bucket
         self._step = 0
         self.last_stats = StepStats(step=-1, applied_step=None)
 
@@ -63,9 +69,11 @@ class DDPOptimizer:
         """Apply this step's gradient (already averaged by DDP during backward)."""
         start = time.perf_counter()
         self.optimizer.step()
-        stats = StepStats(step=self._step, applied_step=self._step, t_wait_s=0.0,
-                          t_update_s=time.perf_counter() - start, bytes_sent=self._bytes_per_step,
-                          compression_ratio=self.compression_ratio)
+        t_update = time.perf_counter() - start
+        sent = self._counted.take_bytes() if self._counts_bytes else self._bytes_per_step
+        ratio = self._raw_bytes_per_step / sent if self._counts_bytes and sent else self.compression_ratio
+        stats = StepStats(step=self._step, applied_step=self._step, t_wait_s=0.0, t_update_s=t_update,
+                          bytes_sent=sent, compression_ratio=ratio)
         self._step += 1
         self.last_stats = stats
         return stats
@@ -85,6 +93,11 @@ class DDPOptimizer:
                 "world_size": self.world_size}
 
     def load_state_dict(self, state: dict) -> None:
+        if self.hook == "powersgd":
+            # PowerSGD's residuals and warm-start factors are keyed by DDP bucket, and DDP rebuilds its buckets
+            # after the first iteration, so a resumed run's first step could meet them with another layout.
+            raise ValueError("resuming a DDP run with the powersgd hook is not supported: PowerSGD's error-feedback "
+                             "and warm-start state is keyed to DDP's bucket layout, which DDP rebuilds on restart")
         for key, mine in (("hook", self.hook), ("world_size", self.world_size)):
             if state.get(key) != mine:
                 raise ValueError(f"DDP state does not match: {key} is {state.get(key)!r}, expected {mine!r}")

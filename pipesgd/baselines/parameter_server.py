@@ -39,6 +39,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from pipesgd import trace
 from pipesgd.accounting import StepStats
 from pipesgd.baselines.ps_protocol import (
     DONE, HEADER_FIXED, PULL, PUSH, REPLY_LEN, TAG_GRAD, TAG_REPLY, TAG_REQUEST, TAG_WEIGHTS,
@@ -271,14 +272,15 @@ class ParameterServer:
         t0 = time.perf_counter()
         header = self._header(PUSH | PULL, self._step, 0, 1)
         sends, recvs, n_bytes = [], [], 0
-        for k, layout in enumerate(self.layouts):
-            out = layout.pack(grads, self._buf(("grad", k), layout))
-            sends += [dist.isend(header, dst=layout.server, group=self.group, tag=TAG_REQUEST)]
-            sends += [dist.isend(b, dst=layout.server, group=self.group, tag=TAG_GRAD) for b in out]
-            inb = self._buf(("weights", k), layout)
-            recvs += [dist.irecv(b, src=layout.server, group=self.group, tag=TAG_WEIGHTS) for b in inb]
-            n_bytes += header.numel() * 8 + layout.n_bytes
-        wait_all(sends + recvs, f"step {self._step}: push to and pull from servers {self.server_ranks}")
+        with trace.span("push", "comm"):
+            for k, layout in enumerate(self.layouts):
+                out = layout.pack(grads, self._buf(("grad", k), layout))
+                sends += [dist.isend(header, dst=layout.server, group=self.group, tag=TAG_REQUEST)]
+                sends += [dist.isend(b, dst=layout.server, group=self.group, tag=TAG_GRAD) for b in out]
+                inb = self._buf(("weights", k), layout)
+                recvs += [dist.irecv(b, src=layout.server, group=self.group, tag=TAG_WEIGHTS) for b in inb]
+                n_bytes += header.numel() * 8 + layout.n_bytes
+        wait_all(sends + recvs, f"step {self._step}: push to and pull from servers {self.server_ranks}", traced="pull")
         for k, layout in enumerate(self.layouts):
             layout.unpack(self._bufs[("weights", k)], self.params)
         return StepStats(self._step, self._step, t_wait_s=time.perf_counter() - t0, bytes_sent=n_bytes)
@@ -304,7 +306,7 @@ class ParameterServer:
             # Step 2: one request per server; pushes may stay in flight, pulls are waited for.
             t0 = time.perf_counter()
             self._wait_pending()
-            replies, recvs = {}, []
+            replies, recvs, posted_ns = {}, [], time.time_ns()
             for k, layout in enumerate(self.layouts):
                 if layout.server == self.rank:
                     if push:
@@ -326,8 +328,9 @@ class ParameterServer:
                     replies[k] = torch.zeros(REPLY_LEN, dtype=torch.float64)
                     recvs += [dist.irecv(replies[k], src=layout.server, group=self.group, tag=TAG_REPLY)]
                     recvs += [dist.irecv(b, src=layout.server, group=self.group, tag=TAG_WEIGHTS) for b in self._buf(("weights", k), layout)]
+            trace.record("push" if push else "request", posted_ns, time.time_ns(), "comm")
             if pull:
-                wait_all(recvs, f"step {step}: pulling weights from servers {self.server_ranks}")
+                wait_all(recvs, f"step {step}: pulling weights from servers {self.server_ranks}", traced="pull")
                 self._wait_pending()
             if flush:
                 self._wait_pending()
@@ -357,7 +360,7 @@ class ParameterServer:
 
     def _wait_pending(self) -> None:
         pending, self._pending = self._pending, []
-        wait_all([w for works, _ in pending for w in works], "pushing gradients to the servers")
+        wait_all([w for works, _ in pending for w in works], "pushing gradients to the servers", traced="wait")
 
     # -- helpers -----------------------------------------------------------------------------------
     def _header(self, flags: int, step: int, version: int, n_acc: int) -> torch.Tensor:

@@ -16,10 +16,13 @@ Messages (all tensors on CPU; ``H`` = number of hyperparameter slots of the opti
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from pipesgd import trace
 
 # Step 0: request flags (a bit set, carried as a float64 in the header).
 PUSH = 1
@@ -129,8 +132,14 @@ class HyperSchema:
             optimizer.param_groups[g][key] = tuple(vals) if kind is tuple else (int(vals[0]) if kind is int and vals[0].is_integer() else float(vals[0]))
 
 
-def wait_all(works: list, what: str) -> None:
-    """Wait for gloo work handles; on failure say what was awaited (a dead or silent peer, a timeout)."""
+def wait_all(works: list, what: str, traced: str = "") -> None:
+    """Wait for gloo work handles; on failure say what was awaited (a dead or silent peer, a timeout).
+    ``traced``: mark the wait as a span of that name (category "wait") while ``pipesgd.trace`` records."""
+    with trace.span(traced, "wait") if traced else contextlib.nullcontext():
+        _wait_each(works, what)
+
+
+def _wait_each(works: list, what: str) -> None:
     for w in works:
         try:
             w.wait()

@@ -3,6 +3,8 @@
 A ``ShardServer`` owns the authoritative weights of one shard and applies updates with the wrapped
 torch optimizer. ``sync_round`` serves one synchronous step of every live worker; ``serve_async``
 applies pushes as they arrive (Downpour SGD) until every worker has said it is done.
+Traced (``pipesgd.trace``): receive, apply and send spans, on the "server" row for ``serve_async``; the workers
+(``parameter_server``) mark push, pull (blocked on the weights) and wait (blocked on earlier pushes).
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import time
 
 import torch
 import torch.distributed as dist
+
+from pipesgd import trace
 
 from pipesgd.baselines.ps_protocol import (
     DONE,
@@ -117,6 +121,9 @@ class ShardServer:
         send DONE leave ``live``. Returns the bytes sent and seconds spent waiting and updating.
         """
         t0 = time.perf_counter()
+        trace.set_step(step)  # a dedicated server's trace window follows the workers' steps
+        receive = trace.span("receive", "server")
+        receive.__enter__()
         order = sorted(live)
         n_hdr = HEADER_FIXED + self.hyper.length
         headers = {w: bufs.setdefault(("hdr", w), torch.zeros(n_hdr, dtype=torch.float64)) for w in order}
@@ -134,9 +141,12 @@ class ShardServer:
             [dist.irecv(b, src=w, group=group, tag=TAG_GRAD) for w in pushers for b in grads[w]],
             f"receiving step {step}'s gradients from workers {pushers}",
         )
+        receive.__exit__(None, None, None)
         contributions = ([local] if local is not None else []) + [grads[w] for w in pushers]
         t_update, n_sent = 0.0, 0
         if contributions:
+            apply = trace.span("apply", "server")
+            apply.__enter__()
             # Step 3: average in a fixed order (co-located worker first, then by rank) and update.
             mean = bufs.setdefault("mean", self.layout.empty_buffers())
             for k, m in enumerate(mean):
@@ -146,39 +156,47 @@ class ShardServer:
                 m.div_(len(contributions))
             hyper = headers[pushers[0]][HEADER_FIXED:] if (self.hyper_from_header and pushers) else None
             t_update = self.apply(mean, hyper, self.version, self.layout.server, step)
+            apply.__exit__(None, None, None)
             # Step 4: send the new weights to every worker that asked for them.
             pullers = [w for w in pushers if flags[w] & PULL]
-            out = self.layout.pack(self.masters, bufs.setdefault("out", self.layout.empty_buffers()))
-            wait_all(
-                [dist.isend(b, dst=w, group=group, tag=TAG_WEIGHTS) for w in pullers for b in out],
-                f"sending step {step}'s weights to workers {pullers}",
-            )
+            with trace.span("send", "server"):
+                out = self.layout.pack(self.masters, bufs.setdefault("out", self.layout.empty_buffers()))
+                wait_all(
+                    [dist.isend(b, dst=w, group=group, tag=TAG_WEIGHTS) for w in pullers for b in out],
+                    f"sending step {step}'s weights to workers {pullers}",
+                )
             n_sent = len(pullers) * self.layout.n_bytes
         return {"bytes_sent": n_sent, "t_update_s": t_update, "t_wait_s": time.perf_counter() - t0 - t_update}
 
     # -- asynchronous mode (Downpour) -------------------------------------------------------------
     def serve_async(self, group, live: set[int]) -> None:
         """Answer requests from any worker, one at a time, until every worker in ``live`` is done."""
+        trace.name_thread("server")  # its own row (a co-located server runs this on a thread of its own)
         header = torch.zeros(HEADER_FIXED + self.hyper.length, dtype=torch.float64)
         grads = self.layout.empty_buffers()
         out = self.layout.empty_buffers()
         while live:
             src = recv_any(header, group, TAG_REQUEST, f"server rank {self.layout.server} waiting for a request from workers {sorted(live)}")
             flags, step, pulled_version = int(header[0]), int(header[1]), int(header[2])
+            trace.set_step(step)  # the trace window follows the workers' steps (a dedicated server has none)
+            args = {"worker": src, "step": step}
             if flags & PUSH:
-                wait_all(
-                    [dist.irecv(b, src=src, group=group, tag=TAG_GRAD) for b in grads],
-                    f"receiving the gradient pushed by worker rank {src} at its step {step}",
-                )
+                with trace.span("receive", "server", args):
+                    wait_all(
+                        [dist.irecv(b, src=src, group=group, tag=TAG_GRAD) for b in grads],
+                        f"receiving the gradient pushed by worker rank {src} at its step {step}",
+                    )
                 hyper = header[HEADER_FIXED:].clone() if self.hyper_from_header else None
-                self.apply(grads, hyper, pulled_version, src, step)
+                with trace.span("apply", "server", args):
+                    self.apply(grads, hyper, pulled_version, src, step)
             if flags & PULL:
-                version = self.read(out)
-                reply = self.reply_for(src, version)
-                wait_all(
-                    [dist.isend(reply, dst=src, group=group, tag=TAG_REPLY)]
-                    + [dist.isend(b, dst=src, group=group, tag=TAG_WEIGHTS) for b in out],
-                    f"sending weights to worker rank {src}",
-                )
+                with trace.span("send", "server", args):
+                    version = self.read(out)
+                    reply = self.reply_for(src, version)
+                    wait_all(
+                        [dist.isend(reply, dst=src, group=group, tag=TAG_REPLY)]
+                        + [dist.isend(b, dst=src, group=group, tag=TAG_WEIGHTS) for b in out],
+                        f"sending weights to worker rank {src}",
+                    )
             if flags & DONE:
                 live.discard(src)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from pipesgd import trace
 from pipesgd.replica_check import ReplicaDivergenceError
 from pipesgd.uneven import UnevenInputsError
 
@@ -97,6 +98,8 @@ def run(cfg: TrainConfig, ds, rank: int, world_size: int, local_rank: int, debug
     _seed(cfg.seed)  # identical initial weights on every rank
     model = build_model(cfg.model, ds.input_shape, ds.num_classes, hidden=cfg.hidden).to(device)
     _seed(cfg.seed * 1009 + rank + 1)  # per-rank randomness from here on (dropout)
+    if cfg.trace:  # before the wrappers exist: some register trace hooks only while tracing (DDP's comm hook)
+        trace.enable(rank, cfg.trace_window)
     strategy = build_strategy(cfg, model, device)
     metrics, watchdog = None, None
     try:
@@ -106,7 +109,10 @@ def run(cfg: TrainConfig, ds, rank: int, world_size: int, local_rank: int, debug
             resumed_at = checkpoint.restore(cfg.checkpoint, rank, run_id, model, strategy.opt, device)
         start = resumed_at or Position()
         if strategy.serve is not None:
+            trace.name_thread("server")
             strategy.serve()  # a dedicated parameter server: its own waits carry the timeout
+            if cfg.trace:
+                trace.write(cfg.trace, rank, world_size)
             return
         metrics = MetricsWriter(cfg.metrics, rank, world_size)
         # Some waits (gloo point-to-point) have no deadline of their own: no progress for --timeout s fails.
@@ -128,6 +134,8 @@ def run(cfg: TrainConfig, ds, rank: int, world_size: int, local_rank: int, debug
                                  resumed_at_step=start.step if resumed_at is not None else None)
             write_config_files(cfg)
         summary = train(cfg, ds, model, strategy, device, metrics, rank, world_size, start, watchdog)
+        if cfg.trace:
+            trace.write(cfg.trace, rank, world_size)
         if summary is not None:
             metrics.write_summary(summary)
             print(format_summary(cfg, summary), flush=True)

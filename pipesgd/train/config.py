@@ -20,6 +20,7 @@ from pipesgd.atomic import write_text_atomic
 from pipesgd.baselines.ddp import DDP_HOOKS
 from pipesgd.buffers import BUFFER_MODES
 from pipesgd.defaults import BUCKET_MB, NEEDS_ERROR_FEEDBACK, WARMUP_STEPS
+from pipesgd.trace import parse_steps
 
 from .data import DATASETS, DATASETS_WITH_DIR
 from .models import MODELS
@@ -57,11 +58,16 @@ class TrainConfig:
     width: int = _field(2, "pipeline width K for mode=pipe; mode=sync always uses 1")
     compression: str = _field("none", "codec on every ring hop (pipe/sync only)", compression.available)
     error_feedback: bool = _field(False, "keep the compression residual and add it to the next gradient")
-    ddp_hook: str = _field("none", "DDP communication hook (mode=ddp only)", lambda: DDP_HOOKS)
+    ddp_hook: str = _field("none", "DDP communication hook (mode=ddp only): fp16 casts each bucket to half, "
+                           "powersgd is PyTorch's powerSGD_hook (low-rank, error feedback and warm start on, plain "
+                           "allreduce for the first max(2, --warmup-steps) steps, seeded by --seed)",
+                           lambda: DDP_HOOKS)
+    powersgd_rank: int = _field(2, "--ddp-hook powersgd: rank of the low-rank approximation (1-4 typical)")
     servers: int = _field(0, "parameter-server modes: dedicated server ranks (0 = rank 0 serves and trains)")
     push_every: int = _field(1, "ps-async (Downpour): push accumulated gradients every n steps")
     pull_every: int = _field(1, "ps-async (Downpour): pull fresh parameters every m steps")
-    warmup_steps: int = _field(WARMUP_STEPS, "mode=pipe: synchronous steps before the pipeline opens")
+    warmup_steps: int = _field(WARMUP_STEPS, "mode=pipe: synchronous steps before the pipeline opens; "
+                               "--ddp-hook powersgd: uncompressed steps before PowerSGD starts (at least 2)")
     bucket_mb: float = _field(BUCKET_MB, "gradient bucket size in MiB (pipe/sync/ddp)")
     check_replicas: int = _field(0, "pipe/sync: compare weights and synced buffers across ranks every N steps "
                                  "(0 = never)")
@@ -108,6 +114,10 @@ class TrainConfig:
     checkpoint: str = _field("", "checkpoint directory (one file per rank); empty = no checkpoints")
     checkpoint_every: int = _field(0, "also checkpoint every N steps (0 = only at the end)")
     resume: bool = _field(False, "continue from the checkpoint in --checkpoint (fresh start if none exists)")
+    trace: str = _field("", "write a Chrome/Perfetto trace of each rank's threads to FILE (FILE.rankN.json with "
+                        "world size > 1); merge with: python -m pipesgd.trace merge OUT.json FILE.rank*.json")
+    trace_steps: str = _field("", "with --trace: the steps A:B traced (A included, B not); empty = the 6 steps "
+                              "from --warmup-steps + 2")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -123,6 +133,13 @@ class TrainConfig:
     @property
     def resolved_backend(self) -> str:
         return self.backend or ("nccl" if self.device == "cuda" else "gloo")
+
+    @property
+    def trace_window(self) -> tuple[int, int]:
+        """The steps [A, B) that --trace records."""
+        if self.trace_steps:
+            return parse_steps(self.trace_steps)
+        return self.warmup_steps + 2, self.warmup_steps + 8
 
     @property
     def effective_width(self) -> int:
@@ -179,6 +196,20 @@ class TrainConfig:
                               "(1-bit SGD does not converge without it)")
         if self.ddp_hook != "none" and self.mode != "ddp":
             raise ConfigError(f"--ddp-hook applies to --mode ddp only, not {self.mode}")
+        if self.powersgd_rank < 1:
+            raise ConfigError(f"--powersgd-rank must be at least 1 (got {self.powersgd_rank})")
+        if self.powersgd_rank != 2 and self.ddp_hook != "powersgd":
+            raise ConfigError("--powersgd-rank applies to --mode ddp --ddp-hook powersgd only")
+        if self.resume and self.ddp_hook == "powersgd":
+            raise ConfigError("--resume with --ddp-hook powersgd is not supported: PowerSGD's error-feedback and "
+                              "warm-start state is keyed to DDP's bucket layout, which DDP rebuilds on restart")
+        if self.trace_steps:
+            if not self.trace:
+                raise ConfigError("--trace-steps needs --trace FILE")
+            try:
+                parse_steps(self.trace_steps)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         if self.servers and self.mode not in PS_TRAIN_MODES:
             raise ConfigError(f"--servers applies to --mode {'|'.join(PS_TRAIN_MODES)} only, not {self.mode}")
         if (self.push_every != 1 or self.pull_every != 1) and self.mode != "ps-async":

@@ -6,6 +6,8 @@ Timing of one iteration: ``t_compute`` is forward + backward (on CUDA timed by e
 ``step_timer``, so the ring in flight on the side stream is not counted; in ``ddp`` mode it includes DDP's
 allreduce, which runs inside backward), ``t_wait`` and
 ``t_update`` come from the ``StepStats`` that ``opt.step()`` returns, ``t_iter`` spans data slicing to ``zero_grad()``.
+With ``--trace`` the loop marks its spans on the "main" row (``pipesgd.trace``): data, compute, opt.step (inside
+it the wrappers mark wait and update), eval; no span adds a synchronisation.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from pipesgd import trace
 
 from . import checkpoint, faults
 from .checkpoint import Position, RunIdentity
@@ -81,23 +85,29 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
     compute = ComputeTimer(device)
     model.train()
 
+    fetch_ns = time.time_ns()  # when the next batch was asked for (the traced data span starts there)
     while pos.step < total_steps:
         batches = shard_batches(ds, pos.epoch, cfg.seed, strategy.worker_rank, strategy.num_workers,
                                 cfg.batch_size, start_step=pos.step_in_epoch)
         for x, y in batches:
             if pos.step >= total_steps:
                 break
+            trace.set_step(pos.step)
+            step_arg = {"step": pos.step}
             faults.inject(rank, pos.step)
             t0, cpu0 = time.perf_counter(), time.process_time()
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            trace.record("data", fetch_ns, time.time_ns(), "data", args=step_arg)
             # forward / backward (DDP averages gradients in here)
             t1 = time.perf_counter()
-            compute.start()
-            loss = forward_backward(strategy.forward_model, x, y, cfg.accumulate, strategy.precision)
-            t_compute = compute.stop()
+            with trace.span("compute", "compute", step_arg):
+                compute.start()
+                loss = forward_backward(strategy.forward_model, x, y, cfg.accumulate, strategy.precision)
+                t_compute = compute.stop()
             # the optimizer wrapper: hand off this step's gradients, apply the averaged ones that are due
-            stats = opt.step()
-            opt.zero_grad()
+            with trace.span("opt.step", "step", step_arg):
+                stats = opt.step()
+                opt.zero_grad()
             t3, cpu3 = time.perf_counter(), time.process_time()
             loss_value = float(loss.detach())
             times = StepTimes(t_iter_s=t3 - t0, t_compute_s=t_compute, t_data_s=t1 - t0, t_cpu_s=cpu3 - cpu0)
@@ -112,13 +122,15 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
             end_of_epoch = pos.advance(spe)
             if leader and end_of_epoch and cfg.eval_every and pos.epoch % cfg.eval_every == 0 \
                     and pos.step < total_steps:
-                accuracy, eval_loss = evaluate(model, ds, device)
+                with trace.span("eval", "eval"):
+                    accuracy, eval_loss = evaluate(model, ds, device)
                 metrics.write_eval(pos, accuracy, eval_loss)
                 progress.message(f"epoch {pos.epoch}: test accuracy {100 * accuracy:.1f} %, loss {eval_loss:.4f}")
             if cfg.checkpoint and cfg.checkpoint_every and pos.step % cfg.checkpoint_every == 0 \
                     and pos.step < total_steps:
                 checkpoint.save_run(cfg.checkpoint, rank, run, model, opt, pos)
             watchdog.beat()  # evaluation and checkpoints count as progress too
+            fetch_ns = time.time_ns()
     progress.close()
 
     # The final checkpoint is taken before flush(): it holds the in-flight gradients in the optimizer

@@ -8,6 +8,8 @@ validated against.
 """
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -16,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipesgd import trace
 from pipesgd.baselines.ddp import DDPOptimizer
 from pipesgd.baselines.parameter_server import MODES as PS_MODES
 from pipesgd.baselines.parameter_server import ParameterServer
@@ -67,6 +70,23 @@ def build_inner_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Opt
     return OPTIMIZERS[cfg.optimizer](cfg, model)
 
 
+def trace_updates(optimizer: torch.optim.Optimizer) -> None:
+    """While tracing, mark each ``optimizer.step()`` as an "update" span on the thread that runs it (torch's
+    step pre/post hooks: the wrappers call the inner optimizer, so every mode's update is marked alike)."""
+    started: dict[int, int] = {}  # thread id -> start (ns) of the step in progress on that thread
+
+    def pre(*_) -> None:
+        started[threading.get_ident()] = time.time_ns()
+
+    def post(*_) -> None:
+        start = started.pop(threading.get_ident(), None)
+        if start is not None:
+            trace.record("update", start, time.time_ns(), "update")
+
+    optimizer.register_step_pre_hook(pre)
+    optimizer.register_step_post_hook(post)
+
+
 # -- the wrappers, by --mode ------------------------------------------------------------------------
 def _ring(cfg: TrainConfig, inner: torch.optim.Optimizer, model: nn.Module, device: torch.device,
           precision: Precision) -> Strategy:
@@ -83,7 +103,8 @@ def _ring(cfg: TrainConfig, inner: torch.optim.Optimizer, model: nn.Module, devi
 def _ddp(cfg: TrainConfig, inner: torch.optim.Optimizer, model: nn.Module, device: torch.device,
          precision: Precision) -> Strategy:
     device_ids = [device.index] if device.type == "cuda" else None
-    opt = DDPOptimizer(inner, model, hook=cfg.ddp_hook, bucket_mb=cfg.bucket_mb, device_ids=device_ids)
+    opt = DDPOptimizer(inner, model, hook=cfg.ddp_hook, bucket_mb=cfg.bucket_mb, device_ids=device_ids,
+                       powersgd_rank=cfg.powersgd_rank, powersgd_start=cfg.warmup_steps, seed=cfg.seed)
     return Strategy(opt, opt.model, dist.get_rank(), dist.get_world_size(), precision=precision)
 
 
@@ -114,7 +135,10 @@ def build_strategy(cfg: TrainConfig, model: nn.Module, device: torch.device) -> 
     """The wrapper of ``cfg.mode`` around a fresh inner optimizer (a collective: every rank calls it), with the
     run's precision (``--amp``) and, with ``--compile``, the forward compiled (the wrapper stays outside it)."""
     precision = build_precision(cfg.amp, device)
-    strategy = _BUILDERS[cfg.mode](cfg, build_inner_optimizer(cfg, model), model, device, precision)
+    inner = build_inner_optimizer(cfg, model)
+    if trace.enabled():
+        trace_updates(inner)
+    strategy = _BUILDERS[cfg.mode](cfg, inner, model, device, precision)
     if cfg.compile:
         strategy.forward_model = torch.compile(strategy.forward_model)
     return strategy
