@@ -2,13 +2,15 @@
 pipe (width 2) on 4 emulated nodes with ``pipesgd-train --trace`` and writes the trimmed spans of a few
 iterations after the warm-up (all ranks, all threads) to ``experiments/results/timeline/timeline.json``.
 
-    python experiments/timeline.py                    # root: 4 nodes at 100 Mbit/s (about 2 minutes)
+    python experiments/timeline.py                    # root: 4 nodes at 100 Mbit/s (about 5 minutes)
     python experiments/timeline.py --loopback         # quick profile: 4 local ranks, no root, no shaping
 
-Workload: ResNet-20 on digits, batch 32 per worker, one thread per process, at 100 Mbit/s. Chosen by measuring
-(see experiments/README.md): its 1.1 MB gradient takes a 100 Mbit/s ring about as long as a forward+backward on
-one core of this machine, so overlap (or its absence) is visible; at 1 Gbit/s communication almost vanishes
-behind compute, and AlexNet's large fully connected layers make communication dominate at 100 Mbit/s.
+Workload: ResNet-20 on digits, batch 32 per worker, one thread per process, at 100 Mbit/s, chosen by measuring
+on the 2-core machine (sync, rank 0's medians): about 130 ms of forward + backward against about 100 ms blocked
+on the allreduce of its 1.1 MB gradient per iteration, so overlap (or its absence) is visible. AlexNet on digits
+at 1 Gbit/s was comparable too (760 ms compute, 470 ms waiting) but its pipe run's comm threads fought the
+compute for the two cores (pipe 1.47 s per iteration against sync 1.34 s). ResNet-20's BatchNorm buffers are
+broadcast on the training thread every step in pipe and sync (the figure marks that wait).
 """
 from __future__ import annotations
 
