@@ -111,3 +111,22 @@ def _refuses_resume(rank: int, world: int) -> str:
 
 def test_the_wrapper_refuses_to_load_powersgd_state():
     assert "not supported" in run_ranks(_refuses_resume, 1, timeout_s=100)[0]
+
+
+def _bucket_caps(rank: int, world: int) -> tuple[float, float, int]:
+    model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(4)])  # ~1 MiB of gradient
+    powersgd = DDPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, hook="powersgd",
+                            bucket_mb=0.25, powersgd_start=2)
+    plain = DDPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, hook="none", bucket_mb=0.25)
+    gen = torch.Generator().manual_seed(rank)
+    for _ in range(4):  # past PowerSGD's start: P and Q allreduces chained per bucket
+        nn.functional.mse_loss(powersgd.model(torch.randn(8, 256, generator=gen)), torch.zeros(8, 256)).backward()
+        powersgd.step()
+        powersgd.zero_grad()
+    return powersgd.bucket_mb, plain.bucket_mb, powersgd.hook_state.iter
+
+
+def test_powersgd_on_gloo_gets_one_bucket_and_trains():
+    (one, plain, iters), _ = run_ranks(_bucket_caps, 2, timeout_s=150)
+    grad_mb = 4 * (256 * 256 + 256) * 4 / 2**20
+    assert one == pytest.approx(grad_mb + 1.0) and plain == 0.25 and iters >= 4
