@@ -55,9 +55,13 @@ def plot_bytes(data: dict, cell: str, ax) -> None:
 
 def plot_accuracy_vs_wall(data: dict, cell: str, ax) -> None:
     """Test accuracy of each evaluation against seconds since the trainer started, one line per variant."""
-    for r in runs_of(data, cell):
+    import matplotlib
+
+    colours = matplotlib.colormaps["tab20"]  # 11 variants: the default 10-colour cycle would repeat one
+    for i, r in enumerate(runs_of(data, cell)):
         points = [p for p in r.get("curve", []) if p.get("accuracy") is not None]
-        ax.plot([p["wall_s"] for p in points], [p["accuracy"] for p in points], marker=".", label=r["variant"])
+        ax.plot([p["wall_s"] for p in points], [p["accuracy"] for p in points], marker=".", label=r["variant"],
+                color=colours(i % 20), ls="-" if r["variant"].startswith("pipe") else "--")
     target = data["config"].get("target_accuracy")
     if target:
         ax.axhline(target, color="0.5", ls="--", lw=1, label=f"target {target:g}")

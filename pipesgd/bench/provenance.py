@@ -36,7 +36,10 @@ def _commit() -> str:
     head = _git("rev-parse", "--short=12", "HEAD")
     if not head:
         return "unknown"
-    return head + ("+dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
+    changed = [line[3:] for line in _git("status", "--porcelain", "--untracked-files=no").splitlines()]
+    # results being written (and figures drawn from them) are not code: only other changes make a result dirty
+    code = [path for path in changed if not path.startswith((RESULTS_SUBDIR + "/", "experiments/figures/"))]
+    return head + ("+dirty" if code else "")
 
 
 def _cpu_model() -> str:

@@ -1,0 +1,116 @@
+"""The README's figures, drawn from the committed results only (``experiments/results/``) with the same package
+functions the notebooks use, written as PNGs under ``experiments/figures/``.
+
+    python experiments/figures.py                 # every figure whose result is committed
+    python experiments/figures.py --only timeline
+
+Each figure names, in ``experiments/figures/README.md``, the result it was drawn from and that result's own
+provenance (command, date, machine, commit). Needs the notebooks extra (matplotlib).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from pipesgd.atomic import write_text_atomic
+from pipesgd.bench.provenance import find_results, read_result
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "figures")
+
+
+def _comparison_panels(data: dict, fig_cells: list[str], panel: str):
+    """One panel per cell (those of ``fig_cells`` the result has, else its first two), drawn by ``panel``."""
+    import matplotlib.pyplot as plt
+
+    from pipesgd.bench import comparison_plot
+
+    draw = getattr(comparison_plot, panel)
+    chosen = [c for c in fig_cells if c in comparison_plot.cells(data)] or comparison_plot.cells(data)[:2]
+    fig, axes = plt.subplots(1, len(chosen), figsize=(7 * len(chosen), 4.4), squeeze=False)
+    for ax, cell in zip(axes[0], chosen):
+        draw(data, cell, ax)
+    fig.tight_layout()
+    return fig
+
+
+def _model_scatter(data: dict):
+    import matplotlib.pyplot as plt
+
+    from pipesgd.bench.comparison_plot import plot_model_scatter
+
+    fig, ax = plt.subplots(figsize=(6.5, 6.5))
+    plot_model_scatter(data, ax)
+    fig.tight_layout()
+    return fig
+
+
+def _accuracy(result: dict, which: str):
+    from pipesgd.bench import accuracy_plot
+
+    return accuracy_plot.figure_widths(result) if which == "widths" else accuracy_plot.figure_codecs(result)
+
+
+def _timeline(result: dict):
+    from pipesgd.bench.timeline_plot import draw_timeline
+
+    return draw_timeline(result)
+
+
+# figure name: (committed result, drawing function of the loaded result)
+FIGURES = {
+    "comparison_split": ("comparison/runs.json",
+                         lambda d: _comparison_panels(d, ["alexnet-1gbit", "resnet20-100mbit"], "plot_split")),
+    "comparison_accuracy": ("comparison/runs.json",
+                            lambda d: _comparison_panels(d, ["resnet20-100mbit", "lenet-100mbit"],
+                                                                   "plot_accuracy_vs_wall")),
+    "model_scatter": ("comparison/runs.json", _model_scatter),
+    "accuracy_widths": ("accuracy/accuracy.json", lambda d: _accuracy(d, "widths")),
+    "accuracy_codecs": ("accuracy/accuracy.json", lambda d: _accuracy(d, "codecs")),
+    "timeline": ("timeline/timeline.json", _timeline),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", help=f"comma list of figures, of {', '.join(FIGURES)}")
+    parser.add_argument("--out", default=OUT)
+    args = parser.parse_args(argv)
+    names = [n for n in (args.only or ",".join(FIGURES)).split(",") if n]
+    bad = [n for n in names if n not in FIGURES]
+    if bad:
+        parser.error(f"unknown figure {', '.join(bad)}; valid: {', '.join(FIGURES)}")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+    except ImportError:
+        print("figures: error: matplotlib is missing (pip install -e '.[notebooks]')", file=sys.stderr)
+        return 1
+    os.makedirs(args.out, exist_ok=True)
+    index = ["# Figures drawn by `python experiments/figures.py` from committed results", ""]
+    for name in names:
+        source, draw = FIGURES[name]
+        try:
+            path = find_results(source)
+            data = read_result(path)
+        except (FileNotFoundError, ValueError) as error:
+            print(f"figures: error: {name}: {error}", file=sys.stderr)
+            return 1
+        fig = draw(data)
+        png = os.path.join(args.out, f"{name}.png")
+        tmp = png + ".tmp.png"
+        fig.savefig(tmp, dpi=90)
+        os.replace(tmp, png)  # atomically: a reader sees the old figure or the new one
+        origin = data["provenance"]
+        index.append(f"- `{name}.png` from `experiments/results/{source}`: `{origin['command']}` "
+                     f"({origin['date']}, commit {origin['commit']}, {origin['machine'].get('cpu')}, "
+                     f"{origin['machine'].get('cores')} cores)")
+        print(f"figures: wrote {png}", file=sys.stderr)
+    if not args.only:
+        write_text_atomic(os.path.join(args.out, "README.md"), "\n".join(index) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

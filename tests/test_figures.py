@@ -1,0 +1,33 @@
+"""experiments/figures.py draws the README's figures from committed results and refuses bad input in one line."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
+
+
+def _figures(*args):
+    return subprocess.run([sys.executable, str(ROOT / "experiments" / "figures.py"), *args], capture_output=True,
+                          text=True, env=ENV, timeout=300)
+
+
+def test_unknown_figure_is_one_line_error(tmp_path):
+    proc = _figures("--only", "nope", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "unknown figure nope; valid: comparison_split" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_every_figure_draws_from_committed_results(tmp_path):
+    pytest.importorskip("matplotlib", reason="the notebooks extra is not installed")
+    proc = _figures("--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert pngs == sorted(["accuracy_codecs.png", "accuracy_widths.png", "comparison_accuracy.png",
+                           "comparison_split.png", "model_scatter.png", "timeline.png"])
+    assert all((tmp_path / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    index = (tmp_path / "README.md").read_text()
+    assert index.count("- `") == 6 and "commit" in index
