@@ -158,16 +158,23 @@ def test_each_mode_traces_its_rows(mode, traced):
 
 
 @pytest.mark.slow
-def test_pipe_comm_of_step_t_overlaps_compute_of_step_t_plus_1(traced):
+def test_pipe_exchange_of_step_t_lies_between_its_submit_and_its_apply(traced):
+    """Width 2's order, read from real events (no timing assumption: whether the exchange of step t actually
+    overlaps step t+1's compute depends on thread scheduling): it starts after step t's backward ended, and it has
+    ended by the end of step t+1's opt.step, which applies it."""
+    slack_us = 1.0  # rounding of the microsecond timestamps
     for rank in (0, 1):
         _, spans, threads = _rows(traced("pipe").replace(".json", f".rank{rank}.json"))
         compute_end = {e["args"]["step"]: e["ts"] + e["dur"] for e in spans if e["name"] == "compute"}
+        step_end = {e["args"]["step"]: e["ts"] + e["dur"] for e in spans
+                    if e["name"] == "opt.step" and threads[e["tid"]] == "main"}
         comm = [e for e in spans if threads[e["tid"]] == "comm" and e["name"] == "exchange"]
         checked = 0
         for e in comm:
             t = e["args"]["step"]
-            if t + 1 in compute_end:
-                assert e["ts"] < compute_end[t + 1], (t, e)
+            if t in compute_end and t + 1 in step_end:
+                assert e["ts"] >= compute_end[t] - slack_us, (t, e)
+                assert e["ts"] + e["dur"] <= step_end[t + 1] + slack_us, (t, e)
                 checked += 1
         assert checked >= 4
 
