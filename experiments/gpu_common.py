@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from pipesgd.launch import free_port
+from pipesgd.launch import exit_process, free_port
 from pipesgd.train.models import BasicBlock, build_model
 
 CIFAR_SHAPE, CLASSES = (3, 32, 32), 10
@@ -51,6 +51,7 @@ def check_backend(backend: str, ranks: int, device_kind: str) -> None:
 def _entry(rank: int, world: int, port: int, backend: str, fn: Callable, args: tuple) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     _run(fn, backend, args)
+    exit_process(0)  # no interpreter teardown racing gloo's threads (see pipesgd.launch.exit_process)
 
 
 def _run(fn: Callable, backend: str, args: tuple) -> None:

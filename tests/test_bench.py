@@ -73,7 +73,8 @@ def test_fidelity_summary_and_report_flag_the_points_over_the_threshold():
     points = [_point("sync", 0.100, 0.104), _point("pipe", 0.050, 0.060), _point("ddp", 0.080, 0.078)]
     stats = summary(points, 0.10)
     assert stats == {"runs": 3, "median_abs_error": pytest.approx(0.04), "max_abs_error": pytest.approx(0.2),
-                     "over_flag": 1, "flag": 0.10}
+                     "signed_mean_error": pytest.approx((0.04 + 0.2 - 0.025) / 3), "too_fast": 1, "too_slow": 2,
+                     "bias": None, "over_flag": 1, "flag": 0.10}
     text = markdown(points, [{"bandwidth": "1gbit", "nodes": 4, "variant": "pipe", "reason": "timeout"}], stats,
                     "# header")
     assert "| 1gbit | 2 | pipe | 50.0 | 60.0 | +20.0 % | bandwidth-bound |" in text

@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from pipesgd.run_files import run_name
 
 from .calibration import Calibration, host_terms
+from .errors import error_summary
 from .modes import MODES, ModeResult
 from .params import CODEC_RATIOS
 from .predict import Scenario, predict
@@ -258,7 +259,5 @@ def validate_runs(runs: list[RunRecord], cal: Calibration, base: Scenario | None
 
 
 def summarise(checks: list[RunCheck]) -> dict:
-    """Median and maximum |error| over runs."""
-    errors = [abs(c.error) for c in checks]
-    return {"runs": len(checks), "median_abs_error": statistics.median(errors) if errors else math.nan,
-            "max_abs_error": max(errors) if errors else math.nan}
+    """``errors.error_summary`` of the runs' errors: median and max |error|, signed mean, bias."""
+    return error_summary([c.error for c in checks])

@@ -3,9 +3,8 @@ on the wire, accuracy and time to target of every variant with the timing model'
 (``speedup``); the model's error summary; and the whole grid's wall-time estimate (``comparison_store``)."""
 from __future__ import annotations
 
-import statistics
-
 from pipesgd.bench.speedup import markdown_tables
+from timing_model.errors import error_summary, summary_line
 
 __all__ = ["ms", "cell_tables", "model_errors", "model_summary", "estimate_table", "report"]
 
@@ -60,11 +59,8 @@ def model_errors(data: dict) -> list[dict]:
 
 
 def model_summary(data: dict, flag: float = 0.10) -> dict:
-    """Median and max |error| of the model's predictions, and how many lie over ``flag``."""
-    errors = [abs(p["error"]) for p in model_errors(data)]
-    return {"runs": len(errors), "median_abs_error": statistics.median(errors) if errors else None,
-            "max_abs_error": max(errors) if errors else None, "over_flag": sum(e > flag for e in errors),
-            "flag": flag}
+    """``timing_model.errors.error_summary`` of the model's predictions, with how many lie over ``flag``."""
+    return error_summary([p["error"] for p in model_errors(data)], flag)
 
 
 def estimate_table(total_s: float, rows: list[dict]) -> str:
@@ -89,7 +85,5 @@ def report(data: dict) -> str:
              f"(provenance: {data['provenance']['command']}, {data['provenance']['date']})", "",
              cell_tables(data), markdown_tables(data["runs"])]
     if stats["runs"]:
-        lines.append(f"Timing model: {stats['runs']} runs predicted, median |error| "
-                     f"{100 * stats['median_abs_error']:.1f} %, max {100 * stats['max_abs_error']:.1f} %, "
-                     f"{stats['over_flag']} over {100 * stats['flag']:.0f} %\n")
+        lines.append(f"Timing model, {summary_line(stats)}\n{stats['over_flag']} runs over {100 * stats['flag']:.0f} %\n")
     return "\n".join(lines)

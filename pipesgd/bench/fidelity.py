@@ -24,6 +24,7 @@ from pipesgd.cluster.units import parse_bandwidth
 from pipesgd.results import load_run
 from pipesgd.run_files import metrics_files
 from timing_model.calibration import host_terms, read_calibration
+from timing_model.errors import error_summary
 from timing_model.validation import predict_run, read_runs, validate_runs
 
 __all__ = ["FidelitySettings", "BREAKDOWN", "log", "write_json_atomic", "calibrate_argv", "calibrate_in", "calibrate",
@@ -194,8 +195,5 @@ def run_cell(bandwidth: str, nodes: int, variants: list[str], settings: Fidelity
 
 
 def summary(points: list[dict], flag: float) -> dict:
-    """Median and max |error| over the points, and how many lie over ``flag``."""
-    errors = [abs(p["error"]) for p in points]
-    return {"runs": len(points), "median_abs_error": statistics.median(errors) if errors else None,
-            "max_abs_error": max(errors) if errors else None,
-            "over_flag": sum(e > flag for e in errors), "flag": flag}
+    """``timing_model.errors.error_summary`` of the points, with how many lie over ``flag``."""
+    return error_summary([p["error"] for p in points], flag)

@@ -2,6 +2,8 @@
 predicted-vs-measured scatter plot (matplotlib, optional)."""
 from __future__ import annotations
 
+from timing_model.errors import summary_line
+
 __all__ = ["ms", "opt_ms", "markdown", "scatter"]
 
 
@@ -23,8 +25,7 @@ def markdown(points: list[dict], failures: list[dict], stats: dict, header: str)
         lines.append(f"| {p['bandwidth']} | {p['nodes']} | {p['variant']} | {ms(p['measured_s'])} | "
                      f"{ms(p['predicted_s'])} | {100 * p['error']:+.1f} % | {p['predicted']['regime']} |")
     if stats["runs"]:
-        lines += ["", f"runs: {stats['runs']}, median |error| {100 * stats['median_abs_error']:.1f} %, "
-                      f"max |error| {100 * stats['max_abs_error']:.1f} % (targets: 5 % / 15 %)"]
+        lines += ["", summary_line(stats)]
     flagged = [p for p in points if abs(p["error"]) > stats["flag"]]
     if flagged:
         lines += ["", f"## Points over {100 * stats['flag']:.0f} %: model breakdown vs measured (ms)", "",

@@ -27,7 +27,7 @@ from pipesgd.baselines.ddp import DDPOptimizer
 from pipesgd.buckets import build_buckets, pack_gradients
 from pipesgd.compression import ErrorFeedback
 from pipesgd.exchange import GradientExchange
-from pipesgd.launch import run_on_ranks
+from pipesgd.launch import exit_process, run_on_ranks
 from pipesgd.measure.timing import time_collective
 from pipesgd.optimizer import PipeSGD
 from pipesgd.options import PipeSGDOptions
@@ -248,4 +248,4 @@ def settings_json(settings: PipelineSettings) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())  # torchrun ranks after DDP rows: no teardown racing gloo's threads

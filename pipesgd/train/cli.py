@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from pipesgd import trace
+from pipesgd.launch import exit_process
 from pipesgd.replica_check import ReplicaDivergenceError
 from pipesgd.uneven import UnevenInputsError
 
@@ -176,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         run(cfg, ds, rank, world_size, local_rank, debug)
     except BaseException as exc:  # noqa: BLE001 - classified in fail(); bugs keep their traceback
         fail(exc, cfg, rank, world_size, debug)
-    # Step 4: leave together. A rank that tears its connections down while a peer is still evaluating or
-    # flushing was seen to abort in gloo's teardown ("terminate called without an active exception").
+    # Step 4: leave together, so no rank tears its connections down while a peer is still evaluating or flushing.
+    # (The console entry then ends without interpreter teardown: see entry().)
     try:
         dist.barrier()
     except Exception as exc:  # noqa: BLE001 - a peer that vanished after finishing its work
@@ -185,6 +186,12 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(1)
     dist.destroy_process_group()
     return 0
+
+
+def entry() -> None:
+    """The ``pipesgd-train`` / ``python -m pipesgd.train`` entry: ``main()``, then the process ends without the
+    interpreter's teardown, which can abort after a DDP run (``pipesgd.launch.exit_process`` says why)."""
+    exit_process(main())
 
 
 _fail_lock = threading.Lock()

@@ -7,6 +7,7 @@ from dataclasses import asdict
 
 from .. import tables
 from ..calibration import read_calibration
+from ..errors import summary_line
 from ..validation import read_runs, summarise, validate_runs
 from .flags import FORMAT_FLAG
 
@@ -36,8 +37,8 @@ def run(args: argparse.Namespace) -> str:
         return json.dumps({"runs": rows, "summary": summary}, indent=2) + "\n"
     if args.format == "csv":
         extra = [{"run": "(median |error|)", "error": summary["median_abs_error"]},
-                 {"run": "(max |error|)", "error": summary["max_abs_error"]}]
+                 {"run": "(max |error|)", "error": summary["max_abs_error"]},
+                 {"run": "(signed mean error)", "error": summary["signed_mean_error"]}]
         return tables.render(rows + extra, "csv")
     return (tables.render(rows, "markdown", title="Predicted vs measured median iteration time")
-            + f"\nruns: {summary['runs']}, median |error|: {100 * summary['median_abs_error']:.2f} %, "
-              f"max |error|: {100 * summary['max_abs_error']:.2f} %\n")
+            + "\n" + summary_line(summary) + "\n")
