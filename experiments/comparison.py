@@ -5,6 +5,7 @@ the speedup tables and the timing model against every run.
     python experiments/comparison.py --cells lenet-1gbit --variants sync,pipe --resume
     python experiments/comparison.py --report                       # tables from the committed runs.json, no runs
     python experiments/comparison.py --estimate                     # the grid's wall time from the runs.json
+    python experiments/comparison.py --rescore                      # re-make records + predictions from raw metrics
 
 Per cell: cluster up and TCP throughput, one calibration (``--no-model`` skips it), one ``pipesgd-train`` run per
 variant; runs.json (committed, ``experiments/results/comparison/``) is re-written after every run, raw metrics and
@@ -18,7 +19,7 @@ import signal
 import sys
 from dataclasses import replace
 
-from pipesgd.bench.comparison import run_grid
+from pipesgd.bench.comparison import rescore, run_grid
 from pipesgd.bench.comparison_config import load_config, select
 from pipesgd.bench.comparison_report import estimate_table, report
 from pipesgd.bench.comparison_store import ResultStore, estimate_wall
@@ -56,6 +57,9 @@ def main() -> int:
     parser.add_argument("--no-model", action="store_true", help="no calibration, no predictions")
     parser.add_argument("--report", action="store_true", help="print the tables of the result; run nothing")
     parser.add_argument("--estimate", action="store_true", help="print the config grid's wall time from the result")
+    parser.add_argument("--rescore", action="store_true",
+                        help="re-make every finished run's record and prediction from its raw metrics under --out "
+                             "and its cell's calibration (after a model change); run nothing")
     parser.add_argument("--estimate-from", help="comma list of runs.json files to estimate from (default: the result)")
     args = parser.parse_args()
     try:
@@ -82,6 +86,18 @@ def main() -> int:
             runs = [r for d in loaded for r in d["runs"]]
             cells = {k: v for d in loaded for k, v in d["cells"].items()}
             print(estimate_table(*estimate_wall(cfg, runs, cells)))
+        return 0
+    if args.rescore:
+        try:
+            store = ResultStore(cfg.result, cfg)
+            remade, kept = rescore(store, cfg.skip, cfg.target_accuracy)
+        except (OSError, ValueError) as error:
+            print(f"comparison: {error}", file=sys.stderr)
+            return 1
+        for why in kept:
+            print(f"comparison: kept as recorded: {why}", file=sys.stderr)
+        print(f"comparison: re-made {remade} runs in {cfg.result}; {len(kept)} kept as recorded", file=sys.stderr)
+        print(report(store.data | {"provenance": store.origin}))
         return 0
     if os.geteuid() != 0:
         print("comparison: the emulated cluster needs root (ip netns, tc); --report and --estimate do not",

@@ -13,7 +13,8 @@ Per (bandwidth, nodes) cell:
   Step 3: one `pipesgd-train` run per variant (own timeout; a failed run is reported and skipped).
   Step 4: `timing_model.validation.validate_runs` predicts each run from the cell's calibration (network
           fit, codec speeds, host terms κ, κc, copy rate, hand-off) and the run's own median compute and
-          update time, and compares with its median iteration time (slowest rank). A ddp run is predicted
+          update time, and compares with its median iteration time (each step's mean over ranks:
+          the period). A ddp run is predicted
           from the compute of the cell's sync run (the library's `compute_overrides`: DDP's t_compute
           holds its in-backward allreduce).
 Then: per-run table, median and max |error|, the breakdown of every point over --flag (10 %), and

@@ -43,23 +43,40 @@ def write_metrics(path, steps=8, ranks=2, t_iter=(0.10, 0.12), compute=(0.04, 0.
 
 # ------------------------------------------------------------------------------------------------------------
 # Tidy records
-def test_step_split_takes_the_slowest_rank_and_medians_after_skip(tmp_path):
+def test_step_split_takes_the_mean_over_ranks_and_medians_after_skip(tmp_path):
     run = load_run(write_metrics(tmp_path / "a.jsonl"))
     split = step_split(run, skip=2)
     assert split["steps_kept"] == 6
-    # slowest rank: t_iter 0.12 + step ms, steps 2..7 -> median of 0.122..0.127 = 0.1245
-    assert split["t_iter_s"] == pytest.approx(0.1245)
-    assert split["compute_s"] == pytest.approx(0.051)  # t_compute + t_data of the slower rank
+    # mean over the ranks: t_iter (0.10 + 0.12) / 2 + step ms, steps 2..7 -> median of 0.112..0.117 = 0.1145
+    assert split["t_iter_s"] == pytest.approx(0.1145)
+    assert split["compute_s"] == pytest.approx(0.046)  # mean of the ranks' t_compute + t_data
     assert split["update_s"] == pytest.approx(0.01)
-    assert split["exposed_comm_s"] == pytest.approx(0.1245 - 0.051 - 0.01)
+    assert split["exposed_comm_s"] == pytest.approx(0.1145 - 0.046 - 0.01)
     assert split["bytes_per_iter"] == 2000  # all ranks' bytes per step
     with pytest.raises(ValueError, match="no step records"):
         step_split(run, skip=8)
 
 
+def test_step_split_is_the_period_of_a_lockstep_run_whose_wait_moves_between_ranks(tmp_path):
+    """Two ranks in lockstep, 0.1 s per step: the wait lands on rank 0 on even steps and on rank 1 on odd ones.
+    Each step's slowest rank says 0.12 s; the period is 0.1 s, which the mean over ranks gives."""
+    stem = tmp_path / "lockstep"
+    for rank in range(2):
+        lines = [{"type": "config", "world_size": 2, "mode": "sync", "grad_bytes": 1000}] if rank == 0 else []
+        for step in range(10):
+            long = (step + rank) % 2 == 0
+            lines.append({"type": "step", "step": step, "rank": rank, "t_iter": 0.12 if long else 0.08,
+                          "t_compute": 0.03, "t_update": 0.01, "wall": 0.1 * (step + 1)})
+        (tmp_path / f"lockstep.rank{rank}.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    run = load_run(str(stem) + ".jsonl")
+    assert max(run.per_step("t_iter")) == pytest.approx(0.12)  # what the slowest rank per step would report
+    assert step_split(run, skip=0)["t_iter_s"] == pytest.approx(0.1)
+    assert run.iteration_s() == pytest.approx(0.1)
+
+
 def test_run_record_throughput_accuracy_and_time_to_target(tmp_path):
     rec = run_record(load_run(write_metrics(tmp_path / "a.jsonl")), skip=2, target=0.9)
-    assert rec["throughput_sps"] == pytest.approx(2 * 32 / 0.1245)
+    assert rec["throughput_sps"] == pytest.approx(2 * 32 / 0.1145)
     assert rec["final_accuracy"] == 0.93 and rec["final_loss"] == pytest.approx(0.07)
     assert rec["time_to_target_s"] == 3.0 and rec["reached_target"]
     assert rec["steps"] == 8 and rec["params"] == 250 and rec["train_wall_s"] == 3.5
@@ -205,7 +222,31 @@ def test_report_from_hand_made_result(tmp_path):
     assert model_summary(data)["over_flag"] == 1
     assert model_summary(data)["median_abs_error"] == pytest.approx(0.125)
     text = report(data)
-    assert "| pipe | 124.5 |" in text and "Headline" in text
+    assert "| pipe | 114.5 |" in text and "Headline" in text
+
+
+def test_rescore_remakes_records_from_raw_metrics_and_keeps_the_rest(tmp_path, monkeypatch):
+    from pipesgd.bench.comparison import rescore
+
+    monkeypatch.chdir(tmp_path)  # records hold metrics paths relative to the repository root
+    cfg = small_cfg(tmp_path)
+    store = ResultStore(cfg.result, cfg)
+    os.makedirs("cell")
+    write_metrics(tmp_path / "cell" / "sync.jsonl", t_iter=(0.20, 0.30))
+    stale = {"cell": "lenet-1gbit", "workload": "lenet", "bandwidth": "1gbit", "variant": "sync", "status": "ok",
+             "flags": ["--mode", "sync"], "metrics": "cell/sync.jsonl", "run_wall_s": 9.0, "t_iter_s": 1.0,
+             "model": {"predicted_s": 1.0}}
+    gone = {**stale, "variant": "pipe", "metrics": "cell/pipe.jsonl"}
+    failed = {"cell": "lenet-1gbit", "variant": "ddp", "status": "failed", "reason": "exit code 1"}
+    for record in (stale, gone, failed):
+        store.put_run(record)
+    remade, kept = rescore(store, skip=2, target=0.9)
+    assert remade == 1 and len(kept) == 1 and "pipe" in kept[0] and "no raw metrics" in kept[0]
+    by = {r["variant"]: r for r in read_result(cfg.result)["runs"]}
+    assert by["sync"]["t_iter_s"] == pytest.approx(0.2545)  # re-read: (0.20 + 0.30) / 2 + step 4.5 ms
+    assert by["sync"]["flags"] == ["--mode", "sync"] and by["sync"]["run_wall_s"] == 9.0
+    assert by["sync"]["model"] is None and "no calibration" in by["sync"]["model_note"]
+    assert by["pipe"] == gone and by["ddp"] == failed
 
 
 def test_predict_leaves_ddp_hooks_to_a_note(tmp_path):

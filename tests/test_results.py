@@ -1,4 +1,4 @@
-"""Reading a run's metrics back: per-step figures over ranks (slowest rank, or the total over ranks).
+"""Reading a run's metrics back: per-step figures over ranks (slowest rank, mean or total over ranks).
 
 The files are written by the trainer's own writer, so writer and reader naming cannot drift apart.
 """
@@ -27,6 +27,7 @@ def test_per_step_reduces_over_ranks_and_a_resumed_step_counts_once(tmp_path):
     assert run.per_step("t_iter") == [2.0, 3.0, 9.0]  # the slowest rank; rank 0's last record of step 2
     assert run.per_step("t_cpu", skip=1, over_ranks=sum) == [1.5, 1.25]
     assert run.median("t_iter", skip=1) == 6.0
+    assert run.iteration_s(skip=1) == 4.5  # median of the steps' means over ranks: (3 + 2) / 2 and (9 + 4) / 2
     with pytest.raises(ValueError, match="no step records"):
         run.median("t_wait")
     with pytest.raises(FileNotFoundError):

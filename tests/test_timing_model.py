@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import math
 import os
 import random
@@ -399,6 +400,19 @@ def test_validate_synthetic_runs(tmp_path):
     assert by_mode["sync"].error == pytest.approx(1 / 1.10 - 1, abs=0.005)
     summary = summarise(checks)
     assert summary["runs"] == 2 and summary["max_abs_error"] == pytest.approx(abs(1 / 1.10 - 1), abs=0.005)
+
+
+def test_measured_is_the_period_not_the_slowest_rank_per_step(tmp_path):
+    """Lockstep ranks whose wait moves between them: measured = the median step's mean over ranks (0.1 s, the
+    period), while the model's compute input stays each step's slowest rank."""
+    for rank in range(2):
+        lines = [{"type": "config", "mode": "sync", "world_size": 2, "grad_bytes": 8e6}] if rank == 0 else []
+        lines += [{"type": "step", "step": s, "rank": rank, "t_iter": 0.12 if (s + rank) % 2 else 0.08,
+                   "t_compute": 0.03 + 0.01 * rank, "t_update": 0.001} for s in range(10)]
+        (tmp_path / f"lock.rank{rank}.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    (run,) = read_runs([str(tmp_path / f"lock.rank{r}.jsonl") for r in range(2)], skip=3)
+    assert statistics.median(run.t_iter) == pytest.approx(0.1)
+    assert run.t_compute == pytest.approx((0.04,) * 7)
 
 
 def test_validate_rejects_bad_metrics(tmp_path):

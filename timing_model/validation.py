@@ -11,9 +11,12 @@ or ``RUN.rankN.jsonl`` per rank; files that differ only in ``.rankN`` form one r
 - ``{"type": "step", "step", "rank", "mode", "t_iter", "t_compute", "t_wait", "t_update", "bytes_sent"}``.
   Other record types are skipped.
 
-Per run: the first ``skip`` steps are dropped (for pipe, at least the config's ``warmup_steps``); each step
-counts its slowest rank (max over ranks of t_iter, t_compute + t_data, t_update, so the straggler is inside
-the measurement; ``t_data``, batch loading, is local work like compute); measured = median step t_iter.
+Per run: the first ``skip`` steps are dropped (for pipe, at least the config's ``warmup_steps``). Measured =
+the median over steps of the **mean over ranks** of t_iter: in lockstep training every rank's step times add up
+to the same wall-clock, so the mean is the step's period, while the per-step maximum adds each step's jitter
+(it overstated the comparison grid's iteration times by 5-25 %; ``pipesgd.results``). The model's inputs count
+each step's slowest rank (max over ranks of t_compute + t_data and of t_update: the straggler gates a
+synchronous step, so it is inside the prediction; ``t_data``, batch loading, is local work like compute).
 Config ``servers`` follows ``pipesgd-train``: 0 = rank 0 serves and trains (co-located), k > 0 dedicated. The prediction uses the calibrated network terms, the codec speeds of the calibration and the
 run's own median compute and update times, so it tests the communication and overlap model only.
 
@@ -52,7 +55,7 @@ class RunRecord:
     mode: str
     nodes: int
     grad_bytes: float
-    t_iter: tuple[float, ...]  # per kept step, slowest rank
+    t_iter: tuple[float, ...]  # per kept step, mean over ranks (the step's period)
     t_compute: tuple[float, ...]
     t_update: tuple[float, ...]
 
@@ -149,9 +152,10 @@ def read_runs(paths: list[str], skip: int = 3) -> list[RunRecord]:
         nodes = int(config.get("num_workers") or config.get("world_size") or len(ranks))
         order = sorted(by_step)
         pick = lambda key: tuple(max(_number(r, key, name) for r in by_step[s]) for s in order)  # noqa: E731
+        period = tuple(statistics.fmean(_number(r, "t_iter", name) for r in by_step[s]) for s in order)
         local = tuple(max(_number(r, "t_compute", name) + _optional(r, "t_data") for r in by_step[s]) for s in order)
         runs.append(RunRecord(name, config, mode, nodes, _grad_bytes(config, steps, nodes, mode, name),
-                              pick("t_iter"), local, pick("t_update")))
+                              period, local, pick("t_update")))
     return runs
 
 

@@ -9,6 +9,9 @@ Per cell (one workload at one bandwidth), ``run_cell``:
           calibration and the run's own compute and update medians, the model's prediction
           (``timing_model.validation``; a ddp run borrows the compute of the cell's sync run) go into runs.json,
           which is re-written after every run. A failed run is recorded as failed with its log and the grid goes on.
+
+``rescore`` re-makes every finished run's record and prediction from its raw metrics and its cell's calibration
+(after a change to how a run is read or to the timing model), running nothing.
 """
 from __future__ import annotations
 
@@ -31,7 +34,8 @@ from pipesgd.run_files import metrics_files, run_name
 from timing_model.calibration import read_calibration
 from timing_model.validation import predict_run, read_runs, validate_runs
 
-__all__ = ["log", "run_grid", "run_cell", "predict", "failure_hint", "embeddable_calibration", "MODEL_FREE"]
+__all__ = ["log", "run_grid", "run_cell", "rescore", "predict", "failure_hint", "embeddable_calibration",
+           "MODEL_FREE"]
 
 # Variants the timing model cannot predict: it has no DDP communication hooks (it would predict plain ddp).
 _NO_HOOKS = "the timing model has no DDP comm hooks"
@@ -39,6 +43,9 @@ MODEL_FREE = {"ddp+fp16": _NO_HOOKS, "ddp+powersgd": _NO_HOOKS}
 # config keys timing_model.validation.scenario_for reads (kept in each prediction's inputs)
 SCENARIO_KEYS = ("mode", "compression", "width", "error_feedback", "bucket_mb", "overlap_fraction", "servers",
                  "ps_colocated", "warmup_steps")
+# what the grid records about a run beside its figures (kept by ``rescore``)
+_RUN_KEYS = ("cell", "workload", "architecture", "bandwidth", "nodes", "variant", "flags", "metrics", "log", "status",
+             "run_wall_s")
 MAX_EMBEDDED_CALIBRATION = 16_000  # bytes of calibration kept per cell in runs.json (so a notebook can re-predict)
 
 
@@ -188,6 +195,39 @@ def run_cell(cfg: GridConfig, workload: Workload, bandwidth: str, store: ResultS
             log(f"{progress[0]}/{total} {cell} {variant}: {1e3 * record['t_iter_s']:.1f} ms/iter{note}, "
                 f"acc {record['final_accuracy']}, to target {'-' if tta is None else f'{tta:.1f} s'} "
                 f"({seconds:.0f} s)")
+
+
+def rescore(store: ResultStore, skip: int, target: float) -> tuple[int, list[str]]:
+    """Re-make the record and prediction of every finished run in ``store`` whose raw metrics are on this machine
+    (its cell's ``calib.json`` beside them), keeping what the grid recorded about the run (flags, paths, wall time);
+    saved once at the end. Returns (runs re-made, why each other finished run was kept as it was)."""
+    remade, kept = 0, []
+    runs = [r for r in store.data["runs"] if r.get("status") == "ok"]
+    present = {(r["cell"], r["variant"]): r["metrics"] for r in runs if metrics_files(r["metrics"])}
+    for old in runs:
+        key = (old["cell"], old["variant"])
+        if key not in present:
+            kept.append(f"{old['cell']} {old['variant']}: no raw metrics at {old['metrics']}")
+            continue
+        done = {v: path for (cell, v), path in present.items() if cell == old["cell"]}
+        calib = os.path.join(os.path.dirname(old["metrics"]), "calib.json")
+        try:
+            record = run_record(load_run(old["metrics"]), skip=skip, target=target)
+        except (ValueError, KeyError, json.JSONDecodeError) as error:
+            kept.append(f"{old['cell']} {old['variant']}: unreadable metrics: {error}")
+            continue
+        prediction = predict(done, old["variant"], calib, skip) if os.path.exists(calib) else {
+            "model": None, "model_note": "not predicted (no calibration)"}
+        base = {k: old[k] for k in _RUN_KEYS if k in old}
+        store.data["runs"] = [r if (r["cell"], r["variant"]) != key else {**base, **record, **prediction}
+                              for r in store.data["runs"]]
+        remade += 1
+    for cell, folder in {cell: os.path.dirname(path) for (cell, _), path in present.items()}.items():
+        calib = os.path.join(folder, "calib.json")
+        if os.path.exists(calib) and store.data["cells"].get(cell, {}).get("calibration"):
+            store.data["cells"][cell]["calibration"] = embeddable_calibration(calib)
+    store.save()
+    return remade, kept
 
 
 def run_grid(cfg: GridConfig, store: ResultStore, *, resume: bool, model: bool) -> int:

@@ -24,7 +24,7 @@ def runs_of(data: dict, cell: str) -> list[dict]:
 
 
 def plot_split(data: dict, cell: str, ax) -> None:
-    """Stacked bars: compute / exposed communication / update, ms per iteration (median, slowest rank)."""
+    """Stacked bars: compute / exposed communication / update, ms per iteration (median over steps of the mean over ranks)."""
     runs = runs_of(data, cell)
     names = [r["variant"] for r in runs]
     bottom = [0.0] * len(runs)

@@ -1,9 +1,11 @@
 """One tidy record per run of the comparison grid, from the run's per-rank metrics (``pipesgd.results.Run``).
 
-Every step counts its slowest rank; medians are over the steps from ``skip`` on (after the warm-up). The split:
-compute = forward + backward + batch loading (for ddp this holds DDP's allreduce, which runs inside backward),
-update = the optimizer step, exposed communication = t_iter - compute - update per step (for ddp only what DDP
-leaves after backward). Accuracy against wall-clock time comes from the evaluation records (``wall``: seconds
+Every step counts the mean over its ranks (the average rank's step: in lockstep training every rank's step
+times add up to the same wall-clock, so the mean is the step's period, where the slowest rank per step would add
+the step's jitter; ``pipesgd.results``); medians are over the steps from ``skip`` on (after the warm-up). The
+split: compute = forward + backward + batch loading (for ddp this holds DDP's allreduce, which runs inside
+backward), update = the optimizer step, exposed communication = t_iter - compute - update (for ddp only what DDP
+leaves after backward; for every mode it includes waiting for a slower rank). Accuracy against wall-clock time comes from the evaluation records (``wall``: seconds
 since the reporting rank's trainer started); time to target is the ``wall`` of the first evaluation at or above
 the target, None when no evaluation reached it.
 """
@@ -33,7 +35,7 @@ def _num(record: dict, key: str) -> float:
 
 
 def step_split(run: Run, skip: int) -> dict:
-    """Medians over the kept steps (slowest rank per step) of t_iter, compute, update and exposed communication,
+    """Medians over the kept steps (mean over ranks per step) of t_iter, compute, update and exposed communication,
     and of the bytes all ranks sent per step; raises ``ValueError`` when no step is left after ``skip``."""
     steps = _by_step(run, skip)
     if not steps:
@@ -41,9 +43,10 @@ def step_split(run: Run, skip: int) -> dict:
     iters, computes, updates, exposed, sent = [], [], [], [], []
     for step in sorted(steps):
         ranks = steps[step].values()
-        t_iter = max(_num(r, "t_iter") for r in ranks)
-        compute = max(_num(r, "t_compute") + _num(r, "t_data") for r in ranks)
-        update = max(_num(r, "t_update") for r in ranks)
+        mean = statistics.fmean
+        t_iter = mean(_num(r, "t_iter") for r in ranks)
+        compute = mean(_num(r, "t_compute") + _num(r, "t_data") for r in ranks)
+        update = mean(_num(r, "t_update") for r in ranks)
         iters.append(t_iter)
         computes.append(compute)
         updates.append(update)

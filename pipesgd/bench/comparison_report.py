@@ -45,8 +45,8 @@ def cell_tables(data: dict) -> str:
                          f"{' %' if m else (' ' + r.get('model_note', '')) } |")
         lines.append("")
     lines += ["compute = forward + backward + batch loading (for ddp it holds DDP's allreduce, which runs inside "
-              "backward); exposed comm = iteration - compute - update; medians over the steps after the warm-up, "
-              "slowest rank per step. To target: seconds since the trainer started until the first evaluation at "
+              "backward); exposed comm = iteration - compute - update; medians over the steps after the warm-up of "
+              "each step's mean over ranks (for the iteration: the period the ranks step at). To target: seconds since the trainer started until the first evaluation at "
               "or above the target ('-': not reached within the run's steps).", ""]
     return "\n".join(lines)
 

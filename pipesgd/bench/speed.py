@@ -31,14 +31,16 @@ def run_variant(cluster: Cluster, name: str, extra: list[str], out_dir: str, tim
 
 
 def speed_table(runs: dict[str, Run], skip: int) -> tuple[str, dict]:
-    """The issue-4 speed table (markdown) and its figures from the runs of ``SPEED_VARIANTS``, each step counting
-    its slowest rank, medians over the steps from ``skip`` on."""
+    """The issue-4 speed table (markdown) and its figures from the runs of ``SPEED_VARIANTS``, medians over the steps
+    from ``skip`` on: iteration times the mean over ranks per step (``Run.iteration_s``, the period), compute the slowest rank
+    per step (what gates a synchronous step) and the sync run's allreduce alone its period less that compute and update."""
     sync = runs["sync"]
     compute_only = sync.median("t_compute", skip)
-    exposed = [i - c - u for i, c, u in zip(sync.per_step("t_iter", skip), sync.per_step("t_compute", skip),
-                                            sync.per_step("t_update", skip))]
+    # a sync step's period less its slowest rank's compute and update: the allreduce alone
+    exposed = [i - c - u for i, c, u in zip(sync.per_step("t_iter", skip, statistics.fmean),
+                                            sync.per_step("t_compute", skip), sync.per_step("t_update", skip))]
     allreduce_only = sorted(exposed)[len(exposed) // 2]
-    t_iter = {name: run.median("t_iter", skip) for name, run in runs.items()}
+    t_iter = {name: run.iteration_s(skip) for name, run in runs.items()}
     cores = os.cpu_count() or 1
     lines = ["| variant | ms / iteration | compute ms | blocked on comm ms | MB sent / rank / iter | CPU busy "
              "| vs ddp | vs ddp+fp16 |", "|---|---|---|---|---|---|---|---|"]
@@ -48,7 +50,7 @@ def speed_table(runs: dict[str, Run], skip: int) -> tuple[str, dict]:
         sent = run.median("bytes_sent", skip) / 1e6
         cpu = run.per_step("t_cpu", skip, over_ranks=sum)
         if cpu:  # all ranks' CPU seconds per step over what the machine's cores offer in that step
-            cpu_busy[name] = statistics.median(c / (cores * t) for c, t in zip(cpu, run.per_step("t_iter", skip)))
+            cpu_busy[name] = statistics.median(c / (cores * t) for c, t in zip(cpu, run.per_step("t_iter", skip, statistics.fmean)))
         busy = f"{100 * cpu_busy[name]:.0f} %" if name in cpu_busy else "-"
         lines.append(f"| {name} | {seconds * 1e3:.1f} | {run.median('t_compute', skip) * 1e3:.1f} "
                      f"| {run.median('t_wait', skip) * 1e3:.1f} | {sent:.2f} | {busy} | {t_iter['ddp'] / seconds:.2f}x "
