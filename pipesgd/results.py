@@ -4,10 +4,13 @@
 Benchmarks and notebooks use this to turn step records into per-step figures. How a step's records reduce over
 ranks depends on what is asked:
 
-- the iteration time (``iteration_s``): the **mean over ranks** of t_iter. In lockstep training (sync, ddp, pipe,
-  ps-sync) every rank's step times add up to the same wall-clock, so a step's mean over ranks is its period. The
-  per-step maximum adds each step's jitter instead (the rank that absorbed this step's wait is another rank
-  next step): on the comparison grid it overstated iteration times by 5-25 % (issue 14).
+- the iteration time (``iteration_s``, ``iteration_over_ranks``): the **mean over ranks** of t_iter. In lockstep
+  training (sync, ddp, pipe, ps-sync) every rank's step times add up to the same wall-clock, so a step's mean over
+  ranks is its period. The per-step maximum adds each step's jitter instead (the rank that absorbed this step's
+  wait is another rank next step): on the comparison grid it overstated iteration times by 5-25 % (issue 14).
+  Asynchronous workers (ps-async) are not in lockstep: a worker beside a co-located server steps ~10x faster
+  than the remote ones and finishes its steps early, so the mean mixes two paces; there the **slowest rank**
+  per step, the pace of the slowest worker, which sets the job's time (every worker runs the same steps).
 - what gates a synchronous step (compute, update): the slowest rank, ``over_ranks=max`` (the default).
 - totals (CPU seconds of all processes): ``over_ranks=sum``.
 """
@@ -19,6 +22,13 @@ import statistics
 from dataclasses import dataclass, field
 
 from pipesgd.run_files import metrics_files
+
+ASYNC_MODES = ("ps-async",)  # modes whose workers do not step in lockstep
+
+
+def iteration_over_ranks(mode: str | None):
+    """How one step's t_iter reduces over ranks for the run's iteration time (module docstring)."""
+    return max if mode in ASYNC_MODES else statistics.fmean
 
 
 @dataclass(slots=True)
@@ -50,9 +60,9 @@ class Run:
         return statistics.median(values)
 
     def iteration_s(self, skip: int = 0) -> float:
-        """The run's iteration time: median over the steps from ``skip`` on of the mean over ranks of t_iter (the
-        module docstring says why the mean, not the slowest rank)."""
-        return self.median("t_iter", skip, over_ranks=statistics.fmean)
+        """The run's iteration time: median over the steps from ``skip`` on of the mean over ranks of t_iter, or of
+        the slowest rank for asynchronous workers (the module docstring says why)."""
+        return self.median("t_iter", skip, over_ranks=iteration_over_ranks(self.config.get("mode")))
 
     @property
     def final_accuracy(self) -> float | None:

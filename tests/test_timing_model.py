@@ -205,10 +205,21 @@ def test_straggler_only_in_synchronous_modes():
     assert pred.result("ps-async").staleness == 3 and pred.result("pipe").staleness == 1
 
 
-def test_ps_async_is_bounded_by_the_server_link():
+def test_ps_async_is_bounded_by_the_full_duplex_server_link():
     s = Scenario(nodes=8, grad_bytes=100 * MB, bandwidth_Bps=gbe(10), compute_s=0.01)
     res = predict(s).result("ps-async")
-    assert res.iteration_s == pytest.approx(2 * 8 * 100 * MB / gbe(10))  # p updates at k·B_s/(2M) per s
+    # between two of a worker's updates the server's link carries the 8 workers' updates, M each direction
+    assert res.iteration_s == pytest.approx(8 * 100 * MB / gbe(10))
+    # a co-located server: 7 remote workers; two server shards halve the link's share
+    assert predict(replace(s, ps_colocated=True)).result("ps-async").iteration_s == pytest.approx(7 * 100 * MB / gbe(10))
+    assert predict(replace(s, servers=2)).result("ps-async").iteration_s == pytest.approx(4 * 100 * MB / gbe(10))
+
+
+def test_ps_async_is_the_workers_own_cycle_when_the_link_keeps_up():
+    s = Scenario(nodes=2, grad_bytes=1 * MB, bandwidth_Bps=gbe(10), compute_s=0.2, update_s=0.01)
+    res = predict(s).result("ps-async")
+    assert res.iteration_s == pytest.approx(0.21 + res.comm_total_s) and res.comm_total_s > 0
+    assert res.iteration_s > 2 * MB / gbe(10)  # the link limit is below the worker's own cycle here
 
 
 def test_sweep_covers_the_grid():

@@ -309,6 +309,21 @@ class Calibration:
         factor = _ring_factor(self.codec_ring_factors, name, nodes)
         return rate / factor if rate is not None and factor > 0 else math.inf
 
+    def ring_anchor_s(self, mode: str, compression: str, grad_bytes: float, nodes: int) -> float:
+        """The anchor of ``modes.allreduce_cost``: seconds of the trainer's allreduce of ``compression`` alone at
+        ``grad_bytes`` on ``nodes`` ranks, as the interference probe (``host['overlap']``, run at the model's
+        gradient size by ``calibrate --model``) measured it; 0 when it did not (another size, world size or
+        codec) or the mode runs another collective (parameter server; DDP with a comm hook)."""
+        if mode not in ("sync", "pipe", "ddp") or (mode == "ddp" and compression != "none"):
+            return 0.0
+        if int(self.meta.get("world_size") or 0) != nodes:
+            return 0.0
+        for row in (self.host or {}).get("overlap") or []:
+            if row.get("compression") == compression and abs(float(row.get("n_bytes", -1)) - grad_bytes) <= max(
+                    64.0, 1e-3 * grad_bytes) and (row.get("ring_alone_s") or 0) > 0:
+                return float(row["ring_alone_s"])
+        return 0.0
+
     def fit_for(self, mode: str, compression: str = "none") -> Fit:
         """Our ring serves sync and pipe with a codec on every hop; the backend's all_reduce serves
         uncompressed sync and pipe (PipeSGD's default fast path, ``allreduce="auto"``), ddp and the

@@ -30,6 +30,7 @@ class CommCost:
     last_bucket_s: float  # one bucket's collective (what DDP cannot hide)
     buckets: int  # collective calls per iteration
     message_bytes: float  # bytes of one message on the wire (for the regime label)
+    anchor_s: float = 0.0  # of total_s: the measured allreduce at this size less the α-β fit's (``allreduce_cost``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,15 +38,17 @@ class ModeResult:
     """Predicted steady-state iteration of one training mode; all times in seconds."""
 
     mode: str
-    iteration_s: float  # wall-clock seconds per iteration (sum of the seven terms below)
+    iteration_s: float  # wall-clock seconds per iteration (sum of the eight terms below)
     compute_s: float  # mean forward+backward
     straggler_s: float  # extra wait for the slowest worker, E[max] − mean
     interference_s: float  # compute slow-down from communication running alongside
     update_s: float  # optimizer step
     handoff_s: float  # packing gradients into buckets, writing them back, thread hand-off (not hidden)
+    buffers_s: float  # blocking sync of module buffers each step (sync, pipe; not hidden)
     exposed_comm_s: float  # transfer, latency and reduction time not hidden behind compute
     codec_s: float  # encode/decode time not hidden behind compute
     comm_total_s: float  # all communication including codec, hidden or not
+    anchor_s: float  # of comm_total_s: the calibration's allreduce measured at this size less the fit's (0: none)
     hidden_comm_s: float  # comm_total_s − exposed_comm_s − codec_s
     throughput_it_s: float  # iterations per second
     samples_per_s: float  # workers × batch per worker / iteration_s (0 when the batch is unknown)
@@ -71,7 +74,14 @@ def _regime(cluster: ClusterParams, message_bytes: float, comm_s: float) -> str:
 
 def allreduce_cost(cluster: ClusterParams, codec: CodecParams, schedule: ScheduleParams,
                    collective: str | None = None, per_hop: bool = True) -> CommCost:
-    """Allreduce of the whole gradient in buckets; codec per hop (our ring) or once at the ends."""
+    """Allreduce of the whole gradient in buckets; codec per hop (our ring) or once at the ends.
+
+    With ``cluster.ring_anchor_s`` = A (the calibration's probe timed this allreduce alone at this very size,
+    ``timing_model.validation.calibrated_scenario``), the fit's time F (network + codec, without error feedback) is replaced
+    by A and every part scales by A/F: T = A + T_feedback, and the breakdown's ``anchor_s`` = A − F. Why: the
+    α-β fit is a least-squares line over the calibration's sizes and misses a single size by up to 40 % on
+    fast links (latency-bound small gradients); the anchor is measured by ``calibrate``, never by the runs.
+    """
     algorithm = collective or cluster.collective
     workers, buckets = cluster.nodes, _buckets(cluster.grad_bytes, schedule.bucket_bytes)
     bucket = cluster.grad_bytes / buckets
@@ -83,8 +93,22 @@ def allreduce_cost(cluster: ClusterParams, codec: CodecParams, schedule: Schedul
     codec_s = formulas.codec_time(workers, cluster.grad_bytes, codec.encode_Bps, codec.decode_Bps, hop,
                                   codec.feedback_Bps)
     split = workers if algorithm in ("ring", "rabenseifner") else 1
-    return CommCost(one * buckets + codec_s, codec_s, one + codec_s / buckets, buckets,
-                    bucket / codec.ratio / split)
+    cost = CommCost(one * buckets + codec_s, codec_s, one + codec_s / buckets, buckets, bucket / codec.ratio / split)
+    return _anchored(cost, cluster, workers, hop, codec) if cluster.ring_anchor_s > 0 and cost.total_s > 0 else cost
+
+
+def _anchored(cost: CommCost, cluster: ClusterParams, workers: int, hop: bool, codec: CodecParams) -> CommCost:
+    """``cost`` with its fitted part (all but error feedback) scaled to the anchor (``allreduce_cost``)."""
+    feedback = cost.codec_s - formulas.codec_time(workers, cluster.grad_bytes, codec.encode_Bps, codec.decode_Bps,
+                                                  hop, math.inf)
+    fitted = cost.total_s - feedback
+    if fitted <= 0:
+        return cost
+    scale = cluster.ring_anchor_s / fitted
+    per_bucket_feedback = feedback / cost.buckets
+    return CommCost(cluster.ring_anchor_s + feedback, (cost.codec_s - feedback) * scale + feedback,
+                    (cost.last_bucket_s - per_bucket_feedback) * scale + per_bucket_feedback, cost.buckets,
+                    cost.message_bytes, cluster.ring_anchor_s - fitted)
 
 
 def ps_cost(cluster: ClusterParams, codec: CodecParams, schedule: ScheduleParams, server: ServerParams,
@@ -92,7 +116,7 @@ def ps_cost(cluster: ClusterParams, codec: CodecParams, schedule: ScheduleParams
     """Parameter-server push + pull of the whole gradient, codec once at the worker.
 
     Synchronous: all workers' flows meet at the servers. Asynchronous: one worker's own push and pull
-    (server contention is the separate server-rate limit of ``formulas.ps_async_rate``).
+    (server contention is the separate server-link limit of ``formulas.ps_async_iteration``).
     """
     workers, buckets = cluster.nodes, _buckets(cluster.grad_bytes, schedule.bucket_bytes)
     colocated = server.colocated
@@ -113,8 +137,8 @@ def ps_cost(cluster: ClusterParams, codec: CodecParams, schedule: ScheduleParams
 
 def _result(mode: str, cluster: ClusterParams, compute: ComputeParams, comm: CommCost, iteration_s: float,
             busy_s: float, interference_cap_s: float, staleness: float, straggler_s: float,
-            handoff_s: float = 0.0) -> ModeResult:
-    """Split ``iteration_s`` into named terms; ``busy_s`` is compute + straggler + update + hand-off."""
+            handoff_s: float = 0.0, buffers_s: float = 0.0) -> ModeResult:
+    """Split ``iteration_s`` into named terms; ``busy_s`` is compute + straggler + update + hand-off + buffers."""
     interference = min(interference_cap_s, max(0.0, iteration_s - busy_s))
     exposed = max(0.0, iteration_s - busy_s - interference)
     codec_share = comm.codec_s / comm.total_s if comm.total_s > 0 else 0.0
@@ -123,8 +147,8 @@ def _result(mode: str, cluster: ClusterParams, compute: ComputeParams, comm: Com
     hidden = comm.total_s - exposed
     return ModeResult(
         mode=mode, iteration_s=iteration_s, compute_s=compute.compute_s, straggler_s=straggler_s,
-        interference_s=interference, update_s=compute.update_s, handoff_s=handoff_s, exposed_comm_s=exposed - codec_exposed,
-        codec_s=codec_exposed, comm_total_s=comm.total_s, hidden_comm_s=hidden if hidden > 1e-12 * max(comm.total_s, 1.0) else 0.0,
+        interference_s=interference, update_s=compute.update_s, handoff_s=handoff_s, buffers_s=buffers_s, exposed_comm_s=exposed - codec_exposed,
+        codec_s=codec_exposed, comm_total_s=comm.total_s, anchor_s=comm.anchor_s, hidden_comm_s=hidden if hidden > 1e-12 * max(comm.total_s, 1.0) else 0.0,
         throughput_it_s=throughput, samples_per_s=cluster.nodes * compute.samples_per_worker * throughput
         if compute.samples_per_worker else 0.0, staleness=staleness,
         regime=_regime(cluster, comm.message_bytes, comm.total_s),
@@ -141,13 +165,14 @@ def _handoff(cluster: ClusterParams, compute: ComputeParams, copies_only: bool =
 
 
 def predict_sync(cluster, compute, codec, schedule) -> ModeResult:
-    """Synchronous allreduce SGD (width 1 on our ring): slowest compute + update + hand-off + allreduce."""
+    """Synchronous allreduce SGD (width 1 on our ring): slowest compute + update + buffer sync + hand-off +
+    allreduce."""
     comm = allreduce_cost(cluster, codec, schedule, per_hop=True)
     slow = _slowest_compute(cluster, compute)
     hand = _handoff(cluster, compute)
-    busy = slow + compute.update_s
+    busy = slow + compute.update_s + compute.buffers_s
     return _result("sync", cluster, compute, comm, formulas.sync_iteration(busy, comm.total_s, hand), busy + hand,
-                   0.0, 0.0, slow - compute.compute_s, hand)
+                   0.0, 0.0, slow - compute.compute_s, hand, compute.buffers_s)
 
 
 def predict_ddp(cluster, compute, codec, schedule) -> ModeResult:
@@ -165,16 +190,17 @@ def predict_ddp(cluster, compute, codec, schedule) -> ModeResult:
 
 def predict_pipe(cluster, compute, codec, schedule) -> ModeResult:
     """Pipe-SGD on our ring (codec on every hop): max(W, allreduce slowed by κc during W) with W = (compute +
-    update + hand-off)·(1+κ), for width ≥ 2 (``formulas.pipe_iteration``)."""
+    update + buffer sync + hand-off)·(1+κ), for width ≥ 2 (``formulas.pipe_iteration``). The buffer sync is a
+    blocking collective on the caller's thread (``pipesgd.buffers``): it is in the window, never hidden."""
     comm = allreduce_cost(cluster, codec, schedule, per_hop=True)
     slow = _slowest_compute(cluster, compute)
     hand = _handoff(cluster, compute)
-    busy = slow + compute.update_s
+    busy = slow + compute.update_s + compute.buffers_s
     iteration = formulas.pipe_iteration(busy, comm.total_s, compute.slowdown, schedule.width, compute.comm_slowdown,
                                         hand)
     cap = compute.slowdown * (busy + hand) if schedule.width >= 2 else 0.0
     return _result("pipe", cluster, compute, comm, iteration, busy + hand, cap, float(schedule.width - 1),
-                   slow - compute.compute_s, hand)
+                   slow - compute.compute_s, hand, compute.buffers_s)
 
 
 def predict_ps_sync(cluster, compute, codec, schedule, server) -> ModeResult:
@@ -186,15 +212,15 @@ def predict_ps_sync(cluster, compute, codec, schedule, server) -> ModeResult:
 
 
 def predict_ps_async(cluster, compute, codec, schedule, server) -> ModeResult:
-    """Asynchronous parameter server: time for one update per worker at the rate of ``formulas.ps_async_rate``
-    (worker cycle or server link, whichever is slower); staleness workers − 1."""
+    """Asynchronous parameter server: one iteration of a remote worker, ``formulas.ps_async_iteration`` (its own
+    cycle or the server link, whichever is slower); staleness workers − 1."""
     comm = ps_cost(cluster, codec, schedule, server, asynchronous=True)
     workers = cluster.nodes
     server_Bps = (server.server_bandwidth_Bps or cluster.bandwidth_Bps) * codec.ratio
-    flows_exist = comm.total_s > 0
-    rate = formulas.ps_async_rate(workers, compute.compute_s, compute.update_s, comm.total_s,
-                                  cluster.grad_bytes if flows_exist else 0.0, server.servers, server_Bps)
-    iteration = workers / rate if rate > 0 else math.inf
+    flows = workers - 1 if server.colocated else workers
+    iteration = formulas.ps_async_iteration(flows, compute.compute_s, compute.update_s, comm.total_s,
+                                            cluster.grad_bytes if comm.total_s > 0 else 0.0, server.servers,
+                                            server_Bps)
     busy = compute.compute_s + compute.update_s
     return _result("ps-async", cluster, compute, comm, iteration, busy, 0.0, float(workers - 1), 0.0)
 

@@ -59,9 +59,13 @@ class ClusterParams:
     overhead_s: float = 0.0  # fixed cost c0 of one collective call, seconds
     reduce_Bps: float = math.inf  # local reduction rate 1/γ, bytes/s (inf: reduction is free)
     collective: str = "ring"  # allreduce algorithm for sync/ddp: ring | rabenseifner | recursive-doubling | tree
+    # measured seconds of the trainer's allreduce of the whole gradient alone, at grad_bytes, with this codec (the
+    # calibration's probe at the operating point, ``modes.allreduce_cost``); 0: the α-β fit alone
+    ring_anchor_s: float = 0.0
 
     def __post_init__(self) -> None:
         _check(isinstance(self.nodes, int) and self.nodes >= 1, f"nodes must be an integer >= 1, got {self.nodes!r}")
+        _finite_nonneg("ring_anchor_s", self.ring_anchor_s)
         _finite_nonneg("grad_bytes", self.grad_bytes)
         _check(self.grad_bytes < math.inf, "grad_bytes must be finite")
         _check(self.bandwidth_Bps > 0, f"bandwidth must be > 0 bytes/s, got {self.bandwidth_Bps!r}")
@@ -84,9 +88,11 @@ class ComputeParams:
     comm_slowdown: float = 0.0  # κc: relative communication slow-down while compute runs alongside
     copy_Bps: float = math.inf  # memory-copy rate for packing gradients into buckets and back, bytes/s
     handoff_s: float = 0.0  # fixed per-step cost of handing the buckets to the comm thread and back, seconds
+    buffers_s: float = 0.0  # blocking per-step sync of module buffers (BatchNorm statistics), not hidden, seconds
 
     def __post_init__(self) -> None:
-        for name in ("compute_s", "compute_std_s", "update_s", "slowdown", "comm_slowdown", "handoff_s"):
+        for name in ("compute_s", "compute_std_s", "update_s", "slowdown", "comm_slowdown", "handoff_s",
+                     "buffers_s"):
             _finite_nonneg(name, getattr(self, name))
             _check(getattr(self, name) < math.inf, f"{name} must be finite")
         _check(self.copy_Bps > 0, f"copy rate must be > 0 bytes/s, got {self.copy_Bps!r}")

@@ -29,6 +29,7 @@ class Scenario:
     overhead_s: float = 0.0  # fixed cost per collective call
     reduce_Bps: float = math.inf  # local reduction rate
     collective: str = "ring"  # allreduce algorithm of sync/ddp
+    ring_anchor_s: float = 0.0  # measured allreduce alone at grad_bytes (calibration); 0: the fit alone
     # compute
     compute_s: float = 0.0  # mean forward+backward
     compute_std_s: float = 0.0  # spread across workers
@@ -38,6 +39,7 @@ class Scenario:
     comm_slowdown: float = 0.0  # κc: relative communication slow-down while compute overlaps it
     copy_Bps: float = math.inf  # gradient pack/unpack memory-copy rate (inf: free)
     handoff_s: float = 0.0  # fixed per-step thread hand-off cost
+    buffers_s: float = 0.0  # blocking per-step buffer sync (sync and pipe on our optimizer)
     # codec
     compression: str = "none"  # none | fp16 | bf16 | q8 | q4 | sign
     encode_Bps: float = math.inf  # codec encode throughput (fp32 bytes/s)
@@ -58,9 +60,9 @@ class Scenario:
     def records(self) -> tuple[ClusterParams, ComputeParams, CodecParams, ScheduleParams, ServerParams]:
         """Build (and thereby validate) the frozen parameter records."""
         cluster = ClusterParams(self.nodes, self.grad_bytes, self.bandwidth_Bps, self.latency_s, self.overhead_s,
-                                self.reduce_Bps, self.collective)
+                                self.reduce_Bps, self.collective, self.ring_anchor_s)
         compute = ComputeParams(self.compute_s, self.compute_std_s, self.update_s, self.slowdown, self.batch_size,
-                                self.comm_slowdown, self.copy_Bps, self.handoff_s)
+                                self.comm_slowdown, self.copy_Bps, self.handoff_s, self.buffers_s)
         codec = build_codec(self.compression, self.encode_Bps, self.decode_Bps, self.compression_ratio,
                             self.feedback_Bps if self.error_feedback else math.inf)
         schedule = ScheduleParams(self.width, self.overlap_fraction, self.bucket_bytes)

@@ -14,9 +14,14 @@ or ``RUN.rankN.jsonl`` per rank; files that differ only in ``.rankN`` form one r
 Per run: the first ``skip`` steps are dropped (for pipe, at least the config's ``warmup_steps``). Measured =
 the median over steps of the **mean over ranks** of t_iter: in lockstep training every rank's step times add up
 to the same wall-clock, so the mean is the step's period, while the per-step maximum adds each step's jitter
-(it overstated the comparison grid's iteration times by 5-25 %; ``pipesgd.results``). The model's inputs count
+(it overstated the comparison grid's iteration times by 5-25 %); for asynchronous workers (ps-async), which
+are not in lockstep, the slowest rank per step, the job's pace (``pipesgd.results.iteration_over_ranks``). The model's inputs count
 each step's slowest rank (max over ranks of t_compute + t_data and of t_update: the straggler gates a
-synchronous step, so it is inside the prediction; ``t_data``, batch loading, is local work like compute).
+synchronous step, so it is inside the prediction; ``t_data``, batch loading, is local work like compute) and,
+for sync and pipe, each step's *fastest* rank's ``t_buffers`` (the blocking buffer sync, ``--buffers``: the rank
+that arrives last waits least, so its time is the sync's own cost, while the others' wait there is the straggler
+already counted in the slowest compute). Like compute and update, the buffer sync is the run's own measurement:
+the model predicts the gradient communication and its overlap around them.
 Config ``servers`` follows ``pipesgd-train``: 0 = rank 0 serves and trains (co-located), k > 0 dedicated. The prediction uses the calibrated network terms, the codec speeds of the calibration and the
 run's own median compute and update times, so it tests the communication and overlap model only.
 
@@ -35,6 +40,7 @@ import os
 import statistics
 from dataclasses import dataclass, replace
 
+from pipesgd.results import iteration_over_ranks
 from pipesgd.run_files import run_name
 
 from .calibration import Calibration, host_terms
@@ -55,9 +61,10 @@ class RunRecord:
     mode: str
     nodes: int
     grad_bytes: float
-    t_iter: tuple[float, ...]  # per kept step, mean over ranks (the step's period)
+    t_iter: tuple[float, ...]  # per kept step, mean over ranks (the step's period; ps-async: slowest rank)
     t_compute: tuple[float, ...]
     t_update: tuple[float, ...]
+    t_buffers: tuple[float, ...] = ()  # per kept step, the fastest rank's buffer sync (see ``read_runs``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,22 +159,29 @@ def read_runs(paths: list[str], skip: int = 3) -> list[RunRecord]:
         nodes = int(config.get("num_workers") or config.get("world_size") or len(ranks))
         order = sorted(by_step)
         pick = lambda key: tuple(max(_number(r, key, name) for r in by_step[s]) for s in order)  # noqa: E731
-        period = tuple(statistics.fmean(_number(r, "t_iter", name) for r in by_step[s]) for s in order)
+        over_ranks = iteration_over_ranks(mode)
+        period = tuple(over_ranks(_number(r, "t_iter", name) for r in by_step[s]) for s in order)
         local = tuple(max(_number(r, "t_compute", name) + _optional(r, "t_data") for r in by_step[s]) for s in order)
+        # the rank that reached the buffer sync last waits least: its time is the sync's own cost; the other
+        # ranks' extra wait there is the straggler, which the slowest rank's compute already carries
+        buffers = tuple(min(_optional(r, "t_buffers") for r in by_step[s]) for s in order)
         runs.append(RunRecord(name, config, mode, nodes, _grad_bytes(config, steps, nodes, mode, name),
-                              period, local, pick("t_update")))
+                              period, local, pick("t_update"), buffers))
     return runs
 
 
 def calibrated_scenario(scenario: Scenario, cal: Calibration, mode: str) -> Scenario:
-    """``scenario`` with the network terms of the fit that serves ``mode``, the calibrated in-ring codec speeds and the
+    """``scenario`` with the network terms of the fit that serves ``mode``, the anchor of that allreduce at the
+    scenario's gradient size (``Calibration.ring_anchor_s``), the calibrated in-ring codec speeds and the
     calibrated host terms κ, κc, copy rate and hand-off (codec speeds and host terms given in the scenario win)."""
     fit = cal.fit_for(mode, scenario.compression)
     encode, decode = cal.codec_speeds(scenario.compression, scenario.nodes)
     feedback = cal.feedback_speed(scenario.compression, scenario.nodes)
     host = host_terms(cal.host, scenario.compression)
+    anchor = scenario.ring_anchor_s or cal.ring_anchor_s(mode, scenario.compression, scenario.grad_bytes,
+                                                         scenario.nodes)
     return replace(scenario, bandwidth_Bps=fit.bandwidth_Bps, latency_s=fit.latency_s, overhead_s=fit.overhead_s,
-                   reduce_Bps=fit.reduce_Bps,
+                   reduce_Bps=fit.reduce_Bps, ring_anchor_s=anchor,
                    encode_Bps=encode if math.isinf(scenario.encode_Bps) else scenario.encode_Bps,
                    decode_Bps=decode if math.isinf(scenario.decode_Bps) else scenario.decode_Bps,
                    feedback_Bps=feedback if math.isinf(scenario.feedback_Bps) else scenario.feedback_Bps,
@@ -191,6 +205,7 @@ def scenario_for(run: RunRecord, cal: Calibration, base: Scenario | None = None,
         nodes=run.nodes, grad_bytes=run.grad_bytes,
         compute_s=statistics.median(run.t_compute) if compute_s is None else compute_s,
         compute_std_s=0.0, update_s=statistics.median(run.t_update), compression=compression, width=width,
+        buffers_s=statistics.median(run.t_buffers) if run.t_buffers and run.mode in ("sync", "pipe") else 0.0,
         error_feedback=bool(cfg.get("error_feedback")),
     )
     if cfg.get("bucket_mb"):

@@ -96,12 +96,14 @@ def predict(done: dict[str, str], variant: str, calib_path: str, skip: int) -> d
         mine = next(r for r in records if r.name == run_name(done[variant]))
         check = checks[mine.name]
         override = None if check.compute_from == "own" else check.compute_s
-        _, result = predict_run(mine, cal, compute_s=override)
+        scenario, result = predict_run(mine, cal, compute_s=override)
     except (ValueError, KeyError, StopIteration) as error:
         return {"model": None, "model_note": f"no prediction: {error}"}
     # what the prediction used, so it can be re-made from the committed file (RunRecord of one step + calibration)
     inputs = {"mode": mine.mode, "nodes": mine.nodes, "grad_bytes": mine.grad_bytes, "compute_s": check.compute_s,
-              "update_s": statistics.median(mine.t_update), "override": override is not None,
+              "update_s": statistics.median(mine.t_update), "buffers_s": scenario.buffers_s,
+              "ring_anchor_s": scenario.ring_anchor_s,
+              "override": override is not None,
               "config": {k: mine.config[k] for k in SCENARIO_KEYS if k in mine.config}}
     return {"model": {"predicted_s": check.predicted_s, "measured_s": check.measured_s, "error": check.error,
                       "compute_from": os.path.basename(check.compute_from), "regime": result.regime,

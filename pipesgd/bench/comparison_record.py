@@ -2,7 +2,7 @@
 
 Every step counts the mean over its ranks (the average rank's step: in lockstep training every rank's step
 times add up to the same wall-clock, so the mean is the step's period, where the slowest rank per step would add
-the step's jitter; ``pipesgd.results``); medians are over the steps from ``skip`` on (after the warm-up). The
+the step's jitter), for asynchronous workers its slowest rank (``pipesgd.results.iteration_over_ranks``); medians are over the steps from ``skip`` on (after the warm-up). The
 split: compute = forward + backward + batch loading (for ddp this holds DDP's allreduce, which runs inside
 backward), update = the optimizer step, exposed communication = t_iter - compute - update (for ddp only what DDP
 leaves after backward; for every mode it includes waiting for a slower rank). Accuracy against wall-clock time comes from the evaluation records (``wall``: seconds
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 
-from pipesgd.results import Run
+from pipesgd.results import Run, iteration_over_ranks
 
 __all__ = ["MAX_CURVE_POINTS", "step_split", "curve", "time_to_target", "run_record"]
 
@@ -43,7 +43,7 @@ def step_split(run: Run, skip: int) -> dict:
     iters, computes, updates, exposed, sent = [], [], [], [], []
     for step in sorted(steps):
         ranks = steps[step].values()
-        mean = statistics.fmean
+        mean = iteration_over_ranks(run.config.get("mode"))
         t_iter = mean(_num(r, "t_iter") for r in ranks)
         compute = mean(_num(r, "t_compute") + _num(r, "t_data") for r in ranks)
         update = mean(_num(r, "t_update") for r in ranks)

@@ -38,6 +38,7 @@ SCENARIO_FLAGS = {
     "comm_slowdown": ("comm_slowdown", lambda s: parse_fraction(s, "comm slowdown", None)),
     "copy_rate": ("copy_Bps", parse_bandwidth),
     "handoff": ("handoff_s", parse_time),
+    "buffers": ("buffers_s", parse_time),
     "reduce_rate": ("reduce_Bps", parse_bandwidth),
     "collective": ("collective", lambda s: _choice(s, "collective", COLLECTIVES)),
     "width": ("width", lambda s: _int_at_least(s, "width", 1)),
@@ -107,6 +108,8 @@ def add_scenario_flags(parser: argparse.ArgumentParser, sweep: bool) -> None:
         help="κc: communication slow-down while compute overlaps it (0.15 or 15%%; default 0)")
     add("--copy-rate", help="gradient pack/unpack copy rate, e.g. 5GB/s (adds 2·M/rate per step; default: free)")
     add("--handoff", default="0", help="fixed per-step hand-off cost to the comm thread, e.g. 200us (default 0)")
+    add("--buffers", default="0",
+        help="blocking per-step buffer sync (BatchNorm statistics; sync and pipe), e.g. 5ms (default 0)")
     add("--reduce-rate", help="local reduction rate (bytes/s, e.g. 10GB/s); default: free")
     add("--collective", default="ring", help=f"allreduce algorithm of sync/ddp: {'|'.join(COLLECTIVES)}")
     add("--compression", default="none", help=f"{'|'.join(CODEC_RATIOS)}" + many)

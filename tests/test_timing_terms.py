@@ -1,0 +1,132 @@
+"""timing_model terms added for issue 14: the allreduce anchored at the workload's size (calibration's probe),
+the blocking buffer sync, and how a run's records feed them (fastest rank's buffer sync; ps-async's pace)."""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import replace
+
+import pytest
+
+from timing_model.calibration import Calibration, Fit
+from timing_model.modes import allreduce_cost
+from timing_model.predict import Scenario, predict
+from timing_model.validation import calibrated_scenario, read_runs
+
+MB = 1e6
+GBIT = 1.25e8
+
+
+def scenario(**kw) -> Scenario:
+    return Scenario(**{"nodes": 4, "grad_bytes": 1 * MB, "bandwidth_Bps": GBIT, "latency_s": 1e-4,
+                       "compute_s": 0.02, "update_s": 0.001, **kw})
+
+
+def comm(s: Scenario):
+    cluster, _, codec, schedule, _ = s.records()
+    return allreduce_cost(cluster, codec, schedule, per_hop=True)
+
+
+# ---------------------------------------------------------------- the anchor
+def test_anchor_replaces_the_fit_at_this_size_and_names_the_difference():
+    fit = comm(scenario(compression="q8", encode_Bps=1e9, decode_Bps=2e9))
+    anchored = comm(scenario(compression="q8", encode_Bps=1e9, decode_Bps=2e9, ring_anchor_s=3 * fit.total_s))
+    assert anchored.total_s == pytest.approx(3 * fit.total_s)
+    assert anchored.anchor_s == pytest.approx(2 * fit.total_s)
+    assert anchored.codec_s == pytest.approx(3 * fit.codec_s)  # every part scales by anchor / fit
+    assert anchored.last_bucket_s == pytest.approx(3 * fit.last_bucket_s)
+    assert comm(scenario()).anchor_s == 0.0  # no anchor: the fit alone
+
+
+def test_anchor_leaves_error_feedback_on_top():
+    """The probe times the codec's ring without error feedback; the run's feedback work is added to the anchor."""
+    base = dict(compression="q8", encode_Bps=1e9, decode_Bps=2e9, error_feedback=True, feedback_Bps=5e8)
+    with_ef = comm(scenario(**base))
+    without = comm(scenario(**{**base, "error_feedback": False}))
+    feedback = with_ef.total_s - without.total_s
+    assert feedback > 0
+    anchored = comm(scenario(**base, ring_anchor_s=0.05))
+    assert anchored.total_s == pytest.approx(0.05 + feedback)
+    assert anchored.anchor_s == pytest.approx(0.05 - without.total_s)
+
+
+def test_anchor_moves_sync_and_pipe_but_not_the_parameter_server():
+    plain, anchored = scenario(), scenario(ring_anchor_s=0.5)
+    for mode in ("sync", "pipe"):
+        assert predict(anchored, (mode,)).result(mode).iteration_s > predict(plain, (mode,)).result(mode).iteration_s
+    for mode in ("ps-sync", "ps-async"):
+        assert predict(anchored, (mode,)).result(mode).iteration_s == predict(plain, (mode,)).result(mode).iteration_s
+    assert predict(anchored, ("sync",)).result("sync").anchor_s > 0
+    with pytest.raises(ValueError, match="ring_anchor_s"):
+        scenario(ring_anchor_s=-1.0).records()
+
+
+def calibration(world: int = 4) -> Calibration:
+    fit = Fit(overhead_s=0.0, latency_s=1e-4, bandwidth_Bps=GBIT, reduce_Bps=1e10, n_samples=5,
+              median_abs_rel_err=0.0, max_abs_rel_err=0.0)
+    rows = [{"compression": c, "n_bytes": 1e6, "ring_alone_s": t} for c, t in (("none", 0.02), ("q8", 0.03))]
+    return Calibration(fits={"ring": fit, "backend": fit}, meta={"world_size": world},
+                       host={"overlap": rows + [{"compression": "none", "n_bytes": 4e6, "ring_alone_s": 0.07}]})
+
+
+@pytest.mark.parametrize("mode, compression, size, nodes, expected", [
+    ("sync", "none", 1e6, 4, 0.02), ("pipe", "q8", 1e6 + 4, 4, 0.03), ("ddp", "none", 4e6, 4, 0.07),
+    ("pipe", "q8", 2e6, 4, 0.0),  # the probe did not run this size
+    ("pipe", "bf16", 1e6, 4, 0.0),  # nor this codec
+    ("sync", "none", 1e6, 2, 0.0),  # nor this world size
+    ("ddp", "q8", 1e6, 4, 0.0),  # DDP with a comm hook runs another collective
+    ("ps-sync", "none", 1e6, 4, 0.0),
+])
+def test_calibration_anchor_only_where_the_probe_measured_that_collective(mode, compression, size, nodes, expected):
+    assert calibration().ring_anchor_s(mode, compression, size, nodes) == expected
+
+
+def test_calibrated_scenario_takes_the_anchor_unless_given():
+    s = scenario(grad_bytes=1e6, compression="q8")
+    assert calibrated_scenario(s, calibration(), "pipe").ring_anchor_s == 0.03
+    assert calibrated_scenario(replace(s, ring_anchor_s=0.5), calibration(), "pipe").ring_anchor_s == 0.5
+
+
+# ---------------------------------------------------------------- the buffer sync
+def test_buffer_sync_adds_to_sync_and_sits_in_pipes_window():
+    s = scenario(grad_bytes=1e3)  # a tiny gradient: pipe is compute-bound
+    for mode in ("sync", "pipe"):
+        before = predict(s, (mode,)).result(mode)
+        after = predict(replace(s, buffers_s=0.005), (mode,)).result(mode)
+        assert after.iteration_s == pytest.approx(before.iteration_s + 0.005)
+        assert after.buffers_s == 0.005
+    ddp = predict(replace(s, buffers_s=0.005), ("ddp",)).result("ddp")
+    assert ddp.buffers_s == 0.0  # DDP broadcasts in its forward: inside its compute
+
+
+def write_run(folder, name, mode, per_rank):
+    """per_rank: rank -> list of step dicts (t_iter, t_compute, t_update, optional t_buffers)."""
+    paths = []
+    for rank, steps in per_rank.items():
+        lines = [{"type": "config", "mode": mode, "world_size": len(per_rank), "grad_bytes": 1e6}] if rank == 0 else []
+        lines += [{"type": "step", "step": s, "rank": rank, **fields} for s, fields in enumerate(steps)]
+        path = folder / f"{name}.rank{rank}.jsonl"
+        path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+        paths.append(str(path))
+    return paths
+
+
+def test_read_runs_takes_the_fastest_ranks_buffer_sync(tmp_path):
+    """The rank that arrives last at the sync waits least: its time is the sync's own cost."""
+    step = lambda buffers: {"t_iter": 0.1, "t_compute": 0.05, "t_update": 0.001, "t_buffers": buffers}  # noqa: E731
+    (run,) = read_runs(write_run(tmp_path, "bn", "pipe", {0: [step(0.030)] * 6, 1: [step(0.004)] * 6}), skip=1)
+    assert run.t_buffers == pytest.approx((0.004,) * 5)
+    no_bn = {r: [{"t_iter": 0.1, "t_compute": 0.05, "t_update": 0.001}] * 6 for r in range(2)}
+    (plain,) = read_runs(write_run(tmp_path, "plain", "sync", no_bn), skip=1)
+    assert plain.t_buffers == (0.0,) * 5
+
+
+def test_ps_async_is_measured_at_the_slowest_workers_pace(tmp_path):
+    """Async workers are not in lockstep: a worker beside a co-located server steps fast; the job's pace is the
+    slowest worker's, not the mean of the two paces."""
+    fast = [{"t_iter": 0.01, "t_compute": 0.005, "t_update": 0.001}] * 8
+    slow = [{"t_iter": 0.09, "t_compute": 0.005, "t_update": 0.001}] * 8
+    (run,) = read_runs(write_run(tmp_path, "async", "ps-async", {0: fast, 1: slow}), skip=2)
+    assert statistics.median(run.t_iter) == pytest.approx(0.09)
+    (lock,) = read_runs(write_run(tmp_path, "lock", "ps-sync", {0: fast, 1: slow}), skip=2)
+    assert statistics.median(lock.t_iter) == pytest.approx(0.05)
