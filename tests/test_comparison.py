@@ -319,3 +319,20 @@ def test_rounded_keeps_six_significant_digits_everywhere():
 
     out = rounded({"a": 0.123456789, "b": [1234567.891, {"c": 1e-9 / 3}], "d": 3, "e": None, "f": "x"})
     assert out == {"a": 0.123457, "b": [1234570.0, {"c": 3.33333e-10}], "d": 3, "e": None, "f": "x"}
+
+
+def test_model_ordering_counts_inversions_beyond_the_tie():
+    from pipesgd.bench.model_ordering import cell_orderings, ordering_table
+
+    def run(variant, measured, predicted, cell="c"):
+        return {"cell": cell, "variant": variant, "status": "ok",
+                "model": {"measured_s": measured, "predicted_s": predicted}}
+    runs = [run("pipe", 0.10, 0.12), run("sync", 0.20, 0.11),  # 2x apart, the model says the other way
+            run("ddp", 0.21, 0.30),  # 5 % from sync: a tie, not ordered; ordered against pipe and kept
+            run("ps-sync", 0.5, None) | {"model": None}, run("x", 0.1, 0.1, cell="alone")]
+    (cell,) = cell_orderings(runs)
+    assert cell["runs"] == 3 and cell["pairs"] == 2
+    assert [(f, s) for f, s, _, _ in cell["inversions"]] == [("pipe", "sync")]
+    assert cell["inversions"][0][2] == pytest.approx(2.0) and cell["inversions"][0][3] == pytest.approx(0.11 / 0.12)
+    text = ordering_table(runs)
+    assert "| c | 3 | 2 | 1 | pipe < sync: 2.00x, model 0.92x |" in text and "1 of 2" in text

@@ -1,8 +1,9 @@
 """The comparison grid's printed report, from runs.json alone: per cell the iteration split, throughput, bytes
 on the wire, accuracy and time to target of every variant with the timing model's prediction; the speedup tables
-(``speedup``); the model's error summary; and the whole grid's wall-time estimate (``comparison_store``)."""
+(``speedup``); the model's error summary and whether it keeps the measured order of the modes (``model_ordering``); and the whole grid's wall-time estimate (``comparison_store``)."""
 from __future__ import annotations
 
+from pipesgd.bench.model_ordering import ordering_table
 from pipesgd.bench.speedup import markdown_tables
 from timing_model.errors import error_summary, summary_line
 
@@ -86,4 +87,5 @@ def report(data: dict) -> str:
              cell_tables(data), markdown_tables(data["runs"])]
     if stats["runs"]:
         lines.append(f"Timing model, {summary_line(stats)}\n{stats['over_flag']} runs over {100 * stats['flag']:.0f} %\n")
+        lines.append(ordering_table(data["runs"]))
     return "\n".join(lines)
