@@ -2,18 +2,30 @@
 
 Modes: ``"broadcast"`` (default: rank 0's buffers, as DDP does), ``"average"`` (the mean over ranks of every
 floating-point buffer; integer buffers such as ``num_batches_tracked`` are equal anyway and are broadcast),
-``"none"`` (every rank keeps its own).
+``"none"`` (every rank keeps its own), and ``"broadcast-delayed"`` / ``"average-delayed"`` (the same values,
+exchanged with the gradients instead of by a blocking collective).
 
 When the synced buffers take effect: buffers are not delayed, whatever the width K. ``PipeSGD.step()`` at
 step t syncs the buffers that step t's forward left (after handing step t's gradients to the ring, before
 applying step t-K+1's), so forward t+1 on every rank starts from the same buffers, and after every
-``step()`` (and so at every checkpoint and evaluation) they are identical. Staleness would buy nothing here:
-training-mode BatchNorm normalises with the batch's statistics and only accumulates the running ones.
+``step()`` (and so at every checkpoint and evaluation) they are identical.
+
+Why delayed modes: the immediate sync is a rendezvous of every rank at every step. Pipe-SGD otherwise lets a
+rank run a step ahead of a slow one; with the rendezvous each step waits for the slowest rank again, and on the
+emulated cluster ResNet-20's pipe iteration took 1.29-1.41x its ``"none"`` time (``experiments/bench_buffers.py``,
+moving the sync before the hand-off did not change that). The delayed modes snapshot the buffers that step t's
+forward left (``snapshot``), reduce the snapshot on the ring's worker right after step t's gradients
+(``reduce_``), and ``PipeSGD`` writes the result into the buffers when it applies step t's gradient, at step
+t+K-1 (``load``): forward t+K on every rank starts from the same buffers, the running statistics lag K-1 steps
+(the updates of the forwards in between are overwritten), and the buffers are identical after every ``step()``
+that applies a gradient, i.e. all but the K-1 steps that fill the pipeline after the warm-up, when each rank keeps
+its own. Training-mode BatchNorm normalises with the batch's statistics and only accumulates the running ones,
+so the lag changes evaluation, not the gradients. An in-flight step restored from a checkpoint carries no buffers.
 
 Which group and thread: the caller's thread and the caller's group, like ``check_replicas``, never the
 ring's private clone, whose worker thread may be in the middle of a ring; collectives of one group issued
 from two threads could pair up wrongly. The sync is a blocking collective (exposed, as DDP's is in its
-forward); ``StepStats.t_buffers_s`` measures it per step.
+forward); ``StepStats.t_buffers_s`` measures it per step (for the delayed modes: the snapshot's copy).
 """
 from __future__ import annotations
 
@@ -23,7 +35,7 @@ from torch import nn
 
 from pipesgd import trace
 
-BUFFER_MODES = ("broadcast", "average", "none")
+BUFFER_MODES = ("broadcast", "average", "none", "broadcast-delayed", "average-delayed")
 
 
 class BufferSync:
@@ -33,6 +45,8 @@ class BufferSync:
         if mode not in BUFFER_MODES:
             raise ValueError(f"buffers must be one of {BUFFER_MODES}, got {mode!r}")
         self.mode = mode
+        self.delayed = mode.endswith("-delayed")
+        self._reduction = mode.removesuffix("-delayed")  # broadcast | average | none
         named = list(model_or_params.named_buffers()) if isinstance(model_or_params, nn.Module) else []
         self.names = [name for name, _ in named] if mode != "none" else []
         self.buffers = [b for _, b in named] if mode != "none" else []
@@ -56,12 +70,45 @@ class BufferSync:
         with torch.no_grad(), trace.span("buffer sync", "wait"):
             for (dtype, _device), tensors in self._groups.items():
                 flat = torch.cat([t.reshape(-1) for t in tensors])
-                if self.mode == "average" and dtype.is_floating_point:
+                if self._averages(dtype):
                     dist.all_reduce(flat, group=self._group)
                     flat.div_(self._size)
                 else:
                     dist.broadcast(flat, src=self._source, group=self._group)
-                offset = 0
-                for t in tensors:
-                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
-                    offset += t.numel()
+                _copy_into(tensors, flat)
+
+    def snapshot(self) -> list[torch.Tensor]:
+        """Delayed modes, caller's thread: this rank's share of every buffer group, one flat copy each (its values
+        to average, or for a broadcast its values on group rank 0 and zeros elsewhere, so a sum is rank 0's)."""
+        source = dist.get_rank(self._group) == 0
+        with torch.no_grad():
+            flats = [torch.cat([t.reshape(-1) for t in tensors]) for tensors in self._groups.values()]
+            for (dtype, _device), flat in zip(self._groups, flats):
+                if not source and not self._averages(dtype):
+                    flat.zero_()
+        return flats
+
+    def reduce_(self, flats: list[torch.Tensor], group: dist.ProcessGroup | None) -> list[torch.Tensor]:
+        """Delayed modes, the ring's worker on the ring's group (the same ranks): every rank's snapshots summed,
+        averages divided by the world size; in place, returned."""
+        for (dtype, _device), flat in zip(self._groups, flats):
+            dist.all_reduce(flat, group=group)
+            if self._averages(dtype):
+                flat.div_(self._size)
+        return flats
+
+    def load(self, flats: list[torch.Tensor]) -> None:
+        """Delayed modes, caller's thread: write reduced snapshots into the buffers."""
+        with torch.no_grad():
+            for tensors, flat in zip(self._groups.values(), flats):
+                _copy_into(tensors, flat)
+
+    def _averages(self, dtype: torch.dtype) -> bool:
+        return self._reduction == "average" and dtype.is_floating_point
+
+
+def _copy_into(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()

@@ -6,7 +6,8 @@ Each ``step()``:
           another set before the ring owns this one; without it the gradients are copied in.
   Step 2: hand the buckets to the background ring (``channel`` + ``exchange``: a thread; on CUDA a side
           stream too) and its handle to the pipeline (``pipeline``).
-  Step 3: make the module buffers identical across ranks (``buffers``; not delayed: forward t+1 sees them).
+  Step 3: make the module buffers identical across ranks (``buffers``: forward t+1 sees them; under a delayed
+          buffer mode a snapshot rode step t's job instead and is written back when step t is applied).
   Step 4: if the pipeline says a step is due (K in flight, 1 during warm-up), wait for it, write its averaged
           gradient into ``p.grad`` (views into its set, or a copy; unscaled with its own step's loss scale under ``amp``), clip it
           (``clipping``) and run the wrapped optimizer on it (a non-finite one raises or is skipped).
@@ -30,6 +31,7 @@ most; pass 0 for a pure pipeline from the first step. Options are validated by `
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -166,11 +168,15 @@ class PipeSGD:
         self._fresh_grads = False
         if self._loss_scale is not None:
             self._loss_scale.record(t)
-        # Step 2: hand off.
-        self._pipeline.submit(t, self._channel.submit(self._participation.exchange, self._exchange, buffers, t))
+        # Step 2: hand off (under a delayed buffer mode with a snapshot of the buffers, reduced after the buckets).
+        t_buffers, job = None, self._exchange
+        if self._buffer_sync.active and self._buffer_sync.delayed:
+            start = time.perf_counter()
+            job = partial(self._exchange_with_buffers, self._buffer_sync.snapshot())
+            t_buffers = time.perf_counter() - start
+        self._pipeline.submit(t, self._channel.submit(self._participation.exchange, job, buffers, t))
         # Step 3: buffers, while the ring runs.
-        t_buffers = None
-        if self._buffer_sync.active:
+        if self._buffer_sync.active and not self._buffer_sync.delayed:
             start = time.perf_counter()
             self._buffer_sync()
             t_buffers = time.perf_counter() - start
@@ -182,7 +188,8 @@ class PipeSGD:
         self.last_stats = stats
         every = self.options.check_replicas_every
         if every and self._step % every == 0:
-            self.check_replicas()
+            # delayed buffers are identical only after a step that applied one (not while the pipeline fills)
+            self.check_replicas(buffers=not self._buffer_sync.delayed or stats.applied_step is not None)
         return stats
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -212,10 +219,11 @@ class PipeSGD:
             self.last_stats = applied[-1]
         return applied
 
-    def check_replicas(self) -> None:
-        """Raise ReplicaDivergenceError if any parameter or synced buffer differs bitwise across ranks."""
-        check_replicas(self._params + self._buffer_sync.buffers, self._names + self._buffer_sync.names, self._step,
-                       self._user_group)
+    def check_replicas(self, buffers: bool = True) -> None:
+        """Raise ReplicaDivergenceError if any parameter or (with ``buffers``) synced buffer differs bitwise across
+        ranks."""
+        synced, names = (self._buffer_sync.buffers, self._buffer_sync.names) if buffers else ([], [])
+        check_replicas(self._params + synced, self._names + names, self._step, self._user_group)
 
     def close(self) -> None:
         """Stop the background worker (after flush); the wrapper cannot step afterwards."""
@@ -293,6 +301,8 @@ class PipeSGD:
         start = time.perf_counter()
         result = entry.handle.wait()
         waited = time.perf_counter() - start
+        if result.module_buffers is not None:  # a delayed buffer mode: step entry.step's reduced snapshot
+            self._buffer_sync.load(result.module_buffers)
         stats = StepStats(
             step=step,
             applied_step=entry.step,
@@ -328,6 +338,12 @@ class PipeSGD:
         stats.t_update_s = time.perf_counter() - start
         # An overflow's non-finite residual was already zeroed by the exchange, on the worker, in ring order.
         return stats
+
+    def _exchange_with_buffers(self, snapshot: list[torch.Tensor], buckets: list[torch.Tensor]) -> ExchangeResult:
+        """On the ring's worker: the gradient exchange, then the buffer snapshot's reduction on the ring's group."""
+        result = self._exchange(buckets)
+        result.module_buffers = self._buffer_sync.reduce_(snapshot, self._channel.topology.group)
+        return result
 
     def _clip(self) -> float | None:
         """Clip the averaged gradient in ``p.grad`` to ``max_grad_norm``; its norm before clipping (None: off)."""

@@ -47,7 +47,9 @@ class PipeSGDOptions:
     check_uneven: bool = True
     # What DDP users expect (pipesgd.clipping, pipesgd.buffers, pipesgd.amp).
     max_grad_norm: float | None = None  # clip the averaged gradient to this global L2 norm; None: no clipping
-    buffers: str = "broadcast"  # module buffers: rank 0's ("broadcast", as DDP), the mean ("average"), "none"
+    # module buffers: rank 0's ("broadcast", as DDP), the mean ("average"), "none", or either "-delayed" (with the
+    # gradients, set when they are applied; pipesgd.buffers)
+    buffers: str = "broadcast"
     grad_scaler: Any = None  # a torch.amp.GradScaler the wrapper drives (fp16 loss scaling); None: no scaling
     # Memory layout (pipesgd.bucket_sets): p.grad as views into K bucket sets, so no step copies a gradient.
     gradient_as_bucket_view: bool = GRADIENT_AS_BUCKET_VIEW

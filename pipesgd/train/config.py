@@ -72,7 +72,9 @@ class TrainConfig:
     check_replicas: int = _field(0, "pipe/sync: compare weights and synced buffers across ranks every N steps "
                                  "(0 = never)")
     buffers: str = _field("broadcast", "pipe/sync: module buffers (BatchNorm statistics) made identical after "
-                          "every step: rank 0's (broadcast, as DDP), their mean (average), or per rank (none)",
+                          "every step: rank 0's (broadcast, as DDP), their mean (average), or per rank (none); "
+                          "broadcast-delayed / average-delayed exchange them with the gradients instead of a "
+                          "blocking collective (they take effect when those gradients are applied)",
                           lambda: BUFFER_MODES)
     clip_grad_norm: float = _field(0.0, "pipe/sync: clip the averaged gradient to this global L2 norm before "
                                    "the optimizer applies it (0 = no clipping)")

@@ -15,7 +15,7 @@ seconds since start):
   thread, the backend's threads; with t_iter it shows whether the cores, rather than the links, set the pace);
   only when their feature is on: grad_norm (the applied averaged gradient's L2 norm before clipping, with
   --clip-grad-norm), t_buffers (seconds spent making module buffers identical across ranks, with --buffers
-  broadcast|average and a model that has buffers)
+  broadcast|average and a model that has buffers; with the -delayed modes the snapshot's copy)
 - ``eval``: step, epoch, accuracy, loss, wall
 - ``summary``: the end-of-run figures printed on rank 0
 

@@ -1,0 +1,106 @@
+"""What keeping BatchNorm buffers identical costs per step, side by side in one run (issue 10 item 1, issue 11):
+ResNet-20 (BatchNorm) on N emulated nodes (root), sync and pipe, each with ``--buffers none``, ``broadcast`` (a
+blocking collective every step) and ``broadcast-delayed`` (exchanged with the gradients), interleaved over
+--repeats rounds so the machine's drift hits every variant alike.
+
+    python experiments/bench_buffers.py --bandwidth 1gbit            # 4 nodes, 40 steps per run
+    python experiments/bench_buffers.py --bandwidth 100mbit --modes pipe --repeats 3
+
+Per variant: the iteration (median over steps after the warm-up of each step's mean over ranks, the period), the
+buffer sync (each step's fastest rank: the others' extra wait there is the straggler) and the ratio of the
+iteration to the same mode's ``--buffers none`` run of the same round.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+from pipesgd.buffers import BUFFER_MODES
+from pipesgd.cluster.cluster import Cluster
+from pipesgd.cluster.netns import ClusterError
+from pipesgd.cluster.units import parse_link
+from pipesgd.results import load_run
+
+MODE_FLAGS = {"sync": ["--mode", "sync"], "pipe": ["--mode", "pipe", "--width", "2"]}
+
+
+def buffer_sync_s(path: str, skip: int) -> float:
+    """Median over steps of the fastest rank's ``t_buffers`` (0 when the run synced none)."""
+    run = load_run(path)
+    per_step = run.per_step("t_buffers", skip, over_ranks=min)
+    return statistics.median(per_step) if per_step else 0.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--bandwidth", default="1gbit", help="per-link rate (1gbit, 100mbit) or unshaped")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--warmup-steps", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2, help="interleaved rounds of every variant")
+    parser.add_argument("--modes", default="sync,pipe", help="comma list of sync, pipe")
+    parser.add_argument("--buffer-modes", default="none,broadcast,broadcast-delayed",
+                        help=f"comma list of {', '.join(BUFFER_MODES)} (none always runs: the ratios' base)")
+    parser.add_argument("--out", default="results/bench_buffers")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    args = parser.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODE_FLAGS]
+    if bad or not modes:
+        parser.error(f"unknown mode(s) {bad or modes}; valid: {', '.join(MODE_FLAGS)}")
+    unknown = [b for b in args.buffer_modes.split(",") if b.strip() and b.strip() not in BUFFER_MODES]
+    if unknown:
+        parser.error(f"unknown buffer mode(s) {unknown}; valid: {', '.join(BUFFER_MODES)}")
+    if args.steps <= args.warmup_steps + 3 or args.repeats < 1 or args.nodes < 2:
+        parser.error("need --steps > --warmup-steps + 3, --repeats >= 1 and --nodes >= 2")
+    try:
+        link = parse_link(args.bandwidth)
+    except ValueError as error:
+        parser.error(str(error))
+    if os.geteuid() != 0:
+        print("bench_buffers: the emulated cluster needs root (ip netns, tc)", file=sys.stderr)
+        return 1
+    buffer_modes = ["none"] + [b.strip() for b in args.buffer_modes.split(",") if b.strip() and b.strip() != "none"]
+    os.makedirs(args.out, exist_ok=True)
+    skip = args.warmup_steps + 2
+    shared = ["--model", "resnet20", "--dataset", "digits", "--batch-size", "32", "--steps", str(args.steps),
+              "--eval-every", "0", "--threads", "1", "--warmup-steps", str(args.warmup_steps), "--timeout", "300"]
+    rows: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    try:
+        with Cluster.up(args.nodes, link, name="psgd-bufbench", force=True) as cluster, \
+                open(os.path.join(args.out, "train.log"), "w") as log:
+            for round_ in range(args.repeats):
+                for mode in modes:
+                    for buffers in buffer_modes:
+                        metrics = os.path.abspath(os.path.join(args.out, f"{mode}-{buffers}-{round_}.jsonl"))
+                        argv = ["pipesgd-train", *MODE_FLAGS[mode], "--buffers", buffers, *shared,
+                                "--metrics", metrics]
+                        print(f"round {round_ + 1}/{args.repeats}: {mode} --buffers {buffers} ...", file=sys.stderr,
+                              flush=True)
+                        if cluster.run(argv, timeout_s=args.timeout, out=log, err=log) != 0:
+                            print(f"bench_buffers: {mode} --buffers {buffers} failed; see {log.name}",
+                                  file=sys.stderr)
+                            return 1
+                        iteration = load_run(metrics).iteration_s(skip)
+                        rows.setdefault((mode, buffers), []).append((iteration, buffer_sync_s(metrics, skip)))
+    except ClusterError as error:
+        print(f"bench_buffers: {error}", file=sys.stderr)
+        return 1
+    print(f"## Buffer sync, ResNet-20, {args.nodes} nodes at {args.bandwidth}, {args.steps} steps, "
+          f"{args.repeats} interleaved rounds (medians over rounds)\n")
+    print("| mode | --buffers | ms / iteration | buffer sync ms (fastest rank) | iteration / --buffers none |")
+    print("|---|---|---|---|---|")
+    for mode in modes:
+        for buffers in buffer_modes:
+            its = [i for i, _ in rows[(mode, buffers)]]
+            ratios = [i / base for i, (base, _) in zip(its, rows[(mode, "none")])]
+            sync = statistics.median(s for _, s in rows[(mode, buffers)])
+            print(f"| {mode} | {buffers} | {1e3 * statistics.median(its):.1f} | {1e3 * sync:.1f} "
+                  f"| {statistics.median(ratios):.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
