@@ -6,6 +6,7 @@ the speedup tables and the timing model against every run.
     python experiments/comparison.py --report                       # tables from the committed runs.json, no runs
     python experiments/comparison.py --estimate                     # the grid's wall time from the runs.json
     python experiments/comparison.py --rescore                      # re-make records + predictions from raw metrics
+    python experiments/comparison.py --calibrate --cells alexnet-1gbit   # calibrate a cell run with --no-model
 
 Per cell: cluster up and TCP throughput, one calibration (``--no-model`` skips it), one ``pipesgd-train`` run per
 variant; runs.json (committed, ``experiments/results/comparison/``) is re-written after every run, raw metrics and
@@ -19,10 +20,11 @@ import signal
 import sys
 from dataclasses import replace
 
-from pipesgd.bench.comparison import rescore, run_grid
+from pipesgd.bench.comparison import calibrate_cell, rescore, run_grid
 from pipesgd.bench.comparison_config import load_config, select
 from pipesgd.bench.comparison_report import estimate_table, report
 from pipesgd.bench.comparison_store import ResultStore, estimate_wall
+from pipesgd.cluster.netns import ClusterError
 from pipesgd.bench.provenance import read_result
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "comparison.toml")
@@ -60,6 +62,9 @@ def main() -> int:
     parser.add_argument("--rescore", action="store_true",
                         help="re-make every finished run's record and prediction from its raw metrics under --out "
                              "and its cell's calibration (after a model change); run nothing")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="(root) calibrate the selected cells (replacing a calibration) and predict their finished "
+                             "runs; no training run")
     parser.add_argument("--estimate-from", help="comma list of runs.json files to estimate from (default: the result)")
     args = parser.parse_args()
     try:
@@ -109,6 +114,19 @@ def main() -> int:
         print(f"comparison: {error}", file=sys.stderr)
         return 1
     signal.signal(signal.SIGTERM, _on_sigterm)
+    if args.calibrate:
+        try:
+            failed = [f"{w.name}-{b}" for w, b in cfg.cells() if not calibrate_cell(cfg, w, b, store)]
+        except (KeyboardInterrupt, _Terminated):
+            print("comparison: stopped; the calibrations finished so far are kept", file=sys.stderr)
+            return 130
+        except ClusterError as error:
+            print(f"comparison: cluster error: {error}", file=sys.stderr)
+            return 1
+        if failed:
+            print(f"comparison: calibration failed for {', '.join(failed)}", file=sys.stderr)
+        print(report(store.data | {"provenance": store.origin}))
+        return 1 if failed else 0
     try:
         failed = run_grid(cfg, store, resume=args.resume, model=not args.no_model)
     except (KeyboardInterrupt, _Terminated):

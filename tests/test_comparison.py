@@ -240,6 +240,8 @@ def test_rescore_remakes_records_from_raw_metrics_and_keeps_the_rest(tmp_path, m
     failed = {"cell": "lenet-1gbit", "variant": "ddp", "status": "failed", "reason": "exit code 1"}
     for record in (stale, gone, failed):
         store.put_run(record)
+    assert rescore(store, skip=2, target=0.9, cells={"lenet-100mbit"}) == (0, [])  # another cell: nothing
+    assert read_result(cfg.result)["runs"][0]["t_iter_s"] == 1.0
     remade, kept = rescore(store, skip=2, target=0.9)
     assert remade == 1 and len(kept) == 1 and "pipe" in kept[0] and "no raw metrics" in kept[0]
     by = {r["variant"]: r for r in read_result(cfg.result)["runs"]}

@@ -11,7 +11,8 @@ Per cell (one workload at one bandwidth), ``run_cell``:
           which is re-written after every run. A failed run is recorded as failed with its log and the grid goes on.
 
 ``rescore`` re-makes every finished run's record and prediction from its raw metrics and its cell's calibration
-(after a change to how a run is read or to the timing model), running nothing.
+(after a change to how a run is read or to the timing model), running nothing; ``calibrate_cell`` calibrates a
+cell whose runs were measured without a model (``--no-model``), then predicts them.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from pipesgd.run_files import metrics_files, run_name
 from timing_model.calibration import read_calibration
 from timing_model.validation import predict_run, read_runs, validate_runs
 
-__all__ = ["log", "run_grid", "run_cell", "rescore", "predict", "failure_hint", "embeddable_calibration",
+__all__ = ["log", "run_grid", "run_cell", "calibrate_cell", "rescore", "predict", "failure_hint", "embeddable_calibration",
            "MODEL_FREE"]
 
 # Variants the timing model cannot predict: it has no DDP communication hooks (it would predict plain ddp).
@@ -199,12 +200,31 @@ def run_cell(cfg: GridConfig, workload: Workload, bandwidth: str, store: ResultS
                 f"({seconds:.0f} s)")
 
 
-def rescore(store: ResultStore, skip: int, target: float) -> tuple[int, list[str]]:
+def calibrate_cell(cfg: GridConfig, workload: Workload, bandwidth: str, store: ResultStore) -> bool:
+    """Step 1 and 2 of a cell (cluster, calibration; a calibration already there is replaced), then the
+    predictions of its finished runs (``rescore``). False when the calibration failed."""
+    cell = cell_name(workload.name, bandwidth)
+    cell_dir = os.path.abspath(os.path.join(cfg.out, cell))
+    os.makedirs(cell_dir, exist_ok=True)
+    with open(os.path.join(cell_dir, "cell.log"), "a") as logfile, \
+            Cluster.up(cfg.nodes, parse_link(bandwidth), name=cfg.cluster_name, force=True) as cluster:
+        tcp = cluster.measure()
+        log(f"{cell}: {tcp.summary()}")
+        store.put_cell(cell, {"calibration_tcp": tcp.summary()})
+        if _calibrate(cluster, cfg, workload, cell, cell_dir, store, False, logfile) is None:
+            return False
+    remade, kept = rescore(store, cfg.skip, cfg.target_accuracy, cells={cell})
+    log(f"{cell}: {remade} runs predicted" + (f"; kept as recorded: {'; '.join(kept)}" if kept else ""))
+    return True
+
+
+def rescore(store: ResultStore, skip: int, target: float, cells: set[str] | None = None) -> tuple[int, list[str]]:
     """Re-make the record and prediction of every finished run in ``store`` whose raw metrics are on this machine
     (its cell's ``calib.json`` beside them), keeping what the grid recorded about the run (flags, paths, wall time);
-    saved once at the end. Returns (runs re-made, why each other finished run was kept as it was)."""
+    saved once at the end; only ``cells`` when given. Returns (runs re-made, why each other finished run was kept as
+    it was)."""
     remade, kept = 0, []
-    runs = [r for r in store.data["runs"] if r.get("status") == "ok"]
+    runs = [r for r in store.data["runs"] if r.get("status") == "ok" and (cells is None or r["cell"] in cells)]
     present = {(r["cell"], r["variant"]): r["metrics"] for r in runs if metrics_files(r["metrics"])}
     for old in runs:
         key = (old["cell"], old["variant"])
