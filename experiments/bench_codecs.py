@@ -2,22 +2,26 @@
 and as they were (the frozen copy in ``tests/codec_reference.py``), bf16 and fp16 beside them as a control (one
 implementation timed twice: its ratio shows the noise), in one process with one thread.
 
-    PYTHONPATH=. python experiments/bench_codecs.py                        # 64 KB, 1 MB, 6.3 MB of fp32
-    PYTHONPATH=. python experiments/bench_codecs.py --sizes 6.3MB --repeats 31 --codecs q8,q8-stochastic
+    python experiments/bench_codecs.py                        # 64 KB, 1.05 MB, 6.3 MB of fp32
+    python experiments/bench_codecs.py --sizes 6.3MB --repeats 31 --codecs q8,q8-stochastic
 
 Each repeat times new and old back to back, in alternating order; the table shows medians and new / old.
-6.3 MB is one ring chunk of the 6.3 M-parameter MLP over 4 ranks. Run it from the repository root.
+6.3 MB is one ring chunk of the 6.3 M-parameter MLP over 4 ranks, and 1.05 MB one of the six pieces the ring encodes
+it in (``pipesgd.ring.piece_bounds``), which is what a codec sees there.
 """
 from __future__ import annotations
 
 import argparse
 import re
 import sys
+from pathlib import Path
 
 import torch
 
-from pipesgd.bench.codec_ab import CodecPair, markdown, measure_ab
-from pipesgd.compression import build
+# The old codecs live in this checkout's tests/; the new ones must come from the same checkout, wherever it runs from.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from pipesgd.bench.codec_ab import CodecPair, markdown, measure_ab  # noqa: E402
+from pipesgd.compression import build  # noqa: E402
 
 _UNITS = {"": 1, "B": 1, "KB": 1_000, "MB": 1_000_000, "GB": 1_000_000_000}
 
@@ -32,8 +36,8 @@ def _pairs() -> dict[str, CodecPair]:
     try:
         from tests.codec_reference import ReferenceScalarQuantizer, ReferenceSignCompressor
     except ImportError as err:
-        print(f"bench_codecs: error: the old codecs live in tests/codec_reference.py; run from the repository root "
-              f"with PYTHONPATH=. ({err})", file=sys.stderr)
+        print(f"bench_codecs: error: the old codecs (tests/codec_reference.py) are not in this checkout ({err})",
+              file=sys.stderr)
         sys.exit(2)
     return {
         "q8": CodecPair("q8", lambda: build("q8"), lambda: ReferenceScalarQuantizer(8)),
@@ -63,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     pairs = _pairs()
     parser = _Parser(prog="bench_codecs", description=__doc__.splitlines()[0])
     parser.add_argument("--codecs", default="q8,q4,sign,bf16,fp16", help=f"comma-separated, of {', '.join(pairs)}")
-    parser.add_argument("--sizes", default="64KB,1MB,6.3MB", help="comma-separated fp32 sizes, e.g. 64KB,6.3MB")
+    parser.add_argument("--sizes", default="64KB,1.05MB,6.3MB", help="comma-separated fp32 sizes, e.g. 64KB,6.3MB")
     parser.add_argument("--repeats", type=int, default=15, help="interleaved A/B repeats (medians over them)")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1, as a ring rank)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -83,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.device not in ("cpu", "cuda") or (args.device == "cuda" and not torch.cuda.is_available()):
         parser.error(f"--device must be cpu or cuda (with a GPU), got {args.device!r}")
     torch.set_num_threads(args.threads)
+    clock = "this thread's CPU time" if args.device == "cpu" else "wall time"
     print(f"torch {torch.__version__}, {args.threads} thread(s), {args.device}, {args.repeats} interleaved repeats; "
-          "GB/s of fp32 input")
+          f"GB/s of fp32 input, by {clock}")
     rows = []
     for name in names:
         for numel in sizes:

@@ -10,6 +10,7 @@ import pipesgd.compression._blocks as blocks_module
 import pipesgd.compression.quantize as quantize
 import pipesgd.compression.sign as sign
 from pipesgd.compression import build
+from pipesgd.compression._blocks import may_be_non_finite
 from tests.codec_reference import ReferenceScalarQuantizer, ReferenceSignCompressor
 
 NAN, INF = float("nan"), float("inf")
@@ -55,6 +56,8 @@ def data(kind: str, numel: int, block_size: int, seed: int = 0) -> torch.Tensor:
         x[1::11] = torch.finfo(torch.float32).max
     elif kind == "all_zero":
         x.zero_()
+    elif kind == "huge_finite":
+        x = x.clamp(-3, 3) * 1.1e38  # every value finite, but the scales' sum overflows: the check's false alarm
     return x
 
 
@@ -132,19 +135,41 @@ def test_the_cuda_paths_forced_on_cpu_match_reference(name, stochastic, numel, k
     monkeypatch.setattr(quantize, "tile_rows", lambda block_size, device: None)
     monkeypatch.setattr(sign, "tile_rows", lambda block_size, device: None)
     monkeypatch.setattr(blocks_module, "_CPU_TILE_ELEMENTS", 1 << 62)
-    monkeypatch.setattr(sign, "_bits_on_host", lambda tensor: False)
+    monkeypatch.setattr(sign, "_on_host", lambda tensor: False)
     new, ref = pair(name, stochastic)
     assert_same(new, ref, data(kind, numel, 4096), encodes=2 if stochastic else 1)
 
 
 @pytest.mark.parametrize("numel", [1, 2, 3, 4, 5, 4097, 300_003])
 @pytest.mark.parametrize("stochastic", [False, True])
-def test_q4_portable_packing_matches_the_word_multiply(numel, stochastic, monkeypatch):
-    """The nibble packing a big-endian host would use gives the bytes of the int32 multiply."""
-    x = data("zeros", numel, 4096)
-    expected = pair("q4", stochastic)[0].compress(x)[0]
+def test_q4_portable_nibble_code_matches_reference(numel, stochastic, monkeypatch):
+    """The strided packing and unpacking a big-endian host would use (the word tricks read bytes little-endian)."""
     monkeypatch.setattr(quantize, "_LITTLE_ENDIAN", False)
-    assert torch.equal(pair("q4", stochastic)[0].compress(x)[0], expected)
+    new, ref = pair("q4", stochastic)
+    assert_same(new, ref, data("zeros", numel, 4096), encodes=2)
+
+
+def test_q4_unpacks_every_byte():
+    """All 256 byte values decode to the reference's codes (the widening trick carries nothing between nibbles)."""
+    new, ref = pair("q4", block_size=512)
+    payload = torch.cat([torch.ones(1).view(torch.uint8), torch.arange(256, dtype=torch.uint8)])
+    ctx = new.compress(torch.zeros(512))[1]
+    assert torch.equal(new.decompress(payload, ctx), ref.decompress(payload, ctx))
+
+
+@pytest.mark.parametrize(("numel", "block_size"), [(10_000, 1), (10_001, 64), (100_003, 4096)])
+@pytest.mark.parametrize(("name", "stochastic"), STOCHASTIC)
+def test_finite_scales_whose_sum_overflows_match_reference(name, stochastic, numel, block_size):
+    new, ref = pair(name, stochastic, block_size=block_size)
+    assert_same(new, ref, data("huge_finite", numel, block_size), encodes=2 if stochastic else 1)
+
+
+def test_the_non_finite_check_is_conservative_and_never_asks_when_told_not_to():
+    assert not may_be_non_finite(torch.tensor([0.0, 1.0, 3e38]), ask=True)
+    assert may_be_non_finite(torch.tensor([0.0, float("nan")]), ask=True)
+    assert may_be_non_finite(torch.tensor([1.0, float("inf")]), ask=True)
+    assert may_be_non_finite(torch.tensor([3e38, 3e38]), ask=True)  # finite, but the sum overflows: a false alarm
+    assert may_be_non_finite(torch.tensor([1.0]), ask=False)  # CUDA: never reads the answer, always masks
 
 
 @pytest.mark.parametrize(("name", "stochastic"), STOCHASTIC)

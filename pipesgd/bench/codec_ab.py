@@ -2,11 +2,15 @@
 two timed in interleaved repeats on the same data, medians, and the ratio new / old.
 
 Interleaving matters on a shared, noisy machine: each repeat times new and old back to back (in alternating
-order), so a slow spell hits both, and the ratio from one run is what counts, not either absolute number.
+order), so a slow spell hits both, and the ratio from one run is what counts, not either absolute number. On CPU
+the clock is this thread's CPU time (user + system, so page faults count): other processes taking the cores do not
+stretch it, and CPU per encode is what a codec takes from the training it shares the cores with. On CUDA it is
+wall time around a device synchronize.
 """
 from __future__ import annotations
 
 import math
+import resource
 import statistics
 import time
 from dataclasses import dataclass
@@ -39,6 +43,9 @@ class ABRow:
     encode_old_gbps: float
     decode_new_gbps: float
     decode_old_gbps: float
+    # Minor page faults per encode (a fresh multi-MB temporary faults in every page): new, old.
+    encode_faults_new: float
+    encode_faults_old: float
     # Whether new and old gave the same payload bytes and the same decoded bits on the benchmark's input.
     same_bits: bool
 
@@ -56,22 +63,32 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _calls_per_sample(call: Callable[[], object], device: torch.device) -> int:
-    _sync(device)
-    start = time.perf_counter()
-    call()
-    _sync(device)
-    once = max(time.perf_counter() - start, 1e-7)
-    return max(1, math.ceil(_SAMPLE_S / once))
+def _clock(device: torch.device) -> Callable[[], float]:
+    return time.thread_time if device.type == "cpu" else time.perf_counter
 
 
 def _seconds_per_call(call: Callable[[], object], calls: int, device: torch.device) -> float:
+    clock = _clock(device)
     _sync(device)
-    start = time.perf_counter()
+    start = clock()
     for _ in range(calls):
         call()
     _sync(device)
-    return (time.perf_counter() - start) / calls
+    return (clock() - start) / calls
+
+
+def _faults_per_call(call: Callable[[], object], calls: int = 5) -> float:
+    """Minor page faults of this thread per call (Linux counts them per thread)."""
+    who = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+    start = resource.getrusage(who).ru_minflt
+    for _ in range(calls):
+        call()
+    return (resource.getrusage(who).ru_minflt - start) / calls
+
+
+def _calls_per_sample(call: Callable[[], object], device: torch.device) -> int:
+    once = max(_seconds_per_call(call, 1, device), 1e-7)
+    return max(1, math.ceil(_SAMPLE_S / once))
 
 
 def _same_bits(pair: CodecPair, x: torch.Tensor) -> bool:
@@ -108,8 +125,9 @@ def measure_ab(pair: CodecPair, numel: int, repeats: int, device: str | torch.de
                 key = (side, phase)
                 samples[key].append(_seconds_per_call(calls[key], counts[key], device))
     gbps = {key: 4 * numel / statistics.median(values) / 1e9 for key, values in samples.items()}
+    faults = {side: _faults_per_call(calls[side, "encode"]) for side in sides}
     return ABRow(pair.name, numel, gbps["new", "encode"], gbps["old", "encode"], gbps["new", "decode"],
-                 gbps["old", "decode"], same)
+                 gbps["old", "decode"], faults["new"], faults["old"], same)
 
 
 def _size(n_bytes: int) -> str:
@@ -123,13 +141,13 @@ def markdown(rows: list[ABRow]) -> str:
     """The side-by-side table: GB/s of new and old, and new / old, for encode and decode."""
     lines = [
         "| codec | size (fp32) | encode new GB/s | encode old GB/s | encode new/old "
-        "| decode new GB/s | decode old GB/s | decode new/old | same bits |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| decode new GB/s | decode old GB/s | decode new/old | encode page faults new / old | same bits |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r.codec} | {_size(4 * r.numel)} | {r.encode_new_gbps:.2f} | {r.encode_old_gbps:.2f} "
             f"| {r.encode_ratio:.2f} | {r.decode_new_gbps:.2f} | {r.decode_old_gbps:.2f} | {r.decode_ratio:.2f} "
-            f"| {'yes' if r.same_bits else 'NO'} |"
+            f"| {r.encode_faults_new:.0f} / {r.encode_faults_old:.0f} | {'yes' if r.same_bits else 'NO'} |"
         )
     return "\n".join(lines)

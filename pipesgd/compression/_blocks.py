@@ -7,6 +7,7 @@ zero-padded, which leaves max|x| and sum|x| as they were and costs fewer than ``
 """
 from __future__ import annotations
 
+import math
 from typing import Iterator
 
 import torch
@@ -56,11 +57,11 @@ def block_views(flat: torch.Tensor, block_size: int) -> list[BlockMatrix]:
     (for element-wise work such as decoding, where the padding of :func:`split_blocks` would only cost)."""
     numel = flat.numel()
     whole = numel // block_size
-    matrices: list[BlockMatrix] = []
+    if whole * block_size == numel:
+        return [(0, flat.view(whole, block_size))]
+    matrices: list[BlockMatrix] = [(whole, flat[whole * block_size :].view(1, -1))]
     if whole:
-        matrices.append((0, flat[: whole * block_size].view(whole, block_size)))
-    if numel > whole * block_size:
-        matrices.append((whole, flat[whole * block_size :].view(1, -1)))
+        matrices.insert(0, (0, flat[: whole * block_size].view(whole, block_size)))
     return matrices
 
 
@@ -91,6 +92,13 @@ def scratch(rows: int, block_size: int, rows_per_tile: int | None, device: torch
 def into_scratch(buffer: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
     """An ``out=`` tensor shaped like ``like`` at the start of ``buffer`` (None without a buffer: allocate)."""
     return None if buffer is None else buffer[: like.numel()].view_as(like)
+
+
+def may_be_non_finite(scales: torch.Tensor, ask: bool) -> bool:
+    """Whether per-block scales (each >= 0, inf or NaN) may hold inf or NaN. Asked (``ask``, on CPU) through their
+    sum, one small reduction: a sum that overflows answers yes where no is true, which only costs masks that change
+    nothing. Not asked (always yes) where reading the answer would make the host wait for the device (CUDA)."""
+    return not ask or not math.isfinite(float(scales.sum()))
 
 
 def view_bytes_as(payload: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -17,6 +17,7 @@ from pipesgd.compression._blocks import (
     check_numel,
     check_payload,
     into_scratch,
+    may_be_non_finite,
     n_blocks,
     rows_of,
     scratch,
@@ -45,9 +46,10 @@ def _bit_weights(device: torch.device) -> torch.Tensor:
     return weights
 
 
-def _bits_on_host(tensor: torch.Tensor) -> bool:
-    """Whether to pack and unpack the sign bits with numpy (CPU: ~10x faster than torch's comparison to bool and
-    its bit masks); on CUDA the torch kernels run, which never wait for the host."""
+def _on_host(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is in host memory. There numpy packs and unpacks the sign bits (~10x faster than torch's
+    comparison to bool and its bit masks) and asking whether a scale is bad costs no sync; on CUDA the torch
+    kernels run and masks apply unasked, so nothing waits for the host."""
     return tensor.device.type == "cpu"
 
 
@@ -85,14 +87,19 @@ class SignCompressor:
         buffer = scratch(rows, self.block_size, per_tile, x.device)
         sums = [torch.abs(blocks, out=into_scratch(buffer, blocks)).sum(dim=1)
                 for _, blocks in tiles(matrices, per_tile)]
-        counts = torch.full((rows,), float(self.block_size), dtype=torch.float32, device=x.device)
-        counts[-1] = numel - (rows - 1) * self.block_size
-        scale = (sums[0] if len(sums) == 1 else torch.cat(sums)).div_(counts)
-        scale.masked_fill_(~torch.isfinite(scale), float("nan"))
-        payload[: 4 * rows].view(torch.float32).copy_(scale)
+        sums = sums[0] if len(sums) == 1 else torch.cat(sums)
+        scale = payload[: 4 * rows].view(torch.float32)  # computed in place in the payload
+        if numel == rows * self.block_size:
+            torch.div(sums, float(self.block_size), out=scale)  # the count, as fp32 like the tensor below
+        else:
+            counts = torch.full((rows,), float(self.block_size), dtype=torch.float32, device=x.device)
+            counts[-1] = numel - (rows - 1) * self.block_size
+            torch.div(sums, counts, out=scale)
+        if may_be_non_finite(scale, _on_host(x)):
+            scale.masked_fill_(~torch.isfinite(scale), float("nan"))
 
         # Step 2: sign bits (x >= 0, so -0.0 sets its bit and NaN does not), packed little-endian within each byte.
-        if _bits_on_host(x):
+        if _on_host(x):
             with np.errstate(invalid="ignore"):
                 signs = np.greater_equal(x.detach().numpy(), 0)
             payload[4 * rows :].numpy()[:] = np.packbits(signs, bitorder="little")
@@ -116,7 +123,7 @@ class SignCompressor:
         rows = n_blocks(numel, self.block_size)
         scale = view_bytes_as(payload[: 4 * rows], torch.float32)[:, None]
         packed = payload[4 * rows :]
-        if _bits_on_host(packed):
+        if _on_host(packed):
             bits = torch.from_numpy(np.unpackbits(packed.numpy(), count=numel, bitorder="little"))
         else:
             bits = (packed[:, None] & _bit_weights(payload.device)).ne_(0).view(-1)[:numel]
