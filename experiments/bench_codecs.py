@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pipesgd.bench.codec_ab import CodecPair, markdown, measure_ab  # noqa: E402
 from pipesgd.compression import build  # noqa: E402
 
-_UNITS = {"": 1, "B": 1, "KB": 1_000, "MB": 1_000_000, "GB": 1_000_000_000}
+_UNITS = {"": 1, "B": 1, "KB": 1_000, "MB": 1_000_000, "GB": 1_000_000_000, "KIB": 1 << 10, "MIB": 1 << 20,
+          "GIB": 1 << 30}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -53,11 +54,11 @@ def _pairs() -> dict[str, CodecPair]:
 
 
 def _size(text: str) -> int:
-    """'6.3MB' -> fp32 elements (bytes / 4)."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMG]?B?)\s*", text.upper())
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a size like 64KB or 6.3MB: {text!r}")
-    n_bytes = float(match.group(1)) * _UNITS[match.group(2) if match.group(2) != "K" else "KB"]
+    """'6.3MB' (decimal) or '64KiB' (binary) -> fp32 elements (bytes / 4)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*((?:[KMG]I?)?B?)\s*", text.upper())
+    if not match or match.group(2) not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size like 64KB, 64KiB or 6.3MB: {text!r}")
+    n_bytes = float(match.group(1)) * _UNITS[match.group(2)]
     if n_bytes < 4:
         raise argparse.ArgumentTypeError(f"a size must hold at least one fp32 element (4 B): {text!r}")
     return int(n_bytes) // 4

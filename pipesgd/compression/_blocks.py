@@ -52,17 +52,23 @@ def rows_of(tensor: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     return tensor if start == 0 and stop == tensor.shape[0] else tensor[start:stop]
 
 
-def block_views(flat: torch.Tensor, block_size: int) -> list[BlockMatrix]:
-    """``flat`` as block matrices without any copy: its whole blocks, then its short last block as a ``(1, m)`` row
-    (for element-wise work such as decoding, where the padding of :func:`split_blocks` would only cost)."""
-    numel = flat.numel()
+def decode_buffer(numel: int, block_size: int, device: torch.device) -> tuple[torch.Tensor, list[BlockMatrix]]:
+    """A float32 output of ``numel`` elements and the block matrices that view it, for element-wise decoding.
+
+    Whole blocks only: one matrix. A short last block on CPU beyond one tile: the whole blocks and a ``(1, m)`` row
+    (zeroing a padded buffer would cost a pass over all of it). Else (small, or CUDA) a zero-padded buffer and one
+    matrix, of which the output is the contiguous first ``numel`` elements: one call fewer per decoding step.
+    """
     whole = numel // block_size
     if whole * block_size == numel:
-        return [(0, flat.view(whole, block_size))]
-    matrices: list[BlockMatrix] = [(whole, flat[whole * block_size :].view(1, -1))]
-    if whole:
-        matrices.insert(0, (0, flat[: whole * block_size].view(whole, block_size)))
-    return matrices
+        flat = torch.empty(numel, dtype=torch.float32, device=device)
+        return flat, [(0, flat.view(whole, block_size))]
+    if whole == 0 or device.type != "cpu" or numel <= _CPU_TILE_ELEMENTS:
+        padded = torch.zeros((whole + 1) * block_size, dtype=torch.float32, device=device)
+        return padded[:numel], [(0, padded.view(whole + 1, block_size))]
+    flat = torch.empty(numel, dtype=torch.float32, device=device)
+    tail = flat[whole * block_size :].view(1, -1)
+    return flat, [(0, flat[: whole * block_size].view(whole, block_size)), (whole, tail)]
 
 
 def tile_rows(block_size: int, device: torch.device) -> int | None:

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 
 from pipesgd.compression._blocks import (
-    block_views,
     check_numel,
     check_payload,
+    decode_buffer,
     into_scratch,
     may_be_non_finite,
     n_blocks,
@@ -111,8 +111,12 @@ class ScalarQuantizer:
         # max(amax, -amin) equals max|x| bit for bit and runs ~3x faster than abs().amax() (no temporary).
         # The scales are computed in place in the payload.
         scale = payload[: 4 * rows].view(torch.float32)
-        maxima = [torch.maximum(blocks.amax(dim=1), blocks.amin(dim=1).neg_()) for _, blocks in matrices]
-        torch.cat(maxima, out=scale) if len(maxima) > 1 else scale.copy_(maxima[0])
+        if len(matrices) == 1:
+            blocks = matrices[0][1]
+            torch.maximum(blocks.amax(dim=1), blocks.amin(dim=1).neg_(), out=scale)
+        else:
+            torch.cat([torch.maximum(blocks.amax(dim=1), blocks.amin(dim=1).neg_()) for _, blocks in matrices],
+                      out=scale)
         scale.div_(self.qmax)
         any_bad = may_be_non_finite(scale, _ask_before_masking(tensor))
         if any_bad:
@@ -158,8 +162,9 @@ class ScalarQuantizer:
         scale = view_bytes_as(payload[: 4 * rows], torch.float32)
         code_bytes = payload[4 * rows :]
         codes = code_bytes.view(torch.int8) if self.bits == 8 else rows_of(_unpack_nibbles(code_bytes), 0, numel)
-        flat = torch.empty(numel, dtype=torch.float32, device=payload.device).copy_(codes)
-        for row, blocks in block_views(flat, self.block_size):
+        flat, matrices = decode_buffer(numel, self.block_size, payload.device)
+        flat.copy_(codes)
+        for row, blocks in matrices:
             blocks.mul_(rows_of(scale, row, row + blocks.shape[0])[:, None])
         return flat.to(ctx.dtype)
 

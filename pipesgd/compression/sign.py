@@ -4,6 +4,10 @@ Per block: one fp32 scale = mean|x| over the block's real elements, and one bit 
 (x >= 0, packed 8 per byte, element 8i+k in bit k of byte i). Decoding gives +scale or -scale.
 The codec is biased, so it is only meaningful with error feedback; ``PipeSGDOptions`` enforces that
 (``pipesgd.defaults.NEEDS_ERROR_FEEDBACK``).
+
+Speed (issue 11): on CPU numpy packs and unpacks the bits (``packbits``/``unpackbits``, little bit order: the same
+bytes), |x| goes through one reused tile buffer and no copy of the input's whole blocks is made; on CUDA the torch
+kernels below run and nothing waits for the host. The bytes are those of ``tests/codec_reference.py``.
 """
 from __future__ import annotations
 
@@ -13,9 +17,9 @@ import numpy as np
 import torch
 
 from pipesgd.compression._blocks import (
-    block_views,
     check_numel,
     check_payload,
+    decode_buffer,
     into_scratch,
     may_be_non_finite,
     n_blocks,
@@ -127,9 +131,10 @@ class SignCompressor:
             bits = torch.from_numpy(np.unpackbits(packed.numpy(), count=numel, bitorder="little"))
         else:
             bits = (packed[:, None] & _bit_weights(payload.device)).ne_(0).view(-1)[:numel]
-        flat = torch.empty(numel, dtype=torch.float32, device=payload.device).copy_(bits)
+        flat, matrices = decode_buffer(numel, self.block_size, payload.device)
+        flat.copy_(bits)
         # bit * 2s - s is exactly +s or -s in fp32 (2s and 2s - s are exact).
-        for row, blocks in block_views(flat, self.block_size):
+        for row, blocks in matrices:
             block_scale = rows_of(scale, row, row + blocks.shape[0])
             blocks.mul_(2 * block_scale).sub_(block_scale)
         return flat.to(ctx.dtype)
