@@ -3,6 +3,9 @@ codecs they replaced (``tests/codec_reference.py``, a frozen copy), on every pat
 one-matrix path CUDA takes (forced here on CPU), q4's portable packing, and sign's torch bit packing."""
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -183,6 +186,13 @@ def test_decode_of_a_misaligned_payload_matches_reference(name, stochastic):
     assert torch.equal(decoded.view(torch.int32), ref.decompress(payload, ctx).view(torch.int32))
 
 
+@pytest.mark.parametrize(("name", "stochastic"), STOCHASTIC)
+def test_an_input_that_requires_grad_encodes_as_before(name, stochastic):
+    """The old codecs took such a tensor; the out= kernels would refuse it without the detach."""
+    new, ref = pair(name, stochastic)
+    assert_same(new, ref, data("special", 300_001, 4096).requires_grad_(), encodes=2 if stochastic else 1)
+
+
 def test_the_reference_is_not_the_code_under_test():
     """A bit-exactness test that compared the new code with itself could not fail."""
     assert type(build("q8")).compress is not ReferenceScalarQuantizer.compress
@@ -193,3 +203,43 @@ def test_the_reference_is_not_the_code_under_test():
     payload = new.compress(x)[0].clone()
     payload[-1] ^= 1
     assert not torch.equal(payload, ref.compress(x)[0])
+
+
+# -- experiments/bench_codecs.py -------------------------------------------------------------------------------------
+
+
+def _bench_main():
+    path = Path(__file__).resolve().parent.parent / "experiments" / "bench_codecs.py"
+    spec = importlib.util.spec_from_file_location("bench_codecs", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+@pytest.mark.parametrize("argv", [["--codecs", "q9"], ["--sizes", "3XB"], ["--sizes", "1B"], ["--repeats", "0"],
+                                  ["--device", "tpu"], ["--bogus"]])
+def test_bench_bad_flags_are_one_line_and_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _bench_main()(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith("bench_codecs: error: "), err
+
+
+def test_bench_prints_new_and_old_side_by_side(capsys):
+    threads = torch.get_num_threads()
+    try:
+        assert _bench_main()(["--codecs", "q8,sign,bf16", "--sizes", "4KB,5KiB", "--repeats", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    rows = table[table.index(next(line for line in table if line.startswith("| codec"))) + 1 :]  # after the header
+    assert [row.split(" | ")[0:2] for row in rows] == [["| q8", "4 KB"], ["| q8", "5.12 KB"], ["| sign", "4 KB"],
+                                                       ["| sign", "5.12 KB"], ["| bf16", "4 KB"], ["| bf16", "5.12 KB"]]
+    assert all(row.endswith("| yes |") for row in rows)
+
+
+def test_bench_notices_codecs_that_disagree():
+    from pipesgd.bench.codec_ab import CodecPair, measure_ab
+
+    row = measure_ab(CodecPair("q8 vs q4", lambda: build("q8"), lambda: build("q4")), 5000, repeats=1)
+    assert not row.same_bits and row.encode_new_gbps > 0 and row.decode_old_gbps > 0

@@ -1,5 +1,5 @@
-"""Shared plumbing for the block codecs: a flat chunk as block matrices (no copy of the whole blocks), cache-sized
-tiles of them, and reading typed fields out of a ``uint8`` payload.
+"""Shared plumbing for the block codecs: a flat chunk as block matrices (no copy of the whole blocks), tiles of them
+worked through one reused buffer, and reading typed fields out of a ``uint8`` payload.
 
 Blocks are handled as ``(rows, block_size)`` matrices so every codec step is one vectorised torch op per matrix
 (no Python loop over blocks). The whole blocks are a view of the chunk; only a short last block is copied,
@@ -26,18 +26,24 @@ def n_blocks(numel: int, block_size: int) -> int:
     return -(-numel // block_size)
 
 
+def _pads_all(numel: int, whole: int, device: torch.device) -> bool:
+    """Whether a chunk with a short last block becomes one zero-padded matrix (a copy of all of it) rather than its
+    whole blocks plus the short one: on CUDA, and for CPU chunks of at most one tile, the copy costs less than the
+    second matrix's extra calls."""
+    return whole == 0 or device.type != "cpu" or numel <= _CPU_TILE_ELEMENTS
+
+
 def split_blocks(flat: torch.Tensor, block_size: int) -> list[BlockMatrix]:
     """``flat`` as block matrices, row for row what zero-padding all of ``flat`` to whole blocks gives.
 
-    Whole blocks are a view. A short last block is zero-padded: with the whole chunk (one matrix, one copy) when the
-    chunk is at most one tile or on CUDA, where a copy is cheaper than the extra calls of a second matrix; else alone,
-    as a second ``(1, block_size)`` matrix (a copy of fewer than ``block_size`` elements).
+    Whole blocks are a view. A short last block is zero-padded, with the whole chunk (``_pads_all``) or alone, as a
+    second ``(1, block_size)`` matrix (a copy of fewer than ``block_size`` elements).
     """
     numel = flat.numel()
     whole = numel // block_size
     if whole * block_size == numel:
         return [(0, flat.view(whole, block_size))]
-    if whole == 0 or flat.device.type != "cpu" or numel <= _CPU_TILE_ELEMENTS:
+    if _pads_all(numel, whole, flat.device):
         padded = flat.new_zeros((whole + 1) * block_size)
         padded[:numel].copy_(flat)
         return [(0, padded.view(whole + 1, block_size))]
@@ -55,15 +61,15 @@ def rows_of(tensor: torch.Tensor, start: int, stop: int) -> torch.Tensor:
 def decode_buffer(numel: int, block_size: int, device: torch.device) -> tuple[torch.Tensor, list[BlockMatrix]]:
     """A float32 output of ``numel`` elements and the block matrices that view it, for element-wise decoding.
 
-    Whole blocks only: one matrix. A short last block on CPU beyond one tile: the whole blocks and a ``(1, m)`` row
-    (zeroing a padded buffer would cost a pass over all of it). Else (small, or CUDA) a zero-padded buffer and one
-    matrix, of which the output is the contiguous first ``numel`` elements: one call fewer per decoding step.
+    Whole blocks only: one matrix. A short last block, as in :func:`split_blocks`: a zero-padded buffer and one matrix
+    (the output is its contiguous first ``numel`` elements), or the whole blocks and a ``(1, m)`` row (zeroing a
+    padded buffer would cost a pass over all of it).
     """
     whole = numel // block_size
     if whole * block_size == numel:
         flat = torch.empty(numel, dtype=torch.float32, device=device)
         return flat, [(0, flat.view(whole, block_size))]
-    if whole == 0 or device.type != "cpu" or numel <= _CPU_TILE_ELEMENTS:
+    if _pads_all(numel, whole, device):
         padded = torch.zeros((whole + 1) * block_size, dtype=torch.float32, device=device)
         return padded[:numel], [(0, padded.view(whole + 1, block_size))]
     flat = torch.empty(numel, dtype=torch.float32, device=device)
@@ -87,12 +93,15 @@ def tiles(matrices: list[BlockMatrix], rows_per_tile: int | None) -> Iterator[Bl
             yield first + row, rows_of(matrix, row, min(row + step, rows))
 
 
-def scratch(rows: int, block_size: int, rows_per_tile: int | None, device: torch.device) -> torch.Tensor | None:
-    """A float32 buffer for one tile, reused by every tile of one encode; None when one tile covers all ``rows``
-    (a single temporary then costs no more than the buffer would)."""
+def scratch(rows: int, block_size: int, rows_per_tile: int | None, device: torch.device,
+            count: int = 1) -> list[torch.Tensor | None]:
+    """``count`` float32 buffers of one tile each, reused by every tile of one encode; Nones when one tile covers all
+    ``rows`` (a single temporary then costs no more than a buffer would). The buffers share one allocation: two
+    freed side by side would leave the allocator enough free space at the top of its heap to hand back to the OS,
+    and the next encode would fault every page in again."""
     if rows_per_tile is None or rows <= rows_per_tile:
-        return None
-    return torch.empty(rows_per_tile * block_size, dtype=torch.float32, device=device)
+        return [None] * count
+    return list(torch.empty(count, rows_per_tile * block_size, dtype=torch.float32, device=device).unbind())
 
 
 def into_scratch(buffer: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:

@@ -104,7 +104,8 @@ class ScalarQuantizer:
         payload = torch.empty(self.payload_bytes(numel), dtype=torch.uint8, device=device)
         if numel == 0:
             return payload, ctx
-        matrices = split_blocks(tensor.to(torch.float32), self.block_size)  # whole fp32 blocks are not copied
+        # Whole fp32 blocks are not copied; detached, as the out= kernels below refuse a tensor that requires grad.
+        matrices = split_blocks(tensor.detach().to(torch.float32), self.block_size)
         rows = n_blocks(numel, self.block_size)
 
         # Step 1: per-block scale; inf or NaN anywhere in the block makes it NaN so decoding shows it.
@@ -130,12 +131,18 @@ class ScalarQuantizer:
         codes = code_bytes.view(torch.int8) if self.bits == 8 else torch.empty(
             -(-numel // 4) * 4, dtype=torch.int8, device=device)
         per_tile = tile_rows(self.block_size, device)
-        buffer = scratch(rows, self.block_size, per_tile, device)
+        buffers = scratch(rows, self.block_size, per_tile, device, count=2 if self.stochastic else 1)
+        buffer, noise = buffers[0], buffers[-1]  # noise: the second buffer, read only by stochastic rounding
         for row, blocks in tiles(matrices, per_tile):
             stop = row + blocks.shape[0]
             q = torch.div(blocks, rows_of(safe, row, stop)[:, None], out=into_scratch(buffer, blocks))
             if self.stochastic:
-                q.add_(torch.rand(q.shape, generator=self._generator(device), device=device))
+                # u ~ U[0, 1) for every element of the padded blocks, tile after tile: the numbers, and the order
+                # they are drawn in, of one torch.rand over all blocks (uniform_ is what torch.rand runs).
+                generator = self._generator(device)
+                u = into_scratch(noise, q)
+                q.add_(torch.rand(q.shape, generator=generator, device=device) if u is None
+                       else u.uniform_(generator=generator))
                 q.floor_()
                 # Step 3: floor(x / scale + u) can reach qmax + 1 when x / scale exceeds qmax by an ulp.
                 q.clamp_(-self.qmax, self.qmax)

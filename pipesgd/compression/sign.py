@@ -79,7 +79,7 @@ class SignCompressor:
         payload = torch.empty(self.payload_bytes(numel), dtype=torch.uint8, device=tensor.device)
         if numel == 0:
             return payload, ctx
-        x = tensor.to(torch.float32)
+        x = tensor.detach().to(torch.float32)  # the out= kernels below refuse a tensor that requires grad
         matrices = split_blocks(x, self.block_size)  # zero padding adds nothing to the sums below
         rows = n_blocks(numel, self.block_size)
 
@@ -88,7 +88,7 @@ class SignCompressor:
         # also reads as NaN, which only happens to gradients that are already about to overflow.
         # |x| goes tile by tile through one reused scratch; each row's sum is computed exactly as over all rows.
         per_tile = tile_rows(self.block_size, x.device)
-        buffer = scratch(rows, self.block_size, per_tile, x.device)
+        (buffer,) = scratch(rows, self.block_size, per_tile, x.device)
         sums = [torch.abs(blocks, out=into_scratch(buffer, blocks)).sum(dim=1)
                 for _, blocks in tiles(matrices, per_tile)]
         sums = sums[0] if len(sums) == 1 else torch.cat(sums)
