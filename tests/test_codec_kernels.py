@@ -104,7 +104,8 @@ def test_other_block_sizes_match_reference(name, stochastic, numel, block_size, 
 # small data, and one so big that every chunk is a single padded matrix (what CUDA does).
 @pytest.mark.parametrize("tile_elements", [64, 200, 1 << 30])
 @pytest.mark.parametrize("kind", ["randn", "zeros", "special"])
-@pytest.mark.parametrize(("numel", "block_size"), [(64 * 9, 64), (64 * 9 + 1, 64), (64 * 10 + 63, 64), (701, 7)])
+@pytest.mark.parametrize(("numel", "block_size"), [(64 * 9, 64), (64 * 9 + 1, 64), (64 * 10 + 63, 64), (701, 7),
+                                                 (4 * 51 + 3, 4), (12 * 41 + 5, 12), (2 * 301, 2)])
 @pytest.mark.parametrize(("name", "stochastic"), STOCHASTIC)
 def test_every_tiling_matches_reference(name, stochastic, numel, block_size, kind, tile_elements, monkeypatch):
     monkeypatch.setattr(blocks_module, "_CPU_TILE_ELEMENTS", tile_elements)
