@@ -30,7 +30,7 @@ def _pads_all(numel: int, whole: int, device: torch.device) -> bool:
     """Whether a chunk with a short last block becomes one zero-padded matrix (a copy of all of it) rather than its
     whole blocks plus the short one: on CUDA, and for CPU chunks of at most one tile, the copy costs less than the
     second matrix's extra calls."""
-    return whole == 0 or device.type != "cpu" or numel <= _CPU_TILE_ELEMENTS
+    return numel <= _CPU_TILE_ELEMENTS or whole == 0 or device.type != "cpu"
 
 
 def split_blocks(flat: torch.Tensor, block_size: int) -> list[BlockMatrix]:
