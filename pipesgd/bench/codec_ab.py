@@ -106,7 +106,8 @@ def _same_bits(pair: CodecPair, x: torch.Tensor) -> bool:
 
 
 def measure_ab(pair: CodecPair, numel: int, repeats: int, device: str | torch.device = "cpu") -> ABRow:
-    """Encode and decode throughput of ``pair.new`` and ``pair.old`` on one fixed fp32 vector of ``numel``."""
+    """Encode and decode throughput of the pair's new and old codec on one fixed fp32 vector of ``numel``, the bit
+    check on fresh instances, and each side's page faults per encode (over a few encodes of its own in a row)."""
     if numel < 1 or repeats < 1:
         raise ValueError(f"numel and repeats must be >= 1, got {numel} and {repeats}")
     device = torch.device(device)
