@@ -1,12 +1,24 @@
-"""Shared plumbing for the block codecs: splitting a flat chunk into fixed-size blocks, and reading typed
-fields out of a ``uint8`` payload.
+"""Shared plumbing for the block codecs: a flat chunk as block matrices (no copy of the whole blocks), tiles of them
+worked through one reused buffer, and reading typed fields out of a ``uint8`` payload.
 
-Blocks are handled as one ``(n_blocks, block_size)`` matrix so every codec step is a single vectorised
-torch op (no Python loop over blocks); a short last block is zero-padded, which leaves max|x| unchanged.
+Blocks are handled as ``(rows, block_size)`` matrices so every codec step is one vectorised torch op per matrix
+(no Python loop over blocks). The whole blocks are a view of the chunk; only a short last block is copied,
+zero-padded, which leaves max|x| and sum|x| as they were and costs fewer than ``block_size`` elements.
 """
 from __future__ import annotations
 
+import math
+from typing import Iterator
+
 import torch
+
+# A CPU tile: 256 Ki fp32 elements (1 MiB). Working tile by tile through one reused scratch buffer keeps a codec's
+# temporaries small: a fresh multi-MB temporary costs page faults on every encode whenever the allocator has handed
+# the last one back to the OS. Smaller tiles (an L2-sized 64 Ki) measured slower: each costs ~10 torch calls of Python
+# overhead. On CUDA (and for chunks of at most one tile) one tile covers the whole chunk: fewer calls.
+_CPU_TILE_ELEMENTS = 1 << 18
+
+BlockMatrix = tuple[int, torch.Tensor]  # (index of its first block, an (rows, block_size) matrix)
 
 
 def n_blocks(numel: int, block_size: int) -> int:
@@ -14,25 +26,94 @@ def n_blocks(numel: int, block_size: int) -> int:
     return -(-numel // block_size)
 
 
-def as_blocks(flat: torch.Tensor, block_size: int) -> torch.Tensor:
-    """``flat`` as an ``(n_blocks, block_size)`` matrix; a view when it divides evenly, else a zero-padded copy."""
-    numel = flat.numel()
-    rows = n_blocks(numel, block_size)
-    if rows * block_size == numel:
-        return flat.view(rows, block_size)
-    padded = flat.new_zeros(rows * block_size)
-    padded[:numel].copy_(flat)
-    return padded.view(rows, block_size)
+def _pads_all(numel: int, whole: int, device: torch.device) -> bool:
+    """Whether a chunk with a short last block becomes one zero-padded matrix (a copy of all of it) rather than its
+    whole blocks plus the short one: on CUDA, and for CPU chunks of at most one tile, the copy costs less than the
+    second matrix's extra calls."""
+    return numel <= _CPU_TILE_ELEMENTS or whole == 0 or device.type != "cpu"
 
 
-def block_buffer(numel: int, block_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """A float32 decode buffer: the padded flat tensor and its ``(n_blocks, block_size)`` view.
+def split_blocks(flat: torch.Tensor, block_size: int) -> list[BlockMatrix]:
+    """``flat`` as block matrices, row for row what zero-padding all of ``flat`` to whole blocks gives.
 
-    The caller fills the first ``numel`` entries and returns ``flat[:numel]``, which stays contiguous.
+    Whole blocks are a view. A short last block is zero-padded, with the whole chunk (``_pads_all``) or alone, as a
+    second ``(1, block_size)`` matrix (a copy of fewer than ``block_size`` elements).
     """
-    rows = n_blocks(numel, block_size)
-    flat = torch.zeros(rows * block_size, dtype=torch.float32, device=device)
-    return flat, flat.view(rows, block_size)
+    numel = flat.numel()
+    whole = numel // block_size
+    if whole * block_size == numel:
+        return [(0, flat.view(whole, block_size))]
+    if _pads_all(numel, whole, flat.device):
+        padded = flat.new_zeros((whole + 1) * block_size)
+        padded[:numel].copy_(flat)
+        return [(0, padded.view(whole + 1, block_size))]
+    last = flat.new_zeros(block_size)
+    last[: numel - whole * block_size].copy_(flat[whole * block_size :])
+    return [(0, flat[: whole * block_size].view(whole, block_size)), (whole, last.view(1, block_size))]
+
+
+def rows_of(tensor: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """``tensor[start:stop]``, or ``tensor`` itself when that is all of it (slicing costs a few microseconds, which
+    small chunks feel)."""
+    return tensor if start == 0 and stop == tensor.shape[0] else tensor[start:stop]
+
+
+def decode_buffer(numel: int, block_size: int, device: torch.device) -> tuple[torch.Tensor, list[BlockMatrix]]:
+    """A float32 output of ``numel`` elements and the block matrices that view it, for element-wise decoding.
+
+    Whole blocks only: one matrix. A short last block, as in :func:`split_blocks`: a zero-padded buffer and one matrix
+    (the output is its contiguous first ``numel`` elements), or the whole blocks and a ``(1, m)`` row (zeroing a
+    padded buffer would cost a pass over all of it).
+    """
+    whole = numel // block_size
+    if whole * block_size == numel:
+        flat = torch.empty(numel, dtype=torch.float32, device=device)
+        return flat, [(0, flat.view(whole, block_size))]
+    if _pads_all(numel, whole, device):
+        padded = torch.zeros((whole + 1) * block_size, dtype=torch.float32, device=device)
+        return padded[:numel], [(0, padded.view(whole + 1, block_size))]
+    flat = torch.empty(numel, dtype=torch.float32, device=device)
+    tail = flat[whole * block_size :].view(1, -1)
+    return flat, [(0, flat[: whole * block_size].view(whole, block_size)), (whole, tail)]
+
+
+def tile_rows(block_size: int, device: torch.device) -> int | None:
+    """Rows per tile: whole blocks worth about one CPU tile (at least one block); None (no tiling) on CUDA."""
+    if device.type != "cpu":
+        return None
+    return max(1, _CPU_TILE_ELEMENTS // block_size)
+
+
+def tiles(matrices: list[BlockMatrix], rows_per_tile: int | None) -> Iterator[BlockMatrix]:
+    """The rows of ``matrices`` in order, in views of at most ``rows_per_tile`` rows (all rows when None)."""
+    for first, matrix in matrices:
+        rows = matrix.shape[0]
+        step = rows_per_tile or rows
+        for row in range(0, rows, step):
+            yield first + row, rows_of(matrix, row, min(row + step, rows))
+
+
+def scratch(rows: int, block_size: int, rows_per_tile: int | None, device: torch.device,
+            count: int = 1) -> list[torch.Tensor | None]:
+    """``count`` float32 buffers of one tile each, reused by every tile of one encode; Nones when one tile covers all
+    ``rows`` (a single temporary then costs no more than a buffer would). The buffers share one allocation: two
+    freed side by side would leave the allocator enough free space at the top of its heap to hand back to the OS,
+    and the next encode would fault every page in again."""
+    if rows_per_tile is None or rows <= rows_per_tile:
+        return [None] * count
+    return list(torch.empty(count, rows_per_tile * block_size, dtype=torch.float32, device=device).unbind())
+
+
+def into_scratch(buffer: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+    """An ``out=`` tensor shaped like ``like`` at the start of ``buffer`` (None without a buffer: allocate)."""
+    return None if buffer is None else buffer[: like.numel()].view_as(like)
+
+
+def may_be_non_finite(scales: torch.Tensor, ask: bool) -> bool:
+    """Whether per-block scales (each >= 0, inf or NaN) may hold inf or NaN. Asked (``ask``, on CPU) through their
+    sum, one small reduction: a sum that overflows answers yes where no is true, which only costs masks that change
+    nothing. Not asked (always yes) where reading the answer would make the host wait for the device (CUDA)."""
+    return not ask or not math.isfinite(float(scales.sum()))
 
 
 def view_bytes_as(payload: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
