@@ -1,6 +1,7 @@
 """Issue-12 4-node comparison on the emulated cluster (root): workloads x bandwidths x variants from a TOML config,
 the speedup tables and the timing model against every run.
 
+    python experiments/comparison.py --loopback                     # quick profile: no root, lenet, 20 steps, ~3 min
     python experiments/comparison.py --resume                       # the whole grid of the config (hours; resumable)
     python experiments/comparison.py --cells lenet-1gbit --variants sync,pipe --resume
     python experiments/comparison.py --report                       # tables from the committed runs.json, no runs
@@ -24,9 +25,12 @@ from pipesgd.bench.comparison import calibrate_cell, rescore, run_grid
 from pipesgd.bench.comparison_config import load_config, select
 from pipesgd.bench.comparison_report import estimate_table, report
 from pipesgd.bench.comparison_store import ResultStore, estimate_wall
+from pipesgd.bench.loopback_cluster import LOOPBACK
 from pipesgd.cluster.netns import ClusterError
 from pipesgd.bench.provenance import read_result
 
+QUICK_STEPS = 20
+QUICK_OUT = os.path.join("results", "comparison-quick")
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "comparison.toml")
 
 
@@ -57,6 +61,10 @@ def main() -> int:
     parser.add_argument("--resume", action="store_true", help="skip runs already recorded as ok in the result")
     parser.add_argument("--fresh", action="store_true", help="start the result empty (default: merge into it)")
     parser.add_argument("--no-model", action="store_true", help="no calibration, no predictions")
+    parser.add_argument("--loopback", action="store_true",
+                        help="quick profile, no root: local ranks over loopback (no shaping, no model), --steps "
+                             f"{QUICK_STEPS} and --workloads lenet unless given; result and raw metrics under "
+                             f"{QUICK_OUT}")
     parser.add_argument("--report", action="store_true", help="print the tables of the result; run nothing")
     parser.add_argument("--estimate", action="store_true", help="print the config grid's wall time from the result")
     parser.add_argument("--rescore", action="store_true",
@@ -70,6 +78,13 @@ def main() -> int:
     try:
         cfg = select(load_config(args.config), workloads=_names(args.workloads), bandwidths=_names(args.bandwidths),
                      variants=_names(args.variants), cells=_names(args.cells), nodes=args.nodes)
+        if args.loopback:
+            if args.cells or args.bandwidths or args.calibrate:
+                raise ValueError("--loopback runs its own loopback cells: drop --cells, --bandwidths and --calibrate")
+            cfg = replace(select(cfg, workloads=_names(args.workloads) or ["lenet"]), bandwidths=(LOOPBACK,),
+                          result=os.path.join(QUICK_OUT, "runs.json"), out=QUICK_OUT)
+            args.steps = QUICK_STEPS if args.steps is None else args.steps
+            args.no_model = True
         if args.steps is not None:
             if args.steps <= cfg.skip:
                 raise ValueError(f"--steps ({args.steps}) must exceed the skipped steps ({cfg.skip})")
@@ -104,7 +119,7 @@ def main() -> int:
         print(f"comparison: re-made {remade} runs in {cfg.result}; {len(kept)} kept as recorded", file=sys.stderr)
         print(report(store.data | {"provenance": store.origin}))
         return 0
-    if os.geteuid() != 0:
+    if os.geteuid() != 0 and not args.loopback:
         print("comparison: the emulated cluster needs root (ip netns, tc); --report and --estimate do not",
               file=sys.stderr)
         return 1

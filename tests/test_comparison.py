@@ -169,6 +169,7 @@ def test_select_subsets_and_refuses_unknown_names():
     (["--config", "/nonexistent.toml", "--report"], "cannot read config"),
     (["--steps", "3", "--report"], "must exceed"),
     (["--report", "--result", "/nonexistent/runs.json"], "No such file"),
+    (["--loopback", "--cells", "lenet-1gbit"], "--loopback runs its own loopback cells"),
 ])
 def test_driver_refusals_are_one_line(argv, needle):
     done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "comparison.py"), *argv],
@@ -338,3 +339,32 @@ def test_model_ordering_counts_inversions_beyond_the_tie():
     assert cell["inversions"][0][2] == pytest.approx(2.0) and cell["inversions"][0][3] == pytest.approx(0.11 / 0.12)
     text = ordering_table(runs)
     assert "| c | 3 | 2 | 1 | pipe < sync: 2.00x, model 0.92x |" in text and "1 of 2" in text
+
+
+def test_model_curves_from_the_committed_result_keep_the_pipe_bounds():
+    """Without host terms Pipe-SGD's speedup over sync lies in [1, 2] (max(W, T) against W + T); this machine's
+    host terms (κ, κc >= 0) can only lower it."""
+    from pipesgd.bench.model_curves import BANDWIDTHS_BPS, NODES, speedup_curves
+
+    data = read_result(os.path.join(ROOT, "experiments", "results", "comparison", "runs.json"))
+    curves = speedup_curves(data)
+    assert curves, "no 1 Gbit/s cell with a calibration and a predicted sync run"
+    for curve in curves.values():
+        assert [b for b, _ in curve["bandwidth"]] == list(BANDWIDTHS_BPS) and [p for p, _ in curve["nodes"]] == list(NODES)
+        for _, s in curve["bandwidth"] + curve["nodes"]:
+            assert 1.0 - 1e-9 <= s["own"] <= 2.0 + 1e-9 and s["shared"] <= s["own"] + 1e-9
+
+
+def test_loopback_quick_profile_runs_without_root(tmp_path):
+    """The grid's quick profile: local ranks, no cluster, no model; the same records and tables."""
+    result = tmp_path / "runs.json"
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "comparison.py"), "--loopback",
+                           "--nodes", "2", "--variants", "sync,pipe", "--steps", "8", "--out", str(tmp_path / "raw"),
+                           "--result", str(result)], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = read_result(str(result))
+    assert [(r["cell"], r["variant"], r["status"]) for r in data["runs"]] == [
+        ("lenet-loopback", "sync", "ok"), ("lenet-loopback", "pipe", "ok")]
+    assert all(r["t_iter_s"] > 0 and r["model"] is None for r in data["runs"])
+    assert "### lenet-loopback" in done.stdout and "not measured" in data["cells"]["lenet-loopback"]["tcp"]

@@ -206,13 +206,24 @@ def test_straggler_only_in_synchronous_modes():
 
 
 def test_ps_async_is_bounded_by_the_full_duplex_server_link():
-    s = Scenario(nodes=8, grad_bytes=100 * MB, bandwidth_Bps=gbe(10), compute_s=0.01)
+    s = Scenario(nodes=8, grad_bytes=2 * MB, bandwidth_Bps=gbe(1), compute_s=0.01)
     res = predict(s).result("ps-async")
     # between two of a worker's updates the server's link carries the 8 workers' updates, M each direction
-    assert res.iteration_s == pytest.approx(8 * 100 * MB / gbe(10))
+    assert res.iteration_s == pytest.approx(8 * 2 * MB / gbe(1))
     # a co-located server: 7 remote workers; two server shards halve the link's share
-    assert predict(replace(s, ps_colocated=True)).result("ps-async").iteration_s == pytest.approx(7 * 100 * MB / gbe(10))
-    assert predict(replace(s, servers=2)).result("ps-async").iteration_s == pytest.approx(4 * 100 * MB / gbe(10))
+    assert predict(replace(s, ps_colocated=True)).result("ps-async").iteration_s == pytest.approx(7 * 2 * MB / gbe(1))
+    assert predict(replace(s, servers=2)).result("ps-async").iteration_s == pytest.approx(4 * 2 * MB / gbe(1))
+
+
+def test_ps_async_replies_beyond_the_socket_buffer_take_the_link_in_turn():
+    """The server waits for each reply's send: what exceeds the kernel's socket buffers (4 MiB) is serial."""
+    s = Scenario(nodes=8, grad_bytes=100 * MB, bandwidth_Bps=gbe(10), compute_s=0.01)
+    assert predict(s).result("ps-async").iteration_s == pytest.approx(8 * (200 * MB - 4 * 2**20) / gbe(10))
+    # bf16 halves the reply's wire bytes: the buffer holds twice the fp32-equivalent bytes
+    bf16 = predict(replace(s, compression="bf16")).result("ps-async").iteration_s
+    assert bf16 == pytest.approx(8 * (200 * MB - 8 * 2**20) / (2 * gbe(10)))
+    assert formulas.ps_async_iteration(3, 0.0, 0.0, 0.0, 1e6, 1, 1e6, send_buffer=4e6) == pytest.approx(3.0)
+    assert formulas.ps_async_iteration(3, 0.0, 0.0, 0.0, 1e6, 1, 1e6, send_buffer=0.0) == pytest.approx(6.0)
 
 
 def test_ps_async_is_the_workers_own_cycle_when_the_link_keeps_up():

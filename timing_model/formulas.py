@@ -84,10 +84,11 @@ def ps_transfer(p: int, M: float, α: float, B_w: float, B_s: float, k: int, d: 
     return c0 + 2 * α + d * max(M / B_w, flows * M / (k * B_s)) + flows * M * γ_s / k
 
 
-def ps_async_iteration(flows: int, T_c: float, T_u: float, T_w: float, M: float, k: int, B_s: float) -> float:
+def ps_async_iteration(flows: int, T_c: float, T_u: float, T_w: float, M: float, k: int, B_s: float,
+                       send_buffer: float = math.inf) -> float:
     """Asynchronous PS, one iteration of a remote worker (the job's pace: every worker runs the same steps):
 
-    T = max(T_c + T_u + T_w, flows·M/(k·B_s))
+    T = max(T_c + T_u + T_w, flows·(m + max(0, m − S))/B_s),   m = M/k
 
     T_w the worker's own push + pull when the servers are idle; the second term the servers' link limit. Links
     are full duplex (pushes arrive on one direction while pulls leave on the other), so each remote update
@@ -96,9 +97,13 @@ def ps_async_iteration(flows: int, T_c: float, T_u: float, T_w: float, M: float,
     updates never cross the link). The worker computes while the others' transfers run, hence the max. This
     replaces REFERENCES' updates/s ≈ min(p/(T_c+T_u+T_w), k·B_s/(2M)), which serialises push and pull on one
     direction and counts every worker as remote: on the comparison grid (4 nodes, co-located server) it
-    predicted 2.6x and 3.0x the measured iteration at 100 Mbit/s (reconstruction, issue 14).
+    predicted 2.6x and 3.0x the measured iteration at 100 Mbit/s (reconstruction, issue 14). The server serves
+    one request at a time and waits for its reply to be sent before it receives the next: a reply of up to S
+    bytes completes into the kernel's socket buffers at once, the rest (m − S) only as the link carries it, so a
+    large model's updates take the link's outbound and inbound in turn (AlexNet, 34 MB: 2m/B_s per update).
     """
-    server_s = flows * M / (k * B_s) if M > 0 and flows > 0 else 0.0
+    m = M / k
+    server_s = flows * (m + max(0.0, m - send_buffer)) / B_s if M > 0 and flows > 0 else 0.0
     return max(T_c + T_u + T_w, server_s)
 
 

@@ -220,7 +220,7 @@ def predict_ps_async(cluster, compute, codec, schedule, server) -> ModeResult:
     flows = workers - 1 if server.colocated else workers
     iteration = formulas.ps_async_iteration(flows, compute.compute_s, compute.update_s, comm.total_s,
                                             cluster.grad_bytes if comm.total_s > 0 else 0.0, server.servers,
-                                            server_Bps)
+                                            server_Bps, server.send_buffer_bytes * codec.ratio)  # fp32-equivalent bytes
     busy = compute.compute_s + compute.update_s
     return _result("ps-async", cluster, compute, comm, iteration, busy, 0.0, float(workers - 1), 0.0)
 

@@ -135,12 +135,16 @@ class ServerParams:
     serialised: bool = True  # push then pull in turn (d = 2) rather than pipelined (d = 1)
     colocated: bool = False  # server shares a machine with a worker (Paleo's OneToAll: p−1 remote flows)
     server_reduce_Bps: float = math.inf  # server aggregation rate 1/γ_s, bytes/s
+    # bytes of a reply the server's send hands to the kernel's socket buffers without waiting for the link (ps-async,
+    # ``formulas.ps_async_iteration``): Linux's default tcp_wmem maximum, 4 MiB
+    send_buffer_bytes: float = 4 * 2**20
 
     def __post_init__(self) -> None:
         _check(isinstance(self.servers, int) and self.servers >= 1,
                f"servers must be an integer >= 1, got {self.servers!r}")
         _finite_nonneg("server_bandwidth_Bps", self.server_bandwidth_Bps)
         _check(self.server_reduce_Bps > 0, "server reduce rate must be > 0 bytes/s")
+        _check(self.send_buffer_bytes >= 0, f"send buffer must be >= 0 bytes, got {self.send_buffer_bytes!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from pipesgd.bench.comparison_config import GridConfig, Workload, cell_name
 from pipesgd.bench.comparison_record import run_record
 from pipesgd.bench.comparison_store import ResultStore
 from pipesgd.bench.fidelity import BREAKDOWN, calibrate_argv, calibrate_in
+from pipesgd.bench.loopback_cluster import LOOPBACK, LoopbackCluster
 from pipesgd.bench.variants import trainer_flags
 from pipesgd.cluster.cluster import Cluster
 from pipesgd.cluster.netns import ClusterError
@@ -146,8 +147,7 @@ def run_cell(cfg: GridConfig, workload: Workload, bandwidth: str, store: ResultS
     os.makedirs(cell_dir, exist_ok=True)
     done = {v: os.path.join(cell_dir, f"{v}.jsonl") for v in cfg.variants
             if store.done(cell, v) and metrics_files(os.path.join(cell_dir, f"{v}.jsonl"))}
-    with open(os.path.join(cell_dir, "cell.log"), "a") as logfile, \
-            Cluster.up(cfg.nodes, parse_link(bandwidth), name=cfg.cluster_name, force=True) as cluster:
+    with open(os.path.join(cell_dir, "cell.log"), "a") as logfile, _cluster(cfg, bandwidth) as cluster:
         # Step 1
         tcp = cluster.measure()
         store.put_cell(cell, {"workload": workload.name, "bandwidth": bandwidth, "nodes": cfg.nodes,
@@ -250,6 +250,13 @@ def rescore(store: ResultStore, skip: int, target: float, cells: set[str] | None
             store.data["cells"][cell]["calibration"] = embeddable_calibration(calib)
     store.save()
     return remade, kept
+
+
+def _cluster(cfg: GridConfig, bandwidth: str):
+    """The cell's cluster: local ranks for the quick profile's ``loopback`` cells, else the emulated one (root)."""
+    if bandwidth == LOOPBACK:
+        return LoopbackCluster(cfg.nodes)
+    return Cluster.up(cfg.nodes, parse_link(bandwidth), name=cfg.cluster_name, force=True)
 
 
 def run_grid(cfg: GridConfig, store: ResultStore, *, resume: bool, model: bool) -> int:

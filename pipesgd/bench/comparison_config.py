@@ -8,6 +8,7 @@ import tomllib
 from dataclasses import dataclass, field, replace
 
 from pipesgd.bench.variants import TRAINER_FLAGS
+from pipesgd.bench.loopback_cluster import LOOPBACK
 from pipesgd.cluster.units import parse_link
 from timing_model.units import parse_size_range
 
@@ -78,7 +79,8 @@ class GridConfig:
         if unknown:
             raise ValueError(f"unknown variants {unknown}; valid: {', '.join(TRAINER_FLAGS)}")
         for bandwidth in self.bandwidths:
-            parse_link(bandwidth)
+            if bandwidth != LOOPBACK:  # the quick profile's local ranks (pipesgd.bench.loopback_cluster)
+                parse_link(bandwidth)
         if self.nodes < 2:
             raise ValueError("nodes must be >= 2 (a comparison of communication needs peers)")
         if self.batch_size < 1 or self.threads < 1 or self.warmup_steps < 0:

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 
+from pipesgd.bench.loopback_cluster import LoopbackCluster
 from pipesgd.bench.variants import trainer_flags
 from pipesgd.trace import trace_path
 
@@ -33,26 +33,13 @@ Runner = Callable[[list[str], str], int]  # (pipesgd-train argv, log path) -> ex
 
 def loopback_runner(ranks: int, timeout_s: float) -> Runner:
     """Run ``ranks`` local processes under torchrun (no root, no shaping): the quick profile."""
+    cluster = LoopbackCluster(ranks)
 
     def run(argv: list[str], log_path: str) -> int:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port",
-               str(_free_port()), "-m", "pipesgd.train", *argv[1:]]
-        env = dict(os.environ, OMP_NUM_THREADS="1")
         with open(log_path, "a") as log:
-            try:
-                return subprocess.run(cmd, stdout=log, stderr=log, env=env, timeout=timeout_s).returncode
-            except subprocess.TimeoutExpired:
-                return 124
+            return cluster.run(argv, timeout_s=timeout_s, out=log, err=log)
 
     return run
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_scheme(runner: Runner, scheme: str, workload: list[str], total_steps: int, out_dir: str) -> str:
