@@ -2,6 +2,7 @@
 measured side by side in one run on N shaped nodes (root; `ip` and `tc`).
 
     python experiments/bench_cluster.py --nodes 4 --bandwidth 1gbit
+    python experiments/bench_cluster.py --nodes 4 --bandwidth 1gbit --cores-per-node 4   # a 16-core machine
 
 Part 1 (speed): a ~6 M-parameter MLP on synthetic data, batch 128 per worker, one thread per process;
 every variant runs the same steps, and each step counts its slowest rank (median over steps after the
@@ -38,6 +39,8 @@ def main() -> int:
     parser.add_argument("--skip-accuracy", action="store_true", help="only the speed table")
     parser.add_argument("--out", default="results/bench_cluster")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per variant")
+    parser.add_argument("--cores-per-node", type=int, default=0,
+                        help="pin each node to this many cores of its own (default 0: all nodes share all cores)")
     parser.add_argument("--report", metavar="SPEED_DIR", help="only print the speed table of earlier runs")
     args = parser.parse_args()
     if args.report:
@@ -60,7 +63,10 @@ def main() -> int:
     speed = ["--model", "mlp", "--hidden", str(args.hidden), "--dataset", "synthetic",
              "--synthetic-features", str(args.features), "--synthetic-samples", str(args.batch_size * args.nodes * 8),
              "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--lr", "0.01", *common]
-    report = [f"# Emulated cluster: {args.nodes} nodes, {args.bandwidth} per link (tc tbf), one process per node"]
+    cores = args.nodes * args.cores_per_node or os.cpu_count() or 1  # what the ranks' processes may run on
+    pinned = f", {args.cores_per_node} core(s) of its own each" if args.cores_per_node else f", sharing {cores} cores"
+    report = [f"# Emulated cluster: {args.nodes} nodes, {args.bandwidth} per link (tc tbf), one process per node"
+              f"{pinned}"]
 
     def publish(figures: dict) -> None:
         """Print and (atomically) write what is measured so far: a later failure loses nothing."""
@@ -69,7 +75,8 @@ def main() -> int:
         write_text_atomic(os.path.join(args.out, "figures.json"), json.dumps(figures, indent=2) + "\n")
 
     try:
-        with Cluster.up(args.nodes, bandwidth_bps, name="psgd-bench", force=True) as cluster, \
+        with Cluster.up(args.nodes, bandwidth_bps, name="psgd-bench", force=True,
+                        cores_per_node=args.cores_per_node) as cluster, \
                 open(log_path, "w") as log:
             throughput = cluster.measure()
             report.append(f"measured TCP throughput node0->node1: {throughput.summary()}")
@@ -78,7 +85,7 @@ def main() -> int:
             params = runs["pipe"].config.get("params")
             report += ["", f"## Speed: MLP {params:,} parameters, batch {args.batch_size}/worker, "
                        f"{args.steps} steps, median after step {args.warmup_steps + 2}"]
-            table, figures = speed_table(runs, args.warmup_steps + 2)
+            table, figures = speed_table(runs, args.warmup_steps + 2, cores)
             report.append(table)
             figures["speed_dir"] = speed_dir
             publish(figures)

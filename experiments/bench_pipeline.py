@@ -4,6 +4,7 @@ then DDP and DDP with its fp16 hook on the same job: each variant's speed-up ove
 
     python experiments/bench_pipeline.py --bandwidth 200mbit          # 4 emulated nodes (root; ip, tc)
     python experiments/bench_pipeline.py --loopback --quick           # 4 local ranks, no root, a minute or two
+    python experiments/bench_pipeline.py --bandwidth 200mbit --cores-per-node 4   # each node on 4 cores of its own
 
 One process per node (one thread each). The logic is in ``pipesgd/bench/pipeline.py`` (per rank) and
 ``pipeline_report.py`` (tables). Writes ``<label>.jsonl`` (one record per workload and variant), ``<label>.md``
@@ -49,9 +50,13 @@ def main() -> int:
     parser.add_argument("--label", help="result file names (default: loopback or the bandwidth)")
     parser.add_argument("--out", default="results/bench_pipeline")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds for the whole cluster run")
+    parser.add_argument("--cores-per-node", type=int, default=0,
+                        help="emulated cluster: pin each node to this many cores of its own (default 0: shared)")
     args = parser.parse_args()
     if args.nodes < 2:
         parser.error(f"--nodes must be >= 2, got {args.nodes}")
+    if args.cores_per_node and args.loopback:
+        parser.error("--cores-per-node pins emulated nodes; it does not apply to --loopback")
     chosen = dict(QUICK) if args.quick else {}
     if args.workloads:
         chosen["workloads"] = _names(args.workloads, WORKLOADS, "workload", parser)
@@ -80,7 +85,8 @@ def main() -> int:
         from pipesgd.cluster.cluster import Cluster
         from pipesgd.cluster.netns import ClusterError
         try:
-            with Cluster.up(args.nodes, bandwidth_bps, name="psgd-pipe", force=True) as cluster:
+            with Cluster.up(args.nodes, bandwidth_bps, name="psgd-pipe", force=True,
+                            cores_per_node=args.cores_per_node) as cluster:
                 rc = cluster.run([sys.executable, "-m", "pipesgd.bench.pipeline", settings_json(settings)],
                                  timeout_s=args.timeout)
         except ClusterError as error:
@@ -90,17 +96,21 @@ def main() -> int:
             print(f"bench_pipeline: error: the cluster run failed with exit code {rc}", file=sys.stderr)
             return 1
         where_text = f"{args.nodes} emulated nodes, {args.bandwidth} per link (tc tbf)"
+        if args.cores_per_node:
+            where_text += f", {args.cores_per_node} core(s) of its own per node"
     elapsed = time.perf_counter() - start
     try:
         records = read_records(records_path)
     except ValueError as error:
         print(f"bench_pipeline: error: {error}", file=sys.stderr)
         return 1
+    cores = args.nodes * args.cores_per_node or os.cpu_count()  # what the ranks' processes may run on
     table = markdown(records, f"Pipe-SGD at its limit: {where_text}, one thread per process "
-                              f"({os.cpu_count()} cores; {elapsed:.0f} s)", cores=os.cpu_count())
+                              f"({cores} cores; {elapsed:.0f} s)", cores=cores)
     print(table)
     write_text_atomic(os.path.join(args.out, f"{label}.md"), table + "\n")
-    summary = {"where": where_text, "elapsed_s": elapsed, "cpu_count": os.cpu_count(), "records": records}
+    summary = {"where": where_text, "elapsed_s": elapsed, "cpu_count": os.cpu_count(), "cores_used": cores,
+               "records": records}
     write_text_atomic(os.path.join(args.out, f"{label}.json"), json.dumps(summary, indent=2) + "\n")
     return 0
 

@@ -30,10 +30,11 @@ def run_variant(cluster: Cluster, name: str, extra: list[str], out_dir: str, tim
     return metrics
 
 
-def speed_table(runs: dict[str, Run], skip: int) -> tuple[str, dict]:
+def speed_table(runs: dict[str, Run], skip: int, cores: int | None = None) -> tuple[str, dict]:
     """The issue-4 speed table (markdown) and its figures from the runs of ``SPEED_VARIANTS``, medians over the steps
     from ``skip`` on: iteration times the mean over ranks per step (``Run.iteration_s``, the period), compute the slowest rank
-    per step (what gates a synchronous step) and the sync run's allreduce alone its period less that compute and update."""
+    per step (what gates a synchronous step) and the sync run's allreduce alone its period less that compute and update.
+    ``cores``: the cores the ranks ran on (default: this machine's), for CPU busy and the ceiling."""
     sync = runs["sync"]
     compute_only = sync.median("t_compute", skip)
     # a sync step's period less its slowest rank's compute and update: the allreduce alone
@@ -41,7 +42,7 @@ def speed_table(runs: dict[str, Run], skip: int) -> tuple[str, dict]:
                                             sync.per_step("t_compute", skip), sync.per_step("t_update", skip))]
     allreduce_only = sorted(exposed)[len(exposed) // 2]
     t_iter = {name: run.iteration_s(skip) for name, run in runs.items()}
-    cores = os.cpu_count() or 1
+    cores = cores or os.cpu_count() or 1
     lines = ["| variant | ms / iteration | compute ms | blocked on comm ms | MB sent / rank / iter | CPU busy "
              "| vs ddp | vs ddp+fp16 |", "|---|---|---|---|---|---|---|---|"]
     cpu_busy = {}

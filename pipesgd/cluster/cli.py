@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="shape only what nodes send (default: also what they receive, like a full-duplex NIC)")
     up.add_argument("--latency", "--delay", dest="latency", default=None, help=argparse.SUPPRESS)
     up.add_argument("--force", action="store_true", help="tear down an existing cluster of that name first")
+    up.add_argument("--cores-per-node", type=int, default=0,
+                    help="pin each node's commands to this many cores of its own (default 0: all nodes share "
+                    "all cores); refused when the machine has fewer than nodes x K")
 
     run = sub.add_parser("run", help="run a command on every node (torchrun per node by default)",
                          description=launch.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -86,11 +89,13 @@ def _main(args: argparse.Namespace, command: list[str]) -> int:
         except ValueError as e:
             raise ClusterError(str(e)) from None
         c = Cluster.up(args.nodes, bandwidth_bps, name=args.name, burst_bytes=burst, mtu=args.mtu,
-                       queue_ms=args.queue_ms, shape_ingress=not args.egress_only, force=args.force)
+                       queue_ms=args.queue_ms, shape_ingress=not args.egress_only, force=args.force,
+                       cores_per_node=args.cores_per_node)
         s = c.state
         links = (f"{format_bandwidth(s.bandwidth_bps)} per link, burst {s.burst_bytes} B" if s.shaped
                  else "unshaped links")
-        print(f"cluster {s.name} up: {s.nodes} node(s) {s.addresses[0]}..{s.addresses[-1]}, {links}")
+        cores = f", {args.cores_per_node} core(s) per node" if s.pinned else ""
+        print(f"cluster {s.name} up: {s.nodes} node(s) {s.addresses[0]}..{s.addresses[-1]}, {links}{cores}")
         return 0
     if args.command == "down":
         removed = teardown(args.name)

@@ -12,6 +12,7 @@ import sys
 from typing import TextIO
 
 from . import topology
+from .cores import available_cores, node_cores
 from .launch import LaunchSpec, cluster_commands
 from .measure import Throughput, measure_throughput
 from .netns import ClusterError, netns_exec, preflight
@@ -36,16 +37,18 @@ class Cluster:
     @classmethod
     def up(cls, nodes: int, bandwidth_bps: float | None, *, name: str = DEFAULT_NAME, burst_bytes: int | None = None,
            mtu: int = 1500, queue_ms: float = DEFAULT_QUEUE_MS, shape_ingress: bool = True,
-           force: bool = False, state_dir: str | None = None) -> "Cluster":
+           force: bool = False, state_dir: str | None = None, cores_per_node: int = 0) -> "Cluster":
         """Create the namespaces, bridge and shaping (none when ``bandwidth_bps`` is None: unshaped links at veth
-        speed); refuse if ``name`` exists unless ``force``."""
+        speed); refuse if ``name`` exists unless ``force``. ``cores_per_node`` > 0 pins every command a node runs
+        to cores of its own (``cores.node_cores``); 0 lets all nodes share all cores."""
         if nodes < 1:
             raise ClusterError(f"--nodes must be >= 1, got {nodes}")
         try:
             shaped = bandwidth_bps is not None
             state = ClusterState(name=name, nodes=nodes, bandwidth_bps=float(bandwidth_bps) if shaped else None,
                                  burst_bytes=(burst_bytes or default_burst_bytes(bandwidth_bps, mtu)) if shaped else 0,
-                                 queue_ms=queue_ms, mtu=mtu, shape_ingress=shape_ingress)
+                                 queue_ms=queue_ms, mtu=mtu, shape_ingress=shape_ingress,
+                                 node_cores=node_cores(nodes, cores_per_node, available_cores()))
         except ValueError as e:
             raise ClusterError(str(e)) from None
         return cls(topology.build(state, force=force, directory=state_dir), state_dir)

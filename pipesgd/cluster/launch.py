@@ -14,7 +14,9 @@ where TAIL is chosen from the user's command (everything after ``--``):
   starts CMD directly, once per local rank, with RANK/WORLD_SIZE/… in its environment).
 With ``--no-torchrun`` the command runs unchanged, once per node, with NODE_RANK, NNODES, MASTER_ADDR,
 MASTER_PORT and NPROC_PER_NODE set. In both cases GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME /
-TP_SOCKET_IFNAME name the node's shaped veth, so inter-node traffic cannot bypass the shaper.
+TP_SOCKET_IFNAME name the node's shaped veth, so inter-node traffic cannot bypass the shaper. On a cluster
+made with ``--cores-per-node``, the command inside the namespace is wrapped in
+``python -m pipesgd.cluster.pin CORES --`` (``cores.pinned_argv``), so the node runs on its own cores.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import re
 import sys
 from dataclasses import dataclass
 
+from .cores import pinned_argv
 from .netns import netns_exec
 from .state import ClusterState
 
@@ -117,8 +120,8 @@ def node_env(spec: LaunchSpec, node: int, base_env: dict[str, str] | None = None
 
 def cluster_commands(state: ClusterState, spec: LaunchSpec, argv: list[str],
                      base_env: dict[str, str] | None = None) -> list[tuple[list[str], dict[str, str]]]:
-    """(argv wrapped in ``ip netns exec``, env) for every node of the cluster, node 0 first."""
+    """(argv pinned to the node's cores and wrapped in ``ip netns exec``, env) for every node, node 0 first."""
     if spec.nnodes != state.nodes:
         raise ValueError(f"spec has {spec.nnodes} nodes but cluster {state.name} has {state.nodes}")
-    return [(netns_exec(state.node_netns[i], node_argv(spec, i, argv)), node_env(spec, i, base_env))
-            for i in range(state.nodes)]
+    return [(netns_exec(state.node_netns[i], pinned_argv(state.node_cores[i], node_argv(spec, i, argv))),
+             node_env(spec, i, base_env)) for i in range(state.nodes)]

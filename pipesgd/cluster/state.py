@@ -74,6 +74,8 @@ class ClusterState:
     addresses: list[str] = field(default_factory=list)
     ifname: str = NODE_IFNAME
     created_at: float = 0.0
+    # CPU cores each node's commands are pinned to (``cores.node_cores``); empty lists: not pinned
+    node_cores: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self):
         validate_name(self.name)
@@ -90,11 +92,20 @@ class ClusterState:
             object.__setattr__(self, "node_netns", [node_netns(self.name, i) for i in range(self.nodes)])
         if not self.addresses:
             object.__setattr__(self, "addresses", [node_address(i) for i in range(self.nodes)])
+        if not self.node_cores:
+            object.__setattr__(self, "node_cores", [[] for _ in range(self.nodes)])
+        if len(self.node_cores) != self.nodes:
+            raise ValueError(f"node_cores has {len(self.node_cores)} entries for {self.nodes} nodes")
 
     @property
     def shaped(self) -> bool:
         """Whether links are shaped with tbf (False: an unshaped cluster, veth speed)."""
         return self.bandwidth_bps is not None
+
+    @property
+    def pinned(self) -> bool:
+        """Whether each node runs on cores of its own (``up --cores-per-node``)."""
+        return any(self.node_cores)
 
     @property
     def master_addr(self) -> str:

@@ -19,6 +19,7 @@ import os
 import shutil
 import time
 
+from .cores import format_cores
 from .netns import (ETC_NETNS, ClusterError, cluster_netns, delete_netns, preflight, sh, stale_etc_dirs,
                     write_hosts)
 from .state import (BRIDGE_IFNAME, ClusterState, load_state, port_ifname, remove_state, save_state,
@@ -117,7 +118,8 @@ def describe(state: ClusterState) -> str:
         if ns not in present:
             lines.append(f"  node {i}: {ns} MISSING")
             continue
-        lines.append(f"  node {i}: {ns} {addr} dev {state.ifname}")
+        cores = f" cores {format_cores(state.node_cores[i])}" if state.node_cores[i] else ""
+        lines.append(f"  node {i}: {ns} {addr} dev {state.ifname}{cores}")
         qdisc = sh("tc", "-n", ns, "-s", "qdisc", "show", "dev", state.ifname, check=False).stdout
         lines.extend("    egress  " + ln.strip() for ln in qdisc.splitlines() if ln.strip())
         if state.shaped and state.shape_ingress and state.switch_netns in present:
