@@ -10,7 +10,8 @@ CPU); replicas bitwise identical for every codec and with error feedback; the sa
 stream and the compute stream stalled (``torch.cuda._sleep``: the stream order must hold); no host sync from
 ``step()`` on the caller's thread (``torch.cuda.set_sync_debug_mode("warn")``); codec kernels on CUDA against
 the CPU ones on random non-zero inputs; steady-state ``torch.cuda.memory_allocated()`` for DDP and PipeSGD
-K = 1, K = 2, K = 2 + error feedback, in gradient copies, and its growth over steps.
+K = 1, K = 2, K = 2 + error feedback, in gradient copies, and its growth over steps; a SyncBatchNorm model under K = 2
+keeps parameters and buffers identical on every rank (issue 10; GPU only).
 Writes ``gpu_check.md`` and ``gpu_check.json`` under ``--out``; exits 1 if a check fails.
 """
 from __future__ import annotations
@@ -199,6 +200,36 @@ def check_syncs(rank: int, world: int, device: torch.device, args) -> list[dict]
     return rows
 
 
+def check_sync_batchnorm(rank: int, world: int, device: torch.device, args) -> list[dict]:
+    """Issue 10: a SyncBatchNorm model under PipeSGD K = 2 ends with parameters and buffers (running statistics)
+    bitwise identical on every rank, with the default buffer broadcast and with none (SyncBatchNorm's own
+    statistics are global). SyncBatchNorm runs on GPU tensors only."""
+    if device.type != "cuda":
+        return [row("SyncBatchNorm, K = 2", "GPU tensors only", "-", None) | {"result": "skip"}]
+    rows = []
+    for buffers in ("broadcast", "none"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.Tanh(), nn.Linear(32, 4))
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model).to(device)
+        opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, width=2, warmup_steps=0, buffers=buffers)
+        try:
+            for t in range(args.steps):
+                x, y = (v.to(device) for v in batch(t, rank))
+                nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+            opt.flush()
+            state = torch.cat([t.detach().double().reshape(-1).cpu() for t in (*model.parameters(), *model.buffers())])
+            same = identical_across_ranks(state)
+            rows.append(row("SyncBatchNorm, K = 2", f"buffers={buffers}: parameters and buffers bitwise identical",
+                            f"identical {same}", same and bool(torch.isfinite(state).all())))
+        except RuntimeError as error:  # e.g. a collective SyncBatchNorm needs that the backend lacks
+            rows.append(row("SyncBatchNorm, K = 2", f"buffers={buffers}", str(error).splitlines()[0][:120], False))
+        finally:
+            opt.close()
+    return rows
+
+
 def check_codec_kernels(device: torch.device) -> list[dict]:
     if device.type != "cuda":
         return [row("codec kernels CUDA vs CPU", "", "skip (CPU)", None) | {"result": "skip"}]
@@ -260,6 +291,7 @@ def main_rank(rank: int, world: int, args) -> None:
     device = rank_device(args.device, rank)
     rows = check_training(rank, world, device, args) + check_ordering(rank, world, device, args)
     rows += check_syncs(rank, world, device, args) + check_memory(rank, world, device, args)
+    rows += check_sync_batchnorm(rank, world, device, args)
     if rank == 0:
         rows += check_codec_kernels(device)
         header = (f"# GPU path correctness\n\ndevice: {device_name(device)}; backend {dist.get_backend()}, "
