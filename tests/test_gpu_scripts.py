@@ -31,7 +31,7 @@ def test_gpu_check_runs_on_cpu_and_every_check_passes_or_is_skipped(tmp_path):
     assert results <= {"PASS", "skip"} and "PASS" in results
     checks = {r["check"] for r in rows}
     assert {"K = 1 vs reference", "K = 2 vs reference", "stalled side stream", "stalled compute stream",
-            "no sync from step()", "memory_allocated", "codec kernels CUDA vs CPU"} <= checks
+            "no sync from step()", "memory_allocated", "codec kernels CUDA vs CPU", "SyncBatchNorm, K = 2"} <= checks
     assert (tmp_path / "gpu_check.md").read_text().startswith("# GPU path correctness")
 
 
@@ -55,3 +55,77 @@ def test_nccl_without_cuda_is_one_line(script, tmp_path):
     proc = run_script(script, "--device", "cpu", "--backend", "nccl", "--out", str(tmp_path), timeout_s=60)
     assert proc.returncode != 0
     assert proc.stderr.strip() == "error: --backend nccl needs --device cuda"
+
+
+# -- the GPU session runbook (experiments/gpu_session.py) ---------------------------------------------------------
+sys.path.insert(0, str(ROOT / "experiments"))
+import gpu_session  # noqa: E402
+
+
+def test_gpu_session_plan_covers_every_stage_and_its_flags_parse(tmp_path):
+    from pipesgd.train.config import resolve
+    from timing_model.cli import build_parser
+
+    steps = gpu_session.plan(list(gpu_session.STAGES), tmp_path, "cuda", str(tmp_path), gpus=2)
+    assert [s.stage for s in steps] == sorted((s.stage for s in steps), key=gpu_session.STAGES.index)
+    names = {s.name for s in steps}
+    assert {"netns", "check-gloo", "check-nccl1", "check-nccl2", "speed", "calibrate", "validate", "iproute2",
+            "bench-cluster-1gbit", "bench-pipeline-200mbit"} <= names
+    assert {f"train-{v}" for v in gpu_session.MODEL_VARIANTS} <= names
+    for step in steps:  # the flags of the trainer and calibrate steps are what those tools accept today
+        if "pipesgd.train" in step.argv:
+            config = resolve(step.argv[step.argv.index("pipesgd.train") + 1:])
+            assert config.device == "cuda" and config.backend == "gloo" and config.model == "resnet20"
+        if "calibrate" in step.argv:
+            args = build_parser().parse_args(step.argv[step.argv.index("timing_model") + 1:])
+            assert args.device == "cuda" and args.backend == "gloo"
+        if "--cores-per-node" in step.argv:
+            assert step.argv[step.argv.index("--cores-per-node") + 1] == "4"
+    assert "check-nccl2" not in {s.name for s in gpu_session.plan(["check"], tmp_path, "cuda", None, gpus=1)}
+
+
+def test_gpu_session_runs_steps_within_the_budget_and_records_each(tmp_path):
+    steps = [gpu_session.Step("env", "ok", [sys.executable, "-c", "print('hello')"], 30, 0),
+             gpu_session.Step("env", "fails", [sys.executable, "-c", "raise SystemExit(3)"], 30, 0),
+             gpu_session.Step("env", "missing", ["/nonexistent/tool"], 30, 0),
+             gpu_session.Step("env", "slow", [sys.executable, "-c", "import time; time.sleep(30)"], 1, 0),
+             gpu_session.Step("env", "late", [sys.executable, "-c", "pass"], 30, 10_000)]
+    assert gpu_session.run_steps(steps, tmp_path, budget_s=120) == 3  # a skipped step is not a failure
+    record = {s["name"]: s["result"] for s in json.loads((tmp_path / "session.json").read_text())}
+    assert record["ok"] == "ok" and record["fails"] == "exit 3" and record["missing"].startswith("not found")
+    assert record["slow"].startswith("timeout") and record["late"].startswith("skipped:")
+    assert (tmp_path / "logs" / "ok.log").read_text().endswith("hello\n")
+    assert "| env | fails | exit 3 |" in (tmp_path / "session.md").read_text()
+
+
+def _ar(members: dict[str, bytes]) -> bytes:
+    out = b"!<arch>\n"
+    for name, data in members.items():
+        out += f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(data):<10}`\n".encode() + data + b"\n" * (len(data) % 2)
+    return out
+
+
+def test_deb_unpacking_without_dpkg(tmp_path):
+    import io
+    import tarfile
+
+    payload = io.BytesIO()
+    with tarfile.open(fileobj=payload, mode="w:xz") as archive:
+        info = tarfile.TarInfo("./usr/bin/hello")
+        info.size = 5
+        archive.addfile(info, io.BytesIO(b"hi!\n\n"))
+    deb = tmp_path / "hello_1_amd64.deb"
+    deb.write_bytes(_ar({"debian-binary": b"2.0\n", "control.tar.xz": b"x", "data.tar.xz": payload.getvalue()}))
+    gpu_session.unpack_deb(deb, tmp_path / "root")
+    assert (tmp_path / "root" / "usr" / "bin" / "hello").read_bytes() == b"hi!\n\n"
+    (tmp_path / "bad.deb").write_bytes(b"not an archive")
+    with pytest.raises(ValueError, match="not a Debian package"):
+        gpu_session.unpack_deb(tmp_path / "bad.deb", tmp_path / "root")
+
+
+@pytest.mark.parametrize("args,needle", [(["--stages", "gpu"], "unknown stage gpu"),
+                                         (["--debs", "/nonexistent"], "is not a folder"),
+                                         (["--budget-s", "0"], "must be positive")])
+def test_gpu_session_bad_arguments_are_one_line(args, needle, tmp_path):
+    proc = run_script("gpu_session.py", "--dry-run", "--out", str(tmp_path), *args, timeout_s=60)
+    assert proc.returncode == 2 and needle in proc.stderr.strip().splitlines()[-1]
