@@ -55,6 +55,8 @@ def main() -> int:
     parser.add_argument("--bandwidths", help="comma list of the config's bandwidths")
     parser.add_argument("--variants", help="comma list of the config's variants")
     parser.add_argument("--nodes", type=int, help="override the config's node count")
+    parser.add_argument("--cores-per-node", type=int, default=0,
+                        help="pin each emulated node to this many cores of its own (default 0: nodes share the cores)")
     parser.add_argument("--steps", type=int, help="override every run's length with this step budget (smoke runs)")
     parser.add_argument("--result", help="runs.json to write (default: the config's result)")
     parser.add_argument("--out", help="raw metrics folder (default: the config's out)")
@@ -85,6 +87,10 @@ def main() -> int:
                           result=os.path.join(QUICK_OUT, "runs.json"), out=QUICK_OUT)
             args.steps = QUICK_STEPS if args.steps is None else args.steps
             args.no_model = True
+        if args.cores_per_node:
+            if args.loopback:
+                raise ValueError("--cores-per-node pins emulated nodes; it does not apply to --loopback")
+            cfg = replace(cfg, cores_per_node=args.cores_per_node)
         if args.steps is not None:
             if args.steps <= cfg.skip:
                 raise ValueError(f"--steps ({args.steps}) must exceed the skipped steps ({cfg.skip})")

@@ -16,6 +16,9 @@ Stages, in priority order (what each settles):
   cluster  issue 13 part 5 and issue 11 on a core per node: iproute2 from ``--debs`` (Debian packages fetched
            elsewhere with ``apt-get download``; unpacked without dpkg), then ``bench_cluster.py --nodes 4
            --bandwidth 1gbit`` and ``bench_pipeline.py --bandwidth 200mbit`` with ``--cores-per-node 4``
+  grid     issue 14 on a core per node: the comparison's lenet-1gbit and resnet20-1gbit cells (calibration, every
+           variant, the model's error) with ``--cores-per-node 4``: is the LeNet gap the 2 shared cores?
+           (run after ``cluster``, or with ``--debs``, where the machine has no ``ip``/``tc``)
 Every step runs as a subprocess under its own timeout and the session's ``--budget-s`` (a step that no longer
 fits is skipped and says so); its output goes to ``OUT/logs/<step>.log`` and ``OUT/session.md`` / ``.json`` are
 rewritten after every step, so a call cut off by the device's limit still returns all that finished.
@@ -35,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ("env", "check", "speed", "model", "cluster")
+STAGES = ("env", "check", "speed", "model", "cluster", "grid")
 MODEL_VARIANTS = {"sync": ["--mode", "sync"], "ddp": ["--mode", "ddp"], "pipe": ["--mode", "pipe"],
                   "pipe+bf16": ["--mode", "pipe", "--compression", "bf16"],
                   "pipe+q8": ["--mode", "pipe", "--compression", "q8"]}
@@ -97,8 +100,8 @@ def plan(stages: list[str], out: Path, device: str, debs: str | None, gpus: int)
                                                 *small, "--out", str(out / "gpu")), 420, 120))
     if "model" in stages:
         steps += model_steps(out / "model", device, ranks, smoke)
-    if "cluster" in stages:
-        steps += cluster_steps(out, debs, smoke)
+    if "cluster" in stages or "grid" in stages:
+        steps += cluster_steps(out, debs, smoke, "cluster" in stages, "grid" in stages)
     return steps
 
 
@@ -125,21 +128,30 @@ def model_steps(folder: Path, device: str, ranks: int, smoke: bool) -> list[Step
     return steps
 
 
-def cluster_steps(out: Path, debs: str | None, smoke: bool) -> list[Step]:
-    """iproute2 where it is missing, then the two cluster benchmarks with a node's own cores."""
+def cluster_steps(out: Path, debs: str | None, smoke: bool, benches: bool, grid: bool) -> list[Step]:
+    """iproute2 where it is missing, then the cluster benchmarks and / or the grid cells with a node's own cores."""
     nodes, per_node = ("2", "1") if smoke else ("4", "4")
     tools = Path("/tmp/pipesgd-iproute2")  # binaries and library links: not results, so not under OUT
+    stage = "cluster" if benches else "grid"
     steps = []
     if debs:
-        steps.append(Step("cluster", "iproute2", _py(__file__, "--unpack-debs", debs, "--into", str(tools)), 60, 5))
+        steps.append(Step(stage, "iproute2", _py(__file__, "--unpack-debs", debs, "--into", str(tools)), 60, 5))
     env = {"PATH": f"{tools / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
-    quick = ["--quick", "--variants", "none,q8"] if smoke else []
-    steps += [Step("cluster", "bench-cluster-1gbit", _py(
-        "experiments/bench_cluster.py", "--nodes", nodes, "--bandwidth", "1gbit", "--cores-per-node", per_node,
-        "--skip-accuracy", "--steps", "12" if smoke else "40", "--out", str(out / "bench_cluster")), 420, 120, env),
-        Step("cluster", "bench-pipeline-200mbit", _py(
-            "experiments/bench_pipeline.py", "--bandwidth", "200mbit", "--nodes", nodes, "--cores-per-node",
-            per_node, *quick, "--out", str(out / "bench_pipeline")), 480, 120, env)]
+    if benches:
+        quick = ["--quick", "--variants", "none,q8"] if smoke else []
+        steps += [Step("cluster", "bench-cluster-1gbit", _py(
+            "experiments/bench_cluster.py", "--nodes", nodes, "--bandwidth", "1gbit", "--cores-per-node", per_node,
+            "--skip-accuracy", "--steps", "12" if smoke else "40", "--out", str(out / "bench_cluster")), 420, 120, env),
+            Step("cluster", "bench-pipeline-200mbit", _py(
+                "experiments/bench_pipeline.py", "--bandwidth", "200mbit", "--nodes", nodes, "--cores-per-node",
+                per_node, *quick, "--out", str(out / "bench_pipeline")), 480, 120, env)]
+    if grid:
+        folder = out / "comparison-own-cores"
+        small = ["--variants", "sync,pipe", "--steps", "8"] if smoke else []
+        for cell, timeout_s in (("lenet-1gbit", 300), ("resnet20-1gbit", 360)):
+            steps.append(Step("grid", f"grid-{cell}", _py(
+                "experiments/comparison.py", "--cells", cell, "--nodes", nodes, "--cores-per-node", per_node, *small,
+                "--result", str(folder / "runs.json"), "--out", str(folder)), timeout_s, 120, env))
     return steps
 
 

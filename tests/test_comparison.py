@@ -142,6 +142,7 @@ def test_config_file_loads_and_builds_flags():
     ("variants=['sync']\n[workload.a]\nmodel='lenet'\nshape=3\n", "unknown keys"),
     ("variants=['sync']\n[workload.a]\nmodel='lenet'\nepochs=0\n", "epochs"),
     ("variants=['sync']\nnodes=1\n[workload.a]\nmodel='lenet'\n", "nodes"),
+    ("variants=['sync']\ncores_per_node=-2\n[workload.a]\nmodel='lenet'\n", "cores_per_node must be >= 0"),
     ("variants=['sync'\n", "not valid TOML"),
 ])
 def test_config_errors_name_the_problem(tmp_path, text, needle):
@@ -170,6 +171,7 @@ def test_select_subsets_and_refuses_unknown_names():
     (["--steps", "3", "--report"], "must exceed"),
     (["--report", "--result", "/nonexistent/runs.json"], "No such file"),
     (["--loopback", "--cells", "lenet-1gbit"], "--loopback runs its own loopback cells"),
+    (["--loopback", "--cores-per-node", "2"], "does not apply to --loopback"),
 ])
 def test_driver_refusals_are_one_line(argv, needle):
     done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "comparison.py"), *argv],

@@ -70,7 +70,7 @@ def test_gpu_session_plan_covers_every_stage_and_its_flags_parse(tmp_path):
     assert [s.stage for s in steps] == sorted((s.stage for s in steps), key=gpu_session.STAGES.index)
     names = {s.name for s in steps}
     assert {"netns", "check-gloo", "check-nccl1", "check-nccl2", "speed", "calibrate", "validate", "iproute2",
-            "bench-cluster-1gbit", "bench-pipeline-200mbit"} <= names
+            "bench-cluster-1gbit", "bench-pipeline-200mbit", "grid-lenet-1gbit", "grid-resnet20-1gbit"} <= names
     assert {f"train-{v}" for v in gpu_session.MODEL_VARIANTS} <= names
     for step in steps:  # the flags of the trainer and calibrate steps are what those tools accept today
         if "pipesgd.train" in step.argv:

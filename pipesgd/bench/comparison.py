@@ -151,7 +151,7 @@ def run_cell(cfg: GridConfig, workload: Workload, bandwidth: str, store: ResultS
         # Step 1
         tcp = cluster.measure()
         store.put_cell(cell, {"workload": workload.name, "bandwidth": bandwidth, "nodes": cfg.nodes,
-                              "tcp_bps": tcp.measured_bps, "tcp": tcp.summary()})
+                              "cores_per_node": cfg.cores_per_node, "tcp_bps": tcp.measured_bps, "tcp": tcp.summary()})
         log(f"{cell}: {tcp.summary()}")
         # Step 2
         calib = _calibrate(cluster, cfg, workload, cell, cell_dir, store, resume, logfile) if model else None
@@ -207,7 +207,8 @@ def calibrate_cell(cfg: GridConfig, workload: Workload, bandwidth: str, store: R
     cell_dir = os.path.abspath(os.path.join(cfg.out, cell))
     os.makedirs(cell_dir, exist_ok=True)
     with open(os.path.join(cell_dir, "cell.log"), "a") as logfile, \
-            Cluster.up(cfg.nodes, parse_link(bandwidth), name=cfg.cluster_name, force=True) as cluster:
+            Cluster.up(cfg.nodes, parse_link(bandwidth), name=cfg.cluster_name, force=True,
+                       cores_per_node=cfg.cores_per_node) as cluster:
         tcp = cluster.measure()
         log(f"{cell}: {tcp.summary()}")
         store.put_cell(cell, {"calibration_tcp": tcp.summary()})
@@ -256,7 +257,8 @@ def _cluster(cfg: GridConfig, bandwidth: str):
     """The cell's cluster: local ranks for the quick profile's ``loopback`` cells, else the emulated one (root)."""
     if bandwidth == LOOPBACK:
         return LoopbackCluster(cfg.nodes)
-    return Cluster.up(cfg.nodes, parse_link(bandwidth), name=cfg.cluster_name, force=True)
+    return Cluster.up(cfg.nodes, parse_link(bandwidth), name=cfg.cluster_name, force=True,
+                       cores_per_node=cfg.cores_per_node)
 
 
 def run_grid(cfg: GridConfig, store: ResultStore, *, resume: bool, model: bool) -> int:

@@ -51,6 +51,7 @@ class GridConfig:
     bandwidths: tuple[str, ...] = ("100mbit", "1gbit", "unshaped")  # tc rates, or unshaped (no tbf)
     variants: tuple[str, ...] = ()  # names of pipesgd.bench.variants.TRAINER_FLAGS
     nodes: int = 4  # one process per node, one thread each
+    cores_per_node: int = 0  # > 0: each emulated node pinned to this many cores of its own; 0: nodes share the cores
     # How each run trains
     batch_size: int = 32  # per worker
     threads: int = 1
@@ -83,6 +84,8 @@ class GridConfig:
                 parse_link(bandwidth)
         if self.nodes < 2:
             raise ValueError("nodes must be >= 2 (a comparison of communication needs peers)")
+        if self.cores_per_node < 0:
+            raise ValueError(f"cores_per_node must be >= 0, got {self.cores_per_node}")
         if self.batch_size < 1 or self.threads < 1 or self.warmup_steps < 0:
             raise ValueError("batch_size and threads must be >= 1 and warmup_steps >= 0")
         if not 0 < self.target_accuracy <= 1:
