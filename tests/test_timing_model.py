@@ -155,10 +155,12 @@ def test_breakdown_terms_add_up():
                              decode_Bps=rng.uniform(1e8, 1e10), slowdown=rng.uniform(0, 0.5),
                              comm_slowdown=rng.choice([0.0, rng.uniform(0, 0.5)]),
                              copy_Bps=rng.choice([math.inf, rng.uniform(1e9, 1e10)]),
-                             handoff_s=rng.choice([0.0, rng.uniform(0, 1e-3)]))
+                             handoff_s=rng.choice([0.0, rng.uniform(0, 1e-3)]),
+                             buffers_s=rng.choice([0.0, rng.uniform(0, 5e-3)]),
+                             host_s=rng.choice([0.0, rng.uniform(0, 5e-3)]))
         for r in predict(s).results:
-            parts = (r.compute_s + r.straggler_s + r.interference_s + r.update_s + r.handoff_s + r.exposed_comm_s
-                     + r.codec_s)
+            parts = (r.compute_s + r.straggler_s + r.interference_s + r.update_s + r.handoff_s + r.buffers_s
+                     + r.host_s + r.exposed_comm_s + r.codec_s)
             assert parts == pytest.approx(r.iteration_s, rel=1e-9, abs=1e-15), r
             assert min(r.exposed_comm_s, r.codec_s, r.interference_s, r.hidden_comm_s) >= 0
 
@@ -405,8 +407,10 @@ def write_run(folder, name, mode, world, grad_bytes, compute_s, update_s, scale=
                                       "compression": "none", "grad_bytes": grad_bytes}) + "\n")
             for step in range(steps):
                 jitter = 1 + 0.002 * ((step + rank) % 3 - 1)
+                # what is neither compute nor update is the wait for communication, as the trainer records it
+                wait = max(0.0, t_iter * jitter - compute_s - update_s)
                 out.write(json.dumps({"type": "step", "step": step, "rank": rank, "mode": mode,
-                                      "t_iter": t_iter * jitter, "t_compute": compute_s, "t_wait": 0.0,
+                                      "t_iter": t_iter * jitter, "t_compute": compute_s, "t_wait": wait,
                                       "t_update": update_s, "bytes_sent": 0}) + "\n")
         paths.append(path)
     return paths

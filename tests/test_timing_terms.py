@@ -99,6 +99,33 @@ def test_buffer_sync_adds_to_sync_and_sits_in_pipes_window():
     assert ddp.buffers_s == 0.0  # DDP broadcasts in its forward: inside its compute
 
 
+# ---------------------------------------------------------------- the measured host work per step
+def test_host_work_adds_beyond_the_hand_off_estimate_in_every_mode():
+    s = scenario(grad_bytes=1e3, handoff_s=0.001)  # a tiny gradient: pipe is compute-bound
+    for mode in ("sync", "pipe", "ddp", "ps-sync"):
+        before = predict(s, (mode,)).result(mode)
+        covered = predict(replace(s, host_s=0.0005), (mode,)).result(mode)  # less than pipe/sync's hand-off
+        after = predict(replace(s, host_s=0.004), (mode,)).result(mode)
+        extra = 0.004 - before.handoff_s
+        assert after.iteration_s == pytest.approx(before.iteration_s + extra), mode
+        assert after.host_s == pytest.approx(extra)
+        if mode in ("sync", "pipe"):
+            assert covered.iteration_s == pytest.approx(before.iteration_s) and covered.host_s == 0.0
+    with pytest.raises(ValueError, match="host_s"):
+        predict(replace(s, host_s=-1.0), ("sync",))
+
+
+def test_read_runs_takes_the_slowest_ranks_host_work(tmp_path):
+    """Host work = t_iter less data, compute, wait, update and buffer sync, per step the slowest rank's."""
+    step = lambda other: {"t_iter": 0.1 + other, "t_data": 0.01, "t_compute": 0.05, "t_wait": 0.03,  # noqa: E731
+                          "t_update": 0.005, "t_buffers": 0.005}
+    (run,) = read_runs(write_run(tmp_path, "h", "sync", {0: [step(0.002)] * 6, 1: [step(0.0005)] * 6}), skip=1)
+    assert run.t_host == pytest.approx((0.002,) * 5)
+    late = {r: [{"t_iter": 0.05, "t_compute": 0.05, "t_update": 0.001}] * 6 for r in range(2)}
+    (floored,) = read_runs(write_run(tmp_path, "f", "sync", late), skip=1)
+    assert floored.t_host == (0.0,) * 5  # timers that overlap a little never make it negative
+
+
 def write_run(folder, name, mode, per_rank):
     """per_rank: rank -> list of step dicts (t_iter, t_compute, t_update, optional t_buffers)."""
     paths = []

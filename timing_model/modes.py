@@ -2,7 +2,8 @@
 
 Each ``predict_<mode>`` is a pure function of the frozen parameter records and returns a
 ``ModeResult`` whose terms add up to the iteration time:
-``iteration_s = compute_s + straggler_s + interference_s + update_s + handoff_s + exposed_comm_s + codec_s``.
+``iteration_s = compute_s + straggler_s + interference_s + update_s + handoff_s + buffers_s + host_s +
+exposed_comm_s + codec_s``.
 For ps-async the "iteration" is the time the cluster needs for as many updates as there are workers
 (the same work as one synchronous iteration), so throughputs and speedups compare like for like.
 """
@@ -38,13 +39,14 @@ class ModeResult:
     """Predicted steady-state iteration of one training mode; all times in seconds."""
 
     mode: str
-    iteration_s: float  # wall-clock seconds per iteration (sum of the eight terms below)
+    iteration_s: float  # wall-clock seconds per iteration (sum of the nine terms below)
     compute_s: float  # mean forward+backward
     straggler_s: float  # extra wait for the slowest worker, E[max] − mean
     interference_s: float  # compute slow-down from communication running alongside
     update_s: float  # optimizer step
     handoff_s: float  # packing gradients into buckets, writing them back, thread hand-off (not hidden)
     buffers_s: float  # blocking sync of module buffers each step (sync, pipe; not hidden)
+    host_s: float  # measured per-step host work beyond the hand-off estimate (``ComputeParams.host_s``; not hidden)
     exposed_comm_s: float  # transfer, latency and reduction time not hidden behind compute
     codec_s: float  # encode/decode time not hidden behind compute
     comm_total_s: float  # all communication including codec, hidden or not
@@ -137,8 +139,9 @@ def ps_cost(cluster: ClusterParams, codec: CodecParams, schedule: ScheduleParams
 
 def _result(mode: str, cluster: ClusterParams, compute: ComputeParams, comm: CommCost, iteration_s: float,
             busy_s: float, interference_cap_s: float, staleness: float, straggler_s: float,
-            handoff_s: float = 0.0, buffers_s: float = 0.0) -> ModeResult:
-    """Split ``iteration_s`` into named terms; ``busy_s`` is compute + straggler + update + hand-off + buffers."""
+            handoff_s: float = 0.0, buffers_s: float = 0.0, host_s: float = 0.0) -> ModeResult:
+    """Split ``iteration_s`` into named terms; ``busy_s`` is compute + straggler + update + hand-off + buffers +
+    host."""
     interference = min(interference_cap_s, max(0.0, iteration_s - busy_s))
     exposed = max(0.0, iteration_s - busy_s - interference)
     codec_share = comm.codec_s / comm.total_s if comm.total_s > 0 else 0.0
@@ -147,7 +150,7 @@ def _result(mode: str, cluster: ClusterParams, compute: ComputeParams, comm: Com
     hidden = comm.total_s - exposed
     return ModeResult(
         mode=mode, iteration_s=iteration_s, compute_s=compute.compute_s, straggler_s=straggler_s,
-        interference_s=interference, update_s=compute.update_s, handoff_s=handoff_s, buffers_s=buffers_s, exposed_comm_s=exposed - codec_exposed,
+        interference_s=interference, update_s=compute.update_s, handoff_s=handoff_s, buffers_s=buffers_s, host_s=host_s, exposed_comm_s=exposed - codec_exposed,
         codec_s=codec_exposed, comm_total_s=comm.total_s, anchor_s=comm.anchor_s, hidden_comm_s=hidden if hidden > 1e-12 * max(comm.total_s, 1.0) else 0.0,
         throughput_it_s=throughput, samples_per_s=cluster.nodes * compute.samples_per_worker * throughput
         if compute.samples_per_worker else 0.0, staleness=staleness,
@@ -164,15 +167,21 @@ def _handoff(cluster: ClusterParams, compute: ComputeParams, copies_only: bool =
     return formulas.handoff_time(cluster.grad_bytes, compute.copy_Bps, 0.0 if copies_only else compute.handoff_s)
 
 
+def _host_beyond(compute: ComputeParams, hand: float) -> float:
+    """The measured per-step host work that the hand-off estimate ``hand`` does not already cover."""
+    return max(0.0, compute.host_s - hand)
+
+
 def predict_sync(cluster, compute, codec, schedule) -> ModeResult:
-    """Synchronous allreduce SGD (width 1 on our ring): slowest compute + update + buffer sync + hand-off +
-    allreduce."""
+    """Synchronous allreduce SGD (width 1 on our ring): slowest compute + update + buffer sync + hand-off (or the
+    measured host work, if more) + allreduce."""
     comm = allreduce_cost(cluster, codec, schedule, per_hop=True)
     slow = _slowest_compute(cluster, compute)
     hand = _handoff(cluster, compute)
-    busy = slow + compute.update_s + compute.buffers_s
+    host = _host_beyond(compute, hand)
+    busy = slow + compute.update_s + compute.buffers_s + host
     return _result("sync", cluster, compute, comm, formulas.sync_iteration(busy, comm.total_s, hand), busy + hand,
-                   0.0, 0.0, slow - compute.compute_s, hand, compute.buffers_s)
+                   0.0, 0.0, slow - compute.compute_s, hand, compute.buffers_s, host)
 
 
 def predict_ddp(cluster, compute, codec, schedule) -> ModeResult:
@@ -181,11 +190,12 @@ def predict_ddp(cluster, compute, codec, schedule) -> ModeResult:
     comm = allreduce_cost(cluster, codec, schedule, per_hop=False)
     slow = _slowest_compute(cluster, compute)
     hand = _handoff(cluster, compute, copies_only=True)
+    host = _host_beyond(compute, hand)
     overlap, slowdown = schedule.overlap_fraction, compute.slowdown
-    iteration = formulas.ddp_iteration(slow, compute.update_s, comm.total_s, comm.last_bucket_s, overlap, slowdown,
-                                       compute.comm_slowdown, hand)
-    return _result("ddp", cluster, compute, comm, iteration, slow + compute.update_s + hand,
-                   slowdown * overlap * slow, 0.0, slow - compute.compute_s, hand)
+    iteration = formulas.ddp_iteration(slow, compute.update_s + host, comm.total_s, comm.last_bucket_s, overlap,
+                                       slowdown, compute.comm_slowdown, hand)
+    return _result("ddp", cluster, compute, comm, iteration, slow + compute.update_s + hand + host,
+                   slowdown * overlap * slow, 0.0, slow - compute.compute_s, hand, 0.0, host)
 
 
 def predict_pipe(cluster, compute, codec, schedule) -> ModeResult:
@@ -195,20 +205,22 @@ def predict_pipe(cluster, compute, codec, schedule) -> ModeResult:
     comm = allreduce_cost(cluster, codec, schedule, per_hop=True)
     slow = _slowest_compute(cluster, compute)
     hand = _handoff(cluster, compute)
-    busy = slow + compute.update_s + compute.buffers_s
+    host = _host_beyond(compute, hand)
+    busy = slow + compute.update_s + compute.buffers_s + host
     iteration = formulas.pipe_iteration(busy, comm.total_s, compute.slowdown, schedule.width, compute.comm_slowdown,
                                         hand)
     cap = compute.slowdown * (busy + hand) if schedule.width >= 2 else 0.0
     return _result("pipe", cluster, compute, comm, iteration, busy + hand, cap, float(schedule.width - 1),
-                   slow - compute.compute_s, hand, compute.buffers_s)
+                   slow - compute.compute_s, hand, compute.buffers_s, host)
 
 
 def predict_ps_sync(cluster, compute, codec, schedule, server) -> ModeResult:
-    """Synchronous parameter server: slowest compute + update + push/pull."""
+    """Synchronous parameter server: slowest compute + update + measured host work + push/pull."""
     comm = ps_cost(cluster, codec, schedule, server)
     slow = _slowest_compute(cluster, compute)
-    busy = slow + compute.update_s
-    return _result("ps-sync", cluster, compute, comm, busy + comm.total_s, busy, 0.0, 0.0, slow - compute.compute_s)
+    busy = slow + compute.update_s + compute.host_s
+    return _result("ps-sync", cluster, compute, comm, busy + comm.total_s, busy, 0.0, 0.0, slow - compute.compute_s,
+                   host_s=compute.host_s)
 
 
 def predict_ps_async(cluster, compute, codec, schedule, server) -> ModeResult:
@@ -218,11 +230,12 @@ def predict_ps_async(cluster, compute, codec, schedule, server) -> ModeResult:
     workers = cluster.nodes
     server_Bps = (server.server_bandwidth_Bps or cluster.bandwidth_Bps) * codec.ratio
     flows = workers - 1 if server.colocated else workers
-    iteration = formulas.ps_async_iteration(flows, compute.compute_s, compute.update_s, comm.total_s,
+    iteration = formulas.ps_async_iteration(flows, compute.compute_s, compute.update_s + compute.host_s, comm.total_s,
                                             cluster.grad_bytes if comm.total_s > 0 else 0.0, server.servers,
                                             server_Bps, server.send_buffer_bytes * codec.ratio)  # fp32-equivalent bytes
-    busy = compute.compute_s + compute.update_s
-    return _result("ps-async", cluster, compute, comm, iteration, busy, 0.0, float(workers - 1), 0.0)
+    busy = compute.compute_s + compute.update_s + compute.host_s
+    return _result("ps-async", cluster, compute, comm, iteration, busy, 0.0, float(workers - 1), 0.0,
+                   host_s=compute.host_s)
 
 
 def predict_mode(mode: str, cluster: ClusterParams, compute: ComputeParams, codec: CodecParams,

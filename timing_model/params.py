@@ -89,10 +89,14 @@ class ComputeParams:
     copy_Bps: float = math.inf  # memory-copy rate for packing gradients into buckets and back, bytes/s
     handoff_s: float = 0.0  # fixed per-step cost of handing the buckets to the comm thread and back, seconds
     buffers_s: float = 0.0  # blocking per-step sync of module buffers (BatchNorm statistics), not hidden, seconds
+    # per-step host work on the training thread outside compute, update, buffer sync and the wait for communication
+    # (the optimizer wrapper's packing, hand-off and bookkeeping, zero_grad), as a run measured it; not hidden. The
+    # hand-off estimate (copy rate, handoff_s) is part of it: only what exceeds that estimate adds, seconds
+    host_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("compute_s", "compute_std_s", "update_s", "slowdown", "comm_slowdown", "handoff_s",
-                     "buffers_s"):
+                     "buffers_s", "host_s"):
             _finite_nonneg(name, getattr(self, name))
             _check(getattr(self, name) < math.inf, f"{name} must be finite")
         _check(self.copy_Bps > 0, f"copy rate must be > 0 bytes/s, got {self.copy_Bps!r}")

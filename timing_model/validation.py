@@ -20,8 +20,12 @@ each step's slowest rank (max over ranks of t_compute + t_data and of t_update: 
 synchronous step, so it is inside the prediction; ``t_data``, batch loading, is local work like compute) and,
 for sync and pipe, each step's *fastest* rank's ``t_buffers`` (the blocking buffer sync, ``--buffers``: the rank
 that arrives last waits least, so its time is the sync's own cost, while the others' wait there is the straggler
-already counted in the slowest compute). Like compute and update, the buffer sync is the run's own measurement:
-the model predicts the gradient communication and its overlap around them.
+already counted in the slowest compute), and each step's slowest rank's host work outside all of these
+(``t_host`` = t_iter − t_data − t_compute − t_wait − t_update − t_buffers, floored at 0: the optimizer wrapper's
+packing, hand-off and bookkeeping and zero_grad, 0.1-0.9 ms per LeNet step and 2-7 ms per ResNet-20 step on the
+comparison grid, of which the calibrated hand-off covered a fraction). Like compute and update, the buffer sync
+and the host work are the run's own measurements: the model predicts the gradient communication and its overlap
+around them.
 Config ``servers`` follows ``pipesgd-train``: 0 = rank 0 serves and trains (co-located), k > 0 dedicated. The prediction uses the calibrated network terms, the codec speeds of the calibration and the
 run's own median compute and update times, so it tests the communication and overlap model only.
 
@@ -65,6 +69,7 @@ class RunRecord:
     t_compute: tuple[float, ...]
     t_update: tuple[float, ...]
     t_buffers: tuple[float, ...] = ()  # per kept step, the fastest rank's buffer sync (see ``read_runs``)
+    t_host: tuple[float, ...] = ()  # per kept step, the slowest rank's host work outside the above (``read_runs``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +133,13 @@ def _grad_bytes(config: dict, steps: list[dict], nodes: int, mode: str, where: s
     raise ValueError(f"{where}: no gradient size (config grad_bytes or params, or uncompressed ring bytes_sent)")
 
 
+def _host(record: dict, where: str) -> float:
+    """One rank's step time outside data, compute, the wait for communication, the update and the buffer sync."""
+    inside = sum(_optional(record, key) for key in ("t_data", "t_wait", "t_buffers"))
+    return max(0.0, _number(record, "t_iter", where) - _number(record, "t_compute", where)
+               - _number(record, "t_update", where) - inside)
+
+
 def read_runs(paths: list[str], skip: int = 3) -> list[RunRecord]:
     """Group files into runs and reduce each to slowest-rank step timings."""
     groups: dict[str, list[str]] = {}
@@ -165,8 +177,9 @@ def read_runs(paths: list[str], skip: int = 3) -> list[RunRecord]:
         # the rank that reached the buffer sync last waits least: its time is the sync's own cost; the other
         # ranks' extra wait there is the straggler, which the slowest rank's compute already carries
         buffers = tuple(min(_optional(r, "t_buffers") for r in by_step[s]) for s in order)
+        host = tuple(max(_host(r, name) for r in by_step[s]) for s in order)
         runs.append(RunRecord(name, config, mode, nodes, _grad_bytes(config, steps, nodes, mode, name),
-                              period, local, pick("t_update"), buffers))
+                              period, local, pick("t_update"), buffers, host))
     return runs
 
 
@@ -206,6 +219,7 @@ def scenario_for(run: RunRecord, cal: Calibration, base: Scenario | None = None,
         compute_s=statistics.median(run.t_compute) if compute_s is None else compute_s,
         compute_std_s=0.0, update_s=statistics.median(run.t_update), compression=compression, width=width,
         buffers_s=statistics.median(run.t_buffers) if run.t_buffers and run.mode in ("sync", "pipe") else 0.0,
+        host_s=statistics.median(run.t_host) if run.t_host else 0.0,
         error_feedback=bool(cfg.get("error_feedback")),
     )
     if cfg.get("bucket_mb"):

@@ -104,6 +104,7 @@ def predict(done: dict[str, str], variant: str, calib_path: str, skip: int) -> d
     # what the prediction used, so it can be re-made from the committed file (RunRecord of one step + calibration)
     inputs = {"mode": mine.mode, "nodes": mine.nodes, "grad_bytes": mine.grad_bytes, "compute_s": check.compute_s,
               "update_s": statistics.median(mine.t_update), "buffers_s": scenario.buffers_s,
+              "host_s": scenario.host_s,
               "ring_anchor_s": scenario.ring_anchor_s,
               "override": override is not None,
               "config": {k: mine.config[k] for k in SCENARIO_KEYS if k in mine.config}}

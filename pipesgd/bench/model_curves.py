@@ -39,7 +39,7 @@ def _base_scenario(data: dict, cell: str):
     inputs = run["model"]["inputs"]
     record = RunRecord("sync", inputs["config"], "sync", inputs["nodes"], inputs["grad_bytes"],
                        (run["model"]["measured_s"],), (inputs["compute_s"],), (inputs["update_s"],),
-                       (inputs.get("buffers_s", 0.0),))
+                       (inputs.get("buffers_s", 0.0),), (inputs.get("host_s", 0.0),))
     return replace(scenario_for(record, cal), ring_anchor_s=0.0)
 
 

@@ -39,6 +39,7 @@ SCENARIO_FLAGS = {
     "copy_rate": ("copy_Bps", parse_bandwidth),
     "handoff": ("handoff_s", parse_time),
     "buffers": ("buffers_s", parse_time),
+    "host": ("host_s", parse_time),
     "reduce_rate": ("reduce_Bps", parse_bandwidth),
     "collective": ("collective", lambda s: _choice(s, "collective", COLLECTIVES)),
     "width": ("width", lambda s: _int_at_least(s, "width", 1)),
@@ -110,6 +111,9 @@ def add_scenario_flags(parser: argparse.ArgumentParser, sweep: bool) -> None:
     add("--handoff", default="0", help="fixed per-step hand-off cost to the comm thread, e.g. 200us (default 0)")
     add("--buffers", default="0",
         help="blocking per-step buffer sync (BatchNorm statistics; sync and pipe), e.g. 5ms (default 0)")
+    add("--host", default="0",
+        help="per-step host work outside compute, update, buffer sync and the wait (the optimizer wrapper, "
+             "zero_grad), e.g. 1ms; only what exceeds the hand-off adds (default 0)")
     add("--reduce-rate", help="local reduction rate (bytes/s, e.g. 10GB/s); default: free")
     add("--collective", default="ring", help=f"allreduce algorithm of sync/ddp: {'|'.join(COLLECTIVES)}")
     add("--compression", default="none", help=f"{'|'.join(CODEC_RATIOS)}" + many)
