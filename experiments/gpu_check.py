@@ -219,7 +219,7 @@ def check_sync_batchnorm(rank: int, world: int, device: torch.device, args) -> l
                 opt.step()
                 opt.zero_grad()
             opt.flush()
-            state = torch.cat([t.detach().double().reshape(-1).cpu() for t in (*model.parameters(), *model.buffers())])
+            state = torch.cat([v.detach().double().reshape(-1).cpu() for v in (*model.parameters(), *model.buffers())])
             same = identical_across_ranks(state)
             rows.append(row("SyncBatchNorm, K = 2", f"buffers={buffers}: parameters and buffers bitwise identical",
                             f"identical {same}", same and bool(torch.isfinite(state).all())))

@@ -194,10 +194,7 @@ def install_iproute2(debs: Path, into: Path) -> str:
     """Unpack every .deb of ``debs`` under ``into``/root and write ``into``/bin/ip and tc wrappers that find the
     libraries the system lacks (only those: the wrappers' library path is inherited by what ``ip netns exec``
     starts, so it must not shadow the system's own). Returns a one-line summary."""
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            break
-    else:
+    if all(shutil.which(tool) for tool in ("ip", "tc")):
         return "ip and tc already installed: nothing to do"
     packages = sorted(debs.glob("*.deb"))
     if not packages:
