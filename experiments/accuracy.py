@@ -14,6 +14,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pipesgd.bench.accuracy import load_config, run_study, summary_markdown  # noqa: E402
+from pipesgd.bench.one_line import OneLineParser  # noqa: E402
 
 
 def _list(kind):
@@ -25,14 +26,8 @@ def _list(kind):
     return parse
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, as every other bad input (argparse prints its usage first)
-        print(f"accuracy: error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="accuracy", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="TOML file of AccuracyConfig fields (flags override it)")
     parser.add_argument("--resume", action="store_true", help="skip runs already in the result file")
     parser.add_argument("--tasks", type=_list(str), help="digits,mnist1d[,cifar10:DIR]")

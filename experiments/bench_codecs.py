@@ -21,16 +21,11 @@ import torch
 # The old codecs live in this checkout's tests/; the new ones must come from the same checkout, wherever it runs from.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pipesgd.bench.codec_ab import CodecPair, markdown, measure_ab  # noqa: E402
+from pipesgd.bench.one_line import OneLineParser  # noqa: E402
 from pipesgd.compression import build  # noqa: E402
 
 _UNITS = {"": 1, "B": 1, "KB": 1_000, "MB": 1_000_000, "GB": 1_000_000_000, "KIB": 1 << 10, "MIB": 1 << 20,
           "GIB": 1 << 30}
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, as every other bad input (argparse prints its usage first)
-        print(f"bench_codecs: error: {message}", file=sys.stderr)
-        sys.exit(2)
 
 
 def _pairs() -> dict[str, CodecPair]:
@@ -66,7 +61,7 @@ def _size(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     pairs = _pairs()
-    parser = _Parser(prog="bench_codecs", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="bench_codecs", description=__doc__.splitlines()[0])
     parser.add_argument("--codecs", default="q8,q4,sign,bf16,fp16", help=f"comma-separated, of {', '.join(pairs)}")
     parser.add_argument("--sizes", default="64KB,1.05MB,6.3MB", help="comma-separated fp32 sizes, e.g. 64KB,6.3MB")
     parser.add_argument("--repeats", type=int, default=15, help="interleaved A/B repeats (medians over them)")

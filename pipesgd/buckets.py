@@ -98,39 +98,39 @@ def is_slot(grad: torch.Tensor, view: torch.Tensor) -> bool:
             and grad.numel() == view.numel() and grad.is_contiguous())
 
 
-def viewable(param: torch.Tensor, flat: torch.Tensor) -> bool:
-    """Whether ``param.grad`` can be a view into ``flat``: same dtype and device, and a dense contiguous layout
-    (a bf16/fp16 parameter in an fp32 bucket keeps its own gradient and the copy)."""
-    return (param.dtype == flat.dtype and param.device == flat.device and param.layout == torch.strided
+def viewable(param: torch.Tensor, bucket: Bucket) -> bool:
+    """Whether ``param.grad`` can be a view into ``bucket``'s flat tensor: same dtype and device, and a dense
+    contiguous layout (a bf16/fp16 parameter in an fp32 bucket keeps its own gradient and the copy)."""
+    return (param.dtype == bucket.dtype and param.device == bucket.device and param.layout == torch.strided
             and param.is_contiguous())
 
 
-def unpack_to_gradients(bucket: Bucket, params: list[torch.Tensor], flat: torch.Tensor, as_view: bool = False,
-                        copy: bool = True, create: bool = True) -> None:
-    """Write ``flat`` into the ``.grad`` of ``bucket``'s parameters, creating gradients where missing.
+def gradient_slots(bucket: Bucket, params: list[torch.Tensor], flat: torch.Tensor) -> list[torch.Tensor]:
+    """Each of ``bucket``'s parameters' place in ``flat`` (in ``bucket.param_indices`` order), shaped like it."""
+    return [flat[offset : offset + n].view(params[i].shape)
+            for i, offset, n in zip(bucket.param_indices, bucket.offsets, bucket.numels)]
 
-    ``as_view``: a parameter that can (``viewable``) gets a view into ``flat`` as its ``.grad`` instead of a
-    copy; ``copy=False`` leaves the others' gradients as they are; ``create=False`` leaves a None a None."""
+
+def write_gradients(params: list[torch.Tensor], slots: list[torch.Tensor], as_view: list[bool], copy: bool = True,
+                    create: bool = True) -> None:
+    """Make each ``params[k].grad`` hold ``slots[k]``: the slot itself where ``as_view[k]`` (an identity test when
+    it already is), a copy elsewhere, creating gradients where missing.
+
+    ``copy=False`` leaves the copied ones' gradients as they are; ``create=False`` leaves a None a None."""
     with phases.timed("pack_unpack"):
-        _unpack(bucket, params, flat, as_view, copy, create)
-
-
-def _unpack(bucket: Bucket, params: list[torch.Tensor], flat: torch.Tensor, as_view: bool, copy: bool,
-            create: bool) -> None:
-    for i, offset, n in zip(bucket.param_indices, bucket.offsets, bucket.numels):
-        p = params[i]
-        view = flat[offset : offset + n].view(p.shape)
-        if p.grad is None and not create:
-            continue
-        if as_view and viewable(p, flat):
-            if p.grad is None or not is_slot(p.grad, view):
-                p.grad = view
-        elif not copy:
-            continue
-        elif p.grad is None:
-            p.grad = view.to(dtype=p.dtype, copy=True)
-        else:
-            p.grad.copy_(view)
+        for p, slot, view in zip(params, slots, as_view):
+            grad = p.grad
+            if grad is None and not create:
+                continue
+            if view:
+                if grad is not slot:
+                    p.grad = slot
+            elif not copy:
+                continue
+            elif grad is None:
+                p.grad = slot.to(dtype=p.dtype, copy=True)
+            else:
+                grad.copy_(slot)
 
 
 def layout_signature(params: list[torch.Tensor]) -> list[tuple[tuple[int, ...], str]]:

@@ -29,9 +29,11 @@ def loss_of(model, x, y, step: int):
 
 def run(views: bool, width: int = 2, warmup: int = 0, steps: int = 9, rank: int = 0, accumulate: int = 1,
         set_to_none: bool = True, dtype=torch.float64, replace_at: int | None = None, inf_at: int | None = None,
-        adam: bool = False, **options):
+        adam: bool = False, freeze: bool = False, **options):
     """Weights and the p.grad the caller sees after every step and after flush()."""
     model = make_model(dtype)
+    if freeze:  # a frozen parameter the optimizer still holds: not communicated, never a view
+        model[2].bias.requires_grad_(False)
     inner = (torch.optim.Adam(model.parameters(), lr=0.01) if adam
              else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4))
     opt = PipeSGD(inner, model, width=width, warmup_steps=warmup, gradient_as_bucket_view=views, **options)
@@ -65,6 +67,8 @@ def assert_same(a, b, skipped: int | None = None):
         for x, y in zip(wa, wb):
             assert torch.equal(x, y), f"weights differ after step {t}"
         for x, y in zip(ga, gb) if t != skipped else ():
+            if x is None and y is None:  # a frozen parameter
+                continue
             if x is None or y is None:
                 assert torch.count_nonzero(x if y is None else y) == 0, f"p.grad differs after step {t}"
             else:
@@ -75,7 +79,7 @@ CASES = [
     dict(width=1), dict(width=2), dict(width=3, warmup=2), dict(width=2, accumulate=3),
     dict(width=2, set_to_none=False), dict(width=2, replace_at=4), dict(width=3, max_grad_norm=0.05),
     dict(width=2, warmup=1, adam=True), dict(width=2, nonfinite="skip", inf_at=5),
-    dict(width=2, dtype=torch.float32, compression="q8", error_feedback=True),
+    dict(width=2, dtype=torch.float32, compression="q8", error_feedback=True), dict(width=2, freeze=True),
 ]
 
 
@@ -109,6 +113,44 @@ def test_backward_writes_into_the_bucket_the_ring_gets():
             assert all(torch.count_nonzero(p.grad) == 0 for p in model.parameters())
         else:
             opt.zero_grad()
+    opt.flush()
+    opt.close()
+
+
+@pytest.mark.parametrize("width", [1, 2, 3])
+class CountingSGD(torch.optim.SGD):
+    zero_grads = 0
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.zero_grads += 1
+        super().zero_grad(set_to_none)
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_zero_grad_skips_the_optimizers_loop_only_when_every_gradient_is_a_view(freeze):
+    """Once every parameter the optimizer holds views its slot, zero_grad() is one fill per bucket (the
+    per-parameter loop is skipped); a frozen parameter in the optimizer, or a gradient the caller replaced, takes
+    the optimizer's own zero_grad again, and that gradient follows its semantics (None)."""
+    model = make_model()
+    if freeze:
+        model[2].bias.requires_grad_(False)
+    inner = CountingSGD(model.parameters(), lr=0.1)
+    opt = PipeSGD(inner, model, width=2, warmup_steps=0)
+    calls = []
+    for t in range(6):
+        x, y = batch(t, 0)
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        replaced = t == 4 and not freeze
+        if replaced:  # the caller puts its own tensor in p.grad after step(): zero_grad must treat it as torch does
+            model[0].weight.grad = torch.ones_like(model[0].weight)
+        before = inner.zero_grads
+        opt.zero_grad()
+        calls.append(inner.zero_grads - before)
+        if replaced:
+            assert model[0].weight.grad is None
+    assert calls == ([1] * 6 if freeze else [0, 0, 0, 0, 1, 0])
+    assert all(torch.count_nonzero(p.grad) == 0 for p in model.parameters() if p.requires_grad)
     opt.flush()
     opt.close()
 
