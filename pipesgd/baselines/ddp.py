@@ -4,8 +4,9 @@ is measured against.
 DDP averages gradients inside ``backward()`` (bucketed allreduce overlapped with the backward pass), so
 its communication wait cannot be separated from compute: ``last_stats.t_wait_s`` is 0 and the trainer's
 ``t_compute`` holds backward plus all exposed communication. ``t_update_s`` is the optimizer step.
-``bytes_sent`` is what a ring allreduce sends per rank for one gradient of M bytes, 2(p-1)/p * M,
-halved by the fp16 compression hook (the hook's payload is half precision; DDP's backend may use another
+``bytes_sent`` is what a ring allreduce sends per rank for one gradient of M bytes, 2(p-1)/p * M, once per
+backward pass since the last step (DDP all-reduces after each of several accumulated backward passes), halved by
+the fp16 compression hook (the hook's payload is half precision; DDP's backend may use another
 algorithm than a ring, so this is the ring-equivalent volume, comparable across modes). With PowerSGD it is
 counted per bucket as the hook communicates (``pipesgd.baselines.ddp_hooks``): plain allreduce for its first
 ``start_powerSGD_iter`` backward passes, then the uncompressed tensors plus the P and Q factors.
@@ -71,6 +72,10 @@ class DDPOptimizer:
         self._raw_bytes_per_step = ring_allreduce_bytes(raw, self.world_size)
         self._bytes_per_step = ring_allreduce_bytes(int(raw / self.compression_ratio), self.world_size)
         self._counts_bytes = hook == "powersgd"  # its volume changes at its start iteration: counted per bucket
+        # Otherwise per synced backward pass: DDP prepares one allreduce in each forward that will backpropagate
+        # with gradient sync on (outside no_sync()), so count those forwards.
+        self._synced_passes = 0
+        self.model.register_forward_pre_hook(self._count_synced_pass)
         self._step = 0
         self.last_stats = StepStats(step=-1, applied_step=None)
 
@@ -83,7 +88,8 @@ class DDPOptimizer:
         start = time.perf_counter()
         self.optimizer.step()
         t_update = time.perf_counter() - start
-        sent = self._counted.take_bytes() if self._counts_bytes else self._bytes_per_step
+        sent = self._counted.take_bytes() if self._counts_bytes else self._bytes_per_step * self._synced_passes
+        self._synced_passes = 0
         ratio = self._raw_bytes_per_step / sent if self._counts_bytes and sent else self.compression_ratio
         stats = StepStats(step=self._step, applied_step=self._step, t_wait_s=0.0, t_update_s=t_update,
                           bytes_sent=sent, compression_ratio=ratio)
@@ -93,6 +99,10 @@ class DDPOptimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def _count_synced_pass(self, module: DistributedDataParallel, _inputs) -> None:
+        if torch.is_grad_enabled() and module.require_backward_grad_sync:
+            self._synced_passes += 1
 
     def flush(self) -> list[StepStats]:
         """Nothing is ever in flight between steps in DDP."""
