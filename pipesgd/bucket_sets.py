@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from pipesgd import phases
-from pipesgd.buckets import Bucket, gradient_slots, pack_gradients, viewable, write_gradients
+from pipesgd.buckets import Bucket, gradient_slots, read_gradients, viewable, write_gradients
 
 
 class BucketSet(list):
@@ -59,9 +59,7 @@ class BucketSets:
         move to a fresh set holding the same values, as the caller's gradients stay theirs without views."""
         out = self._bound if self._bound is not None else self._acquire()
         self._bound = None
-        if not self._all_in_slots(out):
-            for bucket, flat in zip(self._buckets, out):
-                pack_gradients(bucket, self._params, flat)
+        read_gradients(self._params, out.slots)
         if self.as_view and keep_local:
             local = self._acquire()
             with phases.timed("pack_unpack"):
@@ -84,9 +82,9 @@ class BucketSets:
             self.recycle(self._bound)
         self._bound = averaged
 
-    def recycle(self, buffers: list[torch.Tensor]) -> None:
+    def recycle(self, buffers: BucketSet) -> None:
         if len(self._free) < self._keep:
-            self._free.append(self._as_set(buffers))
+            self._free.append(buffers)
 
     def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> None:
         """The optimizer's ``zero_grad``, except that gradients that are views stay views and are zeroed
@@ -116,7 +114,7 @@ class BucketSets:
         return sum(b.numel * torch.empty((), dtype=b.dtype).element_size() for b in self._buckets)
 
     def _all_in_slots(self, buckets: BucketSet) -> bool:
-        """Whether every ``p.grad`` is its slot in ``buckets`` (backward wrote them all there: nothing to pack)."""
+        """Whether every ``p.grad`` is its slot in ``buckets`` (a view the optimizer's zero_grad need not see)."""
         return self._all_views and all(p.grad is slot for p, slot in zip(self._params, buckets.slots))
 
     def _as_set(self, buckets: list[torch.Tensor]) -> BucketSet:

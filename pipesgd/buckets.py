@@ -75,29 +75,6 @@ def _make_bucket(params, indices, dtype, device) -> Bucket:
     return Bucket(tuple(indices), tuple(offsets), tuple(numels), dtype, device)
 
 
-def pack_gradients(bucket: Bucket, params: list[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
-    """Copy the gradients of ``bucket``'s parameters into ``out`` (zeros where a gradient is missing)."""
-    with phases.timed("pack_unpack"):
-        _pack(bucket, params, out)
-    return out
-
-
-def _pack(bucket: Bucket, params: list[torch.Tensor], out: torch.Tensor) -> None:
-    for i, offset, n in zip(bucket.param_indices, bucket.offsets, bucket.numels):
-        grad = params[i].grad
-        view = out[offset : offset + n]
-        if grad is None:
-            view.zero_()
-        elif not is_slot(grad, view):  # a gradient written straight into its slot needs no copy
-            view.copy_(grad.reshape(-1))
-
-
-def is_slot(grad: torch.Tensor, view: torch.Tensor) -> bool:
-    """Whether ``grad`` is the flat slot ``view`` itself (same memory, dtype and size), so a copy is a no-op."""
-    return (grad.data_ptr() == view.data_ptr() and grad.dtype == view.dtype and grad.device == view.device
-            and grad.numel() == view.numel() and grad.is_contiguous())
-
-
 def viewable(param: torch.Tensor, bucket: Bucket) -> bool:
     """Whether ``param.grad`` can be a view into ``bucket``'s flat tensor: same dtype and device, and a dense
     contiguous layout (a bf16/fp16 parameter in an fp32 bucket keeps its own gradient and the copy)."""
@@ -109,6 +86,20 @@ def gradient_slots(bucket: Bucket, params: list[torch.Tensor], flat: torch.Tenso
     """Each of ``bucket``'s parameters' place in ``flat`` (in ``bucket.param_indices`` order), shaped like it."""
     return [flat[offset : offset + n].view(params[i].shape)
             for i, offset, n in zip(bucket.param_indices, bucket.offsets, bucket.numels)]
+
+
+def read_gradients(params: list[torch.Tensor], slots: list[torch.Tensor]) -> None:
+    """Copy each ``params[k].grad`` into ``slots[k]`` (zeros where a gradient is missing); a gradient that is its
+    slot already (backward wrote it there) costs an identity test and no copy."""
+    with phases.timed("pack_unpack"):
+        for p, slot in zip(params, slots):
+            grad = p.grad
+            if grad is slot:
+                continue
+            if grad is None:
+                slot.zero_()
+            else:
+                slot.copy_(grad)
 
 
 def write_gradients(params: list[torch.Tensor], slots: list[torch.Tensor], as_view: list[bool], copy: bool = True,

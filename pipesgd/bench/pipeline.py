@@ -24,7 +24,8 @@ import torch.nn.functional as F
 
 from pipesgd import phases
 from pipesgd.baselines.ddp import DDPOptimizer
-from pipesgd.buckets import build_buckets, pack_gradients
+from pipesgd.bucket_sets import BucketSet
+from pipesgd.buckets import build_buckets, read_gradients
 from pipesgd.compression import ErrorFeedback
 from pipesgd.exchange import GradientExchange
 from pipesgd.launch import exit_process, run_on_ranks
@@ -122,7 +123,8 @@ def _ring_alone(job: _Job, codec: str, feedback: bool, settings: PipelineSetting
     compressor = options.build_compressor(rank)
     params = list(job.model.parameters())
     buckets = build_buckets(params, options.bucket_bytes)
-    buffers = [pack_gradients(b, params, b.empty()) for b in buckets]
+    buffers = BucketSet([b.empty() for b in buckets], buckets, params)
+    read_gradients(params, buffers.slots)
     exchange = GradientExchange(RingTopology(dist.group.WORLD), compressor, options.allreduce_for(compressor),
                                 ErrorFeedback(compressor) if feedback else None)
     return time_collective(lambda: exchange(buffers), repeats=settings.ring_repeats, warmup=1)
