@@ -129,3 +129,66 @@ def test_position_advances_through_epochs():
     ends = [pos.advance(3) for _ in range(7)]
     assert ends == [False, False, True, False, False, True, False]
     assert (pos.epoch, pos.step_in_epoch, pos.step) == (2, 1, 7)
+
+
+class FakeClock:
+    """``loop.time`` on a clock that moves only when the test says: every span of a step is known exactly."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def process_time(self) -> float:
+        return self.now / 2  # as if one core of two did the work
+
+    def time_ns(self) -> int:
+        return int(self.now * 1e9)
+
+
+def test_t_iter_is_the_whole_iteration_less_evaluation_and_checkpoints(tmp_path, monkeypatch):
+    """The record's write, the batch fetch and the loss read belong to an iteration (the previous step's write is
+    in the next step's t_iter); evaluation and checkpoints are left out, so the steps add up to the run's clock
+    less those."""
+    cfg, ds, model, strategy, _, saved = _setup(tmp_path, monkeypatch, checkpoint=str(tmp_path / "ckpt"),
+                                                checkpoint_every=2)
+    clock = FakeClock()
+    monkeypatch.setattr(loop, "time", clock)
+    compute_s, write_s, fetch_s, eval_s, save_s = 0.003, 0.010, 0.0005, 1.0, 2.0
+
+    def timed(seconds, fn):
+        def run(*args, **kwargs):
+            clock.advance(seconds)
+            return fn(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(loop, "forward_backward", timed(compute_s, loop.forward_backward))
+    monkeypatch.setattr(loop, "evaluate", timed(eval_s, loop.evaluate))
+    monkeypatch.setattr(checkpoint, "save_run", timed(save_s, checkpoint.save_run))
+    monkeypatch.setattr(MetricsWriter, "write_step", timed(write_s, MetricsWriter.write_step))
+    real_batches = loop.shard_batches
+
+    def slow_batches(*args, **kwargs):
+        for batch in real_batches(*args, **kwargs):
+            clock.advance(fetch_s)
+            yield batch
+
+    monkeypatch.setattr(loop, "shard_batches", slow_batches)
+    metrics = MetricsWriter(cfg.metrics, 0, 1)
+    start = clock.now
+    loop.train(cfg, ds, model, strategy, torch.device("cpu"), metrics, 0, 1, Position(), Beats())
+    metrics.close()
+    steps = [r for r in _records(cfg.metrics) if r["type"] == "step"]
+    evals = [r for r in _records(cfg.metrics) if r["type"] == "eval"]
+    assert len(saved) > 2 and len(evals) > 2  # both pauses happened between steps
+    assert steps[0]["t_iter"] == pytest.approx(fetch_s + compute_s)
+    assert [r["t_iter"] for r in steps[1:]] == pytest.approx([write_s + fetch_s + compute_s] * (len(steps) - 1))
+    assert all(r["t_data"] == pytest.approx(fetch_s) for r in steps)
+    assert all(r["t_cpu"] == pytest.approx(r["t_iter"] / 2) for r in steps)
+    # the final evaluation and checkpoint come after the last step; the last write is in no step
+    paused = eval_s * len(evals) + save_s * len(saved)
+    assert sum(r["t_iter"] for r in steps) == pytest.approx(clock.now - start - paused - write_s)

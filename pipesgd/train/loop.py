@@ -5,7 +5,11 @@ The loop never talks to the network: gradients meet only inside the optimizer wr
 Timing of one iteration: ``t_compute`` is forward + backward (on CUDA timed by events on the compute stream,
 ``step_timer``, so the ring in flight on the side stream is not counted; in ``ddp`` mode it includes DDP's
 allreduce, which runs inside backward), ``t_wait`` and
-``t_update`` come from the ``StepStats`` that ``opt.step()`` returns, ``t_iter`` spans data slicing to ``zero_grad()``.
+``t_update`` come from the ``StepStats`` that ``opt.step()`` returns. ``t_iter`` is the whole iteration, end to end:
+from the end of the step before (its loss read) to this step's loss read, so the previous record's write, the
+progress line and the batch fetch are in it, and consecutive steps' ``t_iter`` add up to the wall clock of the run
+less evaluation and checkpoints (which have their own records); ``t_data`` is the batch fetch and its copy to the
+device, ``t_cpu`` the process's CPU seconds over the same span as ``t_iter``.
 With ``--trace`` the loop marks its spans on the "main" row (``pipesgd.trace``): data, compute, opt.step (inside
 it the wrappers mark wait and update), eval; no span adds a synchronisation.
 """
@@ -86,6 +90,9 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
     model.train()
 
     fetch_ns = time.time_ns()  # when the next batch was asked for (the traced data span starts there)
+    fetch_s = time.perf_counter()
+    # where the next step's t_iter / t_cpu start: the previous step's end, moved on past evaluation and checkpoints
+    iter_mark, cpu_mark = fetch_s, time.process_time()
     while pos.step < total_steps:
         batches = shard_batches(ds, pos.epoch, cfg.seed, strategy.worker_rank, strategy.num_workers,
                                 cfg.batch_size, start_step=pos.step_in_epoch)
@@ -95,7 +102,6 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
             trace.set_step(pos.step)
             step_arg = {"step": pos.step}
             faults.inject(rank, pos.step)
-            t0, cpu0 = time.perf_counter(), time.process_time()
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             trace.record("data", fetch_ns, time.time_ns(), "data", args=step_arg)
             # forward / backward (DDP averages gradients in here)
@@ -108,9 +114,11 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
             with trace.span("opt.step", "step", step_arg):
                 stats = opt.step()
                 opt.zero_grad()
-            t3, cpu3 = time.perf_counter(), time.process_time()
             loss_value = float(loss.detach())
-            times = StepTimes(t_iter_s=t3 - t0, t_compute_s=t_compute, t_data_s=t1 - t0, t_cpu_s=cpu3 - cpu0)
+            t3, cpu3 = time.perf_counter(), time.process_time()
+            times = StepTimes(t_iter_s=t3 - iter_mark, t_compute_s=t_compute, t_data_s=t1 - fetch_s,
+                              t_cpu_s=cpu3 - cpu_mark)
+            iter_mark, cpu_mark = t3, cpu3
             record = metrics.write_step(pos, rank, cfg.mode, loss_value, times, stats)
             if leader and pos.step - start.step >= skip:
                 timings.add(record)
@@ -118,8 +126,9 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
             if not math.isfinite(loss_value):
                 raise FloatingPointError(f"rank {rank}: loss is {loss_value} at step {pos.step}; lower --lr")
 
-            # advance the data position, then evaluate / checkpoint at that position
+            # advance the data position, then evaluate / checkpoint at that position (left out of t_iter)
             end_of_epoch = pos.advance(spe)
+            pause_s, pause_cpu = time.perf_counter(), time.process_time()
             if leader and end_of_epoch and cfg.eval_every and pos.epoch % cfg.eval_every == 0 \
                     and pos.step < total_steps:
                 with trace.span("eval", "eval"):
@@ -130,7 +139,9 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
                     and pos.step < total_steps:
                 checkpoint.save_run(cfg.checkpoint, rank, run, model, opt, pos)
             watchdog.beat()  # evaluation and checkpoints count as progress too
-            fetch_ns = time.time_ns()
+            iter_mark += time.perf_counter() - pause_s
+            cpu_mark += time.process_time() - pause_cpu
+            fetch_ns, fetch_s = time.time_ns(), time.perf_counter()
     progress.close()
 
     # The final checkpoint is taken before flush(): it holds the in-flight gradients in the optimizer

@@ -11,7 +11,9 @@ seconds since start):
 - ``config``: world_size, mode, width, compression, model, params, grad_bytes, batch_size, ... (first line)
 - ``step``: step, epoch, rank, mode, loss, t_iter, t_compute, t_wait, t_update, bytes_sent, wall,
   applied_step, compression_ratio, residual_norm, t_comm_busy, skipped_nonfinite, t_data (batch loading),
-  t_cpu (CPU seconds this process used during the step, all its threads: compute, the communication
+  t_iter spans the whole iteration (the previous step's end to this one's: the record writes, the progress line
+  and the batch fetch are in it, evaluation and checkpoints are not, ``loop``),
+  t_cpu (CPU seconds this process used over t_iter's span, all its threads: compute, the communication
   thread, the backend's threads; with t_iter it shows whether the cores, rather than the links, set the pace);
   only when their feature is on: grad_norm (the applied averaged gradient's L2 norm before clipping, with
   --clip-grad-norm), t_buffers (seconds spent making module buffers identical across ranks, with --buffers
@@ -57,10 +59,10 @@ def _clean(value: Any) -> Any:
 class StepTimes:
     """What the loop measured around one iteration; the wrapper's own times come in its ``StepStats``."""
 
-    t_iter_s: float  # data slicing to zero_grad()
+    t_iter_s: float  # the whole iteration: the previous step's end to this one's, evaluation and checkpoints left out
     t_compute_s: float  # forward + backward (DDP's allreduce included: it runs inside backward)
-    t_data_s: float  # moving the batch to the device
-    t_cpu_s: float  # CPU seconds of this process during the step, all threads
+    t_data_s: float  # fetching the batch and moving it to the device
+    t_cpu_s: float  # CPU seconds of this process over t_iter's span, all threads
 
     def as_metrics(self) -> dict:
         """Under the metrics' field names (unit suffix dropped, as ``StepStats.as_metrics``)."""
