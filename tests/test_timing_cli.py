@@ -52,6 +52,17 @@ def test_predict_json_is_the_pure_formula(capsys):
     assert by_mode["ps-sync"]["exposed_comm_s"] == pytest.approx(0.640)
 
 
+def test_predict_lockstep_flag_adds_to_the_blocking_modes_only(capsys):
+    _, base, _ = run_cli(capsys, "predict", *BASE, "--format", "json")
+    code, out, _ = run_cli(capsys, "predict", *BASE, "--lockstep", "3ms", "--format", "json")
+    before, after = ({r["mode"]: r for r in json.loads(text)} for text in (base, out))
+    assert code == 0
+    for mode in MODES:
+        extra = 0.003 if mode in ("sync", "ddp") else 0.0
+        assert after[mode]["iteration_s"] == pytest.approx(before[mode]["iteration_s"] + extra), mode
+        assert after[mode]["lockstep_s"] == extra
+
+
 def test_predict_markdown_and_csv_agree(capsys):
     _, md, _ = run_cli(capsys, "predict", *BASE, "--latency", "50us")
     _, text, _ = run_cli(capsys, "predict", *BASE, "--latency", "50us", "--format", "csv")
@@ -269,6 +280,11 @@ def test_calibrate_with_a_model_probes_interference_with_its_own_step_per_codec(
     assert [(r["compression"], r["n_bytes"]) for r in host["overlap"]] == [("none", 22032.0), ("bf16", 22032.0)]
     assert set(host["comm_slowdown_by_codec"]) == {"none", "bf16"}
     assert host["comm_slowdown"] == host["comm_slowdown_by_codec"]["none"]
+    # the lockstep probe: synchronous steps of the same model, its period at least the slowest compute
+    lockstep = host["lockstep"]
+    assert "mlp forward+backward, batch 8" in lockstep["load"] and lockstep["steps"] >= 5
+    assert lockstep["period_s"] >= lockstep["compute_max_s"] > 0 and lockstep["ring_alone_s"] > 0
+    assert host["lockstep_s"] == max(0.0, lockstep["period_s"] - lockstep["compute_max_s"] - lockstep["ring_alone_s"])
     assert measured["compute_s"] > 0 and set(measured["codecs"]) == set(measured["feedback"]) == {"bf16"}
     cal = _fit_on_known_timings(measured, ("none", "bf16"), compute)
     assert cal.compute == {"model": "mlp", "batch_size": 8, "compute_s": measured["compute_s"], "hidden": 64}

@@ -157,3 +157,41 @@ def test_ps_async_is_measured_at_the_slowest_workers_pace(tmp_path):
     assert statistics.median(run.t_iter) == pytest.approx(0.09)
     (lock,) = read_runs(write_run(tmp_path, "lock", "ps-sync", {0: fast, 1: slow}), skip=2)
     assert statistics.median(lock.t_iter) == pytest.approx(0.05)
+
+
+# ---------------------------------------------------------------- the lockstep term
+def test_lockstep_is_the_synchronous_step_beyond_its_parts_floored_at_zero():
+    from timing_model.calibration import lockstep_from_timings
+    from timing_model.fitting import host_record
+
+    assert lockstep_from_timings(0.017, 0.004, 0.009) == pytest.approx(0.004)
+    assert lockstep_from_timings(0.012, 0.004, 0.009) == 0.0  # quicker than its parts: noise, floored
+    with pytest.raises(ValueError, match="lockstep"):
+        lockstep_from_timings(0.017, -0.004, 0.009)
+    raw = {"lockstep": {"load": "lenet", "steps": 30, "period_s": 0.0185, "compute_max_s": 0.0065,
+                        "ring_alone_s": 0.0077}}
+    host = host_record(raw)
+    assert host["lockstep_s"] == pytest.approx(0.0043) and host["lockstep"] == raw["lockstep"]
+    assert "lockstep_s" not in host_record({})  # no model, no probe
+
+
+def test_lockstep_adds_to_every_step_that_ends_in_a_blocking_allreduce():
+    s = scenario(grad_bytes=1e3)  # a tiny gradient: pipe is compute-bound
+    for mode, width, adds in (("sync", 1, True), ("ddp", 1, True), ("pipe", 1, True), ("pipe", 2, False),
+                              ("ps-sync", 1, False), ("ps-async", 1, False)):
+        before = predict(replace(s, width=width), (mode,)).result(mode)
+        after = predict(replace(s, width=width, lockstep_s=0.003), (mode,)).result(mode)
+        assert after.iteration_s == pytest.approx(before.iteration_s + (0.003 if adds else 0.0)), (mode, width)
+        assert after.lockstep_s == (0.003 if adds else 0.0)
+        terms = ("compute_s", "straggler_s", "interference_s", "update_s", "handoff_s", "buffers_s", "host_s",
+                 "lockstep_s", "exposed_comm_s", "codec_s")
+        if mode != "ps-async":  # its iteration is the server's pace, not a sum of one worker's terms
+            assert sum(getattr(after, t) for t in terms) == pytest.approx(after.iteration_s), (mode, width)
+
+
+def test_calibrated_scenario_takes_the_lockstep_term_unless_given():
+    cal = calibration()
+    cal.host = {"lockstep_s": 0.004}
+    s = scenario()
+    assert calibrated_scenario(s, cal, "sync").lockstep_s == 0.004
+    assert calibrated_scenario(replace(s, lockstep_s=0.001), cal, "sync").lockstep_s == 0.001

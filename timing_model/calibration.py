@@ -18,6 +18,7 @@ Calibration file (``schema`` = ``pipesgd-timing/calibration/1``), written atomic
                                                  # isolated speeds; in-ring factors: ``fit_codec_in_ring``
      "compute": {"model", "batch_size", "compute_s"} | null,
      "host": {"compute_slowdown", "comm_slowdown", "comm_slowdown_by_codec": {name: κc}, "load",
+              "lockstep_s", "lockstep": {"steps", "period_s", "compute_max_s", "ring_alone_s"} (with a model),
               "copy_Bps" (null = free), "handoff_s", "overlap": [...], "copy": [...]} | {},
                                                  # interference and hand-off terms (see ``host_terms``)
      "samples": [SAMPLE, ...], "residuals": [RESIDUAL, ...], "notes": [...]}
@@ -40,8 +41,8 @@ from pipesgd.defaults import resolve_allreduce
 from . import collectives
 
 __all__ = ["SCHEMA", "Sample", "Fit", "Calibration", "fit_collective", "fit_codec_in_ring", "residual_table",
-           "slowdown_from_timings", "copy_rate_from_timings", "host_terms", "write_calibration", "read_calibration",
-           "BURST_BYTES"]
+           "slowdown_from_timings", "lockstep_from_timings", "copy_rate_from_timings", "host_terms",
+           "write_calibration", "read_calibration", "BURST_BYTES"]
 
 # Below this message size a tc-tbf shaped link (burst ≈ 500 KB at 1gbit) may send the whole message at
 # line rate, a regime training-size gradients never see; such samples are flagged (or dropped with min_bytes).
@@ -258,6 +259,15 @@ def slowdown_from_timings(alone_s: list[float], together_s: list[float]) -> floa
     return max(0.0, statistics.median(t / a for a, t in zip(alone_s, together_s)) - 1.0)
 
 
+def lockstep_from_timings(period_s: float, compute_max_s: float, ring_alone_s: float) -> float:
+    """L = max(0, P − C_max − A): what a synchronous step of the lockstep probe (the model's forward + backward on
+    every rank, then the blocking all-reduce) took beyond its slowest compute and the all-reduce timed alone."""
+    if min(period_s, compute_max_s, ring_alone_s) < 0 or not all(map(math.isfinite, (period_s, compute_max_s,
+                                                                                      ring_alone_s))):
+        raise ValueError("lockstep timings must be finite and >= 0")
+    return max(0.0, period_s - compute_max_s - ring_alone_s)
+
+
 def copy_rate_from_timings(sizes_bytes: list[float], seconds: list[float]) -> float:
     """Memory-copy rate of ``dst.copy_(src)``: median over sizes of n_bytes / seconds, bytes/s."""
     if not sizes_bytes or len(sizes_bytes) != len(seconds) or min(seconds) <= 0:
@@ -267,8 +277,8 @@ def copy_rate_from_timings(sizes_bytes: list[float], seconds: list[float]) -> fl
 
 def host_terms(host: dict, compression: str = "none") -> dict:
     """The model inputs of a calibration's ``host`` record: slowdown (κ), comm_slowdown (κc of ``compression``
-    when the probe measured it per codec, else the uncompressed one), copy_Bps (inf when absent or null) and
-    handoff_s; zeros / inf (the pure formula) when not calibrated."""
+    when the probe measured it per codec, else the uncompressed one), lockstep_s, copy_Bps (inf when absent or
+    null) and handoff_s; zeros / inf (the pure formula) when not calibrated."""
     host = host or {}
     copy = host.get("copy_Bps")
     by_codec = host.get("comm_slowdown_by_codec") or {}
@@ -277,6 +287,7 @@ def host_terms(host: dict, compression: str = "none") -> dict:
     comm = by_codec.get(compression, host.get("comm_slowdown"))
     return {"slowdown": float(host.get("compute_slowdown") or 0.0),
             "comm_slowdown": float(comm or 0.0),
+            "lockstep_s": float(host.get("lockstep_s") or 0.0),
             "copy_Bps": math.inf if not copy else float(copy),
             "handoff_s": float(host.get("handoff_s") or 0.0)}
 

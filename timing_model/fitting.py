@@ -10,7 +10,7 @@ Steps of ``fit_calibration`` (rank 0, after every rank measured):
 from __future__ import annotations
 
 from .calibration import (BURST_BYTES, Calibration, Sample, copy_rate_from_timings, fit_codec_in_ring,
-                          fit_collective, residual_table, slowdown_from_timings)
+                          fit_collective, lockstep_from_timings, residual_table, slowdown_from_timings)
 from .params import CODEC_RATIOS
 
 __all__ = ["overlap_sizes", "host_record", "fit_calibration"]
@@ -29,8 +29,9 @@ def overlap_sizes(sizes_bytes: list[int], count: int = 3) -> list[int]:
 def host_record(raw: dict) -> dict:
     """The calibration's ``host`` record from the raw host timings of ``pipesgd.measure.host.measure_host``:
     κc per codec = median over sizes of ring together/alone − 1 (``comm_slowdown``: the uncompressed one, else the
-    first measured), κ = median over all rows of load together/alone − 1, the copy rate (``copy_rate_from_timings``)
-    and the hand-off (around a real ring when measured, else the no-op round trip)."""
+    first measured), κ = median over all rows of load together/alone − 1, the lockstep term
+    (``lockstep_from_timings``, when the probe ran the model's synchronous steps), the copy rate
+    (``copy_rate_from_timings``) and the hand-off (around a real ring when measured, else the no-op round trip)."""
     host: dict = {}
     rows = raw.get("overlap")
     if rows:
@@ -42,6 +43,11 @@ def host_record(raw: dict) -> dict:
                      "compute_slowdown": slowdown_from_timings([r["load_alone_s"] for r in rows],
                                                                [r["load_together_s"] for r in rows]),
                      "load": raw["load"], "overlap": rows, "handoff_ring_s": raw.get("handoff_ring_s")})
+    lockstep = raw.get("lockstep")
+    if lockstep:
+        host["lockstep"] = lockstep
+        host["lockstep_s"] = lockstep_from_timings(lockstep["period_s"], lockstep["compute_max_s"],
+                                                   lockstep["ring_alone_s"])
     if raw.get("copy"):
         copies = raw["copy"]
         host["copy_Bps"] = copy_rate_from_timings([r["n_bytes"] for r in copies], [r["seconds"] for r in copies])

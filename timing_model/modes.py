@@ -3,7 +3,7 @@
 Each ``predict_<mode>`` is a pure function of the frozen parameter records and returns a
 ``ModeResult`` whose terms add up to the iteration time:
 ``iteration_s = compute_s + straggler_s + interference_s + update_s + handoff_s + buffers_s + host_s +
-exposed_comm_s + codec_s``.
+lockstep_s + exposed_comm_s + codec_s``.
 For ps-async the "iteration" is the time the cluster needs for as many updates as there are workers
 (the same work as one synchronous iteration), so throughputs and speedups compare like for like.
 """
@@ -39,7 +39,7 @@ class ModeResult:
     """Predicted steady-state iteration of one training mode; all times in seconds."""
 
     mode: str
-    iteration_s: float  # wall-clock seconds per iteration (sum of the nine terms below)
+    iteration_s: float  # wall-clock seconds per iteration (sum of the ten terms below)
     compute_s: float  # mean forward+backward
     straggler_s: float  # extra wait for the slowest worker, E[max] − mean
     interference_s: float  # compute slow-down from communication running alongside
@@ -47,6 +47,7 @@ class ModeResult:
     handoff_s: float  # packing gradients into buckets, writing them back, thread hand-off (not hidden)
     buffers_s: float  # blocking sync of module buffers each step (sync, pipe; not hidden)
     host_s: float  # measured per-step host work beyond the hand-off estimate (``ComputeParams.host_s``; not hidden)
+    lockstep_s: float  # a blocking all-reduce right after compute beyond the two apart (``ComputeParams.lockstep_s``)
     exposed_comm_s: float  # transfer, latency and reduction time not hidden behind compute
     codec_s: float  # encode/decode time not hidden behind compute
     comm_total_s: float  # all communication including codec, hidden or not
@@ -139,9 +140,10 @@ def ps_cost(cluster: ClusterParams, codec: CodecParams, schedule: ScheduleParams
 
 def _result(mode: str, cluster: ClusterParams, compute: ComputeParams, comm: CommCost, iteration_s: float,
             busy_s: float, interference_cap_s: float, staleness: float, straggler_s: float,
-            handoff_s: float = 0.0, buffers_s: float = 0.0, host_s: float = 0.0) -> ModeResult:
+            handoff_s: float = 0.0, buffers_s: float = 0.0, host_s: float = 0.0,
+            lockstep_s: float = 0.0) -> ModeResult:
     """Split ``iteration_s`` into named terms; ``busy_s`` is compute + straggler + update + hand-off + buffers +
-    host."""
+    host + lockstep."""
     interference = min(interference_cap_s, max(0.0, iteration_s - busy_s))
     exposed = max(0.0, iteration_s - busy_s - interference)
     codec_share = comm.codec_s / comm.total_s if comm.total_s > 0 else 0.0
@@ -150,7 +152,8 @@ def _result(mode: str, cluster: ClusterParams, compute: ComputeParams, comm: Com
     hidden = comm.total_s - exposed
     return ModeResult(
         mode=mode, iteration_s=iteration_s, compute_s=compute.compute_s, straggler_s=straggler_s,
-        interference_s=interference, update_s=compute.update_s, handoff_s=handoff_s, buffers_s=buffers_s, host_s=host_s, exposed_comm_s=exposed - codec_exposed,
+        interference_s=interference, update_s=compute.update_s, handoff_s=handoff_s, buffers_s=buffers_s, host_s=host_s,
+        lockstep_s=lockstep_s, exposed_comm_s=exposed - codec_exposed,
         codec_s=codec_exposed, comm_total_s=comm.total_s, anchor_s=comm.anchor_s, hidden_comm_s=hidden if hidden > 1e-12 * max(comm.total_s, 1.0) else 0.0,
         throughput_it_s=throughput, samples_per_s=cluster.nodes * compute.samples_per_worker * throughput
         if compute.samples_per_worker else 0.0, staleness=staleness,
@@ -174,44 +177,49 @@ def _host_beyond(compute: ComputeParams, hand: float) -> float:
 
 def predict_sync(cluster, compute, codec, schedule) -> ModeResult:
     """Synchronous allreduce SGD (width 1 on our ring): slowest compute + update + buffer sync + hand-off (or the
-    measured host work, if more) + allreduce."""
+    measured host work, if more) + lockstep + allreduce."""
     comm = allreduce_cost(cluster, codec, schedule, per_hop=True)
     slow = _slowest_compute(cluster, compute)
     hand = _handoff(cluster, compute)
     host = _host_beyond(compute, hand)
-    busy = slow + compute.update_s + compute.buffers_s + host
+    busy = slow + compute.update_s + compute.buffers_s + host + compute.lockstep_s
     return _result("sync", cluster, compute, comm, formulas.sync_iteration(busy, comm.total_s, hand), busy + hand,
-                   0.0, 0.0, slow - compute.compute_s, hand, compute.buffers_s, host)
+                   0.0, 0.0, slow - compute.compute_s, hand, compute.buffers_s, host, compute.lockstep_s)
 
 
 def predict_ddp(cluster, compute, codec, schedule) -> ModeResult:
     """PyTorch DDP: bucket allreduces overlap the last ``overlap_fraction`` of backward (slowed by κc there);
-    codec once per bucket; the bucket copies (2·M/copy_Bps) are serial."""
+    codec once per bucket; the bucket copies (2·M/copy_Bps) are serial; backward ends in a blocking wait for the
+    last bucket, so the step pays the lockstep term too."""
     comm = allreduce_cost(cluster, codec, schedule, per_hop=False)
     slow = _slowest_compute(cluster, compute)
     hand = _handoff(cluster, compute, copies_only=True)
     host = _host_beyond(compute, hand)
     overlap, slowdown = schedule.overlap_fraction, compute.slowdown
-    iteration = formulas.ddp_iteration(slow, compute.update_s + host, comm.total_s, comm.last_bucket_s, overlap,
-                                       slowdown, compute.comm_slowdown, hand)
-    return _result("ddp", cluster, compute, comm, iteration, slow + compute.update_s + hand + host,
-                   slowdown * overlap * slow, 0.0, slow - compute.compute_s, hand, 0.0, host)
+    lockstep = compute.lockstep_s
+    iteration = formulas.ddp_iteration(slow, compute.update_s + host + lockstep, comm.total_s, comm.last_bucket_s,
+                                       overlap, slowdown, compute.comm_slowdown, hand)
+    return _result("ddp", cluster, compute, comm, iteration, slow + compute.update_s + hand + host + lockstep,
+                   slowdown * overlap * slow, 0.0, slow - compute.compute_s, hand, 0.0, host, lockstep)
 
 
 def predict_pipe(cluster, compute, codec, schedule) -> ModeResult:
     """Pipe-SGD on our ring (codec on every hop): max(W, allreduce slowed by κc during W) with W = (compute +
     update + buffer sync + hand-off)·(1+κ), for width ≥ 2 (``formulas.pipe_iteration``). The buffer sync is a
-    blocking collective on the caller's thread (``pipesgd.buffers``): it is in the window, never hidden."""
+    blocking collective on the caller's thread (``pipesgd.buffers``): it is in the window, never hidden. Width 1 is
+    the synchronous step and pays the lockstep term; with width ≥ 2 the ring runs beside the next compute, where
+    κc, not the lockstep probe, says what sharing the cores costs."""
     comm = allreduce_cost(cluster, codec, schedule, per_hop=True)
     slow = _slowest_compute(cluster, compute)
     hand = _handoff(cluster, compute)
     host = _host_beyond(compute, hand)
-    busy = slow + compute.update_s + compute.buffers_s + host
+    lockstep = compute.lockstep_s if schedule.width <= 1 else 0.0
+    busy = slow + compute.update_s + compute.buffers_s + host + lockstep
     iteration = formulas.pipe_iteration(busy, comm.total_s, compute.slowdown, schedule.width, compute.comm_slowdown,
                                         hand)
     cap = compute.slowdown * (busy + hand) if schedule.width >= 2 else 0.0
     return _result("pipe", cluster, compute, comm, iteration, busy + hand, cap, float(schedule.width - 1),
-                   slow - compute.compute_s, hand, compute.buffers_s, host)
+                   slow - compute.compute_s, hand, compute.buffers_s, host, lockstep)
 
 
 def predict_ps_sync(cluster, compute, codec, schedule, server) -> ModeResult:

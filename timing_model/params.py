@@ -93,10 +93,14 @@ class ComputeParams:
     # (the optimizer wrapper's packing, hand-off and bookkeeping, zero_grad), as a run measured it; not hidden. The
     # hand-off estimate (copy rate, handoff_s) is part of it: only what exceeds that estimate adds, seconds
     host_s: float = 0.0
+    # lockstep L: what a blocking collective right after compute costs beyond the slowest compute and the collective
+    # alone (the ranks leave it at staggered times and contend for cores they share), calibrate's lockstep probe;
+    # added to every step that ends in a blocking all-reduce (sync, ddp, width 1), seconds
+    lockstep_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("compute_s", "compute_std_s", "update_s", "slowdown", "comm_slowdown", "handoff_s",
-                     "buffers_s", "host_s"):
+                     "buffers_s", "host_s", "lockstep_s"):
             _finite_nonneg(name, getattr(self, name))
             _check(getattr(self, name) < math.inf, f"{name} must be finite")
         _check(self.copy_Bps > 0, f"copy rate must be > 0 bytes/s, got {self.copy_Bps!r}")

@@ -41,6 +41,7 @@ class Scenario:
     handoff_s: float = 0.0  # fixed per-step thread hand-off cost
     buffers_s: float = 0.0  # blocking per-step buffer sync (sync and pipe on our optimizer)
     host_s: float = 0.0  # measured per-step host work outside compute, update, buffers and the wait (ComputeParams)
+    lockstep_s: float = 0.0  # a blocking all-reduce right after compute beyond the two apart (ComputeParams)
     # codec
     compression: str = "none"  # none | fp16 | bf16 | q8 | q4 | sign
     encode_Bps: float = math.inf  # codec encode throughput (fp32 bytes/s)
@@ -63,7 +64,8 @@ class Scenario:
         cluster = ClusterParams(self.nodes, self.grad_bytes, self.bandwidth_Bps, self.latency_s, self.overhead_s,
                                 self.reduce_Bps, self.collective, self.ring_anchor_s)
         compute = ComputeParams(self.compute_s, self.compute_std_s, self.update_s, self.slowdown, self.batch_size,
-                                self.comm_slowdown, self.copy_Bps, self.handoff_s, self.buffers_s, self.host_s)
+                                self.comm_slowdown, self.copy_Bps, self.handoff_s, self.buffers_s, self.host_s,
+                                self.lockstep_s)
         codec = build_codec(self.compression, self.encode_Bps, self.decode_Bps, self.compression_ratio,
                             self.feedback_Bps if self.error_feedback else math.inf)
         schedule = ScheduleParams(self.width, self.overlap_fraction, self.bucket_bytes)

@@ -186,7 +186,8 @@ def read_runs(paths: list[str], skip: int = 3) -> list[RunRecord]:
 def calibrated_scenario(scenario: Scenario, cal: Calibration, mode: str) -> Scenario:
     """``scenario`` with the network terms of the fit that serves ``mode``, the anchor of that allreduce at the
     scenario's gradient size (``Calibration.ring_anchor_s``), the calibrated in-ring codec speeds and the
-    calibrated host terms κ, κc, copy rate and hand-off (codec speeds and host terms given in the scenario win)."""
+    calibrated host terms κ, κc, lockstep, copy rate and hand-off (codec speeds and host terms given in the scenario
+    win)."""
     fit = cal.fit_for(mode, scenario.compression)
     encode, decode = cal.codec_speeds(scenario.compression, scenario.nodes)
     feedback = cal.feedback_speed(scenario.compression, scenario.nodes)
@@ -199,6 +200,7 @@ def calibrated_scenario(scenario: Scenario, cal: Calibration, mode: str) -> Scen
                    decode_Bps=decode if math.isinf(scenario.decode_Bps) else scenario.decode_Bps,
                    feedback_Bps=feedback if math.isinf(scenario.feedback_Bps) else scenario.feedback_Bps,
                    slowdown=scenario.slowdown or host["slowdown"],
+                   lockstep_s=scenario.lockstep_s or host["lockstep_s"],
                    comm_slowdown=scenario.comm_slowdown or host["comm_slowdown"],
                    copy_Bps=host["copy_Bps"] if math.isinf(scenario.copy_Bps) else scenario.copy_Bps,
                    handoff_s=scenario.handoff_s or host["handoff_s"])

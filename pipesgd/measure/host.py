@@ -1,7 +1,8 @@
-"""What the host adds around the all-reduce: interference between the all-reduce and compute, the gradient
-pack/unpack copy rate and the thread hand-off. Every rank must call these; each value is the slowest rank's median.
+"""What the host adds around the all-reduce: interference between the all-reduce and compute, what a blocking
+all-reduce right after compute costs beyond the two apart (lockstep), the gradient pack/unpack copy rate and the
+thread hand-off. Every rank must call these; each value is the slowest rank's median.
 
-These return raw timings; the model's terms (κ, κc, copy rate, hand-off) are derived from them by the pure
+These return raw timings; the model's terms (κ, κc, lockstep, copy rate, hand-off) are derived from them by the pure
 ``timing_model.fitting.host_record``.
 """
 from __future__ import annotations
@@ -17,7 +18,10 @@ from pipesgd.measure.compute import Load, matmul_load, model_load
 from pipesgd.measure.timing import median_of_slowest, time_calls
 from pipesgd.ring import ring_allreduce
 
-__all__ = ["measure_overlap", "measure_copy", "measure_handoff", "measure_host"]
+__all__ = ["measure_overlap", "measure_lockstep", "measure_copy", "measure_handoff", "measure_host"]
+
+LOCKSTEP_BUDGET_S = 10.0  # the lockstep probe's steps are cut to about this long (at least LOCKSTEP_MIN_STEPS)
+LOCKSTEP_MIN_STEPS = 5
 
 
 def measure_overlap(sizes_bytes: list[int], repeats: int = 10, warmup: int = 2, device: str = "cpu",
@@ -71,6 +75,51 @@ def measure_overlap(sizes_bytes: list[int], repeats: int = 10, warmup: int = 2, 
             "handoff_ring_s": median_of_slowest(handoff, device=device) if handoff else None}
 
 
+def measure_lockstep(load: Load, collective, tensor: torch.Tensor, repeats: int = 30, warmup: int = 2,
+                     device: str = "cpu") -> dict:
+    """A synchronous training step in miniature: on every rank the load (the model's forward + backward), then the
+    all-reduce on the communication thread, waited for, with no barrier in between, as ``--mode sync`` steps do;
+    and the same all-reduce alone, each call after a barrier (the anchor's way).
+
+    On cores that the nodes share, the ranks leave a collective at staggered times, and the first to leave compute
+    while the others still need a core to finish theirs, so such a step takes longer than the slowest compute plus
+    the collective alone (LeNet on 4 nodes sharing 2 cores: 3-4 ms of a 17 ms step; ResNet-20: under 1 ms of 96).
+    The ``warmup`` steps, timed, size both parts to about ``LOCKSTEP_BUDGET_S`` each (``repeats`` at most,
+    ``LOCKSTEP_MIN_STEPS`` at least), so slow links stay affordable.
+    Returns {'lockstep': {'load', 'steps', 'period_s' (median over steps of the mean over ranks: the step's period),
+    'compute_max_s' (median over steps of the slowest rank's load), 'ring_alone_s' (slowest rank's median)}}.
+    """
+    compute, label = load
+    worker = CommWorker(device)
+
+    def step() -> list[float]:
+        start = time.perf_counter()
+        seconds = compute()
+        worker.submit(collective, tensor).wait()
+        return [seconds, time.perf_counter() - start]
+
+    try:
+        dist.barrier()
+        warm = [step()[1] for _ in range(max(1, warmup))]
+        step_s = median_of_slowest(warm, device=device)
+        steps = max(LOCKSTEP_MIN_STEPS, min(repeats, int(LOCKSTEP_BUDGET_S / max(step_s, 1e-9))))
+        alone = worker.submit(lambda: time_calls(lambda: collective(tensor), steps, 1, device,
+                                                 before=dist.barrier)).wait()
+        ring_alone = median_of_slowest(alone, device=device)
+        dist.barrier()
+        rows = [step() for _ in range(steps)]
+    finally:
+        worker.close()
+    mine = torch.tensor(rows, dtype=torch.float64, device=device)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    per_step = torch.stack(every).cpu()  # ranks x steps x (compute, period)
+    return {"lockstep": {"load": label, "steps": steps,
+                         "period_s": per_step[:, :, 1].mean(dim=0).median().item(),
+                         "compute_max_s": per_step[:, :, 0].max(dim=0).values.median().item(),
+                         "ring_alone_s": ring_alone}}
+
+
 def _handoff_gaps(worker: CommWorker, tensor: torch.Tensor, repeats: int) -> list[float]:
     """Per ring job: (submit → wait returns) − the job's own busy time, i.e. the thread hand-off latency the
     trainer's ``step()`` pays around each ring on this (possibly oversubscribed) host."""
@@ -108,16 +157,21 @@ def measure_handoff(repeats: int = 50, device: str = "cpu") -> float:
 
 def measure_host(sizes_bytes: list[int], overlap_sizes_bytes: list[int], repeats: int, warmup: int, device: str,
                  overlap: bool, compute: dict | None = None, compressions: tuple[str, ...] = ("none",)) -> dict:
-    """The raw host timings of a calibration: interference (if ``overlap``), copy and hand-off.
+    """The raw host timings of a calibration: interference (if ``overlap``), lockstep, copy and hand-off.
 
     With a ``compute`` model the interference probe loads the cores with that model's forward + backward and
-    reduces its own gradient size with each of ``compressions``, as a training step would; without one it runs
-    the matmul load beside uncompressed all-reduces of ``overlap_sizes_bytes``."""
+    reduces its own gradient size with each of ``compressions``, as a training step would, and the lockstep probe
+    runs synchronous steps of that model (``measure_lockstep``); without one the interference probe runs the
+    matmul load beside uncompressed all-reduces of ``overlap_sizes_bytes`` and there is no lockstep probe."""
     host: dict = {}
     if overlap and compute:
         call, label, n_bytes = model_load(compute, device)
         # one size per codec, so afford more calls: scheduling on shared cores makes each one noisy
         host.update(measure_overlap([n_bytes], max(repeats, 30), warmup, device, (call, label), compressions))
+        # the synchronous step's collective: the trainer's for the uncompressed gradient
+        gradient = torch.ones(max(1, n_bytes // 4), dtype=torch.float32, device=device)
+        host.update(measure_lockstep((call, label), trainer_collective("none"), gradient, max(repeats, 30), warmup,
+                                     device))
     elif overlap:
         host.update(measure_overlap(overlap_sizes_bytes, repeats, warmup, device))
     host.update(measure_copy(sizes_bytes, max(repeats, 10), device))

@@ -40,6 +40,7 @@ SCENARIO_FLAGS = {
     "handoff": ("handoff_s", parse_time),
     "buffers": ("buffers_s", parse_time),
     "host": ("host_s", parse_time),
+    "lockstep": ("lockstep_s", parse_time),
     "reduce_rate": ("reduce_Bps", parse_bandwidth),
     "collective": ("collective", lambda s: _choice(s, "collective", COLLECTIVES)),
     "width": ("width", lambda s: _int_at_least(s, "width", 1)),
@@ -114,6 +115,9 @@ def add_scenario_flags(parser: argparse.ArgumentParser, sweep: bool) -> None:
     add("--host", default="0",
         help="per-step host work outside compute, update, buffer sync and the wait (the optimizer wrapper, "
              "zero_grad), e.g. 1ms; only what exceeds the hand-off adds (default 0)")
+    add("--lockstep", default="0",
+        help="what a blocking all-reduce right after compute costs beyond the two apart, on every step that ends "
+             "in one (sync, ddp, width 1), e.g. 3ms; calibrate measures it with --model (default 0)")
     add("--reduce-rate", help="local reduction rate (bytes/s, e.g. 10GB/s); default: free")
     add("--collective", default="ring", help=f"allreduce algorithm of sync/ddp: {'|'.join(COLLECTIVES)}")
     add("--compression", default="none", help=f"{'|'.join(CODEC_RATIOS)}" + many)
