@@ -164,14 +164,16 @@ def test_lockstep_is_the_synchronous_step_beyond_its_parts_floored_at_zero():
     from timing_model.calibration import lockstep_from_timings
     from timing_model.fitting import host_record
 
-    assert lockstep_from_timings(0.017, 0.004, 0.009) == pytest.approx(0.004)
-    assert lockstep_from_timings(0.012, 0.004, 0.009) == 0.0  # quicker than its parts: noise, floored
+    assert lockstep_from_timings(0.013, 0.009) == pytest.approx(0.004)
+    assert lockstep_from_timings(0.008, 0.009) == 0.0  # quicker than its parts: noise, floored
     with pytest.raises(ValueError, match="lockstep"):
-        lockstep_from_timings(0.017, -0.004, 0.009)
+        lockstep_from_timings(0.013, -0.009)
     raw = {"lockstep": {"load": "lenet", "steps": 30, "period_s": 0.0185, "compute_max_s": 0.0065,
-                        "ring_alone_s": 0.0077}}
+                        "excess_s": 0.0117, "ring_alone_s": 0.0077}}
     host = host_record(raw)
-    assert host["lockstep_s"] == pytest.approx(0.0043) and host["lockstep"] == raw["lockstep"]
+    assert host["lockstep_s"] == pytest.approx(0.0040) and host["lockstep"] == raw["lockstep"]  # the paired excess
+    older = {"lockstep": {k: v for k, v in raw["lockstep"].items() if k != "excess_s"}}
+    assert host_record(older)["lockstep_s"] == pytest.approx(0.0043)  # before it: the difference of the medians
     assert "lockstep_s" not in host_record({})  # no model, no probe
 
 

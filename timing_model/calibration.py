@@ -18,7 +18,8 @@ Calibration file (``schema`` = ``pipesgd-timing/calibration/1``), written atomic
                                                  # isolated speeds; in-ring factors: ``fit_codec_in_ring``
      "compute": {"model", "batch_size", "compute_s"} | null,
      "host": {"compute_slowdown", "comm_slowdown", "comm_slowdown_by_codec": {name: κc}, "load",
-              "lockstep_s", "lockstep": {"steps", "period_s", "compute_max_s", "ring_alone_s"} (with a model),
+              "lockstep_s", "lockstep": {"steps", "period_s", "compute_max_s", "excess_s", "ring_alone_s"} (with a
+              model),
               "copy_Bps" (null = free), "handoff_s", "overlap": [...], "copy": [...]} | {},
                                                  # interference and hand-off terms (see ``host_terms``)
      "samples": [SAMPLE, ...], "residuals": [RESIDUAL, ...], "notes": [...]}
@@ -259,13 +260,13 @@ def slowdown_from_timings(alone_s: list[float], together_s: list[float]) -> floa
     return max(0.0, statistics.median(t / a for a, t in zip(alone_s, together_s)) - 1.0)
 
 
-def lockstep_from_timings(period_s: float, compute_max_s: float, ring_alone_s: float) -> float:
-    """L = max(0, P − C_max − A): what a synchronous step of the lockstep probe (the model's forward + backward on
-    every rank, then the blocking all-reduce) took beyond its slowest compute and the all-reduce timed alone."""
-    if min(period_s, compute_max_s, ring_alone_s) < 0 or not all(map(math.isfinite, (period_s, compute_max_s,
-                                                                                      ring_alone_s))):
-        raise ValueError("lockstep timings must be finite and >= 0")
-    return max(0.0, period_s - compute_max_s - ring_alone_s)
+def lockstep_from_timings(excess_s: float, ring_alone_s: float) -> float:
+    """L = max(0, E − A): what a synchronous step of the lockstep probe (the model's forward + backward on every
+    rank, then the blocking all-reduce) took beyond its slowest compute, E (the median over steps of the period less
+    that step's slowest compute), and beyond the all-reduce timed alone, A."""
+    if ring_alone_s < 0 or not all(map(math.isfinite, (excess_s, ring_alone_s))):
+        raise ValueError("lockstep timings must be finite and the all-reduce alone >= 0")
+    return max(0.0, excess_s - ring_alone_s)
 
 
 def copy_rate_from_timings(sizes_bytes: list[float], seconds: list[float]) -> float:

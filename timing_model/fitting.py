@@ -46,8 +46,9 @@ def host_record(raw: dict) -> dict:
     lockstep = raw.get("lockstep")
     if lockstep:
         host["lockstep"] = lockstep
-        host["lockstep_s"] = lockstep_from_timings(lockstep["period_s"], lockstep["compute_max_s"],
-                                                   lockstep["ring_alone_s"])
+        # a probe without the paired excess (before it was recorded): the difference of the medians
+        excess = lockstep.get("excess_s", lockstep["period_s"] - lockstep["compute_max_s"])
+        host["lockstep_s"] = lockstep_from_timings(excess, lockstep["ring_alone_s"])
     if raw.get("copy"):
         copies = raw["copy"]
         host["copy_Bps"] = copy_rate_from_timings([r["n_bytes"] for r in copies], [r["seconds"] for r in copies])
