@@ -30,7 +30,8 @@ Config ``servers`` follows ``pipesgd-train``: 0 = rank 0 serves and trains (co-l
 run's own median compute and update times, so it tests the communication and overlap model only.
 
 Host terms of the calibration (``host``): κc (comm slow-down next to compute), the copy rate and hand-off
-cost apply to every run. κ (compute slow-down next to the ring) is *not* applied to pipe runs: their
+cost apply to every run; the lockstep term (a blocking all-reduce right after compute beyond the two apart) to
+sync, ddp and width-1 runs. κ (compute slow-down next to the ring) is *not* applied to pipe runs: their
 measured t_compute already ran next to the ring. DDP runs all-reduce inside backward, so their t_compute
 holds communication the model adds again: ``validate_runs`` predicts a ddp run from the median compute of
 an uncompressed sync run of the same configuration in the same folder (``compute_overrides``) when one

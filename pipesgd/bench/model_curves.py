@@ -1,7 +1,7 @@
 """Timing-model curves from the comparison's committed result (issue 12): the predicted speedup of Pipe-SGD over
 synchronous AllReduce against link bandwidth and against the number of nodes, per workload, with this machine's
 host terms (4 nodes sharing 2 cores: compute slows beside the ring by κ, the ring beside compute by κc) and with
-each node on its own cores (κ = κc = 0, what a real cluster gives).
+each node on its own cores (κ = κc = lockstep = 0, what a real cluster gives).
 
 Each workload's curve starts from its 1 Gbit/s cell: that cell's embedded calibration (network fit, codec speeds,
 host terms) and its sync run's measured compute, update and buffer sync (``runs.json`` keeps them with every
@@ -48,7 +48,8 @@ def _speedups(scenario) -> dict[str, float]:
     from timing_model.predict import predict
 
     out = {}
-    for host, s in (("shared", scenario), ("own", replace(scenario, slowdown=0.0, comm_slowdown=0.0))):
+    own = replace(scenario, slowdown=0.0, comm_slowdown=0.0, lockstep_s=0.0)  # nothing contends for a core
+    for host, s in (("shared", scenario), ("own", own)):
         pipe = predict(replace(s, width=2), ("pipe",)).result("pipe").iteration_s
         out[host] = predict(s, ("sync",)).result("sync").iteration_s / pipe
     return out
