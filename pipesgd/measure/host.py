@@ -83,7 +83,8 @@ def measure_lockstep(load: Load, collective, tensor: torch.Tensor, repeats: int 
 
     On cores that the nodes share, the ranks leave a collective at staggered times, and the first to leave compute
     while the others still need a core to finish theirs, so such a step takes longer than the slowest compute plus
-    the collective alone (LeNet on 4 nodes sharing 2 cores: 3-4 ms of a 17 ms step; ResNet-20: under 1 ms of 96).
+    the collective alone (4 nodes sharing 2 cores, the comparison grid's calibrations: LeNet 3-7 ms of 15-20 ms
+    steps on fast links, ResNet-20 0.8 ms at 1 Gbit/s and 11 ms on unshaped links, 0 at 100 Mbit/s).
     The ``warmup`` steps, timed, size both parts to about ``LOCKSTEP_BUDGET_S`` each (``repeats`` at most,
     ``LOCKSTEP_MIN_STEPS`` at least), so slow links stay affordable.
     Returns {'lockstep': {'load', 'steps', 'period_s' (median over steps of the mean over ranks: the step's period),
