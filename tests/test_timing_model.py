@@ -518,7 +518,7 @@ def test_handoff_term_two_copies_plus_fixed_cost():
 
 
 def test_calibration_recovers_known_slowdowns_and_copy_rate():
-    from timing_model.calibration import copy_rate_from_timings, host_terms, slowdown_from_timings
+    from timing_model.host_terms import copy_rate_from_timings, host_terms, slowdown_from_timings
 
     rng = random.Random(3)
     alone = [rng.uniform(0.01, 0.5) for _ in range(9)]

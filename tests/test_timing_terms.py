@@ -161,7 +161,7 @@ def test_ps_async_is_measured_at_the_slowest_workers_pace(tmp_path):
 
 # ---------------------------------------------------------------- the lockstep term
 def test_lockstep_is_the_synchronous_step_beyond_its_parts_floored_at_zero():
-    from timing_model.calibration import lockstep_from_timings
+    from timing_model.host_terms import lockstep_from_timings
     from timing_model.fitting import host_record
 
     assert lockstep_from_timings(0.013, 0.009) == pytest.approx(0.004)

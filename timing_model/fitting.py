@@ -9,8 +9,8 @@ Steps of ``fit_calibration`` (rank 0, after every rank measured):
 """
 from __future__ import annotations
 
-from .calibration import (BURST_BYTES, Calibration, Sample, copy_rate_from_timings, fit_codec_in_ring,
-                          fit_collective, lockstep_from_timings, residual_table, slowdown_from_timings)
+from .calibration import BURST_BYTES, Calibration, Sample, fit_codec_in_ring, fit_collective, residual_table
+from .host_terms import copy_rate_from_timings, lockstep_from_timings, slowdown_from_timings
 from .params import CODEC_RATIOS
 
 __all__ = ["overlap_sizes", "host_record", "fit_calibration"]

@@ -48,7 +48,8 @@ from dataclasses import dataclass, replace
 from pipesgd.results import iteration_over_ranks
 from pipesgd.run_files import run_name
 
-from .calibration import Calibration, host_terms
+from .calibration import Calibration
+from .host_terms import host_terms
 from .errors import error_summary
 from .modes import MODES, ModeResult
 from .params import CODEC_RATIOS

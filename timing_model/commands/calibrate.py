@@ -10,7 +10,8 @@ import datetime
 import os
 
 from .. import tables
-from ..calibration import Calibration, Sample, host_terms, write_calibration
+from ..calibration import Calibration, Sample, write_calibration
+from ..host_terms import host_terms
 from ..fitting import fit_calibration, host_record, overlap_sizes
 from ..params import CODEC_RATIOS
 from ..units import format_bandwidth, parse_bytes, parse_list, parse_size_range
