@@ -16,6 +16,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from pipesgd.bench.one_line import known_names
 from pipesgd.bench.pipeline import WORKLOADS
 from pipesgd.optimizer import PipeSGD
 from pipesgd.train.models import build_mlp
@@ -48,10 +49,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.iters < 1 or args.width < 1:
         parser.error("--iters and --width must be >= 1")
-    names = args.workloads.split(",")
-    unknown = [n for n in names if n not in WORKLOADS]
-    if unknown:
-        parser.error(f"unknown workload {', '.join(unknown)}; valid: {', '.join(WORKLOADS)}")
+    names = known_names(parser, args.workloads, WORKLOADS, "workload")
     torch.set_num_threads(1)
     print("| workload | views, zero_grad | zero_grad+fwd+bwd ms | step() ms | iteration ms | bucket sets MB | grads outside MB |"
           " DDP MB (views / copies) |")

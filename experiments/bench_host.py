@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from pipesgd.bench.one_line import OneLineParser
+from pipesgd.bench.one_line import OneLineParser, known_names
 from pipesgd.optimizer import PipeSGD
 from pipesgd.train.models import MODELS, build_model
 
@@ -92,10 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.iters < 1 or args.rounds < 1:
         parser.error("--iters and --rounds must be >= 1")
-    models = args.models.split(",")
-    unknown = [m for m in models if m not in MODELS]
-    if unknown:
-        parser.error(f"unknown model {', '.join(unknown)}; valid: {', '.join(MODELS)}")
+    models = known_names(parser, args.models, MODELS, "model")
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, 'store')}", rank=0, world_size=1)
