@@ -68,11 +68,13 @@ def open_private_channel(
     On NCCL the worker's waits only order streams, so a timeout is caught by NCCL's watchdog, which by default
     (``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``) tears the process down rather than raising; set
     ``TORCH_NCCL_BLOCKING_WAIT=1`` for the error to be raised from ``step()`` instead."""
-    private = _private_group(group, timeout_s)
+    private = private_group(group, timeout_s)
     return RingChannel(private, device, owns_group=private is not None)
 
 
-def _private_group(group: dist.ProcessGroup | None, timeout_s: float | None) -> dist.ProcessGroup | None:
+def private_group(group: dist.ProcessGroup | None, timeout_s: float | None) -> dist.ProcessGroup | None:
+    """A clone of ``group`` (the default group if None) with ``timeout_s``; None where there is nothing to clone
+    (no process group, or a world of one). A collective call on every rank of the default group."""
     if not dist.is_initialized():
         return None
     base = group if group is not None else dist.group.WORLD

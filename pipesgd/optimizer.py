@@ -18,8 +18,8 @@ Every gradient is applied exactly once: during the K-1 steps after warm-up the p
 Data path, one module per stage: ``buckets`` (pack) -> ``compression`` (codec; error feedback) -> ``ring`` over
 ``topology``, run per step by ``exchange`` on the ``channel``'s worker -> ``pipeline`` (which step is due)
 -> this wrapper (apply) -> the wrapped torch optimizer. ``options`` validates what the wrapper is asked.
-Every ring job starts with an agreement on which ranks still train (``uneven``), so uneven data ends in an
-error naming the rank that ran out instead of a hang.
+Every ring job carries an agreement on which ranks still train (``uneven``; posted beside the ring, read after
+it), so uneven data ends in an error naming the rank that ran out instead of a hang.
 
 Gradient accumulation (DDP's ``no_sync()``): call ``backward()`` several times, then ``step()`` once; the
 gradients accumulated in ``p.grad`` are what is handed off, so nothing is sent in between (scale the loss
@@ -41,7 +41,7 @@ from pipesgd.amp import DelayedLossScale
 from pipesgd.buffers import BufferSync
 from pipesgd.bucket_sets import BucketSets
 from pipesgd.buckets import build_buckets, layout_signature
-from pipesgd.channel import open_private_channel
+from pipesgd.channel import open_private_channel, private_group
 from pipesgd.clipping import clip_averaged_gradient
 from pipesgd.compression import ErrorFeedback, codec_state, load_codec_state
 from pipesgd.defaults import BUCKET_MB, GRADIENT_AS_BUCKET_VIEW, WARMUP_STEPS
@@ -109,7 +109,9 @@ class PipeSGD:
         self._channel = open_private_channel(process_group, device, timeout_s)
         self._exchange = GradientExchange(self._channel.topology, compressor, self.options.allreduce_for(compressor),
                                           ErrorFeedback(compressor) if error_feedback else None)
-        self._participation = Participation(self._channel.topology, device, self.options.check_uneven)
+        agreeing = self.options.check_uneven and self._channel.size > 1
+        self._participation = Participation(self._channel.topology, device,
+                                            private_group(process_group, timeout_s) if agreeing else None, agreeing)
         # Buffers on the caller's group and thread (see pipesgd.buffers); loss scales per in-flight step.
         self._buffer_sync = BufferSync(model_or_params, buffers, process_group)
         enabled = grad_scaler is not None and grad_scaler.is_enabled()
@@ -169,11 +171,7 @@ class PipeSGD:
         if self._loss_scale is not None:
             self._loss_scale.record(t)
         # Step 2: hand off (under a delayed buffer mode with a snapshot of the buffers, reduced after the buckets).
-        t_buffers, job = None, self._exchange
-        if self._buffer_sync.active and self._buffer_sync.delayed:
-            start = time.perf_counter()
-            job = partial(self._exchange_with_buffers, self._buffer_sync.snapshot())
-            t_buffers = time.perf_counter() - start
+        job, t_buffers = self._job()
         self._pipeline.submit(t, self._channel.submit(self._participation.exchange, job, buffers, t))
         # Step 3: buffers, while the ring runs.
         if self._buffer_sync.active and not self._buffer_sync.delayed:
@@ -211,7 +209,11 @@ class PipeSGD:
         Marks this rank's data as ended: a peer that still steps gets ``UnevenInputsError`` naming this rank,
         and so does this rank (every rank must flush after the same number of steps; ``check_uneven``)."""
         alone = self._channel.size == 1
-        finished = None if alone else self._channel.submit(self._participation.finish, self._step)
+        # Joins a peer's job of this step with zeros if that peer still trains (then both raise, naming this rank).
+        def shadow() -> None:
+            self._job()[0]([bucket.empty().zero_() for bucket in self._buckets])
+
+        finished = None if alone else self._channel.submit(self._participation.finish, self._step, shadow)
         applied = [self._apply(entry, self._step) for entry in self._pipeline.flush()]
         if finished is not None:
             finished.wait()
@@ -228,6 +230,7 @@ class PipeSGD:
     def close(self) -> None:
         """Stop the background worker (after flush); the wrapper cannot step afterwards."""
         self._channel.close()
+        self._participation.close()
         for hook in self._hooks:
             hook.remove()
 
@@ -338,6 +341,15 @@ class PipeSGD:
         stats.t_update_s = time.perf_counter() - start
         # An overflow's non-finite residual was already zeroed by the exchange, on the worker, in ring order.
         return stats
+
+    def _job(self):
+        """The worker's job for one step's buckets (under a delayed buffer mode with a snapshot of the buffers,
+        reduced after them) and the seconds the snapshot took (None without one)."""
+        if not (self._buffer_sync.active and self._buffer_sync.delayed):
+            return self._exchange, None
+        start = time.perf_counter()
+        job = partial(self._exchange_with_buffers, self._buffer_sync.snapshot())
+        return job, time.perf_counter() - start
 
     def _exchange_with_buffers(self, snapshot: list[torch.Tensor], buckets: list[torch.Tensor]) -> ExchangeResult:
         """On the ring's worker: the gradient exchange, then the buffer snapshot's reduction on the ring's group."""

@@ -112,6 +112,21 @@ def test_closing_a_private_channel_destroys_its_group():
         assert before and not after
 
 
+def _closing_pipesgd_destroys_its_groups(rank: int, world: int, check_uneven: bool):
+    groups = set(dist.distributed_c10d._world.pg_map)
+    model = nn.Linear(3, 2)
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, check_uneven=check_uneven)
+    opened = len(set(dist.distributed_c10d._world.pg_map) - groups)
+    opt.close()
+    return opened, set(dist.distributed_c10d._world.pg_map) == groups
+
+
+@pytest.mark.parametrize("check_uneven, opened", [(True, 2), (False, 1)])
+def test_closing_pipesgd_destroys_the_ring_and_agreement_groups(check_uneven, opened):
+    """The ring's private group, and with ``check_uneven`` the agreement's own group, are gone after ``close()``."""
+    assert run_ranks(_closing_pipesgd_destroys_its_groups, 2, check_uneven) == [(opened, True)] * 2
+
+
 def test_host_staging_reuses_a_slot_and_grows_it_on_demand():
     staging = HostStaging(pinned=False)
     a = staging.slot("recv", 0, 100, torch.uint8)

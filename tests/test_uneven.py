@@ -11,6 +11,7 @@ from torch import nn
 from pipesgd import PipeSGD
 from pipesgd.uneven import UnevenInputsError
 from tests.distributed import run_ranks
+from tests.fake_topology import LoopbackTopology
 from tests.test_pipesgd import batch, make_model
 
 TIMEOUT_S = 20.0
@@ -66,13 +67,13 @@ def _agreements(rank: int, world: int, check_uneven: bool):
     from pipesgd import uneven
 
     calls = []
-    agree = uneven.Participation._agree
+    post = uneven.Participation._post
 
     def counting(self, steps):
         calls.append(steps)
-        return agree(self, steps)
+        return post(self, steps)
 
-    uneven.Participation._agree = counting
+    uneven.Participation._post = counting
     model = make_model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, width=2, warmup_steps=1,
                   check_uneven=check_uneven)
@@ -99,3 +100,36 @@ def test_check_uneven_must_be_a_bool():
     model = make_model()
     with pytest.raises(ValueError, match="check_uneven must be True or False"):
         PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, check_uneven="no")
+
+
+class _Recorded:
+    """An agreement in flight that records when it is waited for, and answers 'everyone still trains'."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def wait(self) -> bool:
+        self.events.append("agreement read")
+        return True
+
+
+def test_the_ring_starts_before_the_agreement_is_answered(monkeypatch):
+    """The agreement is posted and the ring runs at once; its answer is read after the ring. (A ring that waited
+    for it started a compute time late on shared cores: the latency-bound collective finished only when the
+    slowest rank's compute did.) No process group: ``dist.all_reduce`` is replaced by the recording one."""
+    from pipesgd import uneven
+
+    events: list[str] = []
+
+    def post(word, group=None, async_op=False):
+        assert async_op, "the agreement must not block the ring"
+        events.append("agreement posted")
+        return _Recorded(events)
+
+    monkeypatch.setattr(uneven.dist, "all_reduce", post)
+    topology = LoopbackTopology()
+    topology.group = None  # group ranks are global ranks
+    participation = uneven.Participation(topology, torch.device("cpu"), group=None)
+    result = participation.exchange(lambda buffers: events.append("ring") or "averaged", [], step=3)
+    assert result == "averaged"
+    assert events == ["agreement posted", "ring", "agreement read"]

@@ -95,7 +95,7 @@ def _ring(cfg: TrainConfig, inner: torch.optim.Optimizer, model: nn.Module, devi
                   check_replicas_every=cfg.check_replicas, timeout_s=cfg.timeout,
                   max_grad_norm=cfg.clip_grad_norm or None, buffers=cfg.buffers, grad_scaler=precision.scaler,
                   # Every rank runs the same number of steps (equal shards, one step count), so the per-step
-                  # agreement on who still trains would only add a latency-bound collective per step.
+                  # agreement on who still trains would only add a collective per step and a group of its own.
                   check_uneven=False)
     return Strategy(opt, model, dist.get_rank(), dist.get_world_size(), precision=precision)
 
