@@ -35,7 +35,7 @@ from pipesgd.options import PipeSGDOptions
 from pipesgd.topology import RingTopology
 from pipesgd.train.models import build_mlp, count_params
 
-__all__ = ["WORKLOADS", "VARIANTS", "BASELINES", "Workload", "PipelineSettings", "parse_variant", "run_rank", "run"]
+__all__ = ["WORKLOADS", "VARIANTS", "BASELINES", "Job", "Workload", "PipelineSettings", "parse_variant", "run_rank", "run"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +104,7 @@ def _mean_over_ranks(values: list[float]) -> list[float]:
     return (tensor / dist.get_world_size()).tolist()
 
 
-class _Job:
+class Job:
     """One rank's model and batch for a workload."""
 
     def __init__(self, workload: Workload, rank: int) -> None:
@@ -118,7 +118,7 @@ class _Job:
         F.cross_entropy(self.model(self.x), self.y).backward()
 
 
-def _ring_alone(job: _Job, codec: str, feedback: bool, settings: PipelineSettings, rank: int) -> float:
+def _ring_alone(job: Job, codec: str, feedback: bool, settings: PipelineSettings, rank: int) -> float:
     options = PipeSGDOptions(compression=codec, error_feedback=feedback)
     compressor = options.build_compressor(rank)
     params = list(job.model.parameters())
@@ -130,7 +130,7 @@ def _ring_alone(job: _Job, codec: str, feedback: bool, settings: PipelineSetting
     return time_collective(lambda: exchange(buffers), repeats=settings.ring_repeats, warmup=1)
 
 
-def _pipe(job: _Job, codec: str, feedback: bool, settings: PipelineSettings) -> dict:
+def _pipe(job: Job, codec: str, feedback: bool, settings: PipelineSettings) -> dict:
     """Step 3: timed width-2 iterations and their split (seconds per iteration, means over ranks)."""
     opt = PipeSGD(torch.optim.SGD(job.model.parameters(), lr=1e-4), job.model, width=2, compression=codec,
                   error_feedback=feedback, warmup_steps=1)
@@ -174,7 +174,7 @@ def _pipe(job: _Job, codec: str, feedback: bool, settings: PipelineSettings) -> 
     return figures
 
 
-def _ddp(job: _Job, hook: str, settings: PipelineSettings) -> dict:
+def _ddp(job: Job, hook: str, settings: PipelineSettings) -> dict:
     """Step 4: timed DDP iterations (seconds per iteration; CPU means over ranks)."""
     opt = DDPOptimizer(torch.optim.SGD(job.model.parameters(), lr=1e-4), job.model, hook=hook)
     sent = [0]
@@ -194,7 +194,7 @@ def _ddp(job: _Job, hook: str, settings: PipelineSettings) -> dict:
     return {"t_iter": t_iter, "cpu_main": means[0], "cpu_process": means[1], "bytes_sent": means[2]}
 
 
-def _compute_alone(job: _Job, settings: PipelineSettings) -> tuple[float, float]:
+def _compute_alone(job: Job, settings: PipelineSettings) -> tuple[float, float]:
     """Step 1: (slowest rank's median seconds, mean over ranks of the process CPU seconds) per forward+backward."""
     cpu = time.process_time()
     seconds = time_collective(lambda: (job.model.zero_grad(), job.backward()), repeats=settings.steps, warmup=2)
@@ -205,7 +205,7 @@ def _compute_alone(job: _Job, settings: PipelineSettings) -> tuple[float, float]
 def run_rank(rank: int, world: int, settings: PipelineSettings) -> None:
     """Everything on one rank; rank 0 appends a JSON line per (workload, variant) to ``settings.out_json``."""
     for workload_name in settings.workloads:
-        job = _Job(WORKLOADS[workload_name], rank)
+        job = Job(WORKLOADS[workload_name], rank)
         compute_s, compute_cpu_s = _compute_alone(job, settings)
         for variant in settings.variants:
             codec, feedback = parse_variant(variant)
