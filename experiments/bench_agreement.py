@@ -19,6 +19,7 @@ from pipesgd.atomic import write_text_atomic
 from pipesgd.bench.agreement import AgreementSettings, markdown, run, settings_json
 from pipesgd.bench.one_line import OneLineParser, known_names
 from pipesgd.bench.pipeline import VARIANTS, WORKLOADS
+from pipesgd.bench.rank_launch import LaunchError, launch_ranks
 from pipesgd.cluster.units import parse_bandwidth
 
 
@@ -50,21 +51,12 @@ def main() -> int:
     os.makedirs(args.out, exist_ok=True)
     write_text_atomic(records_path, "")
     start = time.perf_counter()
-    if args.loopback:
-        run(settings, args.nodes)
-        where_text = f"{args.nodes} ranks on loopback"
-    else:
-        from pipesgd.cluster.cluster import Cluster
-        from pipesgd.cluster.netns import ClusterError
-        try:
-            with Cluster.up(args.nodes, bandwidth_bps, name="psgd-agree", force=True) as cluster:
-                rc = cluster.run([sys.executable, "-m", "pipesgd.bench.agreement", settings_json(settings)],
-                                 timeout_s=args.timeout)
-        except ClusterError as error:
-            parser.exit(1, f"bench_agreement: error: {error}\n")
-        if rc != 0:
-            parser.exit(1, f"bench_agreement: error: the cluster run failed with exit code {rc}\n")
-        where_text = f"{args.nodes} emulated nodes, {args.bandwidth} per link (tc tbf)"
+    try:
+        where_text = launch_ranks("pipesgd.bench.agreement", settings_json(settings), lambda: run(settings, args.nodes),
+                                  nodes=args.nodes, bandwidth=None if args.loopback else args.bandwidth,
+                                  bandwidth_bps=bandwidth_bps, cluster_name="psgd-agree", timeout_s=args.timeout)
+    except LaunchError as error:
+        parser.exit(1, f"bench_agreement: error: {error}\n")
     with open(records_path) as f:
         records = [json.loads(line) for line in f if line.strip()]
     table = markdown(records, f"The agreement on who still trains, on and off: {where_text}, one thread per process, "

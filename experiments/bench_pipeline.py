@@ -21,6 +21,7 @@ import time
 from pipesgd.atomic import write_text_atomic
 from pipesgd.bench.pipeline import BASELINES, VARIANTS, WORKLOADS, PipelineSettings, run, settings_json
 from pipesgd.bench.pipeline_report import markdown, read_records
+from pipesgd.bench.rank_launch import LaunchError, launch_ranks
 from pipesgd.cluster.units import parse_bandwidth
 
 QUICK = {"workloads": ("mlp1.9m",), "steps": 4, "warmup": 2, "ring_repeats": 2}
@@ -78,26 +79,14 @@ def main() -> int:
         parser.error(str(error))
     write_text_atomic(records_path, "")
     start = time.perf_counter()
-    if args.loopback:
-        run(settings, args.nodes)
-        where_text = f"{args.nodes} ranks on loopback"
-    else:
-        from pipesgd.cluster.cluster import Cluster
-        from pipesgd.cluster.netns import ClusterError
-        try:
-            with Cluster.up(args.nodes, bandwidth_bps, name="psgd-pipe", force=True,
-                            cores_per_node=args.cores_per_node) as cluster:
-                rc = cluster.run([sys.executable, "-m", "pipesgd.bench.pipeline", settings_json(settings)],
-                                 timeout_s=args.timeout)
-        except ClusterError as error:
-            print(f"bench_pipeline: error: {error}", file=sys.stderr)
-            return 1
-        if rc != 0:
-            print(f"bench_pipeline: error: the cluster run failed with exit code {rc}", file=sys.stderr)
-            return 1
-        where_text = f"{args.nodes} emulated nodes, {args.bandwidth} per link (tc tbf)"
-        if args.cores_per_node:
-            where_text += f", {args.cores_per_node} core(s) of its own per node"
+    try:
+        where_text = launch_ranks("pipesgd.bench.pipeline", settings_json(settings), lambda: run(settings, args.nodes),
+                                  nodes=args.nodes, bandwidth=None if args.loopback else args.bandwidth,
+                                  bandwidth_bps=bandwidth_bps, cluster_name="psgd-pipe", timeout_s=args.timeout,
+                                  cores_per_node=args.cores_per_node)
+    except LaunchError as error:
+        print(f"bench_pipeline: error: {error}", file=sys.stderr)
+        return 1
     elapsed = time.perf_counter() - start
     try:
         records = read_records(records_path)

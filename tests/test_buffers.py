@@ -10,7 +10,7 @@ from torch import nn
 from pipesgd import PipeSGD, ReplicaDivergenceError
 from pipesgd.buffers import BufferSync
 from tests.distributed import run_ranks
-from tests.test_pipesgd import batch
+from tests.test_pipesgd import batch, due
 
 STEPS = 8
 
@@ -57,10 +57,8 @@ def reference(world: int, width: int, warmup: int, mode: str):
         with torch.no_grad():
             for b, s in zip(model.buffers(), synced):
                 b.copy_(s)
-        if t < warmup:
-            apply(t)
-        elif t >= warmup + width - 1:
-            apply(t - width + 1)
+        if (due_step := due(t, width, warmup)) is not None:
+            apply(due_step)
         trajectory.append(state(model))
     for s in sorted(grads):
         apply(s)

@@ -30,6 +30,14 @@ def batch(step: int, rank: int, dtype=torch.float64):
     return x.to(dtype), y.to(dtype)
 
 
+def due(t: int, width: int, warmup: int) -> int | None:
+    """The step whose averaged gradient step t applies in a reference: its own during warm-up, none while the
+    pipeline fills, then step t-K+1's (what ``pipesgd.pipeline`` decides, written out independently)."""
+    if t < warmup:
+        return t
+    return t - width + 1 if t >= warmup + width - 1 else None
+
+
 def make_optimizer(kind: str, model: nn.Module):
     if kind == "adam":
         return torch.optim.Adam(model.parameters(), lr=0.01), None
@@ -65,10 +73,8 @@ def reference_trajectory(world: int, width: int, warmup: int, kind: str, steps: 
             nn.functional.mse_loss(model(x), y).backward()
             per_rank.append([p.grad.clone() for p in model.parameters()])
         grads[t] = [torch.stack(gs).mean(0) for gs in zip(*per_rank)]
-        if t < warmup:
-            apply(t)
-        elif t >= warmup + width - 1:
-            apply(t - width + 1)
+        if (due_step := due(t, width, warmup)) is not None:
+            apply(due_step)
         if sched is not None:
             sched.step()
         trajectory.append(snapshot(model))

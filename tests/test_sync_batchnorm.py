@@ -14,7 +14,7 @@ from pipesgd import PipeSGD
 from tests.cpu_sync_batchnorm import cpu_sync_batchnorm
 from tests.distributed import run_ranks
 from tests.test_buffers import make_bn_model, state
-from tests.test_pipesgd import batch
+from tests.test_pipesgd import batch, due
 
 STEPS = 6
 # (width K, buffers): SyncBatchNorm's running statistics are global, so they are identical even with "none".
@@ -38,8 +38,8 @@ def reference(world: int, width: int):
         model.zero_grad()
         nn.functional.mse_loss(model(x), y).backward()
         grads[t] = [p.grad.clone() for p in model.parameters()]
-        if t >= width - 1:
-            apply(t - width + 1)
+        if (due_step := due(t, width, warmup=0)) is not None:
+            apply(due_step)
         trajectory.append(state(model))
     for s in sorted(grads):
         apply(s)
