@@ -17,10 +17,10 @@ from tests.test_pipesgd import batch, make_model
 TIMEOUT_S = 20.0
 
 
-def _uneven(rank: int, world: int, width: int):
+def _uneven(rank: int, world: int, width: int, compression: str = "none"):
     model = make_model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, width=width, warmup_steps=1,
-                  timeout_s=TIMEOUT_S)
+                  timeout_s=TIMEOUT_S, compression=compression, error_feedback=compression != "none")
     steps = 5 if rank == world - 1 else 7  # the last rank has two batches fewer
     start = time.monotonic()
     try:
@@ -37,10 +37,12 @@ def _uneven(rank: int, world: int, width: int):
         opt.close()
 
 
-@pytest.mark.parametrize("world, width", [(2, 2), (3, 1), (3, 3)])
-def test_the_rank_that_ran_out_is_named_on_every_rank(world, width):
+@pytest.mark.parametrize("world, width, compression", [(2, 2, "none"), (3, 1, "none"), (3, 3, "none"), (3, 2, "q8")])
+def test_the_rank_that_ran_out_is_named_on_every_rank(world, width, compression):
+    """The finished rank joins the others' ring of that step with zeros (the backend's all_reduce, or our ring with
+    a codec and error feedback), so they learn who ran out from the agreement, not from a timeout."""
     last = world - 1
-    for rank, (message, seconds) in enumerate(run_ranks(_uneven, world, width)):
+    for rank, (message, seconds) in enumerate(run_ranks(_uneven, world, width, compression)):
         assert f"rank {last} ran out of data after 5 steps" in message, (rank, message)
         assert "same number of steps" in message and seconds < TIMEOUT_S
 
