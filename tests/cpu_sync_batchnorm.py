@@ -64,8 +64,8 @@ def batch_norm_backward_reduce(grad_out, x, mean, invstd, weight, input_g, weigh
 def batch_norm_backward_elemt(grad_out, x, mean, invstd, weight, sum_dy, sum_dy_xmu, count):
     n = count.sum().to(x.dtype)
     scale = invstd if weight is None else invstd * weight
-    b = lambda v: _broadcastable(v, x)  # noqa: E731
-    return (grad_out - b(sum_dy / n) - (x - b(mean)) * b(invstd.pow(2) * sum_dy_xmu / n)) * b(scale)
+    mean_dy, mean_dy_xmu = _broadcastable(sum_dy / n, x), _broadcastable(invstd.pow(2) * sum_dy_xmu / n, x)
+    return (grad_out - mean_dy - (x - _broadcastable(mean, x)) * mean_dy_xmu) * _broadcastable(scale, x)
 
 
 KERNELS = (batch_norm_stats, batch_norm_gather_stats_with_counts, batch_norm_elemt, batch_norm_backward_reduce,
