@@ -21,7 +21,7 @@ from pipesgd.launch import exit_process, run_on_ranks
 from pipesgd.measure.timing import time_collective
 from pipesgd.optimizer import PipeSGD
 
-__all__ = ["AgreementSettings", "run", "run_rank", "settings_json"]
+__all__ = ["AgreementSettings", "markdown", "run", "run_rank", "settings_json"]
 
 
 @dataclass(frozen=True, slots=True)
