@@ -8,6 +8,7 @@ the speedup tables and the timing model against every run.
     python experiments/comparison.py --estimate                     # the grid's wall time from the runs.json
     python experiments/comparison.py --rescore                      # re-make records + predictions from raw metrics
     python experiments/comparison.py --calibrate --cells alexnet-1gbit   # calibrate a cell run with --no-model
+    python experiments/comparison.py --calibrate --ps-probe               # add the parameter-server probe to them
 
 Per cell: cluster up and TCP throughput, one calibration (``--no-model`` skips it), one ``pipesgd-train`` run per
 variant; runs.json (committed, ``experiments/results/comparison/``) is re-written after every run, raw metrics and
@@ -75,6 +76,9 @@ def main() -> int:
     parser.add_argument("--calibrate", action="store_true",
                         help="(root) calibrate the selected cells (replacing a calibration) and predict their finished "
                              "runs; no training run")
+    parser.add_argument("--ps-probe", action="store_true",
+                        help="with --calibrate: only add the parameter-server probe to each cell's existing "
+                             "calibration (made before the probe existed), then predict the cell's runs again")
     parser.add_argument("--estimate-from", help="comma list of runs.json files to estimate from (default: the result)")
     args = parser.parse_args()
     try:
@@ -97,6 +101,8 @@ def main() -> int:
             cfg = replace(cfg, workloads=tuple(replace(w, steps={b: args.steps for b in cfg.bandwidths})
                                                for w in cfg.workloads))
         cfg = replace(cfg, result=args.result or cfg.result, out=args.out or cfg.out)
+        if args.ps_probe and not args.calibrate:
+            raise ValueError("--ps-probe goes with --calibrate")
     except ValueError as error:
         parser.error(str(error))
     if args.report or args.estimate:
@@ -137,7 +143,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     if args.calibrate:
         try:
-            failed = [f"{w.name}-{b}" for w, b in cfg.cells() if not calibrate_cell(cfg, w, b, store)]
+            failed = [f"{w.name}-{b}" for w, b in cfg.cells() if not calibrate_cell(cfg, w, b, store, args.ps_probe)]
         except (KeyboardInterrupt, _Terminated):
             print("comparison: stopped; the calibrations finished so far are kept", file=sys.stderr)
             return 130

@@ -8,9 +8,12 @@ ranks depends on what is asked:
   training (sync, ddp, pipe, ps-sync) every rank's step times add up to the same wall-clock, so a step's mean over
   ranks is its period. The per-step maximum adds each step's jitter instead (the rank that absorbed this step's
   wait is another rank next step): on the comparison grid it overstated iteration times by 5-25 % (issue 14).
-  Asynchronous workers (ps-async) are not in lockstep: a worker beside a co-located server steps ~10x faster
-  than the remote ones and finishes its steps early, so the mean mixes two paces; there the **slowest rank**
-  per step, the pace of the slowest worker, which sets the job's time (every worker runs the same steps).
+  Asynchronous workers (ps-async) are not in lockstep: a worker beside a co-located server steps up to ~10x
+  faster than the remote ones and finishes its steps early, so a step's ranks ran at different times. There the
+  **slowest worker's mean** t_iter (``slowest_rank``, ``pace_s``): that worker ends the job (every worker runs the
+  same steps), so its mean is the job's time per step. Not the median: its steps while the co-located worker
+  trains are slower than after, and the median picks one phase (LeNet: 20 vs 12 ms). Not the per-step maximum
+  over ranks: that adds each rank's jitter at unrelated times (+5 to +23 % on the comparison grid, issue 14).
 - what gates a synchronous step (compute, update): the slowest rank, ``over_ranks=max`` (the default).
 - totals (CPU seconds of all processes): ``over_ranks=sum``.
 """
@@ -27,8 +30,22 @@ ASYNC_MODES = ("ps-async",)  # modes whose workers do not step in lockstep
 
 
 def iteration_over_ranks(mode: str | None):
-    """How one step's t_iter reduces over ranks for the run's iteration time (module docstring)."""
+    """How one step's t_iter reduces over ranks for the run's iteration time (module docstring); asynchronous
+    modes take one rank instead (``slowest_rank``), so this is only their fallback."""
     return max if mode in ASYNC_MODES else statistics.fmean
+
+
+def slowest_rank(steps: list[dict], first: int = 0):
+    """The rank whose steps from ``first`` on took longest in all (the worker that ends an asynchronous job);
+    None without such steps."""
+    last: dict = {}  # (rank, step) -> t_iter; a step a resumed run wrote twice counts its last record
+    for record in steps:
+        if isinstance(record.get("step"), int) and record["step"] >= first and record.get("t_iter") is not None:
+            last[(record.get("rank"), record["step"])] = float(record["t_iter"])
+    totals: dict = {}
+    for (rank, _), seconds in last.items():
+        totals[rank] = totals.get(rank, 0.0) + seconds
+    return max(totals, key=totals.get) if totals else None
 
 
 @dataclass(slots=True)
@@ -60,9 +77,20 @@ class Run:
         return statistics.median(values)
 
     def iteration_s(self, skip: int = 0) -> float:
-        """The run's iteration time: median over the steps from ``skip`` on of the mean over ranks of t_iter, or of
-        the slowest rank for asynchronous workers (the module docstring says why)."""
+        """The run's iteration time: median over the steps from ``skip`` on of the mean over ranks of t_iter, or for
+        asynchronous workers the job's pace (``pace_s``; the module docstring says why)."""
+        if self.config.get("mode") in ASYNC_MODES:
+            return self.pace_s(skip)
         return self.median("t_iter", skip, over_ranks=iteration_over_ranks(self.config.get("mode")))
+
+    def pace_s(self, skip: int = 0) -> float:
+        """The slowest worker's mean t_iter over its steps from ``skip`` on: the job's wall-clock time per step."""
+        rank = slowest_rank(self.steps, skip)
+        mine = {r["step"]: float(r["t_iter"]) for r in self.steps
+                if r.get("rank") == rank and r["step"] >= skip and r.get("t_iter") is not None}
+        if not mine:
+            raise ValueError(f"{self.path}: no step records with 't_iter' after step {skip}")
+        return statistics.fmean(mine.values())
 
     @property
     def final_accuracy(self) -> float | None:

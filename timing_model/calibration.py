@@ -19,7 +19,8 @@ Calibration file (``schema`` = ``pipesgd-timing/calibration/1``), written atomic
      "compute": {"model", "batch_size", "compute_s"} | null,
      "host": {"compute_slowdown", "comm_slowdown", "comm_slowdown_by_codec": {name: κc}, "load",
               "lockstep_s", "lockstep": {"steps", "period_s", "compute_max_s", "excess_s", "ring_alone_s"} (with a
-              model),
+              model), "ps_service_s", "ps_service_idle_s", "ps_service": {"load", "workers", "steps",
+              "rank0_step_s", "busy", "idle"} (with a model: ``pipesgd.measure.server``),
               "copy_Bps" (null = free), "handoff_s", "overlap": [...], "copy": [...]} | {},
                                                  # interference and hand-off terms (see ``host_terms.host_terms``)
      "samples": [SAMPLE, ...], "residuals": [RESIDUAL, ...], "notes": [...]}

@@ -10,7 +10,7 @@ Steps of ``fit_calibration`` (rank 0, after every rank measured):
 from __future__ import annotations
 
 from .calibration import BURST_BYTES, Calibration, Sample, fit_codec_in_ring, fit_collective, residual_table
-from .host_terms import copy_rate_from_timings, lockstep_from_timings, slowdown_from_timings
+from .host_terms import copy_rate_from_timings, lockstep_from_timings, ps_service_terms, slowdown_from_timings
 from .params import CODEC_RATIOS
 
 __all__ = ["overlap_sizes", "host_record", "fit_calibration"]
@@ -30,7 +30,8 @@ def host_record(raw: dict) -> dict:
     """The calibration's ``host`` record from the raw host timings of ``pipesgd.measure.host.measure_host``:
     κc per codec = median over sizes of ring together/alone − 1 (``comm_slowdown``: the uncompressed one, else the
     first measured), κ = median over all rows of load together/alone − 1, the lockstep term
-    (``lockstep_from_timings``, when the probe ran the model's synchronous steps), the copy rate
+    (``lockstep_from_timings``, when the probe ran the model's synchronous steps), the parameter server's seconds
+    per request (``ps_service_terms``, when its probe ran), the copy rate
     (``copy_rate_from_timings``) and the hand-off (around a real ring when measured, else the no-op round trip)."""
     host: dict = {}
     rows = raw.get("overlap")
@@ -49,6 +50,9 @@ def host_record(raw: dict) -> dict:
         # a probe without the paired excess (before it was recorded): the difference of the medians
         excess = lockstep.get("excess_s", lockstep["period_s"] - lockstep["compute_max_s"])
         host["lockstep_s"] = lockstep_from_timings(excess, lockstep["ring_alone_s"])
+    if raw.get("ps_service"):
+        host["ps_service"] = raw["ps_service"]
+        host.update(ps_service_terms(raw["ps_service"]))
     if raw.get("copy"):
         copies = raw["copy"]
         host["copy_Bps"] = copy_rate_from_timings([r["n_bytes"] for r in copies], [r["seconds"] for r in copies])

@@ -29,6 +29,8 @@ __all__ = [
     "codec_time",
     "ps_transfer",
     "ps_async_iteration",
+    "closed_queue_response",
+    "colocated_pace",
     "sync_iteration",
     "ddp_iteration",
     "pipe_iteration",
@@ -105,6 +107,36 @@ def ps_async_iteration(flows: int, T_c: float, T_u: float, T_w: float, M: float,
     m = M / k
     server_s = flows * (m + max(0.0, m - send_buffer)) / B_s if M > 0 and flows > 0 else 0.0
     return max(T_c + T_u + T_w, server_s)
+
+
+def closed_queue_response(n: int, Z: float, s: float) -> float:
+    """Mean time a request spends at one server (queue + service) when ``n`` workers each spend Z between two of
+    their requests and the server takes s per request (mean-value analysis of a closed network; exact for
+    exponential service times, our approximation for the parameter server):
+
+    Q_0 = 0,   R_j = s·(1 + Q_{j−1}),   X_j = j/(Z + R_j),   Q_j = X_j·R_j   (j = 1..n),   R = R_n.
+
+    n = 1 gives s (nobody to queue behind); Z = 0 gives n·s (the server saturated: one request per s).
+    """
+    if n < 1 or s <= 0:
+        return 0.0
+    queue = 0.0
+    for j in range(1, n + 1):
+        response = s * (1.0 + queue)
+        queue = j * response / (Z + response)
+    return response
+
+
+def colocated_pace(T0: float, T1: float, T2: float) -> float:
+    """Seconds per step of an asynchronous job whose co-located worker (on the server's machine, steps of T0)
+    finishes before the remote workers (steps of T1 while it trains, T2 after), every worker running S steps:
+    the job ends with the remote workers, after S·T0 + (S − S·T0/T1)·T2, so per step
+
+    T = T0 + (1 − T0/T1)·T2   if T0 < T1,   else T1 (the co-located worker is not ahead).
+    """
+    if T1 <= 0 or T0 >= T1:
+        return T1
+    return T0 + (1.0 - T0 / T1) * T2
 
 
 def handoff_time(M: float, copy_Bps: float, handoff_s: float) -> float:

@@ -7,7 +7,10 @@ from __future__ import annotations
 import math
 import statistics
 
-__all__ = ["slowdown_from_timings", "lockstep_from_timings", "copy_rate_from_timings", "host_terms"]
+from .formulas import closed_queue_response
+
+__all__ = ["slowdown_from_timings", "lockstep_from_timings", "copy_rate_from_timings", "service_from_timings",
+           "ps_service_terms", "host_terms"]
 
 
 def slowdown_from_timings(alone_s: list[float], together_s: list[float]) -> float:
@@ -37,10 +40,40 @@ def copy_rate_from_timings(sizes_bytes: list[float], seconds: list[float]) -> fl
     return statistics.median(n / t for n, t in zip(sizes_bytes, seconds))
 
 
+def service_from_timings(workers: int, think_s: float, response_s: float) -> float:
+    """The server's seconds per request s that makes the queue of ``formulas.closed_queue_response`` answer
+    ``workers`` workers, each thinking ``think_s`` between requests, in ``response_s`` on average: the response
+    grows with s from 0 (s = 0) to at least s, so s lies in [0, response_s]; bisection to 1e-9 relative."""
+    if workers < 1 or not all(map(math.isfinite, (think_s, response_s))) or think_s < 0 or response_s < 0:
+        raise ValueError("service needs >= 1 worker and finite think and response times >= 0")
+    low, high = 0.0, response_s
+    while high - low > 1e-9 * max(response_s, 1e-12):
+        mid = 0.5 * (low + high)
+        low, high = (mid, high) if closed_queue_response(workers, think_s, mid) < response_s else (low, mid)
+    return 0.5 * (low + high)
+
+
+def ps_service_terms(probe: dict) -> dict:
+    """{'ps_service_s', 'ps_service_idle_s'} from the parameter-server probe's phases
+    (``pipesgd.measure.server``): each phase's seconds per request (``service_from_timings``) where the phase has
+    steps; a phase without any takes the other's (rank 0 finished at once, or never ahead of the remote workers)."""
+    workers = int(probe["workers"])
+    found = {}
+    for phase in ("busy", "idle"):
+        row = probe.get(phase) or {}
+        if row.get("steps") and row.get("response_s") is not None:
+            found[phase] = service_from_timings(workers, float(row["think_s"]), float(row["response_s"]))
+    if not found:
+        raise ValueError("the parameter-server probe recorded no remote step")
+    busy = found.get("busy", found.get("idle"))
+    return {"ps_service_s": busy, "ps_service_idle_s": found.get("idle", busy)}
+
+
 def host_terms(host: dict, compression: str = "none") -> dict:
     """The model inputs of a calibration's ``host`` record: slowdown (κ), comm_slowdown (κc of ``compression``
     when the probe measured it per codec, else the uncompressed one), lockstep_s, copy_Bps (inf when absent or
-    null) and handoff_s; zeros / inf (the pure formula) when not calibrated."""
+    null), handoff_s and the parameter server's seconds per request while its co-located worker trains and after
+    (ps_service_s, ps_service_idle_s); zeros / inf (the pure formula) when not calibrated."""
     host = host or {}
     copy = host.get("copy_Bps")
     by_codec = host.get("comm_slowdown_by_codec") or {}
@@ -51,4 +84,6 @@ def host_terms(host: dict, compression: str = "none") -> dict:
             "comm_slowdown": float(comm or 0.0),
             "lockstep_s": float(host.get("lockstep_s") or 0.0),
             "copy_Bps": math.inf if not copy else float(copy),
-            "handoff_s": float(host.get("handoff_s") or 0.0)}
+            "handoff_s": float(host.get("handoff_s") or 0.0),
+            "ps_service_s": float(host.get("ps_service_s") or 0.0),
+            "ps_service_idle_s": float(host.get("ps_service_idle_s") or 0.0)}

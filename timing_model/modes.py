@@ -3,9 +3,10 @@
 Each ``predict_<mode>`` is a pure function of the frozen parameter records and returns a
 ``ModeResult`` whose terms add up to the iteration time:
 ``iteration_s = compute_s + straggler_s + interference_s + update_s + handoff_s + buffers_s + host_s +
-lockstep_s + exposed_comm_s + codec_s``.
-For ps-async the "iteration" is the time the cluster needs for as many updates as there are workers
-(the same work as one synchronous iteration), so throughputs and speedups compare like for like.
+lockstep_s + server_s + exposed_comm_s + codec_s``.
+For ps-async the "iteration" is the job's time per step (every worker runs the same steps, the job ends with the
+slowest), the time the cluster needs for as many updates as there are workers (the same work as one synchronous
+iteration), so throughputs and speedups compare like for like.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ class ModeResult:
     """Predicted steady-state iteration of one training mode; all times in seconds."""
 
     mode: str
-    iteration_s: float  # wall-clock seconds per iteration (sum of the ten terms below)
+    iteration_s: float  # wall-clock seconds per iteration (sum of the eleven terms below)
     compute_s: float  # mean forward+backward
     straggler_s: float  # extra wait for the slowest worker, E[max] − mean
     interference_s: float  # compute slow-down from communication running alongside
@@ -48,6 +49,7 @@ class ModeResult:
     buffers_s: float  # blocking sync of module buffers each step (sync, pipe; not hidden)
     host_s: float  # measured per-step host work beyond the hand-off estimate (``ComputeParams.host_s``; not hidden)
     lockstep_s: float  # a blocking all-reduce right after compute beyond the two apart (``ComputeParams.lockstep_s``)
+    server_s: float  # ps-async: waiting for the server beyond the worker's own push + pull (queue, service)
     exposed_comm_s: float  # transfer, latency and reduction time not hidden behind compute
     codec_s: float  # encode/decode time not hidden behind compute
     comm_total_s: float  # all communication including codec, hidden or not
@@ -141,9 +143,9 @@ def ps_cost(cluster: ClusterParams, codec: CodecParams, schedule: ScheduleParams
 def _result(mode: str, cluster: ClusterParams, compute: ComputeParams, comm: CommCost, iteration_s: float,
             busy_s: float, interference_cap_s: float, staleness: float, straggler_s: float,
             handoff_s: float = 0.0, buffers_s: float = 0.0, host_s: float = 0.0,
-            lockstep_s: float = 0.0) -> ModeResult:
+            lockstep_s: float = 0.0, server_s: float = 0.0) -> ModeResult:
     """Split ``iteration_s`` into named terms; ``busy_s`` is compute + straggler + update + hand-off + buffers +
-    host + lockstep."""
+    host + lockstep + server."""
     interference = min(interference_cap_s, max(0.0, iteration_s - busy_s))
     exposed = max(0.0, iteration_s - busy_s - interference)
     codec_share = comm.codec_s / comm.total_s if comm.total_s > 0 else 0.0
@@ -153,7 +155,7 @@ def _result(mode: str, cluster: ClusterParams, compute: ComputeParams, comm: Com
     return ModeResult(
         mode=mode, iteration_s=iteration_s, compute_s=compute.compute_s, straggler_s=straggler_s,
         interference_s=interference, update_s=compute.update_s, handoff_s=handoff_s, buffers_s=buffers_s, host_s=host_s,
-        lockstep_s=lockstep_s, exposed_comm_s=exposed - codec_exposed,
+        lockstep_s=lockstep_s, server_s=server_s, exposed_comm_s=exposed - codec_exposed,
         codec_s=codec_exposed, comm_total_s=comm.total_s, anchor_s=comm.anchor_s, hidden_comm_s=hidden if hidden > 1e-12 * max(comm.total_s, 1.0) else 0.0,
         throughput_it_s=throughput, samples_per_s=cluster.nodes * compute.samples_per_worker * throughput
         if compute.samples_per_worker else 0.0, staleness=staleness,
@@ -232,18 +234,33 @@ def predict_ps_sync(cluster, compute, codec, schedule, server) -> ModeResult:
 
 
 def predict_ps_async(cluster, compute, codec, schedule, server) -> ModeResult:
-    """Asynchronous parameter server: one iteration of a remote worker, ``formulas.ps_async_iteration`` (its own
-    cycle or the server link, whichever is slower); staleness workers − 1."""
+    """Asynchronous parameter server, the job's time per step; staleness workers − 1.
+
+    Without a calibrated service time: one remote worker's own cycle or the server link, whichever is slower
+    (``formulas.ps_async_iteration``). With one (``ServerParams.service_s``, a co-located server): the remote
+    workers queue at the server, each thinking Z = compute + update + host between requests, and the server
+    answers a request in s (its transfers included), so a remote step takes T = Z + R(p', Z, s)
+    (``formulas.closed_queue_response``, p' remote workers): T1 with s = service_s while the co-located worker
+    trains, T2 with service_idle_s after; that worker, whose updates never cross the link, steps in T0 = Z and
+    finishes first, and the job's pace is ``formulas.colocated_pace(T0, T1, T2)``, at least the link limit.
+    ``server_s`` is what the pace holds beyond Z and the worker's own push + pull.
+    """
     comm = ps_cost(cluster, codec, schedule, server, asynchronous=True)
     workers = cluster.nodes
     server_Bps = (server.server_bandwidth_Bps or cluster.bandwidth_Bps) * codec.ratio
     flows = workers - 1 if server.colocated else workers
-    iteration = formulas.ps_async_iteration(flows, compute.compute_s, compute.update_s + compute.host_s, comm.total_s,
-                                            cluster.grad_bytes if comm.total_s > 0 else 0.0, server.servers,
-                                            server_Bps, server.send_buffer_bytes * codec.ratio)  # fp32-equivalent bytes
-    busy = compute.compute_s + compute.update_s + compute.host_s
-    return _result("ps-async", cluster, compute, comm, iteration, busy, 0.0, float(workers - 1), 0.0,
-                   host_s=compute.host_s)
+    think = compute.compute_s + compute.update_s + compute.host_s
+    link = formulas.ps_async_iteration(flows, compute.compute_s, compute.update_s + compute.host_s, comm.total_s,
+                                       cluster.grad_bytes if comm.total_s > 0 else 0.0, server.servers,
+                                       server_Bps, server.send_buffer_bytes * codec.ratio)  # fp32-equivalent bytes
+    served, waiting = link, 0.0
+    if server.service_s > 0 and server.colocated and flows >= 1:
+        busy_step = think + formulas.closed_queue_response(flows, think, server.service_s)
+        idle_step = think + formulas.closed_queue_response(flows, think, server.service_idle_s or server.service_s)
+        served = max(link, formulas.colocated_pace(think, busy_step, idle_step))
+        waiting = max(0.0, served - think - comm.total_s)
+    return _result("ps-async", cluster, compute, comm, served, think + waiting, 0.0, float(workers - 1), 0.0,
+                   host_s=compute.host_s, server_s=waiting)
 
 
 def predict_mode(mode: str, cluster: ClusterParams, compute: ComputeParams, codec: CodecParams,

@@ -146,6 +146,11 @@ class ServerParams:
     # bytes of a reply the server's send hands to the kernel's socket buffers without waiting for the link (ps-async,
     # ``formulas.ps_async_iteration``): Linux's default tcp_wmem maximum, 4 MiB
     send_buffer_bytes: float = 4 * 2**20
+    # ps-async with a co-located server: its seconds per remote request, as the workers' queue sees it
+    # (``formulas.closed_queue_response``), while the co-located worker trains and after it finished; calibrate's
+    # parameter-server probe. 0: not calibrated (the server costs only its link, ``formulas.ps_async_iteration``)
+    service_s: float = 0.0
+    service_idle_s: float = 0.0
 
     def __post_init__(self) -> None:
         _check(isinstance(self.servers, int) and self.servers >= 1,
@@ -153,6 +158,8 @@ class ServerParams:
         _finite_nonneg("server_bandwidth_Bps", self.server_bandwidth_Bps)
         _check(self.server_reduce_Bps > 0, "server reduce rate must be > 0 bytes/s")
         _check(self.send_buffer_bytes >= 0, f"send buffer must be >= 0 bytes, got {self.send_buffer_bytes!r}")
+        _finite_nonneg("service_s", self.service_s)
+        _finite_nonneg("service_idle_s", self.service_idle_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,8 @@ class Scenario:
     server_bandwidth_Bps: float = 0.0  # 0: same as the worker link
     ps_serialised: bool = True  # push and pull one after the other
     ps_colocated: bool = False  # server on a worker machine
+    ps_service_s: float = 0.0  # ps-async, co-located server: seconds per remote request while its worker trains
+    ps_service_idle_s: float = 0.0  # the same after the co-located worker finished (0: as ps_service_s)
 
     def records(self) -> tuple[ClusterParams, ComputeParams, CodecParams, ScheduleParams, ServerParams]:
         """Build (and thereby validate) the frozen parameter records."""
@@ -69,7 +71,8 @@ class Scenario:
         codec = build_codec(self.compression, self.encode_Bps, self.decode_Bps, self.compression_ratio,
                             self.feedback_Bps if self.error_feedback else math.inf)
         schedule = ScheduleParams(self.width, self.overlap_fraction, self.bucket_bytes)
-        server = ServerParams(self.servers, self.server_bandwidth_Bps, self.ps_serialised, self.ps_colocated)
+        server = ServerParams(self.servers, self.server_bandwidth_Bps, self.ps_serialised, self.ps_colocated,
+                              service_s=self.ps_service_s, service_idle_s=self.ps_service_idle_s)
         return cluster, compute, codec, schedule, server
 
 

@@ -15,7 +15,8 @@ Per run: the first ``skip`` steps are dropped (for pipe, at least the config's `
 the median over steps of the **mean over ranks** of t_iter: in lockstep training every rank's step times add up
 to the same wall-clock, so the mean is the step's period, while the per-step maximum adds each step's jitter
 (it overstated the comparison grid's iteration times by 5-25 %); for asynchronous workers (ps-async), which
-are not in lockstep, the slowest rank per step, the job's pace (``pipesgd.results.iteration_over_ranks``). The model's inputs count
+are not in lockstep, every per-step figure is the slowest worker's own and measured is its **mean** t_iter, the
+job's pace (``pipesgd.results.pace_s``; the module docstring there says why). The model's inputs count
 each step's slowest rank (max over ranks of t_compute + t_data and of t_update: the straggler gates a
 synchronous step, so it is inside the prediction; ``t_data``, batch loading, is local work like compute) and,
 for sync and pipe, each step's *fastest* rank's ``t_buffers`` (the blocking buffer sync, ``--buffers``: the rank
@@ -45,7 +46,7 @@ import os
 import statistics
 from dataclasses import dataclass, replace
 
-from pipesgd.results import iteration_over_ranks
+from pipesgd.results import ASYNC_MODES, iteration_over_ranks, slowest_rank
 from pipesgd.run_files import run_name
 
 from .calibration import Calibration
@@ -67,11 +68,17 @@ class RunRecord:
     mode: str
     nodes: int
     grad_bytes: float
-    t_iter: tuple[float, ...]  # per kept step, mean over ranks (the step's period; ps-async: slowest rank)
+    t_iter: tuple[float, ...]  # per kept step, mean over ranks (the step's period; ps-async: the slowest worker's)
     t_compute: tuple[float, ...]
     t_update: tuple[float, ...]
     t_buffers: tuple[float, ...] = ()  # per kept step, the fastest rank's buffer sync (see ``read_runs``)
     t_host: tuple[float, ...] = ()  # per kept step, the slowest rank's host work outside the above (``read_runs``)
+
+    @property
+    def measured_s(self) -> float:
+        """The iteration time the model is checked against: the median step, or for asynchronous workers the
+        mean (the job's pace: the slowest worker's steps while the co-located one trains and after)."""
+        return statistics.fmean(self.t_iter) if self.mode in ASYNC_MODES else statistics.median(self.t_iter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,14 +166,16 @@ def read_runs(paths: list[str], skip: int = 3) -> list[RunRecord]:
                     steps.append(record)
         # synchronous warm-up steps of pipe mode are not steady state either
         first = max(skip, int(config.get("warmup_steps") or 0) if config.get("mode") == "pipe" else skip)
+        mode = config.get("mode") or (steps[0].get("mode") if steps else None)
+        # asynchronous workers are not in lockstep: the slowest worker's own steps (``pipesgd.results``)
+        only = slowest_rank(steps, first) if mode in ASYNC_MODES else None
         by_step: dict[int, list[dict]] = {}
         for record in steps:
             step = record.get("step")
-            if isinstance(step, int) and step >= first:
+            if isinstance(step, int) and step >= first and (only is None or record.get("rank") == only):
                 by_step.setdefault(step, []).append(record)
         if not by_step:
             raise ValueError(f"run {name!r}: no step records after skipping the first {first} steps")
-        mode = config.get("mode") or steps[0].get("mode")
         if mode not in MODES:
             raise ValueError(f"run {name!r}: unknown mode {mode!r}; valid: {', '.join(MODES)}")
         ranks = {r.get("rank") for r in steps}
@@ -205,7 +214,9 @@ def calibrated_scenario(scenario: Scenario, cal: Calibration, mode: str) -> Scen
                    lockstep_s=scenario.lockstep_s or host["lockstep_s"],
                    comm_slowdown=scenario.comm_slowdown or host["comm_slowdown"],
                    copy_Bps=host["copy_Bps"] if math.isinf(scenario.copy_Bps) else scenario.copy_Bps,
-                   handoff_s=scenario.handoff_s or host["handoff_s"])
+                   handoff_s=scenario.handoff_s or host["handoff_s"],
+                   ps_service_s=scenario.ps_service_s or host["ps_service_s"],
+                   ps_service_idle_s=scenario.ps_service_idle_s or host["ps_service_idle_s"])
 
 
 def scenario_for(run: RunRecord, cal: Calibration, base: Scenario | None = None,
@@ -288,7 +299,7 @@ def validate_runs(runs: list[RunRecord], cal: Calibration, base: Scenario | None
         compute_s, source = sources.get(run.name, (None, "own"))
         scenario, result = predict_run(run, cal, base, compute_s)
         predicted = result.iteration_s
-        measured = statistics.median(run.t_iter)
+        measured = run.measured_s
         checks.append(RunCheck(run.name, run.mode, run.nodes, scenario.compression, len(run.t_iter), measured,
                                predicted, (predicted - measured) / measured if measured > 0 else math.inf,
                                scenario.compute_s, source))

@@ -201,9 +201,23 @@ def run_cell(cfg: GridConfig, workload: Workload, bandwidth: str, store: ResultS
                 f"({seconds:.0f} s)")
 
 
-def calibrate_cell(cfg: GridConfig, workload: Workload, bandwidth: str, store: ResultStore) -> bool:
-    """Step 1 and 2 of a cell (cluster, calibration; a calibration already there is replaced), then the
-    predictions of its finished runs (``rescore``). False when the calibration failed."""
+def _add_ps_probe(cluster, cfg: GridConfig, workload: Workload, cell: str, cell_dir: str, logfile) -> bool:
+    """``calibrate --ps-probe-only`` on the cell's calibration (a calibration made before the probe existed)."""
+    path = os.path.abspath(os.path.join(cell_dir, "calib.json"))
+    if not os.path.exists(path):
+        log(f"{cell}: no calibration at {path} to add the parameter-server probe to")
+        return False
+    argv = ["python", "-m", "timing_model", "calibrate", "--ps-probe-only", *_model_flags(cfg, workload),
+            "--out", path]
+    log(f"{cell}: adding the parameter-server probe -> {path}")
+    return calibrate_in(cluster, argv, path, cfg.calib_timeout_s, logfile)
+
+
+def calibrate_cell(cfg: GridConfig, workload: Workload, bandwidth: str, store: ResultStore,
+                   ps_probe_only: bool = False) -> bool:
+    """Step 1 and 2 of a cell (cluster, calibration; a calibration already there is replaced, or with
+    ``ps_probe_only`` only the parameter-server probe added to it), then the predictions of its finished runs
+    (``rescore``). False when the calibration failed."""
     cell = cell_name(workload.name, bandwidth)
     cell_dir = os.path.abspath(os.path.join(cfg.out, cell))
     os.makedirs(cell_dir, exist_ok=True)
@@ -213,7 +227,10 @@ def calibrate_cell(cfg: GridConfig, workload: Workload, bandwidth: str, store: R
         tcp = cluster.measure()
         log(f"{cell}: {tcp.summary()}")
         store.put_cell(cell, {"calibration_tcp": tcp.summary()})
-        if _calibrate(cluster, cfg, workload, cell, cell_dir, store, False, logfile) is None:
+        if ps_probe_only:
+            if not _add_ps_probe(cluster, cfg, workload, cell, cell_dir, logfile):
+                return False
+        elif _calibrate(cluster, cfg, workload, cell, cell_dir, store, False, logfile) is None:
             return False
     remade, kept = rescore(store, cfg.skip, cfg.target_accuracy, cells={cell})
     log(f"{cell}: {remade} runs predicted" + (f"; kept as recorded: {'; '.join(kept)}" if kept else ""))

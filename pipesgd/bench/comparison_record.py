@@ -2,7 +2,9 @@
 
 Every step counts the mean over its ranks (the average rank's step: in lockstep training every rank's step
 times add up to the same wall-clock, so the mean is the step's period, where the slowest rank per step would add
-the step's jitter), for asynchronous workers its slowest rank (``pipesgd.results.iteration_over_ranks``); medians are over the steps from ``skip`` on (after the warm-up). The
+the step's jitter); medians are over the steps from ``skip`` on (after the warm-up). Asynchronous workers are not in
+lockstep: their split is the slowest worker's own steps (``pipesgd.results.slowest_rank``), and their t_iter the
+job's pace, that worker's mean (``Run.pace_s``). The
 split: compute = forward + backward + batch loading (for ddp this holds DDP's allreduce, which runs inside
 backward), update = the optimizer step, exposed communication = t_iter - compute - update (for ddp only what DDP
 leaves after backward; for every mode it includes waiting for a slower rank). Accuracy against wall-clock time comes from the evaluation records (``wall``: seconds
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 
-from pipesgd.results import Run, iteration_over_ranks
+from pipesgd.results import ASYNC_MODES, Run, iteration_over_ranks, slowest_rank
 
 __all__ = ["MAX_CURVE_POINTS", "step_split", "curve", "time_to_target", "run_record"]
 
@@ -36,13 +38,17 @@ def _num(record: dict, key: str) -> float:
 
 def step_split(run: Run, skip: int) -> dict:
     """Medians over the kept steps (mean over ranks per step) of t_iter, compute, update and exposed communication,
-    and of the bytes all ranks sent per step; raises ``ValueError`` when no step is left after ``skip``."""
+    and of the bytes all ranks sent per step (asynchronous: the slowest worker's steps, and its mean t_iter); raises ``ValueError`` when no step is left after ``skip``."""
     steps = _by_step(run, skip)
     if not steps:
         raise ValueError(f"{run.path}: no step records after step {skip}")
     iters, computes, updates, exposed, sent = [], [], [], [], []
+    asynchronous = run.config.get("mode") in ASYNC_MODES
+    slowest = slowest_rank(run.steps, skip) if asynchronous else None
     for step in sorted(steps):
-        ranks = steps[step].values()
+        if asynchronous and slowest not in steps[step]:
+            continue
+        ranks = [steps[step][slowest]] if asynchronous else steps[step].values()
         mean = iteration_over_ranks(run.config.get("mode"))
         t_iter = mean(_num(r, "t_iter") for r in ranks)
         compute = mean(_num(r, "t_compute") + _num(r, "t_data") for r in ranks)
@@ -51,10 +57,11 @@ def step_split(run: Run, skip: int) -> dict:
         computes.append(compute)
         updates.append(update)
         exposed.append(max(0.0, t_iter - compute - update))
-        if any(r.get("bytes_sent") is not None for r in ranks):
-            sent.append(sum(_num(r, "bytes_sent") for r in ranks))
+        every = steps[step].values()  # bytes: what all ranks sent in this step
+        if any(r.get("bytes_sent") is not None for r in every):
+            sent.append(sum(_num(r, "bytes_sent") for r in every))
     med = statistics.median
-    return {"steps_kept": len(iters), "t_iter_s": med(iters), "compute_s": med(computes), "update_s": med(updates),
+    return {"steps_kept": len(iters), "t_iter_s": statistics.fmean(iters) if asynchronous else med(iters), "compute_s": med(computes), "update_s": med(updates),
             "exposed_comm_s": med(exposed), "t_iter_min_s": min(iters), "t_iter_max_s": max(iters),
             "bytes_per_iter": med(sent) if sent else None}
 

@@ -33,7 +33,7 @@ __all__ = ["FidelitySettings", "BREAKDOWN", "log", "write_json_atomic", "calibra
            "run_cell", "summary"]
 
 BREAKDOWN = ("compute_s", "straggler_s", "interference_s", "update_s", "handoff_s", "buffers_s", "host_s", "lockstep_s",
-             "exposed_comm_s", "codec_s", "comm_total_s", "anchor_s")
+             "server_s", "exposed_comm_s", "codec_s", "comm_total_s", "anchor_s")
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from pipesgd.comm_worker import CommWorker
 from pipesgd.measure.allreduce import trainer_collective
 from pipesgd.measure.compute import Load, matmul_load, model_load
+from pipesgd.measure.server import measure_ps_service
 from pipesgd.measure.timing import median_of_slowest, time_calls
 from pipesgd.ring import ring_allreduce
 
@@ -161,11 +162,13 @@ def measure_handoff(repeats: int = 50, device: str = "cpu") -> float:
 
 def measure_host(sizes_bytes: list[int], overlap_sizes_bytes: list[int], repeats: int, warmup: int, device: str,
                  overlap: bool, compute: dict | None = None, compressions: tuple[str, ...] = ("none",)) -> dict:
-    """The raw host timings of a calibration: interference (if ``overlap``), lockstep, copy and hand-off.
+    """The raw host timings of a calibration: interference (if ``overlap``), lockstep, parameter server, copy and
+    hand-off.
 
     With a ``compute`` model the interference probe loads the cores with that model's forward + backward and
-    reduces its own gradient size with each of ``compressions``, as a training step would, and the lockstep probe
-    runs synchronous steps of that model (``measure_lockstep``); without one the interference probe runs the
+    reduces its own gradient size with each of ``compressions``, as a training step would, the lockstep probe
+    runs synchronous steps of that model (``measure_lockstep``) and the parameter-server probe a short
+    asynchronous job of it (``pipesgd.measure.server``); without one the interference probe runs the
     matmul load beside uncompressed all-reduces of ``overlap_sizes_bytes`` and there is no lockstep probe."""
     host: dict = {}
     if overlap and compute:
@@ -176,6 +179,7 @@ def measure_host(sizes_bytes: list[int], overlap_sizes_bytes: list[int], repeats
         gradient = torch.ones(max(1, n_bytes // 4), dtype=torch.float32, device=device)
         host.update(measure_lockstep((call, label), trainer_collective("none"), gradient, max(repeats, 30), warmup,
                                      device))
+        host.update(measure_ps_service(compute, device))
     elif overlap:
         host.update(measure_overlap(overlap_sizes_bytes, repeats, warmup, device))
     host.update(measure_copy(sizes_bytes, max(repeats, 10), device))

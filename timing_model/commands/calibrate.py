@@ -10,13 +10,13 @@ import datetime
 import os
 
 from .. import tables
-from ..calibration import Calibration, Sample, write_calibration
+from ..calibration import Calibration, Sample, read_calibration, write_calibration
 from ..host_terms import host_terms
 from ..fitting import fit_calibration, host_record, overlap_sizes
 from ..params import CODEC_RATIOS
 from ..units import format_bandwidth, parse_bytes, parse_list, parse_size_range
 
-__all__ = ["add_parser", "run", "run_calibration", "calibration_from", "report"]
+__all__ = ["add_parser", "run", "run_calibration", "calibration_from", "add_ps_probe", "report"]
 
 
 def run_calibration(sizes_bytes: list[int], repeats: int = 20, warmup: int = 5,
@@ -58,6 +58,20 @@ def calibration_from(measured, sizes_bytes: list[int], repeats: int, warmup: int
                            compute_record, host_record(measured.host), meta, min_fit_bytes)
 
 
+def add_ps_probe(cal: Calibration | None, compute: dict, device: str) -> Calibration | None:
+    """Every rank runs the parameter-server probe (``pipesgd.measure.server``); rank 0 adds its raw record and
+    terms (``fitting.host_record``) to ``cal``'s host record and returns it, other ranks ``None``."""
+    from pipesgd.measure.server import measure_ps_service  # torch: only when measuring
+
+    raw = measure_ps_service(compute, device)
+    if cal is None:
+        return None
+    cal.host = {**(cal.host or {}), **host_record(raw)}
+    cal.meta.setdefault("notes", []).append("ps_service added by calibrate --ps-probe-only at "
+                                            + datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    return cal
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("calibrate", help="micro-benchmark this cluster (under torchrun) and fit the model")
     p.add_argument("--sizes", default="4KB:64MB", help="message sizes: LOW:HIGH powers of two, or a list")
@@ -81,6 +95,9 @@ def add_parser(sub) -> None:
     p.add_argument("--no-overlap", action="store_true",
                    help="skip the interference measurement (κ, κc: the allreduce beside a compute load vs alone; "
                         "the load is --model's forward+backward at its gradient size per codec, else a matmul loop)")
+    p.add_argument("--ps-probe-only", action="store_true",
+                   help="measure only the parameter-server probe (a short ps-async job of --model) and add its "
+                        "terms to the existing calibration --out (made before the probe existed)")
     p.set_defaults(run=run)
 
 
@@ -110,6 +127,12 @@ def run(args: argparse.Namespace) -> str | int:
         shape = tuple(int(x) for x in parse_list(args.input_shape))
         compute = {"model": args.model, "input_shape": shape, "num_classes": args.num_classes,
                    "batch_size": args.batch_size, "hidden": args.hidden}
+    existing = None
+    if args.ps_probe_only:
+        if compute is None:
+            raise ValueError("--ps-probe-only needs --model (the probe runs that model's training steps)")
+        if int(os.environ.get("RANK", "0") or 0) == 0:
+            existing = read_calibration(args.out)  # fail before any rank starts measuring
     import torch
     import torch.distributed as dist
 
@@ -123,8 +146,11 @@ def run(args: argparse.Namespace) -> str | int:
     failure: Exception | None = None
     try:
         try:
-            cal = run_calibration(sizes, args.repeats, args.warmup, compressions, not args.no_ring, device, compute,
-                                  overlap=not args.no_overlap, min_fit_bytes=min_fit_bytes)
+            if args.ps_probe_only:
+                cal = add_ps_probe(existing, compute, device)
+            else:
+                cal = run_calibration(sizes, args.repeats, args.warmup, compressions, not args.no_ring, device,
+                                      compute, overlap=not args.no_overlap, min_fit_bytes=min_fit_bytes)
             if cal is not None:
                 write_calibration(args.out, cal)
         except (ValueError, OSError) as err:  # rank 0's fit or write failed: still meet the others below
@@ -154,6 +180,9 @@ def report(cal: Calibration, out_path: str) -> str:
         out += (f"\nκ (compute slow-down) {terms['slowdown']:.3f}, κc (comm slow-down) {terms['comm_slowdown']:.3f}"
                 f"{per_codec}, copy {copy}, hand-off {1e6 * terms['handoff_s']:.0f} µs"
                 f" (load: {cal.host.get('load', 'matmul')})\n")
+        if terms["ps_service_s"] > 0:
+            out += (f"parameter server (co-located, ps-async): {1e3 * terms['ps_service_s']:.2f} ms per remote request "
+                    f"while its worker trains, {1e3 * terms['ps_service_idle_s']:.2f} ms after\n")
     if cal.codec_ring_factors:
         out += "codec cost inside the ring / alone: " + ", ".join(
             f"{name} {factor:.2f} at {p} ranks" for name, by_nodes in cal.codec_ring_factors.items()

@@ -41,6 +41,8 @@ SCENARIO_FLAGS = {
     "buffers": ("buffers_s", parse_time),
     "host": ("host_s", parse_time),
     "lockstep": ("lockstep_s", parse_time),
+    "ps_service": ("ps_service_s", parse_time),
+    "ps_service_idle": ("ps_service_idle_s", parse_time),
     "reduce_rate": ("reduce_Bps", parse_bandwidth),
     "collective": ("collective", lambda s: _choice(s, "collective", COLLECTIVES)),
     "width": ("width", lambda s: _int_at_least(s, "width", 1)),
@@ -132,6 +134,11 @@ def add_scenario_flags(parser: argparse.ArgumentParser, sweep: bool) -> None:
     add("--server-bandwidth", help="bandwidth of each server (default: the worker link)")
     add("--ps-pipelined", action="store_true", help="PS push and pull overlap (d = 1 instead of 2)")
     add("--ps-colocated", action="store_true", help="the server shares a machine with a worker")
+    add("--ps-service", default="0",
+        help="ps-async with --ps-colocated: the server's time per remote request while its co-located worker "
+             "trains, e.g. 2ms (queueing model; calibrate measures it with --model; default 0: the link alone)")
+    add("--ps-service-idle", default="0",
+        help="the same after the co-located worker finished its steps (default 0: as --ps-service)")
     add("--batch-size", help="samples per worker per iteration (adds samples/s)")
     add("--calibration", help="calibration JSON: network terms and codec speeds from `calibrate`")
     add("--modes", default=",".join(MODES), help="modes to predict (default: all)")

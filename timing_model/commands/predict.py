@@ -11,7 +11,7 @@ __all__ = ["PREDICT_COLUMNS", "add_parser", "run"]
 
 # markdown columns, in reading order (csv and json carry every field of ModeResult)
 PREDICT_COLUMNS = ["mode", "iteration_s", "compute_s", "straggler_s", "interference_s", "update_s",
-                   "handoff_s", "buffers_s", "host_s", "lockstep_s", "exposed_comm_s", "codec_s", "hidden_comm_s", "throughput_it_s", "speedup_vs_sync",
+                   "handoff_s", "buffers_s", "host_s", "lockstep_s", "server_s", "exposed_comm_s", "codec_s", "hidden_comm_s", "throughput_it_s", "speedup_vs_sync",
                    "speedup_vs_one", "staleness", "regime"]
 
 

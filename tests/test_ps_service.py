@@ -1,0 +1,128 @@
+"""The parameter server's service time in the timing model: the queue formula, its inversion, the two-phase pace of
+an asynchronous job whose co-located worker finishes first, the probe that measures it and how a ps-async run is
+measured (the slowest worker's mean)."""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import replace
+
+import pytest
+
+from tests.distributed import run_ranks
+from timing_model import formulas
+from timing_model.fitting import host_record
+from timing_model.host_terms import host_terms, ps_service_terms, service_from_timings
+from timing_model.predict import Scenario, predict
+from timing_model.validation import read_runs
+
+
+def test_closed_queue_response_at_its_limits_and_by_hand():
+    assert formulas.closed_queue_response(1, 0.7, 0.002) == pytest.approx(0.002)  # nobody to queue behind
+    assert formulas.closed_queue_response(3, 0.0, 0.002) == pytest.approx(0.006)  # saturated: one request per s
+    # n = 2, Z = s = 1: R1 = 1, Q1 = 1/(1 + 1) = 0.5; R2 = 1·1.5, so 1.5
+    assert formulas.closed_queue_response(2, 1.0, 1.0) == pytest.approx(1.5)
+    assert formulas.closed_queue_response(3, 0.01, 0.0) == 0.0
+    rising = [formulas.closed_queue_response(3, 0.005, s) for s in (0.001, 0.002, 0.004)]
+    assert rising == sorted(rising) and rising[0] > 0.001
+
+
+def test_the_colocated_worker_ahead_splits_the_job_into_two_phases():
+    # it finishes after S·2 s; the remote workers have done S/2 steps at 4 s, the other S/2 take 3 s each
+    assert formulas.colocated_pace(2.0, 4.0, 3.0) == pytest.approx(3.5)
+    assert formulas.colocated_pace(5.0, 4.0, 3.0) == 4.0  # not ahead: the remote pace alone
+    assert formulas.colocated_pace(0.0, 4.0, 3.0) == pytest.approx(3.0)
+
+
+def test_service_time_inverts_the_queue():
+    for workers, think, service in ((3, 0.005, 0.003), (1, 0.02, 0.001), (7, 0.0, 0.004)):
+        response = formulas.closed_queue_response(workers, think, service)
+        assert service_from_timings(workers, think, response) == pytest.approx(service, rel=1e-6)
+    with pytest.raises(ValueError):
+        service_from_timings(0, 0.01, 0.01)
+
+
+def probe(busy_steps=12, idle_steps=30):
+    return {"load": "lenet", "workers": 3, "steps": 20, "rank0_step_s": 0.003,
+            "busy": {"steps": busy_steps, "think_s": 0.004, "response_s": 0.010 if busy_steps else None},
+            "idle": {"steps": idle_steps, "think_s": 0.004, "response_s": 0.005 if idle_steps else None}}
+
+
+def test_each_phase_gives_its_own_service_and_a_missing_phase_takes_the_other():
+    terms = ps_service_terms(probe())
+    assert terms["ps_service_s"] == pytest.approx(service_from_timings(3, 0.004, 0.010))
+    assert terms["ps_service_idle_s"] == pytest.approx(service_from_timings(3, 0.004, 0.005))
+    assert terms["ps_service_s"] > terms["ps_service_idle_s"]
+    only_idle = ps_service_terms(probe(busy_steps=0))
+    assert only_idle["ps_service_s"] == only_idle["ps_service_idle_s"] == terms["ps_service_idle_s"]
+    with pytest.raises(ValueError, match="no remote step"):
+        ps_service_terms(probe(busy_steps=0, idle_steps=0))
+    host = host_record({"ps_service": probe()})
+    assert host["ps_service"] == probe() and host_terms(host)["ps_service_s"] == terms["ps_service_s"]
+
+
+def test_ps_async_with_a_service_time_queues_at_the_server_in_two_phases():
+    base = Scenario(nodes=4, grad_bytes=80e3, bandwidth_Bps=125e6, compute_s=0.004, update_s=0.0005,
+                    host_s=0.0005, ps_colocated=True)
+    plain = predict(base).result("ps-async")
+    assert plain.server_s == 0.0  # not calibrated: the link alone, as before
+    served = predict(replace(base, ps_service_s=0.004, ps_service_idle_s=0.002)).result("ps-async")
+    think = 0.005
+    busy = think + formulas.closed_queue_response(3, think, 0.004)
+    idle = think + formulas.closed_queue_response(3, think, 0.002)
+    assert served.iteration_s == pytest.approx(formulas.colocated_pace(think, busy, idle))
+    assert served.iteration_s > plain.iteration_s
+    terms = ("compute_s", "straggler_s", "interference_s", "update_s", "handoff_s", "buffers_s", "host_s",
+             "lockstep_s", "server_s", "exposed_comm_s", "codec_s")
+    assert sum(getattr(served, t) for t in terms) == pytest.approx(served.iteration_s)
+    assert served.server_s == pytest.approx(served.iteration_s - think - served.exposed_comm_s) and served.server_s > 0
+    same = predict(replace(base, ps_service_s=0.004)).result("ps-async")  # no idle figure: the busy one throughout
+    assert same.iteration_s == pytest.approx(busy)
+    dedicated = predict(replace(base, ps_colocated=False, ps_service_s=0.004)).result("ps-async")
+    assert dedicated.server_s == 0.0  # the probe measures a co-located server only
+    assert predict(replace(base, ps_service_s=0.004)).result("sync") == predict(base).result("sync")
+
+
+def write_run(folder, name, per_rank):
+    paths = []
+    for rank, steps in per_rank.items():
+        lines = [{"type": "config", "mode": "ps-async", "world_size": len(per_rank), "grad_bytes": 1e6}] if rank == 0 else []
+        lines += [{"type": "step", "step": s, "rank": rank, **fields} for s, fields in enumerate(steps)]
+        path = folder / f"{name}.rank{rank}.jsonl"
+        path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+        paths.append(str(path))
+    return paths
+
+
+def test_a_ps_async_run_is_measured_by_its_slowest_workers_mean(tmp_path):
+    """Rank 0 (beside the server) steps fast; the remote workers step slowly while it trains, faster after. The
+    job's pace is the slowest worker's mean, not its median (one phase) nor the per-step maximum (jitter)."""
+    step = lambda t, c=0.002: {"t_iter": t, "t_compute": c, "t_update": 0.0}  # noqa: E731
+    rank0 = [step(0.003, 0.0025)] * 12
+    remote_a = [step(0.010)] * 4 + [step(0.005)] * 8
+    remote_b = [step(0.011)] * 4 + [step(0.006), step(0.004)] * 4
+    (run,) = read_runs(write_run(tmp_path, "job", {0: rank0, 1: remote_a, 2: remote_b}), skip=2)
+    assert run.t_iter == pytest.approx(tuple(t["t_iter"] for t in remote_b[2:]))  # rank 2 took longest in all
+    assert run.measured_s == pytest.approx(statistics.fmean(t["t_iter"] for t in remote_b[2:]))
+    assert run.measured_s != pytest.approx(statistics.median(run.t_iter))
+    assert run.t_compute == pytest.approx((0.002,) * 10)  # its own compute, not rank 0's
+
+
+def _probe_on_ranks(rank, world_size):
+    from pipesgd.measure.server import measure_ps_service
+
+    compute = {"model": "mlp", "input_shape": (16,), "num_classes": 4, "batch_size": 8, "hidden": 8}
+    return measure_ps_service(compute, budget_s=0.5)["ps_service"]
+
+
+def test_the_probe_runs_a_colocated_async_job_and_splits_its_phases():
+    results = run_ranks(_probe_on_ranks, 3, timeout_s=120)
+    record = results[0]
+    assert all(r == record for r in results)  # every rank returns the gathered record
+    assert record["workers"] == 2 and record["steps"] >= 5
+    assert record["busy"]["steps"] + record["idle"]["steps"] == 2 * record["steps"]
+    for phase in ("busy", "idle"):
+        if record[phase]["steps"]:
+            assert record[phase]["response_s"] > 0 and record[phase]["think_s"] > 0
+    terms = ps_service_terms(record)
+    assert terms["ps_service_s"] > 0 and terms["ps_service_idle_s"] > 0
