@@ -3,13 +3,13 @@ an asynchronous job whose co-located worker finishes first, the probe that measu
 measured (the slowest worker's mean)."""
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import replace
 
 import pytest
 
 from tests.distributed import run_ranks
+from tests.test_timing_terms import write_run
 from timing_model import formulas
 from timing_model.fitting import host_record
 from timing_model.host_terms import host_terms, ps_service_terms, service_from_timings
@@ -83,17 +83,6 @@ def test_ps_async_with_a_service_time_queues_at_the_server_in_two_phases():
     assert predict(replace(base, ps_service_s=0.004)).result("sync") == predict(base).result("sync")
 
 
-def write_run(folder, name, per_rank):
-    paths = []
-    for rank, steps in per_rank.items():
-        lines = [{"type": "config", "mode": "ps-async", "world_size": len(per_rank), "grad_bytes": 1e6}] if rank == 0 else []
-        lines += [{"type": "step", "step": s, "rank": rank, **fields} for s, fields in enumerate(steps)]
-        path = folder / f"{name}.rank{rank}.jsonl"
-        path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-        paths.append(str(path))
-    return paths
-
-
 def test_a_ps_async_run_is_measured_by_its_slowest_workers_mean(tmp_path):
     """Rank 0 (beside the server) steps fast; the remote workers step slowly while it trains, faster after. The
     job's pace is the slowest worker's mean, not its median (one phase) nor the per-step maximum (jitter)."""
@@ -101,7 +90,7 @@ def test_a_ps_async_run_is_measured_by_its_slowest_workers_mean(tmp_path):
     rank0 = [step(0.003, 0.0025)] * 12
     remote_a = [step(0.010)] * 4 + [step(0.005)] * 8
     remote_b = [step(0.011)] * 4 + [step(0.006), step(0.004)] * 4
-    (run,) = read_runs(write_run(tmp_path, "job", {0: rank0, 1: remote_a, 2: remote_b}), skip=2)
+    (run,) = read_runs(write_run(tmp_path, "job", "ps-async", {0: rank0, 1: remote_a, 2: remote_b}), skip=2)
     assert run.t_iter == pytest.approx(tuple(t["t_iter"] for t in remote_b[2:]))  # rank 2 took longest in all
     assert run.measured_s == pytest.approx(statistics.fmean(t["t_iter"] for t in remote_b[2:]))
     assert run.measured_s != pytest.approx(statistics.median(run.t_iter))
