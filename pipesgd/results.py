@@ -35,17 +35,20 @@ def iteration_over_ranks(mode: str | None):
     return max if mode in ASYNC_MODES else statistics.fmean
 
 
+def _t_iter_by_rank(steps: list[dict], first: int) -> dict:
+    """rank -> step -> t_iter of the steps from ``first`` on; a step a resumed run wrote twice counts its last record."""
+    out: dict = {}
+    for record in steps:
+        if isinstance(record.get("step"), int) and record["step"] >= first and record.get("t_iter") is not None:
+            out.setdefault(record.get("rank"), {})[record["step"]] = float(record["t_iter"])
+    return out
+
+
 def slowest_rank(steps: list[dict], first: int = 0):
     """The rank whose steps from ``first`` on took longest in all (the worker that ends an asynchronous job);
     None without such steps."""
-    last: dict = {}  # (rank, step) -> t_iter; a step a resumed run wrote twice counts its last record
-    for record in steps:
-        if isinstance(record.get("step"), int) and record["step"] >= first and record.get("t_iter") is not None:
-            last[(record.get("rank"), record["step"])] = float(record["t_iter"])
-    totals: dict = {}
-    for (rank, _), seconds in last.items():
-        totals[rank] = totals.get(rank, 0.0) + seconds
-    return max(totals, key=totals.get) if totals else None
+    by_rank = _t_iter_by_rank(steps, first)
+    return max(by_rank, key=lambda rank: sum(by_rank[rank].values())) if by_rank else None
 
 
 @dataclass(slots=True)
@@ -85,12 +88,10 @@ class Run:
 
     def pace_s(self, skip: int = 0) -> float:
         """The slowest worker's mean t_iter over its steps from ``skip`` on: the job's wall-clock time per step."""
-        rank = slowest_rank(self.steps, skip)
-        mine = {r["step"]: float(r["t_iter"]) for r in self.steps
-                if r.get("rank") == rank and r["step"] >= skip and r.get("t_iter") is not None}
-        if not mine:
+        by_rank = _t_iter_by_rank(self.steps, skip)
+        if not by_rank:
             raise ValueError(f"{self.path}: no step records with 't_iter' after step {skip}")
-        return statistics.fmean(mine.values())
+        return statistics.fmean(by_rank[slowest_rank(self.steps, skip)].values())
 
     @property
     def final_accuracy(self) -> float | None:

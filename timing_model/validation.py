@@ -16,7 +16,7 @@ the median over steps of the **mean over ranks** of t_iter: in lockstep training
 to the same wall-clock, so the mean is the step's period, while the per-step maximum adds each step's jitter
 (it overstated the comparison grid's iteration times by 5-25 %); for asynchronous workers (ps-async), which
 are not in lockstep, every per-step figure is the slowest worker's own and measured is its **mean** t_iter, the
-job's pace (``pipesgd.results.pace_s``; the module docstring there says why). The model's inputs count
+job's pace (``pipesgd.results.Run.pace_s``; the module docstring there says why). The model's inputs count
 each step's slowest rank (max over ranks of t_compute + t_data and of t_update: the straggler gates a
 synchronous step, so it is inside the prediction; ``t_data``, batch loading, is local work like compute) and,
 for sync and pipe, each step's *fastest* rank's ``t_buffers`` (the blocking buffer sync, ``--buffers``: the rank
