@@ -8,7 +8,7 @@ the speedup tables and the timing model against every run.
     python experiments/comparison.py --estimate                     # the grid's wall time from the runs.json
     python experiments/comparison.py --rescore                      # re-make records + predictions from raw metrics
     python experiments/comparison.py --calibrate --cells alexnet-1gbit   # calibrate a cell run with --no-model
-    python experiments/comparison.py --calibrate --ps-probe               # add the parameter-server probe to them
+    python experiments/comparison.py --calibrate --probe ps,feedback      # add newer probes to their calibrations
 
 Per cell: cluster up and TCP throughput, one calibration (``--no-model`` skips it), one ``pipesgd-train`` run per
 variant; runs.json (committed, ``experiments/results/comparison/``) is re-written after every run, raw metrics and
@@ -28,6 +28,7 @@ from pipesgd.bench.comparison_report import estimate_table, report
 from pipesgd.bench.comparison_store import ResultStore, estimate_wall
 from pipesgd.bench.loopback_cluster import LOOPBACK
 from pipesgd.cluster.netns import ClusterError
+from timing_model.commands.calibrate import PROBES
 from pipesgd.bench.provenance import read_result
 
 QUICK_STEPS = 20
@@ -76,9 +77,11 @@ def main() -> int:
     parser.add_argument("--calibrate", action="store_true",
                         help="(root) calibrate the selected cells (replacing a calibration) and predict their finished "
                              "runs; no training run")
-    parser.add_argument("--ps-probe", action="store_true",
-                        help="with --calibrate: only add the parameter-server probe to each cell's existing "
-                             "calibration (made before the probe existed), then predict the cell's runs again")
+    parser.add_argument("--probe", metavar="NAMES",
+                        help="with --calibrate: only add these probes of `calibrate --probe-only` (ps, feedback) "
+                             "to each cell's existing calibration (made before they existed), then predict the "
+                             "cell's runs again")
+    parser.add_argument("--ps-probe", action="store_true", help="the same as --probe ps")
     parser.add_argument("--estimate-from", help="comma list of runs.json files to estimate from (default: the result)")
     args = parser.parse_args()
     try:
@@ -101,8 +104,12 @@ def main() -> int:
             cfg = replace(cfg, workloads=tuple(replace(w, steps={b: args.steps for b in cfg.bandwidths})
                                                for w in cfg.workloads))
         cfg = replace(cfg, result=args.result or cfg.result, out=args.out or cfg.out)
-        if args.ps_probe and not args.calibrate:
-            raise ValueError("--ps-probe goes with --calibrate")
+        probes = tuple(dict.fromkeys([*(_names(args.probe) or []), *(["ps"] if args.ps_probe else [])]))
+        if probes and not args.calibrate:
+            raise ValueError("--probe goes with --calibrate")
+        unknown = [name for name in probes if name not in PROBES]
+        if unknown:
+            raise ValueError(f"unknown probe {unknown[0]!r}; valid: {', '.join(PROBES)}")
     except ValueError as error:
         parser.error(str(error))
     if args.report or args.estimate:
@@ -143,7 +150,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     if args.calibrate:
         try:
-            failed = [f"{w.name}-{b}" for w, b in cfg.cells() if not calibrate_cell(cfg, w, b, store, args.ps_probe)]
+            failed = [f"{w.name}-{b}" for w, b in cfg.cells() if not calibrate_cell(cfg, w, b, store, probes)]
         except (KeyboardInterrupt, _Terminated):
             print("comparison: stopped; the calibrations finished so far are kept", file=sys.stderr)
             return 130

@@ -286,6 +286,8 @@ def test_calibrate_with_a_model_probes_interference_with_its_own_step_per_codec(
     assert lockstep["period_s"] >= lockstep["compute_max_s"] > 0 and lockstep["ring_alone_s"] > 0
     assert lockstep["excess_s"] >= 0
     assert host["lockstep_s"] == max(0.0, lockstep["excess_s"] - lockstep["ring_alone_s"])
+    # the feedback probe: the lossy codec's ring at the model's size without and with error feedback
+    assert [(r["compression"], r["n_bytes"]) for r in host["feedback_rings"]] == [("bf16", 22032.0)]
     assert measured["compute_s"] > 0 and set(measured["codecs"]) == set(measured["feedback"]) == {"bf16"}
     cal = _fit_on_known_timings(measured, ("none", "bf16"), compute)
     assert cal.compute == {"model": "mlp", "batch_size": 8, "compute_s": measured["compute_s"], "hidden": 64}
@@ -300,6 +302,12 @@ def test_calibrate_refuses_an_unknown_model_before_joining(capsys, monkeypatch):
     assert code == 2 and out == "" and "unknown model 'transformer'" in err and err.count("\n") == 1
     code, out, err = run_cli(capsys, "calibrate", "--model", "mlp", "--batch-size", "0")
     assert code == 2 and "--batch-size" in err
+    code, out, err = run_cli(capsys, "calibrate", "--probe-only", "feedback")
+    assert code == 2 and "--probe-only needs --model" in err and err.count("\n") == 1
+    code, out, err = run_cli(capsys, "calibrate", "--probe-only", "feedback", "--model", "mlp")
+    assert code == 2 and "needs --compressions with a lossy codec" in err
+    code, out, err = run_cli(capsys, "calibrate", "--probe-only", "ps,rings", "--model", "mlp")
+    assert code == 2 and "unknown probe 'rings'; valid: ps, feedback" in err
 
 
 @pytest.mark.slow

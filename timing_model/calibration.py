@@ -21,6 +21,8 @@ Calibration file (``schema`` = ``pipesgd-timing/calibration/1``), written atomic
               "lockstep_s", "lockstep": {"steps", "period_s", "compute_max_s", "excess_s", "ring_alone_s"} (with a
               model), "ps_service_s", "ps_service_idle_s", "ps_service": {"load", "workers", "steps",
               "rank0_step_s", "busy", "idle"} (with a model: ``pipesgd.measure.server``),
+              "feedback_rings": [{"compression", "n_bytes", "pairs", "ring_alone_s", "ring_feedback_s",
+              "feedback_s"}, ...] (with a model, per lossy codec: ``pipesgd.measure.feedback``),
               "copy_Bps" (null = free), "handoff_s", "overlap": [...], "copy": [...]} | {},
                                                  # interference and hand-off terms (see ``host_terms.host_terms``)
      "samples": [SAMPLE, ...], "residuals": [RESIDUAL, ...], "notes": [...]}
@@ -41,6 +43,7 @@ import numpy as np
 from pipesgd.defaults import resolve_allreduce
 
 from . import collectives
+from .formulas import codec_passes
 from .host_terms import host_terms
 
 __all__ = ["SCHEMA", "Sample", "Fit", "Calibration", "fit_collective", "fit_codec_in_ring", "residual_table",
@@ -285,13 +288,31 @@ class Calibration:
         codec) or the mode runs another collective (parameter server; DDP with a comm hook)."""
         if mode not in ("sync", "pipe", "ddp") or (mode == "ddp" and compression != "none"):
             return 0.0
+        row = self._probed("overlap", compression, grad_bytes, nodes)
+        return float(row["ring_alone_s"]) if row and (row.get("ring_alone_s") or 0) > 0 else 0.0
+
+    def ring_feedback_speed(self, mode: str, compression: str, grad_bytes: float, nodes: int) -> float | None:
+        """Error-feedback bytes/s of our ring of ``compression`` at ``grad_bytes`` on ``nodes`` ranks as the
+        feedback probe (``host['feedback_rings']``, ``pipesgd.measure.feedback``) measured it: the rate at which
+        ``formulas.codec_time``'s feedback term gives the probe's paired difference F (ring with feedback − without),
+        E·(M/p)/F; inf when F <= 0 (within the noise); None when not probed (sync and pipe only: our ring)."""
+        row = self._probed("feedback_rings", compression, grad_bytes, nodes) if mode in ("sync", "pipe") else None
+        if row is None or row.get("feedback_s") is None:
+            return None
+        extra = float(row["feedback_s"])
+        encodes, _ = codec_passes(nodes, True)
+        return encodes * grad_bytes / nodes / extra if extra > 0 else math.inf
+
+    def _probed(self, record: str, compression: str, grad_bytes: float, nodes: int) -> dict | None:
+        """The row of host ``record`` for ``compression`` at ``grad_bytes`` (the model's size) when the calibration
+        ran on ``nodes`` ranks; None otherwise."""
         if int(self.meta.get("world_size") or 0) != nodes:
-            return 0.0
-        for row in (self.host or {}).get("overlap") or []:
+            return None
+        for row in (self.host or {}).get(record) or []:
             if row.get("compression") == compression and abs(float(row.get("n_bytes", -1)) - grad_bytes) <= max(
-                    64.0, 1e-3 * grad_bytes) and (row.get("ring_alone_s") or 0) > 0:
-                return float(row["ring_alone_s"])
-        return 0.0
+                    64.0, 1e-3 * grad_bytes):
+                return row
+        return None
 
     def fit_for(self, mode: str, compression: str = "none") -> Fit:
         """Our ring serves sync and pipe with a codec on every hop; the backend's all_reduce serves

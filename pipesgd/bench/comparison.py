@@ -201,22 +201,23 @@ def run_cell(cfg: GridConfig, workload: Workload, bandwidth: str, store: ResultS
                 f"({seconds:.0f} s)")
 
 
-def _add_ps_probe(cluster, cfg: GridConfig, workload: Workload, cell: str, cell_dir: str, logfile) -> bool:
-    """``calibrate --ps-probe-only`` on the cell's calibration (a calibration made before the probe existed)."""
+def _add_probes(cluster, cfg: GridConfig, workload: Workload, cell: str, cell_dir: str, probes: tuple[str, ...],
+                logfile) -> bool:
+    """``calibrate --probe-only PROBES`` on the cell's calibration (one made before those probes existed)."""
     path = os.path.abspath(os.path.join(cell_dir, "calib.json"))
     if not os.path.exists(path):
-        log(f"{cell}: no calibration at {path} to add the parameter-server probe to")
+        log(f"{cell}: no calibration at {path} to add the {','.join(probes)} probes to")
         return False
-    argv = ["python", "-m", "timing_model", "calibrate", "--ps-probe-only", *_model_flags(cfg, workload),
-            "--out", path]
-    log(f"{cell}: adding the parameter-server probe -> {path}")
+    argv = ["python", "-m", "timing_model", "calibrate", "--probe-only", ",".join(probes),
+            "--compressions", cfg.calib_compressions, *_model_flags(cfg, workload), "--out", path]
+    log(f"{cell}: adding the {','.join(probes)} probes -> {path}")
     return calibrate_in(cluster, argv, path, cfg.calib_timeout_s, logfile)
 
 
 def calibrate_cell(cfg: GridConfig, workload: Workload, bandwidth: str, store: ResultStore,
-                   ps_probe_only: bool = False) -> bool:
-    """Step 1 and 2 of a cell (cluster, calibration; a calibration already there is replaced, or with
-    ``ps_probe_only`` only the parameter-server probe added to it), then the predictions of its finished runs
+                   probes: tuple[str, ...] = ()) -> bool:
+    """Step 1 and 2 of a cell (cluster, calibration; a calibration already there is replaced, or with ``probes``
+    only those probes of ``calibrate --probe-only`` added to it), then the predictions of its finished runs
     (``rescore``). False when the calibration failed."""
     cell = cell_name(workload.name, bandwidth)
     cell_dir = os.path.abspath(os.path.join(cfg.out, cell))
@@ -227,8 +228,8 @@ def calibrate_cell(cfg: GridConfig, workload: Workload, bandwidth: str, store: R
         tcp = cluster.measure()
         log(f"{cell}: {tcp.summary()}")
         store.put_cell(cell, {"calibration_tcp": tcp.summary()})
-        if ps_probe_only:
-            if not _add_ps_probe(cluster, cfg, workload, cell, cell_dir, logfile):
+        if probes:
+            if not _add_probes(cluster, cfg, workload, cell, cell_dir, probes, logfile):
                 return False
         elif _calibrate(cluster, cfg, workload, cell, cell_dir, store, False, logfile) is None:
             return False

@@ -15,8 +15,9 @@ import torch.distributed as dist
 from pipesgd.comm_worker import CommWorker
 from pipesgd.measure.allreduce import trainer_collective
 from pipesgd.measure.compute import Load, matmul_load, model_load
+from pipesgd.measure.feedback import measure_feedback_rings
 from pipesgd.measure.server import measure_ps_service
-from pipesgd.measure.timing import median_of_slowest, time_calls
+from pipesgd.measure.timing import calls_within, median_of_slowest, time_calls
 from pipesgd.ring import ring_allreduce
 
 __all__ = ["measure_overlap", "measure_lockstep", "measure_copy", "measure_handoff", "measure_host"]
@@ -105,7 +106,7 @@ def measure_lockstep(load: Load, collective, tensor: torch.Tensor, repeats: int 
         dist.barrier()
         warm = [step()[1] for _ in range(max(1, warmup))]
         step_s = median_of_slowest(warm, device=device)
-        steps = max(LOCKSTEP_MIN_STEPS, min(repeats, int(LOCKSTEP_BUDGET_S / max(step_s, 1e-9))))
+        steps = calls_within(LOCKSTEP_BUDGET_S, step_s, repeats, LOCKSTEP_MIN_STEPS)
         alone = worker.submit(lambda: time_calls(lambda: collective(tensor), steps, 1, device,
                                                  before=dist.barrier)).wait()
         ring_alone = median_of_slowest(alone, device=device)
@@ -162,12 +163,13 @@ def measure_handoff(repeats: int = 50, device: str = "cpu") -> float:
 
 def measure_host(sizes_bytes: list[int], overlap_sizes_bytes: list[int], repeats: int, warmup: int, device: str,
                  overlap: bool, compute: dict | None = None, compressions: tuple[str, ...] = ("none",)) -> dict:
-    """The raw host timings of a calibration: interference (if ``overlap``), lockstep, parameter server, copy and
-    hand-off.
+    """The raw host timings of a calibration: interference (if ``overlap``), lockstep, the error-feedback rings,
+    parameter server, copy and hand-off.
 
     With a ``compute`` model the interference probe loads the cores with that model's forward + backward and
     reduces its own gradient size with each of ``compressions``, as a training step would, the lockstep probe
-    runs synchronous steps of that model (``measure_lockstep``) and the parameter-server probe a short
+    runs synchronous steps of that model (``measure_lockstep``), each lossy codec's ring is timed with error
+    feedback at that size (``pipesgd.measure.feedback``) and the parameter-server probe runs a short
     asynchronous job of it (``pipesgd.measure.server``); without one the interference probe runs the
     matmul load beside uncompressed all-reduces of ``overlap_sizes_bytes`` and there is no lockstep probe."""
     host: dict = {}
@@ -179,6 +181,7 @@ def measure_host(sizes_bytes: list[int], overlap_sizes_bytes: list[int], repeats
         gradient = torch.ones(max(1, n_bytes // 4), dtype=torch.float32, device=device)
         host.update(measure_lockstep((call, label), trainer_collective("none"), gradient, max(repeats, 30), warmup,
                                      device))
+        host.update(measure_feedback_rings(compute, compressions, max(repeats, 30), warmup, device))
         host.update(measure_ps_service(compute, device))
     elif overlap:
         host.update(measure_overlap(overlap_sizes_bytes, repeats, warmup, device))

@@ -21,6 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from pipesgd.measure.timing import calls_within
 from pipesgd.train.models import build_model
 
 __all__ = ["PS_BUDGET_S", "PS_MIN_STEPS", "PS_MAX_STEPS", "measure_ps_service", "phase_medians"]
@@ -73,7 +74,7 @@ def measure_ps_service(compute: dict, device: str = "cpu", budget_s: float = PS_
 
     warm = torch.tensor([max(step()[1] for _ in range(PS_WARMUP))], dtype=torch.float64)
     dist.all_reduce(warm, op=dist.ReduceOp.MAX)  # every worker runs the same steps: size them alike
-    steps = max(PS_MIN_STEPS, min(PS_MAX_STEPS, int(budget_s / max(warm.item(), 1e-9))))
+    steps = calls_within(budget_s, warm.item(), PS_MAX_STEPS, PS_MIN_STEPS)
     rows = [step() for _ in range(steps)]
     trained_until = time.time()
     ps.flush()  # rank 0's server thread serves until every remote worker has flushed

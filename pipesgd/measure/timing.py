@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-__all__ = ["synchronize", "time_calls", "median_of_slowest", "time_collective", "time_local"]
+__all__ = ["synchronize", "time_calls", "median_of_slowest", "time_collective", "time_local", "calls_within"]
 
 Clock = Callable[[], float]
 
@@ -78,3 +78,9 @@ def time_local(call: Callable[[], object], repeats: int, warmup: int = 3, device
                clock: Clock = time.perf_counter) -> float:
     """Steps 1-3 and this rank's median, without a barrier or a reduction: a local operation timed on one rank."""
     return statistics.median(time_calls(call, repeats, warmup, device, None, clock))
+
+
+def calls_within(budget_s: float, one_s: float, most: int, least: int) -> int:
+    """How many calls of ``one_s`` seconds each fit in about ``budget_s``: at most ``most``, at least ``least``
+    (a probe on a slow link stays affordable, one on a fast link keeps its full count)."""
+    return max(least, min(most, int(budget_s / max(one_s, 1e-9))))

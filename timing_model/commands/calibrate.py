@@ -16,7 +16,7 @@ from ..fitting import fit_calibration, host_record, overlap_sizes
 from ..params import CODEC_RATIOS
 from ..units import format_bandwidth, parse_bytes, parse_list, parse_size_range
 
-__all__ = ["add_parser", "run", "run_calibration", "calibration_from", "add_ps_probe", "report"]
+__all__ = ["PROBES", "add_parser", "run", "run_calibration", "calibration_from", "add_probes", "report"]
 
 
 def run_calibration(sizes_bytes: list[int], repeats: int = 20, warmup: int = 5,
@@ -58,17 +58,29 @@ def calibration_from(measured, sizes_bytes: list[int], repeats: int, warmup: int
                            compute_record, host_record(measured.host), meta, min_fit_bytes)
 
 
-def add_ps_probe(cal: Calibration | None, compute: dict, device: str) -> Calibration | None:
-    """Every rank runs the parameter-server probe (``pipesgd.measure.server``); rank 0 adds its raw record and
-    terms (``fitting.host_record``) to ``cal``'s host record and returns it, other ranks ``None``."""
-    from pipesgd.measure.server import measure_ps_service  # torch: only when measuring
+# what ``--probe-only`` can add to an existing calibration: probe name -> the host record it writes
+PROBES = {"ps": "ps_service", "feedback": "feedback_rings"}
 
-    raw = measure_ps_service(compute, device)
+
+def add_probes(cal: Calibration | None, names: tuple[str, ...], compute: dict, compressions: tuple[str, ...],
+               device: str) -> Calibration | None:
+    """Every rank runs the named probes of ``PROBES`` (``ps``: the parameter server, ``pipesgd.measure.server``;
+    ``feedback``: each lossy codec's ring with error feedback, ``pipesgd.measure.feedback``); rank 0 adds their raw
+    records and terms (``fitting.host_record``) to ``cal``'s host record and returns it, other ranks ``None``."""
+    from pipesgd.measure.feedback import measure_feedback_rings  # torch: only when measuring
+    from pipesgd.measure.server import measure_ps_service
+
+    raw: dict = {}
+    if "feedback" in names:
+        raw.update(measure_feedback_rings(compute, compressions, device=device))
+    if "ps" in names:
+        raw.update(measure_ps_service(compute, device))
     if cal is None:
         return None
     cal.host = {**(cal.host or {}), **host_record(raw)}
-    cal.meta.setdefault("notes", []).append("ps_service added by calibrate --ps-probe-only at "
-                                            + datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    cal.meta.setdefault("notes", []).extend(f"{PROBES[name]} added by calibrate --probe-only {name} at {stamp}"
+                                            for name in names)
     return cal
 
 
@@ -95,9 +107,11 @@ def add_parser(sub) -> None:
     p.add_argument("--no-overlap", action="store_true",
                    help="skip the interference measurement (κ, κc: the allreduce beside a compute load vs alone; "
                         "the load is --model's forward+backward at its gradient size per codec, else a matmul loop)")
-    p.add_argument("--ps-probe-only", action="store_true",
-                   help="measure only the parameter-server probe (a short ps-async job of --model) and add its "
-                        "terms to the existing calibration --out (made before the probe existed)")
+    p.add_argument("--probe-only", metavar="NAMES",
+                   help="run only these probes of --model and add them to the existing calibration --out (made "
+                        "before they existed): ps (a short ps-async job), feedback (each lossy codec of "
+                        "--compressions in our ring with error feedback), or ps,feedback")
+    p.add_argument("--ps-probe-only", action="store_true", help="the same as --probe-only ps")
     p.set_defaults(run=run)
 
 
@@ -127,10 +141,12 @@ def run(args: argparse.Namespace) -> str | int:
         shape = tuple(int(x) for x in parse_list(args.input_shape))
         compute = {"model": args.model, "input_shape": shape, "num_classes": args.num_classes,
                    "batch_size": args.batch_size, "hidden": args.hidden}
-    existing = None
-    if args.ps_probe_only:
+    existing, probes = None, _probes(args)
+    if probes:
         if compute is None:
-            raise ValueError("--ps-probe-only needs --model (the probe runs that model's training steps)")
+            raise ValueError("--probe-only needs --model (the probes run that model's training steps or gradient)")
+        if "feedback" in probes and all(name == "none" for name in compressions):
+            raise ValueError("--probe-only feedback needs --compressions with a lossy codec, e.g. q8,sign")
         if int(os.environ.get("RANK", "0") or 0) == 0:
             existing = read_calibration(args.out)  # fail before any rank starts measuring
     import torch
@@ -146,8 +162,8 @@ def run(args: argparse.Namespace) -> str | int:
     failure: Exception | None = None
     try:
         try:
-            if args.ps_probe_only:
-                cal = add_ps_probe(existing, compute, device)
+            if probes:
+                cal = add_probes(existing, probes, compute, compressions, device)
             else:
                 cal = run_calibration(sizes, args.repeats, args.warmup, compressions, not args.no_ring, device,
                                       compute, overlap=not args.no_overlap, min_fit_bytes=min_fit_bytes)
@@ -163,6 +179,17 @@ def run(args: argparse.Namespace) -> str | int:
     if cal is None:
         return 0
     return report(cal, args.out)
+
+
+def _probes(args: argparse.Namespace) -> tuple[str, ...]:
+    """The probes of ``--probe-only`` (and ``--ps-probe-only``), checked against ``PROBES``."""
+    names = list(parse_list(args.probe_only)) if args.probe_only else []
+    if args.ps_probe_only:
+        names.append("ps")
+    for name in names:
+        if name not in PROBES:
+            raise ValueError(f"unknown probe {name!r}; valid: {', '.join(PROBES)}")
+    return tuple(dict.fromkeys(names))
 
 
 def report(cal: Calibration, out_path: str) -> str:
