@@ -107,8 +107,14 @@ def main(argv: list[str] | None = None) -> int:
                      f"({origin['date']}, commit {origin['commit']}, {origin['machine'].get('cpu')}, "
                      f"{origin['machine'].get('cores')} cores)")
         print(f"figures: wrote {png}", file=sys.stderr)
-    if not args.only:
-        write_text_atomic(os.path.join(args.out, "README.md"), "\n".join(index) + "\n")
+    readme = os.path.join(args.out, "README.md")
+    if args.only and os.path.exists(readme):  # keep the other figures' lines, replace the redrawn ones'
+        with open(readme) as handle:
+            old = handle.read().splitlines()
+        drawn = {line.split("`")[1]: line for line in index[2:]}
+        kept = [drawn.pop(line.split("`")[1], line) if line.startswith("- `") else line for line in old]
+        index = kept + list(drawn.values())
+    write_text_atomic(readme, "\n".join(index) + "\n")
     return 0
 
 

@@ -31,3 +31,15 @@ def test_every_figure_draws_from_committed_results(tmp_path):
     assert all((tmp_path / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     index = (tmp_path / "README.md").read_text()
     assert index.count("- `") == 6 and "commit" in index
+
+
+def test_one_figure_redrawn_replaces_only_its_line_in_the_index(tmp_path):
+    pytest.importorskip("matplotlib", reason="the notebooks extra is not installed")
+    stale = "- `timeline.png` from somewhere: `an older command` (old)"
+    (tmp_path / "README.md").write_text("# Figures\n\n- `model_scatter.png` from an older run\n" + stale + "\n")
+    proc = _figures("--only", "model_scatter", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = (tmp_path / "README.md").read_text().splitlines()
+    assert lines[0] == "# Figures" and lines[3] == stale  # the other figure's line stays where it was
+    assert lines[2].startswith("- `model_scatter.png` from `experiments/results/comparison-v2/runs.json`")
+    assert "commit" in lines[2] and len(lines) == 4
