@@ -197,3 +197,15 @@ def test_calibrated_scenario_takes_the_lockstep_term_unless_given():
     s = scenario()
     assert calibrated_scenario(s, cal, "sync").lockstep_s == 0.004
     assert calibrated_scenario(replace(s, lockstep_s=0.001), cal, "sync").lockstep_s == 0.001
+
+
+# ---------------------------------------------------------------- DDP with one bucket
+def test_ddp_overlaps_nothing_when_the_gradient_fits_one_bucket():
+    """DDP all-reduces a one-bucket gradient after backward (a comm hook's timestamps: ResNet-20's 1.09 MB); only
+    a gradient of several buckets overlaps backward, and pays κ there."""
+    one = scenario(grad_bytes=20 * MB, compute_s=0.1, slowdown=0.5, overlap_fraction=0.5, bucket_bytes=25 * 2**20)
+    ddp, sync = predict(one, ("ddp", "sync")).result("ddp"), predict(one, ("sync",)).result("sync")
+    assert ddp.interference_s == 0.0
+    assert ddp.iteration_s == pytest.approx(sync.iteration_s - sync.handoff_s + ddp.handoff_s)
+    two = replace(one, bucket_bytes=10 * MB)  # two buckets: the first all-reduces during backward
+    assert predict(two, ("ddp",)).result("ddp").interference_s > 0
