@@ -89,3 +89,11 @@ def test_the_probe_times_each_lossy_codec_with_feedback_on_every_rank():
         assert row["feedback_s"] < row["ring_feedback_s"]  # pair by pair, with feedback less the plain ring
     assert all(result[0] == rows for result in results)  # every rank returns the slowest rank's medians
     assert all(result[1] > 0 for result in results)
+
+
+def test_calibrate_reports_what_feedback_adds():
+    from timing_model.commands.calibrate import report
+
+    text = report(with_feedback_rows(), "calib.json")
+    assert "error feedback adds to the ring at the model's size: q8 +12.00 ms (31.00 ms without) at 1.00 MB" in text
+    assert "error feedback adds" not in report(calibration(), "calib.json")

@@ -210,6 +210,11 @@ def report(cal: Calibration, out_path: str) -> str:
         if terms["ps_service_s"] > 0:
             out += (f"parameter server (co-located, ps-async): {1e3 * terms['ps_service_s']:.2f} ms per remote request "
                     f"while its worker trains, {1e3 * terms['ps_service_idle_s']:.2f} ms after\n")
+    rings = (cal.host or {}).get("feedback_rings") or []
+    if rings:
+        out += "error feedback adds to the ring at the model's size: " + ", ".join(
+            f"{r['compression']} {1e3 * r['feedback_s']:+.2f} ms ({1e3 * r['ring_alone_s']:.2f} ms without)"
+            for r in rings) + f" at {rings[0]['n_bytes'] / 1e6:.2f} MB\n"
     if cal.codec_ring_factors:
         out += "codec cost inside the ring / alone: " + ", ".join(
             f"{name} {factor:.2f} at {p} ranks" for name, by_nodes in cal.codec_ring_factors.items()
