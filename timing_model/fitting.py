@@ -30,8 +30,8 @@ def host_record(raw: dict) -> dict:
     """The calibration's ``host`` record from the raw host timings of ``pipesgd.measure.host.measure_host``:
     κc per codec = median over sizes of ring together/alone − 1 (``comm_slowdown``: the uncompressed one, else the
     first measured), κ = median over all rows of load together/alone − 1, the lockstep term
-    (``lockstep_from_timings``, when the probe ran the model's synchronous steps), each lossy ring's time with error
-    feedback at the model's size (raw, when that probe ran), the parameter server's seconds
+    (``lockstep_from_timings``, when the probe ran the model's synchronous steps), what error feedback adds to each
+    lossy ring at the model's size (raw, when that probe ran), the parameter server's seconds
     per request (``ps_service_terms``, when its probe ran), the copy rate
     (``copy_rate_from_timings``) and the hand-off (around a real ring when measured, else the no-op round trip)."""
     host: dict = {}
@@ -51,7 +51,7 @@ def host_record(raw: dict) -> dict:
         # a probe without the paired excess (before it was recorded): the difference of the medians
         excess = lockstep.get("excess_s", lockstep["period_s"] - lockstep["compute_max_s"])
         host["lockstep_s"] = lockstep_from_timings(excess, lockstep["ring_alone_s"])
-    if raw.get("feedback_rings"):  # raw: ``Calibration.ring_anchor_s`` reads them as the anchor with feedback
+    if raw.get("feedback_rings"):  # raw: ``Calibration.ring_feedback_speed`` turns each row's F into a rate
         host["feedback_rings"] = raw["feedback_rings"]
     if raw.get("ps_service"):
         host["ps_service"] = raw["ps_service"]
