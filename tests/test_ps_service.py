@@ -8,13 +8,14 @@ from dataclasses import replace
 
 import pytest
 
+from pipesgd.measure.server import phase_means
 from tests.distributed import run_ranks
-from tests.test_timing_terms import write_run
+from tests.test_timing_terms import calibration, write_run
 from timing_model import formulas
 from timing_model.fitting import host_record
 from timing_model.host_terms import host_terms, ps_service_terms, service_from_timings
 from timing_model.predict import Scenario, predict
-from timing_model.validation import read_runs
+from timing_model.validation import read_runs, scenario_for
 
 
 def test_closed_queue_response_at_its_limits_and_by_hand():
@@ -59,6 +60,45 @@ def test_each_phase_gives_its_own_service_and_a_missing_phase_takes_the_other():
         ps_service_terms(probe(busy_steps=0, idle_steps=0))
     host = host_record({"ps_service": probe()})
     assert host["ps_service"] == probe() and host_terms(host)["ps_service_s"] == terms["ps_service_s"]
+
+
+def test_each_phase_is_summarised_by_its_mean_the_statistic_the_queue_is_solved_in():
+    """Mean-value analysis needs means: a slow tail (a step descheduled on shared cores) moves the mean, not the
+    median, and the job's pace is a mean step."""
+    rows = [(1.0, 0.010, 0.006)] * 3 + [(1.0, 0.030, 0.020)] + [(3.0, 0.008, 0.004)] * 2  # (end, step, wait)
+    phases = phase_means(rows, boundary=2.0)
+    assert phases["busy"] == {"steps": 4, "think_s": pytest.approx(0.0055), "response_s": pytest.approx(0.0095)}
+    assert phases["idle"] == {"steps": 2, "think_s": pytest.approx(0.004), "response_s": pytest.approx(0.004)}
+    assert phase_means(rows, boundary=5.0)["idle"] == {"steps": 0, "think_s": None, "response_s": None}
+
+
+def test_the_colocated_workers_own_step_sets_how_long_the_slow_phase_lasts():
+    base = Scenario(nodes=4, grad_bytes=80e3, bandwidth_Bps=125e6, compute_s=0.004, update_s=0.0005,
+                    host_s=0.0005, ps_colocated=True, ps_service_s=0.004, ps_service_idle_s=0.002)
+    think = 0.005
+    busy = think + formulas.closed_queue_response(3, think, 0.004)
+    idle = think + formulas.closed_queue_response(3, think, 0.002)
+    own = predict(replace(base, ps_colocated_step_s=0.008)).result("ps-async")
+    assert own.iteration_s == pytest.approx(formulas.colocated_pace(0.008, busy, idle))
+    assert own.iteration_s > predict(base).result("ps-async").iteration_s  # it trains longer beside the server
+    with pytest.raises(ValueError, match="colocated_step_s"):
+        predict(replace(base, ps_colocated_step_s=-1.0))
+
+
+def test_a_colocated_ps_async_run_is_predicted_from_rank_0s_steps_and_mean_think(tmp_path):
+    step = lambda t, c: {"t_iter": t, "t_compute": c, "t_update": 0.0, "t_wait": t - c}  # noqa: E731
+    rank0 = [step(0.006, 0.005)] * 8
+    remote = [step(0.012, 0.003)] * 6 + [step(0.024, 0.009)] * 2  # a slow tail: mean 4.5 ms, median 3 ms
+    paths = write_run(tmp_path, "job", "ps-async", {0: rank0, 1: remote, 2: remote})
+    (run,) = read_runs(paths, skip=0)
+    assert run.t_rank0 == pytest.approx((0.006,) * 8)
+    colocated = scenario_for(replace(run, config={**run.config, "servers": 0}), calibration())
+    assert colocated.ps_colocated and colocated.ps_colocated_step_s == pytest.approx(0.006)
+    assert colocated.compute_s == pytest.approx(0.0045)  # the mean, as the pace it predicts
+    dedicated = scenario_for(replace(run, config={**run.config, "servers": 1}), calibration())
+    assert dedicated.ps_colocated_step_s == 0.0
+    (sync,) = read_runs(write_run(tmp_path, "s", "sync", {0: rank0, 1: remote}), skip=0)
+    assert sync.t_rank0 == () and scenario_for(sync, calibration()).compute_s == pytest.approx(0.005)  # the median
 
 
 def test_ps_async_with_a_service_time_queues_at_the_server_in_two_phases():
@@ -108,7 +148,7 @@ def test_the_probe_runs_a_colocated_async_job_and_splits_its_phases():
     results = run_ranks(_probe_on_ranks, 3, timeout_s=120)
     record = results[0]
     assert all(r == record for r in results)  # every rank returns the gathered record
-    assert record["workers"] == 2 and record["steps"] >= 5
+    assert record["workers"] == 2 and record["steps"] >= 5 and record["statistic"] == "mean"
     assert record["busy"]["steps"] + record["idle"]["steps"] == 2 * record["steps"]
     for phase in ("busy", "idle"):
         if record[phase]["steps"]:

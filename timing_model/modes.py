@@ -246,9 +246,12 @@ def predict_ps_async(cluster, compute, codec, schedule, server) -> ModeResult:
     workers queue at the server, each thinking Z = compute + update + host between requests, and the server
     answers a request in s (its transfers included), so a remote step takes T = Z + R(p', Z, s)
     (``formulas.closed_queue_response``, p' remote workers): T1 with s = service_s while the co-located worker
-    trains, T2 with service_idle_s after; that worker, whose updates never cross the link, steps in T0 = Z and
-    finishes first, and the job's pace is ``formulas.colocated_pace(T0, T1, T2)``, at least the link limit.
-    ``server_s`` is what the pace holds beyond Z and the worker's own push + pull.
+    trains, T2 with service_idle_s after; that worker, whose updates never cross the link, steps in T0
+    (``ServerParams.colocated_step_s``, its measured local work, else Z) and finishes first, and the job's pace
+    is ``formulas.colocated_pace(T0, T1, T2)``, at least the link limit. ``server_s`` is what the pace holds
+    beyond Z and the worker's own push + pull. Why T0 is its own: the co-located worker shares its process with
+    the server thread, and on the comparison grid its mean step took 1.03-1.78 times the remote workers' think; with
+    T0 = Z the model ended its training too early and counted too few of the slow steps T1.
     """
     comm = ps_cost(cluster, codec, schedule, server, asynchronous=True)
     workers = cluster.nodes
@@ -262,7 +265,8 @@ def predict_ps_async(cluster, compute, codec, schedule, server) -> ModeResult:
     if server.service_s > 0 and server.colocated and flows >= 1:
         busy_step = think + formulas.closed_queue_response(flows, think, server.service_s)
         idle_step = think + formulas.closed_queue_response(flows, think, server.service_idle_s or server.service_s)
-        served = max(link, formulas.colocated_pace(think, busy_step, idle_step))
+        own = server.colocated_step_s or think
+        served = max(link, formulas.colocated_pace(own, busy_step, idle_step))
         waiting = max(0.0, served - think - comm.total_s)
     return _result("ps-async", cluster, compute, comm, served, think + waiting, 0.0, float(workers - 1), 0.0,
                    host_s=compute.host_s, server_s=waiting)

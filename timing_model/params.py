@@ -151,6 +151,9 @@ class ServerParams:
     # parameter-server probe. 0: not calibrated (the server costs only its link, ``formulas.ps_async_iteration``)
     service_s: float = 0.0
     service_idle_s: float = 0.0
+    # ps-async with a co-located server: that worker's own mean step, all local work (its updates never cross the
+    # link; it shares its process and cores with the server thread); 0: the remote workers' think time
+    colocated_step_s: float = 0.0
 
     def __post_init__(self) -> None:
         _check(isinstance(self.servers, int) and self.servers >= 1,
@@ -160,6 +163,7 @@ class ServerParams:
         _check(self.send_buffer_bytes >= 0, f"send buffer must be >= 0 bytes, got {self.send_buffer_bytes!r}")
         _finite_nonneg("service_s", self.service_s)
         _finite_nonneg("service_idle_s", self.service_idle_s)
+        _finite_nonneg("colocated_step_s", self.colocated_step_s)
 
 
 @dataclass(frozen=True, slots=True)

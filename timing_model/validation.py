@@ -73,6 +73,7 @@ class RunRecord:
     t_update: tuple[float, ...]
     t_buffers: tuple[float, ...] = ()  # per kept step, the fastest rank's buffer sync (see ``read_runs``)
     t_host: tuple[float, ...] = ()  # per kept step, the slowest rank's host work outside the above (``read_runs``)
+    t_rank0: tuple[float, ...] = ()  # asynchronous runs: rank 0's own t_iter per kept step (a co-located server's worker)
 
     @property
     def measured_s(self) -> float:
@@ -189,8 +190,10 @@ def read_runs(paths: list[str], skip: int = 3) -> list[RunRecord]:
         # ranks' extra wait there is the straggler, which the slowest rank's compute already carries
         buffers = tuple(min(_optional(r, "t_buffers") for r in by_step[s]) for s in order)
         host = tuple(max(_host(r, name) for r in by_step[s]) for s in order)
+        rank0 = tuple(_number(r, "t_iter", name) for r in steps
+                      if only is not None and r.get("rank") == 0 and isinstance(r.get("step"), int) and r["step"] >= first)
         runs.append(RunRecord(name, config, mode, nodes, _grad_bytes(config, steps, nodes, mode, name),
-                              period, local, pick("t_update"), buffers, host))
+                              period, local, pick("t_update"), buffers, host, rank0))
     return runs
 
 
@@ -233,12 +236,15 @@ def scenario_for(run: RunRecord, cal: Calibration, base: Scenario | None = None,
         raise ValueError(f"run {run.name!r}: unknown compression {compression!r}; valid: {', '.join(CODEC_RATIOS)}")
     scenario = base or Scenario(nodes=1, grad_bytes=0.0, bandwidth_Bps=1.0)
     width = int(cfg.get("width") or 2) if run.mode == "pipe" else 1
+    # the statistic of ``measured_s``: a lockstep step's median, an asynchronous job's mean pace (whose queue,
+    # ``formulas.closed_queue_response``, is a mean-value analysis: its think time is a mean too)
+    typical = statistics.fmean if run.mode in ASYNC_MODES else statistics.median
     changes = dict(
         nodes=run.nodes, grad_bytes=run.grad_bytes,
-        compute_s=statistics.median(run.t_compute) if compute_s is None else compute_s,
-        compute_std_s=0.0, update_s=statistics.median(run.t_update), compression=compression, width=width,
+        compute_s=typical(run.t_compute) if compute_s is None else compute_s,
+        compute_std_s=0.0, update_s=typical(run.t_update), compression=compression, width=width,
         buffers_s=statistics.median(run.t_buffers) if run.t_buffers and run.mode in ("sync", "pipe") else 0.0,
-        host_s=statistics.median(run.t_host) if run.t_host else 0.0,
+        host_s=typical(run.t_host) if run.t_host else 0.0,
         error_feedback=bool(cfg.get("error_feedback")),
     )
     if cfg.get("bucket_mb"):
@@ -251,6 +257,9 @@ def scenario_for(run: RunRecord, cal: Calibration, base: Scenario | None = None,
         changes["ps_colocated"] = int(cfg["servers"]) == 0
     if cfg.get("ps_colocated") is not None:
         changes["ps_colocated"] = bool(cfg["ps_colocated"])
+    if run.mode == "ps-async" and run.t_rank0 and changes.get("ps_colocated", scenario.ps_colocated):
+        # the co-located worker never waits on the link: its whole step is local work, measured like compute
+        changes["ps_colocated_step_s"] = statistics.fmean(run.t_rank0)
     out = calibrated_scenario(replace(scenario, **changes), cal, run.mode)
     if run.mode == "pipe" and compute_s is None:  # its t_compute already ran next to the ring: κ is inside it
         out = replace(out, slowdown=scenario.slowdown)
