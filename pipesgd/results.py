@@ -35,7 +35,7 @@ def iteration_over_ranks(mode: str | None):
     return max if mode in ASYNC_MODES else statistics.fmean
 
 
-def _t_iter_by_rank(steps: list[dict], first: int) -> dict:
+def t_iter_by_rank(steps: list[dict], first: int) -> dict:
     """rank -> step -> t_iter of the steps from ``first`` on; a step a resumed run wrote twice counts its last record."""
     out: dict = {}
     for record in steps:
@@ -47,7 +47,7 @@ def _t_iter_by_rank(steps: list[dict], first: int) -> dict:
 def slowest_rank(steps: list[dict], first: int = 0):
     """The rank whose steps from ``first`` on took longest in all (the worker that ends an asynchronous job);
     None without such steps."""
-    by_rank = _t_iter_by_rank(steps, first)
+    by_rank = t_iter_by_rank(steps, first)
     return max(by_rank, key=lambda rank: sum(by_rank[rank].values())) if by_rank else None
 
 
@@ -88,7 +88,7 @@ class Run:
 
     def pace_s(self, skip: int = 0) -> float:
         """The slowest worker's mean t_iter over its steps from ``skip`` on: the job's wall-clock time per step."""
-        by_rank = _t_iter_by_rank(self.steps, skip)
+        by_rank = t_iter_by_rank(self.steps, skip)
         if not by_rank:
             raise ValueError(f"{self.path}: no step records with 't_iter' after step {skip}")
         return statistics.fmean(by_rank[slowest_rank(self.steps, skip)].values())

@@ -46,7 +46,7 @@ import os
 import statistics
 from dataclasses import dataclass, replace
 
-from pipesgd.results import ASYNC_MODES, iteration_over_ranks, slowest_rank
+from pipesgd.results import ASYNC_MODES, iteration_over_ranks, slowest_rank, t_iter_by_rank
 from pipesgd.run_files import run_name
 
 from .calibration import Calibration
@@ -73,7 +73,7 @@ class RunRecord:
     t_update: tuple[float, ...]
     t_buffers: tuple[float, ...] = ()  # per kept step, the fastest rank's buffer sync (see ``read_runs``)
     t_host: tuple[float, ...] = ()  # per kept step, the slowest rank's host work outside the above (``read_runs``)
-    t_rank0: tuple[float, ...] = ()  # asynchronous runs: rank 0's own t_iter per kept step (a co-located server's worker)
+    t_rank0: tuple[float, ...] = ()  # asynchronous runs: rank 0's own t_iter per kept step (its server's worker)
 
     @property
     def measured_s(self) -> float:
@@ -190,8 +190,7 @@ def read_runs(paths: list[str], skip: int = 3) -> list[RunRecord]:
         # ranks' extra wait there is the straggler, which the slowest rank's compute already carries
         buffers = tuple(min(_optional(r, "t_buffers") for r in by_step[s]) for s in order)
         host = tuple(max(_host(r, name) for r in by_step[s]) for s in order)
-        rank0 = tuple(_number(r, "t_iter", name) for r in steps
-                      if only is not None and r.get("rank") == 0 and isinstance(r.get("step"), int) and r["step"] >= first)
+        rank0 = tuple(t_iter_by_rank(steps, first).get(0, {}).values()) if only is not None else ()
         runs.append(RunRecord(name, config, mode, nodes, _grad_bytes(config, steps, nodes, mode, name),
                               period, local, pick("t_update"), buffers, host, rank0))
     return runs
