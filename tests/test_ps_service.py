@@ -123,6 +123,25 @@ def test_ps_async_with_a_service_time_queues_at_the_server_in_two_phases():
     assert predict(replace(base, ps_service_s=0.004)).result("sync") == predict(base).result("sync")
 
 
+def test_ps_sync_with_a_colocated_server_pays_its_service_per_remote_worker():
+    """A synchronous round serves every remote worker in turn: p' = p − 1 requests at the idle service time less
+    the update (the round applies once, and the step already counts that update), unless the link takes longer."""
+    base = Scenario(nodes=4, grad_bytes=80e3, bandwidth_Bps=1e9, compute_s=0.002, update_s=0.0003,
+                    host_s=0.0004, ps_colocated=True)
+    plain = predict(base).result("ps-sync")
+    assert plain.server_s == 0.0  # not calibrated: the link alone
+    served = predict(replace(base, ps_service_s=0.004, ps_service_idle_s=0.0019)).result("ps-sync")
+    assert served.iteration_s == pytest.approx(0.002 + 0.0003 + 0.0004 + 3 * (0.0019 - 0.0003))
+    assert served.server_s == pytest.approx(served.iteration_s - plain.iteration_s) and served.server_s > 0
+    terms = ("compute_s", "straggler_s", "interference_s", "update_s", "handoff_s", "buffers_s", "host_s",
+             "lockstep_s", "server_s", "exposed_comm_s", "codec_s")
+    assert sum(getattr(served, t) for t in terms) == pytest.approx(served.iteration_s)
+    slow_link = replace(base, bandwidth_Bps=12.5e6, ps_service_s=0.004, ps_service_idle_s=0.0019)
+    assert predict(slow_link).result("ps-sync").server_s == 0.0  # 6 × 80 kB at 100 Mbit/s outlast the service
+    dedicated = predict(replace(base, ps_colocated=False, ps_service_idle_s=0.0019)).result("ps-sync")
+    assert dedicated.server_s == 0.0  # the probe measures a co-located server only
+
+
 def test_a_ps_async_run_is_measured_by_its_slowest_workers_mean(tmp_path):
     """Rank 0 (beside the server) steps fast; the remote workers step slowly while it trains, faster after. The
     job's pace is the slowest worker's mean, not its median (one phase) nor the per-step maximum (jitter)."""

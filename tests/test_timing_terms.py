@@ -88,15 +88,30 @@ def test_calibrated_scenario_takes_the_anchor_unless_given():
 
 
 # ---------------------------------------------------------------- the buffer sync
-def test_buffer_sync_adds_to_sync_and_sits_in_pipes_window():
-    s = scenario(grad_bytes=1e3)  # a tiny gradient: pipe is compute-bound
-    for mode in ("sync", "pipe"):
-        before = predict(s, (mode,)).result(mode)
-        after = predict(replace(s, buffers_s=0.005), (mode,)).result(mode)
-        assert after.iteration_s == pytest.approx(before.iteration_s + 0.005)
-        assert after.buffers_s == 0.005
+def test_buffer_sync_sits_in_pipes_window_and_beside_a_synchronous_ring():
+    s = scenario(grad_bytes=1e3)  # a tiny gradient: pipe is compute-bound, the ring's bytes take 12 µs on the wire
+    wire = comm(s).wire_s
+    assert wire == pytest.approx(2 * 3 / 4 * 1e3 / GBIT)  # the ring's β·bytes, no latency
+    for mode, width, added in (("pipe", 2, 0.005), ("pipe", 1, 0.005 - wire), ("sync", 1, 0.005 - wire)):
+        before = predict(replace(s, width=width), (mode,)).result(mode)
+        after = predict(replace(s, width=width, buffers_s=0.005), (mode,)).result(mode)
+        assert after.iteration_s == pytest.approx(before.iteration_s + added), (mode, width)
+        assert after.buffers_s == pytest.approx(added)
+    # a slow link: the sync's messages wait behind the ring's 120 ms on the wire, inside the ring's time
+    slow = scenario(bandwidth_Bps=12.5e6)
+    assert comm(slow).wire_s == pytest.approx(0.12)
+    plain, synced = (predict(replace(slow, buffers_s=b), ("sync",)).result("sync") for b in (0.0, 0.02))
+    assert synced.iteration_s == plain.iteration_s and synced.buffers_s == 0.0
+    assert predict(replace(slow, buffers_s=0.13), ("sync",)).result("sync").buffers_s == pytest.approx(0.01)
     ddp = predict(replace(s, buffers_s=0.005), ("ddp",)).result("ddp")
     assert ddp.buffers_s == 0.0  # DDP broadcasts in its forward: inside its compute
+
+
+def test_the_wire_time_is_scaled_to_the_anchor_only_down():
+    fit = comm(scenario(bandwidth_Bps=12.5e6))
+    assert fit.wire_s == pytest.approx(0.12) and fit.total_s > fit.wire_s  # latency and overhead besides
+    assert comm(scenario(bandwidth_Bps=12.5e6, ring_anchor_s=0.1)).wire_s == pytest.approx(0.1)
+    assert comm(scenario(bandwidth_Bps=12.5e6, ring_anchor_s=0.2)).wire_s == pytest.approx(0.12)
 
 
 # ---------------------------------------------------------------- the measured host work per step
@@ -160,12 +175,16 @@ def test_ps_async_is_measured_at_the_slowest_workers_pace(tmp_path):
 
 
 # ---------------------------------------------------------------- the lockstep term
-def test_lockstep_is_the_synchronous_step_beyond_its_parts_floored_at_zero():
-    from timing_model.host_terms import lockstep_from_timings
+def test_lockstep_is_the_synchronous_step_beyond_its_parts_and_signed():
+    from timing_model.host_terms import host_terms, lockstep_from_timings
     from timing_model.fitting import host_record
 
     assert lockstep_from_timings(0.013, 0.009) == pytest.approx(0.004)
-    assert lockstep_from_timings(0.008, 0.009) == 0.0  # quicker than its parts: noise, floored
+    assert lockstep_from_timings(0.008, 0.009) == pytest.approx(-0.001)  # quicker than its parts: a refilled bucket
+    # a calibration written when the term was floored: the record's paired excess gives the signed term again
+    floored = {"lockstep_s": 0.0, "lockstep": {"excess_s": 0.0084, "ring_alone_s": 0.0102}}
+    assert host_terms(floored)["lockstep_s"] == pytest.approx(-0.0018)
+    assert host_terms({"lockstep_s": 0.002})["lockstep_s"] == 0.002  # no record: the stored term
     with pytest.raises(ValueError, match="lockstep"):
         lockstep_from_timings(0.013, -0.009)
     raw = {"lockstep": {"load": "lenet", "steps": 30, "period_s": 0.0185, "compute_max_s": 0.0065,
@@ -189,6 +208,18 @@ def test_lockstep_adds_to_every_step_that_ends_in_a_blocking_allreduce():
                  "lockstep_s", "exposed_comm_s", "codec_s")
         if mode != "ps-async":  # its iteration is the server's pace, not a sum of one worker's terms
             assert sum(getattr(after, t) for t in terms) == pytest.approx(after.iteration_s), (mode, width)
+
+
+def test_a_negative_lockstep_hides_at_most_the_compute():
+    s = scenario(grad_bytes=1e3)
+    for mode in ("sync", "ddp"):
+        before = predict(s, (mode,)).result(mode)
+        quicker = predict(replace(s, lockstep_s=-0.004), (mode,)).result(mode)
+        assert quicker.iteration_s == pytest.approx(before.iteration_s - 0.004) and quicker.lockstep_s == -0.004
+        floor = predict(replace(s, lockstep_s=-1.0), (mode,)).result(mode)
+        assert floor.lockstep_s == pytest.approx(-0.02)  # −compute: nothing hides more than the bucket refilled
+    with pytest.raises(ValueError, match="lockstep_s"):
+        predict(replace(s, lockstep_s=float("nan")), ("sync",))
 
 
 def test_calibrated_scenario_takes_the_lockstep_term_unless_given():

@@ -25,12 +25,16 @@ def slowdown_from_timings(alone_s: list[float], together_s: list[float]) -> floa
 
 
 def lockstep_from_timings(excess_s: float, ring_alone_s: float) -> float:
-    """L = max(0, E − A): what a synchronous step of the lockstep probe (the model's forward + backward on every
-    rank, then the blocking all-reduce) took beyond its slowest compute, E (the median over steps of the period less
-    that step's slowest compute), and beyond the all-reduce timed alone, A."""
+    """L = E − A: what a synchronous step of the lockstep probe (the model's forward + backward on every rank, then
+    the blocking all-reduce) took beyond its slowest compute, E (the median over steps of the period less that
+    step's slowest compute), and beyond the all-reduce timed alone, A. Signed: on a tc-tbf shaped link the token
+    bucket refills while the ranks compute, so the all-reduce after compute can beat the back-to-back one (the
+    comparison grid at 100 Mbit/s: LeNet −1.8 ms, ResNet-20 −3.8 ms), and a step then takes less than the two
+    apart; on shared cores the ranks leave the collective at staggered times and contend for cores, and it takes
+    more (LeNet +1.1 to +2.4 ms on fast links)."""
     if ring_alone_s < 0 or not all(map(math.isfinite, (excess_s, ring_alone_s))):
         raise ValueError("lockstep timings must be finite and the all-reduce alone >= 0")
-    return max(0.0, excess_s - ring_alone_s)
+    return excess_s - ring_alone_s
 
 
 def copy_rate_from_timings(sizes_bytes: list[float], seconds: list[float]) -> float:
@@ -69,6 +73,15 @@ def ps_service_terms(probe: dict) -> dict:
     return {"ps_service_s": busy, "ps_service_idle_s": found.get("idle", busy)}
 
 
+def _lockstep(host: dict) -> float:
+    """The signed lockstep term from the probe's record where it holds the paired excess (calibrations written
+    before the term was signed stored it floored at 0), else the stored ``lockstep_s``."""
+    record = host.get("lockstep") or {}
+    if isinstance(record, dict) and record.get("excess_s") is not None and record.get("ring_alone_s") is not None:
+        return lockstep_from_timings(float(record["excess_s"]), float(record["ring_alone_s"]))
+    return float(host.get("lockstep_s") or 0.0)
+
+
 def host_terms(host: dict, compression: str = "none") -> dict:
     """The model inputs of a calibration's ``host`` record: slowdown (κ), comm_slowdown (κc of ``compression``
     when the probe measured it per codec, else the uncompressed one), lockstep_s, copy_Bps (inf when absent or
@@ -82,7 +95,7 @@ def host_terms(host: dict, compression: str = "none") -> dict:
     comm = by_codec.get(compression, host.get("comm_slowdown"))
     return {"slowdown": float(host.get("compute_slowdown") or 0.0),
             "comm_slowdown": float(comm or 0.0),
-            "lockstep_s": float(host.get("lockstep_s") or 0.0),
+            "lockstep_s": _lockstep(host),
             "copy_Bps": math.inf if not copy else float(copy),
             "handoff_s": float(host.get("handoff_s") or 0.0),
             "ps_service_s": float(host.get("ps_service_s") or 0.0),

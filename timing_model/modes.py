@@ -33,6 +33,7 @@ class CommCost:
     buckets: int  # collective calls per iteration
     message_bytes: float  # bytes of one message on the wire (for the regime label)
     anchor_s: float = 0.0  # of total_s: the measured allreduce at this size less the α-β fit's (``allreduce_cost``)
+    wire_s: float = 0.0  # of total_s: the bytes' time on one link, β·bytes without latency or call overhead
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +47,10 @@ class ModeResult:
     interference_s: float  # compute slow-down from communication running alongside
     update_s: float  # optimizer step
     handoff_s: float  # packing gradients into buckets, writing them back, thread hand-off (not hidden)
-    buffers_s: float  # blocking sync of module buffers each step (sync, pipe; not hidden)
+    buffers_s: float  # blocking sync of module buffers each step (pipe; sync and width 1: what outlasts the ring)
     host_s: float  # measured per-step host work beyond the hand-off estimate (``ComputeParams.host_s``; not hidden)
-    lockstep_s: float  # a blocking all-reduce right after compute beyond the two apart (``ComputeParams.lockstep_s``)
-    server_s: float  # ps-async: waiting for the server beyond the worker's own push + pull (queue, service)
+    lockstep_s: float  # a blocking all-reduce right after compute beyond the two apart, signed (``ComputeParams``)
+    server_s: float  # ps-async, ps-sync: the server's service (and queue) beyond the link's push + pull
     exposed_comm_s: float  # transfer, latency and reduction time not hidden behind compute
     codec_s: float  # encode/decode time not hidden behind compute
     comm_total_s: float  # all communication including codec, hidden or not
@@ -98,7 +99,9 @@ def allreduce_cost(cluster: ClusterParams, codec: CodecParams, schedule: Schedul
     codec_s = formulas.codec_time(workers, cluster.grad_bytes, codec.encode_Bps, codec.decode_Bps, hop,
                                   codec.feedback_Bps)
     split = workers if algorithm in ("ring", "rabenseifner") else 1
-    cost = CommCost(one * buckets + codec_s, codec_s, one + codec_s / buckets, buckets, bucket / codec.ratio / split)
+    wire = collectives.ALLREDUCE[algorithm](workers, bucket, 0.0, wire_s_per_byte) * buckets
+    cost = CommCost(one * buckets + codec_s, codec_s, one + codec_s / buckets, buckets, bucket / codec.ratio / split,
+                    wire_s=wire)
     return _anchored(cost, cluster, workers, hop, codec) if cluster.ring_anchor_s > 0 and cost.total_s > 0 else cost
 
 
@@ -113,7 +116,7 @@ def _anchored(cost: CommCost, cluster: ClusterParams, workers: int, hop: bool, c
     per_bucket_feedback = feedback / cost.buckets
     return CommCost(cluster.ring_anchor_s + feedback, (cost.codec_s - feedback) * scale + feedback,
                     (cost.last_bucket_s - per_bucket_feedback) * scale + per_bucket_feedback, cost.buckets,
-                    cost.message_bytes, cluster.ring_anchor_s - fitted)
+                    cost.message_bytes, cluster.ring_anchor_s - fitted, min(cost.wire_s, cluster.ring_anchor_s))
 
 
 def ps_cost(cluster: ClusterParams, codec: CodecParams, schedule: ScheduleParams, server: ServerParams,
@@ -177,6 +180,21 @@ def _host_beyond(compute: ComputeParams, hand: float) -> float:
     return max(0.0, compute.host_s - hand)
 
 
+def _lockstep(compute: ComputeParams, slow: float) -> float:
+    """The lockstep term, signed (``ComputeParams.lockstep_s``), at least −slow: a refilled token bucket can hide
+    at most the compute that it refilled during."""
+    return max(compute.lockstep_s, -slow)
+
+
+def _buffers_beside_ring(compute: ComputeParams, comm: CommCost) -> float:
+    """The buffer sync's exposed seconds when it runs beside the ring (``pipesgd.optimizer`` Step 3: after the
+    hand-off, before the wait): max(0, buffers_s − wire_s). Its few small messages queue behind the ring's bytes on
+    the link, and that wait, at most the ring's time on the wire, passes inside the ring's own time, which the step
+    waits for next. Why: at 100 Mbit/s the measured sync (ResNet-20, 1.09 MB, 4 nodes) took 21 ms of a 190 ms step
+    behind a 139 ms ring, and adding it serially over-predicted the step by 10-12 % on both grids."""
+    return max(0.0, compute.buffers_s - comm.wire_s)
+
+
 def predict_sync(cluster, compute, codec, schedule) -> ModeResult:
     """Synchronous allreduce SGD (width 1 on our ring): slowest compute + update + buffer sync + hand-off (or the
     measured host work, if more) + lockstep + allreduce."""
@@ -184,9 +202,11 @@ def predict_sync(cluster, compute, codec, schedule) -> ModeResult:
     slow = _slowest_compute(cluster, compute)
     hand = _handoff(cluster, compute)
     host = _host_beyond(compute, hand)
-    busy = slow + compute.update_s + compute.buffers_s + host + compute.lockstep_s
+    buffers = _buffers_beside_ring(compute, comm)
+    lockstep = _lockstep(compute, slow)
+    busy = slow + compute.update_s + buffers + host + lockstep
     return _result("sync", cluster, compute, comm, formulas.sync_iteration(busy, comm.total_s, hand), busy + hand,
-                   0.0, 0.0, slow - compute.compute_s, hand, compute.buffers_s, host, compute.lockstep_s)
+                   0.0, 0.0, slow - compute.compute_s, hand, buffers, host, lockstep)
 
 
 def predict_ddp(cluster, compute, codec, schedule) -> ModeResult:
@@ -203,7 +223,7 @@ def predict_ddp(cluster, compute, codec, schedule) -> ModeResult:
     host = _host_beyond(compute, hand)
     # one bucket is all-reduced after backward: nothing to overlap (a hook's timestamps, ``predict_ddp``)
     overlap = schedule.overlap_fraction if _buckets(cluster.grad_bytes, schedule.bucket_bytes) > 1 else 0.0
-    slowdown, lockstep = compute.slowdown, compute.lockstep_s
+    slowdown, lockstep = compute.slowdown, _lockstep(compute, slow)
     iteration = formulas.ddp_iteration(slow, compute.update_s + host + lockstep, comm.total_s, comm.last_bucket_s,
                                        overlap, slowdown, compute.comm_slowdown, hand)
     return _result("ddp", cluster, compute, comm, iteration, slow + compute.update_s + hand + host + lockstep,
@@ -220,22 +240,38 @@ def predict_pipe(cluster, compute, codec, schedule) -> ModeResult:
     slow = _slowest_compute(cluster, compute)
     hand = _handoff(cluster, compute)
     host = _host_beyond(compute, hand)
-    lockstep = compute.lockstep_s if schedule.width <= 1 else 0.0
-    busy = slow + compute.update_s + compute.buffers_s + host + lockstep
+    lockstep = _lockstep(compute, slow) if schedule.width <= 1 else 0.0
+    # width 1 is the synchronous step; with width >= 2 the sync is a rendezvous with the slowest rank (pipesgd.buffers)
+    buffers = _buffers_beside_ring(compute, comm) if schedule.width <= 1 else compute.buffers_s
+    busy = slow + compute.update_s + buffers + host + lockstep
     iteration = formulas.pipe_iteration(busy, comm.total_s, compute.slowdown, schedule.width, compute.comm_slowdown,
                                         hand)
     cap = compute.slowdown * (busy + hand) if schedule.width >= 2 else 0.0
     return _result("pipe", cluster, compute, comm, iteration, busy + hand, cap, float(schedule.width - 1),
-                   slow - compute.compute_s, hand, compute.buffers_s, host, lockstep)
+                   slow - compute.compute_s, hand, buffers, host, lockstep)
 
 
 def predict_ps_sync(cluster, compute, codec, schedule, server) -> ModeResult:
-    """Synchronous parameter server: slowest compute + update + measured host work + push/pull."""
+    """Synchronous parameter server: slowest compute + update + measured host work + the round's push/pull.
+
+    With a co-located server and a calibrated service time (calibrate's parameter-server probe), the round serves
+    the p' = p − 1 remote workers one after another (``pipesgd.baselines.ps_server.ShardServer.sync_round``:
+    every header, every gradient, one update, every reply), so it takes at least p'·(s_idle − T_u): the idle
+    service time (rank 0 is not computing during its round) less the update that the asynchronous probe applies
+    per request and the round applies once (T_u, already in the step). ``server_s`` is what that holds beyond the
+    link's push + pull. Why: on fast links the round is per-message host work that the α-β link term misses
+    (LeNet unshaped, 4 nodes: 6.7 ms measured, 3.2 ms predicted without it, 7.1 ms with it)."""
     comm = ps_cost(cluster, codec, schedule, server)
     slow = _slowest_compute(cluster, compute)
     busy = slow + compute.update_s + compute.host_s
-    return _result("ps-sync", cluster, compute, comm, busy + comm.total_s, busy, 0.0, 0.0, slow - compute.compute_s,
-                   host_s=compute.host_s)
+    flows = cluster.nodes - 1
+    served = comm.total_s
+    if server.colocated and flows >= 1 and (server.service_idle_s or server.service_s) > 0:
+        per_request = max(0.0, (server.service_idle_s or server.service_s) - compute.update_s)
+        served = max(served, flows * per_request)
+    waiting = served - comm.total_s
+    return _result("ps-sync", cluster, compute, comm, busy + served, busy + waiting, 0.0, 0.0,
+                   slow - compute.compute_s, host_s=compute.host_s, server_s=waiting)
 
 
 def predict_ps_async(cluster, compute, codec, schedule, server) -> ModeResult:

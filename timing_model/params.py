@@ -94,15 +94,18 @@ class ComputeParams:
     # hand-off estimate (copy rate, handoff_s) is part of it: only what exceeds that estimate adds, seconds
     host_s: float = 0.0
     # lockstep L: what a blocking collective right after compute costs beyond the slowest compute and the collective
-    # alone (the ranks leave it at staggered times and contend for cores they share), calibrate's lockstep probe;
-    # added to every step that ends in a blocking all-reduce (sync, ddp, width 1), seconds
+    # alone, calibrate's lockstep probe (``host_terms.lockstep_from_timings``); signed: > 0 where the ranks leave it
+    # at staggered times and contend for cores they share, < 0 where a shaped link's token bucket refilled during
+    # compute; added to every step that ends in a blocking all-reduce (sync, ddp, width 1), at least −compute, seconds
     lockstep_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("compute_s", "compute_std_s", "update_s", "slowdown", "comm_slowdown", "handoff_s",
-                     "buffers_s", "host_s", "lockstep_s"):
+                     "buffers_s", "host_s"):
             _finite_nonneg(name, getattr(self, name))
             _check(getattr(self, name) < math.inf, f"{name} must be finite")
+        _check(isinstance(self.lockstep_s, (int, float)) and math.isfinite(self.lockstep_s),
+               f"lockstep_s must be a finite number, got {self.lockstep_s!r}")
         _check(self.copy_Bps > 0, f"copy rate must be > 0 bytes/s, got {self.copy_Bps!r}")
         _check(isinstance(self.samples_per_worker, int) and self.samples_per_worker >= 0,
                f"samples_per_worker must be an integer >= 0, got {self.samples_per_worker!r}")
