@@ -63,6 +63,20 @@ def test_predict_lockstep_flag_adds_to_the_blocking_modes_only(capsys):
         assert after[mode]["lockstep_s"] == extra
 
 
+def test_predict_takes_a_negative_lockstep_and_the_colocated_step(capsys):
+    _, base, _ = run_cli(capsys, "predict", *BASE, "--format", "json", "--modes", "sync")
+    code, out, _ = run_cli(capsys, "predict", *BASE, "--lockstep=-2ms", "--format", "json", "--modes", "sync")
+    assert code == 0
+    assert json.loads(out)[0]["iteration_s"] == pytest.approx(json.loads(base)[0]["iteration_s"] - 0.002)
+    ps = ("--nodes", "4", "--bandwidth", "10gbit", "--bytes", "80kB", "--compute", "2ms", "--format", "json",
+          "--modes", "ps-async", "--ps-colocated", "--ps-service", "2ms", "--ps-service-idle", "0.5ms")
+    paces = [json.loads(run_cli(capsys, "predict", *ps, *extra)[1])[0]["iteration_s"]
+             for extra in ((), ("--ps-colocated-step", "1ms"))]
+    assert paces[1] != pytest.approx(paces[0])  # the co-located worker's own step sets the slow phase's length
+    code, _, err = run_cli(capsys, "predict", *BASE, "--ps-colocated-step", "-1ms")
+    assert code == 2 and err.count("\n") == 1
+
+
 def test_predict_markdown_and_csv_agree(capsys):
     _, md, _ = run_cli(capsys, "predict", *BASE, "--latency", "50us")
     _, text, _ = run_cli(capsys, "predict", *BASE, "--latency", "50us", "--format", "csv")
@@ -285,7 +299,7 @@ def test_calibrate_with_a_model_probes_interference_with_its_own_step_per_codec(
     assert "mlp forward+backward, batch 8" in lockstep["load"] and lockstep["steps"] >= 5
     assert lockstep["period_s"] >= lockstep["compute_max_s"] > 0 and lockstep["ring_alone_s"] > 0
     assert lockstep["excess_s"] >= 0
-    assert host["lockstep_s"] == max(0.0, lockstep["excess_s"] - lockstep["ring_alone_s"])
+    assert host["lockstep_s"] == lockstep["excess_s"] - lockstep["ring_alone_s"]  # signed
     # the feedback probe: the lossy codec's ring at the model's size without and with error feedback
     assert [(r["compression"], r["n_bytes"]) for r in host["feedback_rings"]] == [("bf16", 22032.0)]
     assert measured["compute_s"] > 0 and set(measured["codecs"]) == set(measured["feedback"]) == {"bf16"}

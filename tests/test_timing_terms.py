@@ -185,6 +185,8 @@ def test_lockstep_is_the_synchronous_step_beyond_its_parts_and_signed():
     floored = {"lockstep_s": 0.0, "lockstep": {"excess_s": 0.0084, "ring_alone_s": 0.0102}}
     assert host_terms(floored)["lockstep_s"] == pytest.approx(-0.0018)
     assert host_terms({"lockstep_s": 0.002})["lockstep_s"] == 0.002  # no record: the stored term
+    # beyond the anchor the prediction adds, when there is one (the probe's own all-reduce alone is another timing)
+    assert host_terms(floored, ring_alone_s=0.0051)["lockstep_s"] == pytest.approx(0.0033)
     with pytest.raises(ValueError, match="lockstep"):
         lockstep_from_timings(0.013, -0.009)
     raw = {"lockstep": {"load": "lenet", "steps": 30, "period_s": 0.0185, "compute_max_s": 0.0065,
@@ -220,6 +222,14 @@ def test_a_negative_lockstep_hides_at_most_the_compute():
         assert floor.lockstep_s == pytest.approx(-0.02)  # −compute: nothing hides more than the bucket refilled
     with pytest.raises(ValueError, match="lockstep_s"):
         predict(replace(s, lockstep_s=float("nan")), ("sync",))
+
+
+def test_calibrated_scenario_takes_the_lockstep_beyond_the_anchor():
+    cal = calibration()
+    cal.host = {**cal.host, "lockstep_s": 0.0, "lockstep": {"excess_s": 0.025, "ring_alone_s": 0.03}}
+    s = scenario()  # 1 MB on 4 nodes: the anchor is 20 ms
+    assert calibrated_scenario(s, cal, "sync").lockstep_s == pytest.approx(0.005)
+    assert calibrated_scenario(replace(s, grad_bytes=3e6), cal, "sync").lockstep_s == pytest.approx(-0.005)
 
 
 def test_calibrated_scenario_takes_the_lockstep_term_unless_given():

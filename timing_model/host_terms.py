@@ -73,16 +73,20 @@ def ps_service_terms(probe: dict) -> dict:
     return {"ps_service_s": busy, "ps_service_idle_s": found.get("idle", busy)}
 
 
-def _lockstep(host: dict) -> float:
+def _lockstep(host: dict, ring_alone_s: float) -> float:
     """The signed lockstep term from the probe's record where it holds the paired excess (calibrations written
-    before the term was signed stored it floored at 0), else the stored ``lockstep_s``."""
+    before the term was signed stored it floored at 0), else the stored ``lockstep_s``. With ``ring_alone_s`` > 0
+    (the anchor that the prediction adds, ``Calibration.ring_anchor_s``) the excess is taken beyond that, not beyond
+    the probe's own all-reduce alone: then the model, given the probe's compute, gives the probe's period exactly.
+    Why: the two timings of one all-reduce alone differ by more than the term on short steps (LeNet at 1 Gbit/s,
+    one calibration: 8.0 ms on the probe's thread, 5.1 ms in the interference probe, the anchor)."""
     record = host.get("lockstep") or {}
     if isinstance(record, dict) and record.get("excess_s") is not None and record.get("ring_alone_s") is not None:
-        return lockstep_from_timings(float(record["excess_s"]), float(record["ring_alone_s"]))
+        return lockstep_from_timings(float(record["excess_s"]), ring_alone_s or float(record["ring_alone_s"]))
     return float(host.get("lockstep_s") or 0.0)
 
 
-def host_terms(host: dict, compression: str = "none") -> dict:
+def host_terms(host: dict, compression: str = "none", ring_alone_s: float = 0.0) -> dict:
     """The model inputs of a calibration's ``host`` record: slowdown (κ), comm_slowdown (κc of ``compression``
     when the probe measured it per codec, else the uncompressed one), lockstep_s, copy_Bps (inf when absent or
     null), handoff_s and the parameter server's seconds per request while its co-located worker trains and after
@@ -95,7 +99,7 @@ def host_terms(host: dict, compression: str = "none") -> dict:
     comm = by_codec.get(compression, host.get("comm_slowdown"))
     return {"slowdown": float(host.get("compute_slowdown") or 0.0),
             "comm_slowdown": float(comm or 0.0),
-            "lockstep_s": _lockstep(host),
+            "lockstep_s": _lockstep(host, ring_alone_s),
             "copy_Bps": math.inf if not copy else float(copy),
             "handoff_s": float(host.get("handoff_s") or 0.0),
             "ps_service_s": float(host.get("ps_service_s") or 0.0),

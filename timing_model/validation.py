@@ -208,7 +208,9 @@ def calibrated_scenario(scenario: Scenario, cal: Calibration, mode: str) -> Scen
     feedback = cal.ring_feedback_speed(mode, scenario.compression, scenario.grad_bytes, scenario.nodes)
     if feedback is None:
         feedback = cal.feedback_speed(scenario.compression, scenario.nodes)
-    host = host_terms(cal.host, scenario.compression)
+    # the lockstep term beyond the uncompressed all-reduce that its probe ran, as the anchor measured it
+    host = host_terms(cal.host, scenario.compression,
+                      cal.ring_anchor_s(mode, "none", scenario.grad_bytes, scenario.nodes))
     anchor = scenario.ring_anchor_s or cal.ring_anchor_s(mode, scenario.compression, scenario.grad_bytes,
                                                          scenario.nodes)
     return replace(scenario, bandwidth_Bps=fit.bandwidth_Bps, latency_s=fit.latency_s, overhead_s=fit.overhead_s,

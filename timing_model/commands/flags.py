@@ -40,9 +40,10 @@ SCENARIO_FLAGS = {
     "handoff": ("handoff_s", parse_time),
     "buffers": ("buffers_s", parse_time),
     "host": ("host_s", parse_time),
-    "lockstep": ("lockstep_s", parse_time),
+    "lockstep": ("lockstep_s", lambda s: _signed_time(s)),
     "ps_service": ("ps_service_s", parse_time),
     "ps_service_idle": ("ps_service_idle_s", parse_time),
+    "ps_colocated_step": ("ps_colocated_step_s", parse_time),
     "reduce_rate": ("reduce_Bps", parse_bandwidth),
     "collective": ("collective", lambda s: _choice(s, "collective", COLLECTIVES)),
     "width": ("width", lambda s: _int_at_least(s, "width", 1)),
@@ -83,6 +84,12 @@ def _choice(text: str, what: str, valid: tuple[str, ...]) -> str:
     return text
 
 
+def _signed_time(text: str) -> float:
+    """``parse_time`` that also takes a leading minus (``--lockstep=-2ms``: the step beat its parts)."""
+    stripped = text.strip()
+    return -parse_time(stripped[1:]) if stripped.startswith("-") else parse_time(stripped)
+
+
 def _codec_speeds(text: str) -> tuple[float, float]:
     """``--codec-gbps 5`` or ``5,8``: encode[,decode] throughput in 10^9 fp32 bytes/s."""
     parts = parse_list(text)
@@ -119,7 +126,8 @@ def add_scenario_flags(parser: argparse.ArgumentParser, sweep: bool) -> None:
              "zero_grad), e.g. 1ms; only what exceeds the hand-off adds (default 0)")
     add("--lockstep", default="0",
         help="what a blocking all-reduce right after compute costs beyond the two apart, on every step that ends "
-             "in one (sync, ddp, width 1), e.g. 3ms; calibrate measures it with --model (default 0)")
+             "in one (sync, ddp, width 1), e.g. 3ms, or --lockstep=-2ms where it beats them (a shaped link's "
+             "bucket refilled during compute); calibrate measures it with --model (default 0)")
     add("--reduce-rate", help="local reduction rate (bytes/s, e.g. 10GB/s); default: free")
     add("--collective", default="ring", help=f"allreduce algorithm of sync/ddp: {'|'.join(COLLECTIVES)}")
     add("--compression", default="none", help=f"{'|'.join(CODEC_RATIOS)}" + many)
@@ -138,7 +146,11 @@ def add_scenario_flags(parser: argparse.ArgumentParser, sweep: bool) -> None:
         help="ps-async with --ps-colocated: the server's time per remote request while its co-located worker "
              "trains, e.g. 2ms (queueing model; calibrate measures it with --model; default 0: the link alone)")
     add("--ps-service-idle", default="0",
-        help="the same after the co-located worker finished its steps (default 0: as --ps-service)")
+        help="the same after the co-located worker finished its steps (default 0: as --ps-service); ps-sync with "
+             "--ps-colocated serves each remote worker in this time less --update")
+    add("--ps-colocated-step", default="0",
+        help="ps-async with --ps-colocated: the co-located worker's own mean step, e.g. 3ms (a run's rank 0; "
+             "default 0: the remote workers' compute + update + host)")
     add("--batch-size", help="samples per worker per iteration (adds samples/s)")
     add("--calibration", help="calibration JSON: network terms and codec speeds from `calibrate`")
     add("--modes", default=",".join(MODES), help="modes to predict (default: all)")
