@@ -48,7 +48,7 @@ from .formulas import codec_passes
 from .host_terms import host_terms
 
 __all__ = ["SCHEMA", "Sample", "Fit", "Calibration", "fit_collective", "fit_codec_in_ring", "residual_table",
-           "write_calibration", "read_calibration", "BURST_BYTES"]
+           "write_calibration", "read_calibration", "calibration_from_json", "BURST_BYTES"]
 
 # Below this message size a tc-tbf shaped link (burst ≈ 500 KB at 1gbit) may send the whole message at
 # line rate, a regime training-size gradients never see; such samples are flagged (or dropped with min_bytes).
@@ -358,8 +358,14 @@ def read_calibration(path: str) -> Calibration:
         raise ValueError(f"calibration file {path!r} not found") from None
     except json.JSONDecodeError as err:
         raise ValueError(f"calibration file {path!r} is not valid JSON ({err.msg}, line {err.lineno})") from None
+    return calibration_from_json(data, f"calibration file {path!r}")
+
+
+def calibration_from_json(data, where: str = "calibration") -> Calibration:
+    """A calibration from its JSON object (a file's, or one embedded in a results file); ``where`` names it in the
+    ``ValueError`` that a wrong schema or a malformed record raises."""
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise ValueError(f"calibration file {path!r}: expected schema {SCHEMA!r}")
+        raise ValueError(f"{where}: expected schema {SCHEMA!r}")
     try:
         fits = {name: Fit.from_json(fit) for name, fit in data["fits"].items()}
         codecs = {name: (float(c["encode_Bps"]), float(c["decode_Bps"])) for name, c in data.get("codecs", {}).items()}
@@ -369,22 +375,22 @@ def read_calibration(path: str) -> Calibration:
                    for name, c in data.get("codecs", {}).items() if c.get("ring_factor_by_nodes")}
         samples = [Sample(**s) for s in data.get("samples", [])]
     except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"calibration file {path!r}: malformed ({err})") from None
+        raise ValueError(f"{where}: malformed ({err})") from None
     if not fits:
-        raise ValueError(f"calibration file {path!r}: no fits")
+        raise ValueError(f"{where}: no fits")
     host = data.get("host") or {}
     if not isinstance(host, dict):
-        raise ValueError(f"calibration file {path!r}: malformed host record")
+        raise ValueError(f"{where}: malformed host record")
     try:
         for compression in ("none", *(host.get("comm_slowdown_by_codec") or {})):
             host_terms(host, compression)
     except (TypeError, ValueError) as err:
-        raise ValueError(f"calibration file {path!r}: malformed host record ({err})") from None
+        raise ValueError(f"{where}: malformed host record ({err})") from None
     meta = {k: v for k, v in data.items()
             if k not in ("schema", "fits", "codecs", "compute", "host", "samples", "residuals")}
     if any(not (f >= 0 and math.isfinite(f)) for by_nodes in factors.values() for f in by_nodes.values()):
-        raise ValueError(f"calibration file {path!r}: codec ring_factor_by_nodes must hold finite numbers >= 0")
+        raise ValueError(f"{where}: codec ring_factor_by_nodes must hold finite numbers >= 0")
     if any(not rate > 0 for rate in feedback.values()):
-        raise ValueError(f"calibration file {path!r}: codec feedback_Bps must be > 0")
+        raise ValueError(f"{where}: codec feedback_Bps must be > 0")
     return Calibration(fits, codecs, data.get("compute"), samples, data.get("residuals", []), meta, host, factors,
                        feedback)

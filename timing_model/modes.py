@@ -266,9 +266,9 @@ def predict_ps_sync(cluster, compute, codec, schedule, server) -> ModeResult:
     busy = slow + compute.update_s + compute.host_s
     flows = cluster.nodes - 1
     served = comm.total_s
-    if server.colocated and flows >= 1 and (server.service_idle_s or server.service_s) > 0:
-        per_request = max(0.0, (server.service_idle_s or server.service_s) - compute.update_s)
-        served = max(served, flows * per_request)
+    service = server.service_idle_s or server.service_s
+    if server.colocated and flows >= 1 and service > 0:
+        served = max(served, flows * max(0.0, service - compute.update_s))
     waiting = served - comm.total_s
     return _result("ps-sync", cluster, compute, comm, busy + served, busy + waiting, 0.0, 0.0,
                    slow - compute.compute_s, host_s=compute.host_s, server_s=waiting)

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from dataclasses import dataclass
 
-from timing_model.calibration import Calibration, read_calibration
+from timing_model.calibration import Calibration, calibration_from_json
 from timing_model.errors import error_summary
 from timing_model.validation import RunRecord, predict_run
 
@@ -46,16 +44,6 @@ class Remade:
         return (self.predicted_s - self.measured_s) / self.measured_s
 
 
-def _calibration(record: dict) -> Calibration:
-    """A cell's embedded calibration record as ``read_calibration`` reads a file."""
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
-        json.dump(record, handle)
-    try:
-        return read_calibration(handle.name)
-    finally:
-        os.unlink(handle.name)
-
-
 def remake(run: dict, calibration: Calibration) -> float:
     """The current model's iteration seconds for one committed run (a RunRecord of one step built from its
     stored inputs)."""
@@ -79,7 +67,7 @@ def remake_all(data: dict) -> list[Remade]:
         if not model or model.get("error") is None or not cell.get("calibration"):
             continue
         if run["cell"] not in calibrations:
-            calibrations[run["cell"]] = _calibration(cell["calibration"])
+            calibrations[run["cell"]] = calibration_from_json(cell["calibration"], f"cell {run['cell']}'s calibration")
         out.append(Remade(run["cell"], run["variant"], model["measured_s"], model["predicted_s"],
                           remake(run, calibrations[run["cell"]])))
     return out

@@ -22,6 +22,13 @@ __all__ = ["UsageError", "Parser", "FORMAT_FLAG", "SCENARIO_FLAGS", "SWEEPABLE",
 FORMAT_FLAG = dict(choices=tables.FORMATS, default="markdown", help="output format (default markdown)")
 BUCKET_DEFAULT = f"{BUCKET_MB:g}MiB"  # the trainer's bucket size (pipesgd.defaults)
 
+
+def _signed_time(text: str) -> float:
+    """``parse_time`` that also takes a leading minus (``--lockstep=-2ms``: the step beat its parts)."""
+    stripped = text.strip()
+    return -parse_time(stripped[1:]) if stripped.startswith("-") else parse_time(stripped)
+
+
 # flag → (Scenario field, parser); the sweepable ones accept comma lists in `sweep`.
 SCENARIO_FLAGS = {
     "nodes": ("nodes", lambda s: _int_at_least(s, "nodes", 1)),
@@ -40,7 +47,7 @@ SCENARIO_FLAGS = {
     "handoff": ("handoff_s", parse_time),
     "buffers": ("buffers_s", parse_time),
     "host": ("host_s", parse_time),
-    "lockstep": ("lockstep_s", lambda s: _signed_time(s)),
+    "lockstep": ("lockstep_s", _signed_time),
     "ps_service": ("ps_service_s", parse_time),
     "ps_service_idle": ("ps_service_idle_s", parse_time),
     "ps_colocated_step": ("ps_colocated_step_s", parse_time),
@@ -82,12 +89,6 @@ def _choice(text: str, what: str, valid: tuple[str, ...]) -> str:
     if text not in valid:
         raise ValueError(f"unknown {what} {text!r}; valid: {', '.join(valid)}")
     return text
-
-
-def _signed_time(text: str) -> float:
-    """``parse_time`` that also takes a leading minus (``--lockstep=-2ms``: the step beat its parts)."""
-    stripped = text.strip()
-    return -parse_time(stripped[1:]) if stripped.startswith("-") else parse_time(stripped)
 
 
 def _codec_speeds(text: str) -> tuple[float, float]:
