@@ -294,6 +294,15 @@ def test_calibrate_with_a_model_probes_interference_with_its_own_step_per_codec(
     assert [(r["compression"], r["n_bytes"]) for r in host["overlap"]] == [("none", 22032.0), ("bf16", 22032.0)]
     assert set(host["comm_slowdown_by_codec"]) == {"none", "bf16"}
     assert host["comm_slowdown"] == host["comm_slowdown_by_codec"]["none"]
+    # the window probe: one load per all-reduce, per codec; its λ is the inverse of the model's window_comm
+    for row in host["overlap"]:
+        assert row["window_steps"] >= 5 and row["load_window_s"] > 0 and row["ring_window_s"] > 0
+    assert set(host["window_loss_by_codec"]) == {"none", "bf16"} and min(host["window_loss_by_codec"].values()) >= 0
+    none = host["overlap"][0]
+    alone, window, ring = none["ring_alone_s"], none["load_window_s"], none["ring_window_s"]
+    # the inverse, where the ring lost at most the window (λ ≤ 1)
+    assert formulas.window_comm(alone, window, host["window_loss"]) == pytest.approx(
+        max(alone, min(ring, alone + window)), rel=1e-9)
     # the lockstep probe: synchronous steps of the same model, its period at least the slowest compute
     lockstep = host["lockstep"]
     assert "mlp forward+backward, batch 8" in lockstep["load"] and lockstep["steps"] >= 5

@@ -36,6 +36,8 @@ __all__ = [
     "pipe_iteration",
     "handoff_time",
     "overlapped_comm",
+    "window_comm",
+    "window_loss",
     "pipe_speedup_vs_sync",
     "saved_transfer",
 ]
@@ -156,12 +158,42 @@ def overlapped_comm(T_AR: float, window: float, κc: float) -> float:
 
     T = T_AR·(1 + κc)                    if T_AR·(1 + κc) ≤ window (it finishes inside the window)
       = T_AR + window·κc/(1 + κc)         otherwise,
-    i.e. T = T_AR + κc·min(T_AR, window/(1 + κc)). κc = 0 gives T_AR exactly; an unbounded window gives
-    T_AR·(1 + κc).
+    i.e. T = T_AR + κc·min(T_AR, window/(1 + κc)) = ``window_comm``(T_AR, window, κc/(1 + κc)). κc = 0 gives
+    T_AR exactly; an unbounded window gives T_AR·(1 + κc).
     """
     if κc == 0.0:
         return T_AR
     return T_AR + κc * min(T_AR, window / (1.0 + κc))
+
+
+def window_comm(T_AR: float, window: float, λ: float) -> float:
+    """Communication time when the collective loses the share λ ∈ [0, 1] of the compute ``window`` that runs beside
+    it (our reconstruction; λ from calibrate's window probe, ``window_loss``):
+
+    T = T_AR / (1 − λ)      if λ < 1 and T_AR / (1 − λ) ≤ window (it finishes inside the window)
+      = T_AR + λ·window     otherwise,
+    i.e. ``overlapped_comm`` with κc = λ/(1 − λ); λ = 1: no progress while the window runs.
+    """
+    if not 0.0 <= λ <= 1.0:
+        raise ValueError(f"window loss must lie in [0, 1], got {λ!r}")
+    if λ < 1.0 and T_AR <= window * (1.0 - λ):
+        return T_AR / (1.0 - λ)
+    return T_AR + λ * window
+
+
+def window_loss(T_AR: float, window: float, T: float) -> float:
+    """The λ of ``window_comm`` that gives the measured ``T`` for a collective of ``T_AR`` alone beside a compute
+    window of ``window`` seconds, its inverse: 0 when T ≤ T_AR, 1 − T_AR/T when it ended inside the window
+    (T ≤ window), else (T − T_AR)/window, at most 1. Why at most 1: sharing the cores can stop the collective for
+    the window, not longer; where a probe measured more (LeNet at 1 Gbit/s, q8: 14.2 ms beside a 3.7 ms window, 7.5
+    ms alone), the timing alone, back to back after a barrier, was short of a training step's (the lockstep probe's
+    timing of the same all-reduce alone: 8.0 vs 5.1 ms in one calibration), and λ = 1.83 scaled with the run's
+    longer window over-predicted the run by 40 %."""
+    if not all(map(math.isfinite, (T_AR, window, T))) or T_AR <= 0 or window <= 0 or T < 0:
+        raise ValueError("window loss needs finite timings, the collective alone and the window > 0")
+    if T <= T_AR:
+        return 0.0
+    return 1.0 - T_AR / T if T <= window else min(1.0, (T - T_AR) / window)
 
 
 def sync_iteration(T_cu: float, T_AR: float, H: float = 0.0) -> float:
@@ -183,7 +215,8 @@ def ddp_iteration(T̂_c: float, T_u: float, T_AR: float, T_AR_last: float, φ: f
     return max(T̂_c * (1 + κ * φ), (1 - φ) * T̂_c + comm, T̂_c + T_AR_last) + T_u + H
 
 
-def pipe_iteration(T_cu: float, T_AR: float, κ: float, K: int, κc: float = 0.0, H: float = 0.0) -> float:
+def pipe_iteration(T_cu: float, T_AR: float, κ: float, K: int, κc: float = 0.0, H: float = 0.0,
+                   λ: float | None = None) -> float:
     """Pipe-SGD steady-state iteration (reconstruction, unverified):
 
     K = 1: T = T_cu + H + T_AR (synchronous). K ≥ 2: T = max(W, T'_AR) with W = (T_cu + H)·(1 + κ) the
@@ -192,14 +225,16 @@ def pipe_iteration(T_cu: float, T_AR: float, κ: float, K: int, κc: float = 0.0
     it, i.e. for the first W seconds of each ring, as in DDP; calibrate measures it with the model's own
     forward+backward running beside the allreduce all along (``benchmarks.measure_overlap``). On the emulated
     CPU cluster (1 Gbit/s, 4 nodes on 2 cores, κc 0.76 measured) this gave 100.5 ms for a run that took
-    102.0 ms, where slowing the ring throughout gave 117.5 ms. The hand-off H (``handoff_time``) runs in
-    ``step()`` on the compute thread. κc = 0 and H = 0 give the original max(T_cu·(1 + κ), T_AR) exactly. A
-    run pays one extra start-up iteration.
+    102.0 ms, where slowing the ring throughout gave 117.5 ms. With λ (calibrate's window probe: the ring beside
+    one compute window per ring, as in a Pipe-SGD step) T'_AR = ``window_comm``(T_AR, W, λ) instead of κc. The
+    hand-off H (``handoff_time``) runs in ``step()`` on the compute thread. κc = 0 and H = 0 give the original
+    max(T_cu·(1 + κ), T_AR) exactly. A run pays one extra start-up iteration.
     """
     if K <= 1:
         return sync_iteration(T_cu, T_AR, H)
     compute_side = (T_cu + H) * (1 + κ)
-    return max(compute_side, overlapped_comm(T_AR, compute_side, κc))
+    comm = overlapped_comm(T_AR, compute_side, κc) if λ is None else window_comm(T_AR, compute_side, λ)
+    return max(compute_side, comm)
 
 
 def pipe_speedup_vs_sync(T_cu: float, T_AR: float, κ: float = 0.0) -> float:

@@ -1,4 +1,4 @@
-"""The calibration's host terms: from raw probe timings to κ, κc, the lockstep term and the copy rate
+"""The calibration's host terms: from raw probe timings to κ, κc, λ, the lockstep term and the copy rate
 (``fitting.host_record`` calls these), and from a calibration's ``host`` record to the model's inputs
 (``host_terms``). Pure: no torch.
 """
@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 import statistics
 
-from .formulas import closed_queue_response
+from .formulas import closed_queue_response, window_loss
 
-__all__ = ["slowdown_from_timings", "lockstep_from_timings", "copy_rate_from_timings", "service_from_timings",
-           "ps_service_terms", "host_terms"]
+__all__ = ["slowdown_from_timings", "window_loss_from_timings", "lockstep_from_timings", "copy_rate_from_timings",
+           "service_from_timings", "ps_service_terms", "host_terms"]
 
 
 def slowdown_from_timings(alone_s: list[float], together_s: list[float]) -> float:
@@ -22,6 +22,13 @@ def slowdown_from_timings(alone_s: list[float], together_s: list[float]) -> floa
     if min(alone_s) <= 0 or min(together_s) <= 0:
         raise ValueError("slowdown timings must be > 0")
     return max(0.0, statistics.median(t / a for a, t in zip(alone_s, together_s)) - 1.0)
+
+
+def window_loss_from_timings(alone_s: float, window_s: float, ring_s: float) -> float:
+    """λ from the window probe (``pipesgd.measure.host.measure_window``): the all-reduce alone, the compute window
+    beside it and the all-reduce beside that window, each the median over steps of the slowest rank
+    (``formulas.window_loss``, the exact inverse of the model's ``formulas.window_comm``)."""
+    return window_loss(alone_s, window_s, ring_s)
 
 
 def lockstep_from_timings(excess_s: float, ring_alone_s: float) -> float:
@@ -86,19 +93,26 @@ def _lockstep(host: dict, ring_alone_s: float) -> float:
     return float(host.get("lockstep_s") or 0.0)
 
 
+def _by_codec(host: dict, key: str, compression: str):
+    """``host[key + '_by_codec'][compression]`` where the probe measured it per codec, else ``host[key]``."""
+    by_codec = host.get(f"{key}_by_codec") or {}
+    if not isinstance(by_codec, dict):
+        raise ValueError(f"{key}_by_codec must be an object")
+    return by_codec.get(compression, host.get(key))
+
+
 def host_terms(host: dict, compression: str = "none", ring_alone_s: float = 0.0) -> dict:
     """The model inputs of a calibration's ``host`` record: slowdown (κ), comm_slowdown (κc of ``compression``
-    when the probe measured it per codec, else the uncompressed one), lockstep_s, copy_Bps (inf when absent or
-    null), handoff_s and the parameter server's seconds per request while its co-located worker trains and after
-    (ps_service_s, ps_service_idle_s); zeros / inf (the pure formula) when not calibrated."""
+    when the probe measured it per codec, else the uncompressed one), window_loss (λ, the same way; None when
+    the window probe did not run), lockstep_s, copy_Bps (inf when absent or null), handoff_s and the parameter
+    server's seconds per request while its co-located worker trains and after (ps_service_s, ps_service_idle_s);
+    zeros / inf (the pure formula) when not calibrated."""
     host = host or {}
     copy = host.get("copy_Bps")
-    by_codec = host.get("comm_slowdown_by_codec") or {}
-    if not isinstance(by_codec, dict):
-        raise ValueError("comm_slowdown_by_codec must be an object")
-    comm = by_codec.get(compression, host.get("comm_slowdown"))
+    comm, loss = _by_codec(host, "comm_slowdown", compression), _by_codec(host, "window_loss", compression)
     return {"slowdown": float(host.get("compute_slowdown") or 0.0),
             "comm_slowdown": float(comm or 0.0),
+            "window_loss": None if loss is None else float(loss),
             "lockstep_s": _lockstep(host, ring_alone_s),
             "copy_Bps": math.inf if not copy else float(copy),
             "handoff_s": float(host.get("handoff_s") or 0.0),

@@ -231,8 +231,11 @@ def predict_ddp(cluster, compute, codec, schedule) -> ModeResult:
 
 
 def predict_pipe(cluster, compute, codec, schedule) -> ModeResult:
-    """Pipe-SGD on our ring (codec on every hop): max(W, allreduce slowed by κc during W) with W = (compute +
-    update + buffer sync + hand-off)·(1+κ), for width ≥ 2 (``formulas.pipe_iteration``). The buffer sync is a
+    """Pipe-SGD on our ring (codec on every hop): max(W, allreduce slowed during W) with W = (compute + update +
+    buffer sync + hand-off)·(1+κ), for width ≥ 2 (``formulas.pipe_iteration``). The ring loses the share λ of W
+    (``ComputeParams.window_loss``) where calibrate's window probe measured it, else it runs at 1/(1 + κc) in W.
+    Why λ: κc's probe keeps the cores computing for the whole ring, a Pipe-SGD step for one window per ring (LeNet,
+    100 Mbit/s, 4 nodes on 2 cores: κc 12.8 predicted a 14.8 ms step that took 11.3 ms). The buffer sync is a
     blocking collective on the caller's thread (``pipesgd.buffers``): it is in the window, never hidden. Width 1 is
     the synchronous step and pays the lockstep term; with width ≥ 2 the ring runs beside the next compute, where
     κc, not the lockstep probe, says what sharing the cores costs."""
@@ -245,7 +248,7 @@ def predict_pipe(cluster, compute, codec, schedule) -> ModeResult:
     buffers = _buffers_beside_ring(compute, comm) if schedule.width <= 1 else compute.buffers_s
     busy = slow + compute.update_s + buffers + host + lockstep
     iteration = formulas.pipe_iteration(busy, comm.total_s, compute.slowdown, schedule.width, compute.comm_slowdown,
-                                        hand)
+                                        hand, compute.window_loss)
     cap = compute.slowdown * (busy + hand) if schedule.width >= 2 else 0.0
     return _result("pipe", cluster, compute, comm, iteration, busy + hand, cap, float(schedule.width - 1),
                    slow - compute.compute_s, hand, buffers, host, lockstep)

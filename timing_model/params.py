@@ -98,8 +98,15 @@ class ComputeParams:
     # at staggered times and contend for cores they share, < 0 where a shaped link's token bucket refilled during
     # compute; added to every step that ends in a blocking all-reduce (sync, ddp, width 1), at least −compute, seconds
     lockstep_s: float = 0.0
+    # λ ∈ [0, 1]: the share of each compute window that Pipe-SGD's ring, running beside it, loses, as calibrate's
+    # window probe measured it at a Pipe-SGD step's duty cycle (one compute window per ring; ``formulas.window_comm``);
+    # None: pipe takes κc instead
+    window_loss: float | None = None
 
     def __post_init__(self) -> None:
+        if self.window_loss is not None:
+            _finite_nonneg("window_loss", self.window_loss)
+            _check(self.window_loss <= 1.0, f"window_loss must lie in [0, 1], got {self.window_loss!r}")
         for name in ("compute_s", "compute_std_s", "update_s", "slowdown", "comm_slowdown", "handoff_s",
                      "buffers_s", "host_s"):
             _finite_nonneg(name, getattr(self, name))

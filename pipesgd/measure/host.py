@@ -1,9 +1,10 @@
-"""What the host adds around the all-reduce: interference between the all-reduce and compute, what a blocking
-all-reduce right after compute costs beyond the two apart (lockstep), the gradient pack/unpack copy rate and the
-thread hand-off. Every rank must call these; each value is the slowest rank's median.
+"""What the host adds around the all-reduce: interference between the all-reduce and compute (with compute all
+along, and at a Pipe-SGD step's duty cycle), what a blocking all-reduce right after compute costs beyond the two
+apart (lockstep), the gradient pack/unpack copy rate and the thread hand-off. Every rank must call these; each value
+is the slowest rank's median.
 
-These return raw timings; the model's terms (κ, κc, lockstep, copy rate, hand-off) are derived from them by the pure
-``timing_model.fitting.host_record``.
+These return raw timings; the model's terms (κ, κc, λ, lockstep, copy rate, hand-off) are derived from them by the
+pure ``timing_model.fitting.host_record``.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ __all__ = ["measure_overlap", "measure_lockstep", "measure_copy", "measure_hando
 
 LOCKSTEP_BUDGET_S = 10.0  # the lockstep probe's steps are cut to about this long (at least LOCKSTEP_MIN_STEPS)
 LOCKSTEP_MIN_STEPS = 5
+WINDOW_BUDGET_S = 4.0  # the window probe's steps, per codec, are cut to about this long
 
 
 def measure_overlap(sizes_bytes: list[int], repeats: int = 10, warmup: int = 2, device: str = "cpu",
@@ -37,8 +39,10 @@ def measure_overlap(sizes_bytes: list[int], repeats: int = 10, warmup: int = 2, 
       Step 1: all-reduce alone: warm-up, barrier, ``repeats`` timed calls on the worker thread.
       Step 2: all-reduce together: the same while the main thread runs the load, each call timed.
       Step 3: load alone (once, first): ``max(20, repeats)`` timed calls on the main thread.
-    Returns {'load': label, 'overlap': rows with ring_alone_s, ring_together_s, load_alone_s, load_together_s per
-    (compression, n_bytes), 'handoff_ring_s': hand-off around a ring job (first compression)}.
+      Step 4: the window probe (``measure_window``): one load per all-reduce, as a Pipe-SGD step runs them.
+    Returns {'load': label, 'overlap': rows with ring_alone_s, ring_together_s, load_alone_s, load_together_s,
+    ring_window_s, load_window_s, window_steps per (compression, n_bytes), 'handoff_ring_s': hand-off around a ring
+    job (first compression)}.
     """
     compute, label = load or matmul_load(device)
 
@@ -69,12 +73,51 @@ def measure_overlap(sizes_bytes: list[int], repeats: int = 10, warmup: int = 2, 
                              "ring_alone_s": median_of_slowest(alone, device=device),
                              "ring_together_s": median_of_slowest(together, device=device),
                              "load_alone_s": load_alone,
-                             "load_together_s": median_of_slowest(load_times or [load_alone], device=device)})
+                             "load_together_s": median_of_slowest(load_times or [load_alone], device=device),
+                             **measure_window(worker, compute, collective, tensor, repeats, warmup, device)})
                 dist.barrier()
     finally:
         worker.close()
     return {"load": label, "overlap": rows,
             "handoff_ring_s": median_of_slowest(handoff, device=device) if handoff else None}
+
+
+def measure_window(worker: CommWorker, compute, collective, tensor: torch.Tensor, repeats: int, warmup: int,
+                   device: str) -> dict:
+    """The all-reduce beside one compute window, as a Pipe-SGD step of width 2 runs them: per step, on every rank,
+    submit the all-reduce to the communication thread, run the load once on the main thread, wait for the
+    all-reduce; the next step follows at once (no barrier). Step 2 of ``measure_overlap`` keeps the cores computing
+    for the whole all-reduce; in training they compute for one window per all-reduce and then wait, and on shared
+    cores the two differ by far (LeNet at 100 Mbit/s, 4 nodes on 2 cores: 141 ms vs 10 ms alone continuously, an
+    11.3 ms step in training). The ``warmup`` steps, timed, size the probe to about ``WINDOW_BUDGET_S``
+    (``repeats`` steps at most, ``LOCKSTEP_MIN_STEPS`` at least).
+    Returns {'ring_window_s': the all-reduce's time on the worker from its start, 'load_window_s': the load's
+    time, each the median over steps of the slowest rank, as a run's step records are read
+    (``timing_model.validation.read_runs``), 'window_steps'}.
+    """
+    def step() -> list[float]:
+        work = worker.submit(collective, tensor)
+        seconds = compute()
+        work.wait()
+        return [seconds, work.busy_s]
+
+    dist.barrier()
+    warm = [sum(step()) for _ in range(max(1, warmup))]
+    steps = calls_within(WINDOW_BUDGET_S, median_of_slowest(warm, device=device), repeats, LOCKSTEP_MIN_STEPS)
+    dist.barrier()
+    rows = [step() for _ in range(steps)]
+    slowest = _gathered(rows, device).max(dim=0).values  # steps x (load, ring), the slowest rank's
+    return {"load_window_s": slowest[:, 0].median().item(), "ring_window_s": slowest[:, 1].median().item(),
+            "window_steps": steps}
+
+
+def _gathered(rows: list[list[float]], device: str) -> torch.Tensor:
+    """Every rank's per-step timings (``rows``: steps x columns, the same shape on each) as ranks x steps x
+    columns, on the CPU."""
+    mine = torch.tensor(rows, dtype=torch.float64, device=device)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return torch.stack(every).cpu()
 
 
 def measure_lockstep(load: Load, collective, tensor: torch.Tensor, repeats: int = 30, warmup: int = 2,
@@ -114,10 +157,7 @@ def measure_lockstep(load: Load, collective, tensor: torch.Tensor, repeats: int 
         rows = [step() for _ in range(steps)]
     finally:
         worker.close()
-    mine = torch.tensor(rows, dtype=torch.float64, device=device)
-    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, mine)
-    per_step = torch.stack(every).cpu()  # ranks x steps x (compute, period)
+    per_step = _gathered(rows, device)  # ranks x steps x (compute, period)
     period, compute_max = per_step[:, :, 1].mean(dim=0), per_step[:, :, 0].max(dim=0).values
     # paired per step: a step's slow compute lengthens its period too, so pairing drops the noise the two share
     # (ResNet-20 unshaped, three probes: 12.4 / 7.0 / 6.3 ms paired, 12.6 / 7.0 / 7.5 ms from the two medians)

@@ -207,6 +207,10 @@ def report(cal: Calibration, out_path: str) -> str:
         out += (f"\nκ (compute slow-down) {terms['slowdown']:.3f}, κc (comm slow-down) {terms['comm_slowdown']:.3f}"
                 f"{per_codec}, copy {copy}, hand-off {1e6 * terms['handoff_s']:.0f} µs"
                 f" (load: {cal.host.get('load', 'matmul')})\n")
+        losses = cal.host.get("window_loss_by_codec") or {}
+        if losses:
+            out += "λ (pipe: share of a compute window the ring loses) " + ", ".join(
+                f"{name} {value:.3f}" for name, value in losses.items()) + "\n"
         if terms["ps_service_s"] > 0:
             out += (f"parameter server (co-located, ps-async): {1e3 * terms['ps_service_s']:.2f} ms per remote request "
                     f"while its worker trains, {1e3 * terms['ps_service_idle_s']:.2f} ms after\n")

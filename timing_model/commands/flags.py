@@ -43,6 +43,7 @@ SCENARIO_FLAGS = {
     "overhead": ("overhead_s", parse_time),
     "slowdown": ("slowdown", lambda s: parse_fraction(s, "slowdown", None)),
     "comm_slowdown": ("comm_slowdown", lambda s: parse_fraction(s, "comm slowdown", None)),
+    "window_loss": ("window_loss", lambda s: parse_fraction(s, "window loss")),
     "copy_rate": ("copy_Bps", parse_bandwidth),
     "handoff": ("handoff_s", parse_time),
     "buffers": ("buffers_s", parse_time),
@@ -118,6 +119,9 @@ def add_scenario_flags(parser: argparse.ArgumentParser, sweep: bool) -> None:
     add("--slowdown", default="0", help="κ: compute slow-down while communication overlaps it (0.2 or 20%%)")
     add("--comm-slowdown", default="0",
         help="κc: communication slow-down while compute overlaps it (0.15 or 15%%; default 0)")
+    add("--window-loss",
+        help="λ: pipe only, the share of each compute window that the ring beside it loses (0.3 or 30%%, at "
+             "most 1); replaces κc for pipe; calibrate measures it (default: κc)")
     add("--copy-rate", help="gradient pack/unpack copy rate, e.g. 5GB/s (adds 2·M/rate per step; default: free)")
     add("--handoff", default="0", help="fixed per-step hand-off cost to the comm thread, e.g. 200us (default 0)")
     add("--buffers", default="0",
