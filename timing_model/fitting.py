@@ -12,8 +12,8 @@ from __future__ import annotations
 import statistics
 
 from .calibration import BURST_BYTES, Calibration, Sample, fit_codec_in_ring, fit_collective, residual_table
-from .host_terms import (copy_rate_from_timings, lockstep_from_timings, ps_service_terms, slowdown_from_timings,
-                         window_loss_from_timings)
+from .formulas import window_loss
+from .host_terms import copy_rate_from_timings, lockstep_from_timings, ps_service_terms, slowdown_from_timings
 from .params import CODEC_RATIOS
 
 __all__ = ["overlap_sizes", "host_record", "fit_calibration"]
@@ -32,24 +32,23 @@ def overlap_sizes(sizes_bytes: list[int], count: int = 3) -> list[int]:
 def host_record(raw: dict) -> dict:
     """The calibration's ``host`` record from the raw host timings of ``pipesgd.measure.host.measure_host``:
     κc per codec = median over sizes of ring together/alone − 1 (``comm_slowdown``: the uncompressed one, else the
-    first measured), λ per codec = median over sizes of ``window_loss_from_timings`` (``window_loss``, the same way;
-    when the window probe ran), κ = median over all rows of load together/alone − 1, the lockstep term
-    (``lockstep_from_timings``, when the probe ran the model's synchronous steps), what error feedback adds to each
-    lossy ring at the model's size (raw, when that probe ran), the parameter server's seconds
-    per request (``ps_service_terms``, when its probe ran), the copy rate
-    (``copy_rate_from_timings``) and the hand-off (around a real ring when measured, else the no-op round trip)."""
+    first measured), λ per codec = median over sizes of ``formulas.window_loss`` of the window probe's rows
+    (``window_loss``, the same way; when that probe ran), κ = median over all rows of load together/alone − 1, the
+    lockstep term (``lockstep_from_timings``, when the probe ran the model's synchronous steps), what error feedback
+    adds to each lossy ring at the model's size (raw, when that probe ran), the parameter server's seconds per
+    request (``ps_service_terms``, when its probe ran), the copy rate (``copy_rate_from_timings``) and the hand-off
+    (around a real ring when measured, else the no-op round trip)."""
     host: dict = {}
     rows = raw.get("overlap")
     if rows:
         codecs = list(dict.fromkeys(r["compression"] for r in rows))
-        by_codec = {c: slowdown_from_timings([r["ring_alone_s"] for r in rows if r["compression"] == c],
-                                             [r["ring_together_s"] for r in rows if r["compression"] == c])
-                    for c in codecs}
+        per_codec = {c: [r for r in rows if r["compression"] == c] for c in codecs}
+        by_codec = {c: slowdown_from_timings([r["ring_alone_s"] for r in mine], [r["ring_together_s"] for r in mine])
+                    for c, mine in per_codec.items()}
         # λ per codec, where the window probe ran for every size of it (calibrations before it: κc only)
-        windowed = {c: [r for r in rows if r["compression"] == c] for c in codecs}
-        loss = {c: statistics.median(window_loss_from_timings(r["ring_alone_s"], r["load_window_s"], r["ring_window_s"])
+        loss = {c: statistics.median(window_loss(r["ring_alone_s"], r["load_window_s"], r["ring_window_s"])
                                      for r in mine)
-                for c, mine in windowed.items() if all(r.get("ring_window_s") for r in mine)}
+                for c, mine in per_codec.items() if all(r.get("ring_window_s") for r in mine)}
         if loss:
             host.update({"window_loss": loss.get("none", next(iter(loss.values()))), "window_loss_by_codec": loss})
         host.update({"comm_slowdown": by_codec.get("none", by_codec[codecs[0]]), "comm_slowdown_by_codec": by_codec,

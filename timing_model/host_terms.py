@@ -1,16 +1,16 @@
-"""The calibration's host terms: from raw probe timings to κ, κc, λ, the lockstep term and the copy rate
-(``fitting.host_record`` calls these), and from a calibration's ``host`` record to the model's inputs
-(``host_terms``). Pure: no torch.
+"""The calibration's host terms: from raw probe timings to κ, κc, the lockstep term and the copy rate
+(``fitting.host_record`` calls these; λ comes from ``formulas.window_loss``), and from a calibration's ``host``
+record to the model's inputs (``host_terms``). Pure: no torch.
 """
 from __future__ import annotations
 
 import math
 import statistics
 
-from .formulas import closed_queue_response, window_loss
+from .formulas import closed_queue_response
 
-__all__ = ["slowdown_from_timings", "window_loss_from_timings", "lockstep_from_timings", "copy_rate_from_timings",
-           "service_from_timings", "ps_service_terms", "host_terms"]
+__all__ = ["slowdown_from_timings", "lockstep_from_timings", "copy_rate_from_timings", "service_from_timings",
+           "ps_service_terms", "host_terms"]
 
 
 def slowdown_from_timings(alone_s: list[float], together_s: list[float]) -> float:
@@ -22,13 +22,6 @@ def slowdown_from_timings(alone_s: list[float], together_s: list[float]) -> floa
     if min(alone_s) <= 0 or min(together_s) <= 0:
         raise ValueError("slowdown timings must be > 0")
     return max(0.0, statistics.median(t / a for a, t in zip(alone_s, together_s)) - 1.0)
-
-
-def window_loss_from_timings(alone_s: float, window_s: float, ring_s: float) -> float:
-    """λ from the window probe (``pipesgd.measure.host.measure_window``): the all-reduce alone, the compute window
-    beside it and the all-reduce beside that window, each the median over steps of the slowest rank
-    (``formulas.window_loss``, the exact inverse of the model's ``formulas.window_comm``)."""
-    return window_loss(alone_s, window_s, ring_s)
 
 
 def lockstep_from_timings(excess_s: float, ring_alone_s: float) -> float:

@@ -102,7 +102,7 @@ def measure_window(worker: CommWorker, compute, collective, tensor: torch.Tensor
         return [seconds, work.busy_s]
 
     dist.barrier()
-    warm = [sum(step()) for _ in range(max(1, warmup))]
+    warm = [sum(step()) for _ in range(max(1, warmup))]  # load + ring: at least a step, as the two overlap
     steps = calls_within(WINDOW_BUDGET_S, median_of_slowest(warm, device=device), repeats, LOCKSTEP_MIN_STEPS)
     dist.barrier()
     rows = [step() for _ in range(steps)]
