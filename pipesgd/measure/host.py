@@ -23,23 +23,32 @@ from pipesgd.ring import ring_allreduce
 
 __all__ = ["measure_overlap", "measure_lockstep", "measure_copy", "measure_handoff", "measure_host"]
 
-LOCKSTEP_BUDGET_S = 10.0  # the lockstep probe's steps are cut to about this long (at least LOCKSTEP_MIN_STEPS)
+LOCKSTEP_BUDGET_S = 10.0  # the lockstep probe's steps run for about this long (at least LOCKSTEP_MIN_STEPS)
 LOCKSTEP_MIN_STEPS = 5
-WINDOW_BUDGET_S = 4.0  # the window probe's steps, per codec, are cut to about this long
+WINDOW_BUDGET_S = 4.0  # the window probe's steps, per codec, run for about this long
+ALONE_BUDGET_S = 2.0  # the all-reduce alone (the anchor), per codec, runs for about this long (at least `repeats`)
+# The step probes fill their budgets up to this many steps rather than stopping at `repeats`: on cores the nodes
+# share, the scheduling drifts over seconds, and a few dozen short steps catch one moment of it (LeNet, 4 nodes on
+# 2 cores, one 1,200-step lockstep probe of 11.7 ms median: its 30-step stretches had medians from 8.7 to 14.3 ms).
+PROBE_MAX_STEPS = 1000
 
 
 def measure_overlap(sizes_bytes: list[int], repeats: int = 10, warmup: int = 2, device: str = "cpu",
-                    load: Load | None = None, compressions: tuple[str, ...] = ("none",)) -> dict:
+                    load: Load | None = None, compressions: tuple[str, ...] = ("none",),
+                    budgeted: bool = False) -> dict:
     """Interference between the gradient all-reduce and compute.
 
     As in the trainer, the all-reduce (``trainer_collective``) runs on the background communication thread and
     the compute on the main thread: ``load`` = (call, label), by default a matmul loop; ``calibrate --model``
     passes the model's own forward + backward (``model_load``), which loads the cores as training does.
     Per compression and size:
-      Step 1: all-reduce alone: warm-up, barrier, ``repeats`` timed calls on the worker thread.
+      Step 1: all-reduce alone: warm-up, barrier, ``repeats`` timed calls on the worker thread; ``budgeted``: then
+              as many as fit in about ``ALONE_BUDGET_S`` where that is more (up to ``PROBE_MAX_STEPS``).
       Step 2: all-reduce together: the same while the main thread runs the load, each call timed.
       Step 3: load alone (once, first): ``max(20, repeats)`` timed calls on the main thread.
-      Step 4: the window probe (``measure_window``): one load per all-reduce, as a Pipe-SGD step runs them.
+      Step 4: the window probe (``measure_window``): one load per all-reduce, as a Pipe-SGD step runs them, for
+              about ``WINDOW_BUDGET_S``: up to ``PROBE_MAX_STEPS`` steps if ``budgeted``, else ``repeats``.
+    ``calibrate --model`` probes one size per codec, budgeted; the matmul load's many sizes keep to ``repeats``.
     Returns {'load': label, 'overlap': rows with ring_alone_s, ring_together_s, load_alone_s, load_together_s,
     ring_window_s, load_window_s, window_steps per (compression, n_bytes), 'handoff_ring_s': hand-off around a ring
     job (first compression)}.
@@ -48,6 +57,14 @@ def measure_overlap(sizes_bytes: list[int], repeats: int = 10, warmup: int = 2, 
 
     def collectives(tensor, collective) -> list[float]:
         return time_calls(lambda: collective(tensor), repeats, warmup, device, before=dist.barrier)
+
+    def alone_calls(tensor, collective) -> list[float]:
+        first = collectives(tensor, collective)
+        if not budgeted:
+            return first
+        count = calls_within(ALONE_BUDGET_S, median_of_slowest(first, device=device), PROBE_MAX_STEPS, repeats)
+        more = time_calls(lambda: collective(tensor), count - len(first), 0, device) if count > len(first) else []
+        return first + more
 
     for _ in range(3):  # Step 3
         compute()
@@ -60,7 +77,7 @@ def measure_overlap(sizes_bytes: list[int], repeats: int = 10, warmup: int = 2, 
             collective = trainer_collective(compression)
             for n_bytes in sizes_bytes:
                 tensor = torch.ones(max(1, n_bytes // 4), dtype=torch.float32, device=device)
-                alone = worker.submit(collectives, tensor, collective).wait()  # Step 1
+                alone = worker.submit(alone_calls, tensor, collective).wait()  # Step 1
                 if compression == compressions[0]:
                     handoff.extend(_handoff_gaps(worker, tensor, repeats))
                 dist.barrier()
@@ -74,7 +91,8 @@ def measure_overlap(sizes_bytes: list[int], repeats: int = 10, warmup: int = 2, 
                              "ring_together_s": median_of_slowest(together, device=device),
                              "load_alone_s": load_alone,
                              "load_together_s": median_of_slowest(load_times or [load_alone], device=device),
-                             **measure_window(worker, compute, collective, tensor, repeats, warmup, device)})
+                             **measure_window(worker, compute, collective, tensor, warmup, device,
+                                              PROBE_MAX_STEPS if budgeted else repeats)})
                 dist.barrier()
     finally:
         worker.close()
@@ -82,15 +100,15 @@ def measure_overlap(sizes_bytes: list[int], repeats: int = 10, warmup: int = 2, 
             "handoff_ring_s": median_of_slowest(handoff, device=device) if handoff else None}
 
 
-def measure_window(worker: CommWorker, compute, collective, tensor: torch.Tensor, repeats: int, warmup: int,
-                   device: str) -> dict:
+def measure_window(worker: CommWorker, compute, collective, tensor: torch.Tensor, warmup: int, device: str,
+                   most_steps: int = PROBE_MAX_STEPS) -> dict:
     """The all-reduce beside one compute window, as a Pipe-SGD step of width 2 runs them: per step, on every rank,
     submit the all-reduce to the communication thread, run the load once on the main thread, wait for the
     all-reduce; the next step follows at once (no barrier). Step 2 of ``measure_overlap`` keeps the cores computing
     for the whole all-reduce; in training they compute for one window per all-reduce and then wait, and on shared
     cores the two differ by far (LeNet at 100 Mbit/s, 4 nodes on 2 cores: 141 ms vs 10 ms alone continuously, an
     11.3 ms step in training). The ``warmup`` steps, timed, size the probe to about ``WINDOW_BUDGET_S``
-    (``repeats`` steps at most, ``LOCKSTEP_MIN_STEPS`` at least).
+    (``most_steps`` at most, ``LOCKSTEP_MIN_STEPS`` at least).
     Returns {'ring_window_s': the all-reduce's time on the worker from its start, 'load_window_s': the load's
     time, each the median over steps of the slowest rank, as a run's step records are read
     (``timing_model.validation.read_runs``), 'window_steps'}.
@@ -103,7 +121,7 @@ def measure_window(worker: CommWorker, compute, collective, tensor: torch.Tensor
 
     dist.barrier()
     warm = [sum(step()) for _ in range(max(1, warmup))]  # load + ring: at least a step, as the two overlap
-    steps = calls_within(WINDOW_BUDGET_S, median_of_slowest(warm, device=device), repeats, LOCKSTEP_MIN_STEPS)
+    steps = calls_within(WINDOW_BUDGET_S, median_of_slowest(warm, device=device), most_steps, LOCKSTEP_MIN_STEPS)
     dist.barrier()
     rows = [step() for _ in range(steps)]
     slowest = _gathered(rows, device).max(dim=0).values  # steps x (load, ring), the slowest rank's
@@ -120,8 +138,8 @@ def _gathered(rows: list[list[float]], device: str) -> torch.Tensor:
     return torch.stack(every).cpu()
 
 
-def measure_lockstep(load: Load, collective, tensor: torch.Tensor, repeats: int = 30, warmup: int = 2,
-                     device: str = "cpu") -> dict:
+def measure_lockstep(load: Load, collective, tensor: torch.Tensor, warmup: int = 2, device: str = "cpu",
+                     budget_s: float = LOCKSTEP_BUDGET_S) -> dict:
     """A synchronous training step in miniature: on every rank the load (the model's forward + backward), then the
     all-reduce on the communication thread, waited for, with no barrier in between, as ``--mode sync`` steps do;
     and the same all-reduce alone, each call after a barrier (the anchor's way).
@@ -130,8 +148,8 @@ def measure_lockstep(load: Load, collective, tensor: torch.Tensor, repeats: int 
     while the others still need a core to finish theirs, so such a step takes longer than the slowest compute plus
     the collective alone (4 nodes sharing 2 cores, the comparison grid's calibrations: LeNet 3-7 ms of 15-20 ms
     steps on fast links, ResNet-20 0.8 ms at 1 Gbit/s and 11 ms on unshaped links, 0 at 100 Mbit/s).
-    The ``warmup`` steps, timed, size both parts to about ``LOCKSTEP_BUDGET_S`` each (``repeats`` at most,
-    ``LOCKSTEP_MIN_STEPS`` at least), so slow links stay affordable.
+    The ``warmup`` steps, timed, size both parts to about ``budget_s`` each (``PROBE_MAX_STEPS`` at most,
+    ``LOCKSTEP_MIN_STEPS`` at least), so short steps are sampled over seconds and slow links stay affordable.
     Returns {'lockstep': {'load', 'steps', 'period_s' (median over steps of the mean over ranks: the step's period),
     'compute_max_s' (median over steps of the slowest rank's load), 'excess_s' (median over steps of the period less
     that step's slowest load), 'ring_alone_s' (slowest rank's median)}}.
@@ -149,7 +167,7 @@ def measure_lockstep(load: Load, collective, tensor: torch.Tensor, repeats: int 
         dist.barrier()
         warm = [step()[1] for _ in range(max(1, warmup))]
         step_s = median_of_slowest(warm, device=device)
-        steps = calls_within(LOCKSTEP_BUDGET_S, step_s, repeats, LOCKSTEP_MIN_STEPS)
+        steps = calls_within(budget_s, step_s, PROBE_MAX_STEPS, LOCKSTEP_MIN_STEPS)
         alone = worker.submit(lambda: time_calls(lambda: collective(tensor), steps, 1, device,
                                                  before=dist.barrier)).wait()
         ring_alone = median_of_slowest(alone, device=device)
@@ -216,11 +234,11 @@ def measure_host(sizes_bytes: list[int], overlap_sizes_bytes: list[int], repeats
     if overlap and compute:
         call, label, n_bytes = model_load(compute, device)
         # one size per codec, so afford more calls: scheduling on shared cores makes each one noisy
-        host.update(measure_overlap([n_bytes], max(repeats, 30), warmup, device, (call, label), compressions))
+        host.update(measure_overlap([n_bytes], max(repeats, 30), warmup, device, (call, label), compressions,
+                                    budgeted=True))
         # the synchronous step's collective: the trainer's for the uncompressed gradient
         gradient = torch.ones(max(1, n_bytes // 4), dtype=torch.float32, device=device)
-        host.update(measure_lockstep((call, label), trainer_collective("none"), gradient, max(repeats, 30), warmup,
-                                     device))
+        host.update(measure_lockstep((call, label), trainer_collective("none"), gradient, warmup, device))
         host.update(measure_feedback_rings(compute, compressions, max(repeats, 30), warmup, device))
         host.update(measure_ps_service(compute, device))
     elif overlap:
