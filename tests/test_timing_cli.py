@@ -309,6 +309,10 @@ def test_calibrate_with_a_model_probes_interference_with_its_own_step_per_codec(
     assert lockstep["period_s"] >= lockstep["compute_max_s"] > 0 and lockstep["ring_alone_s"] > 0
     assert lockstep["excess_s"] >= 0
     assert host["lockstep_s"] == lockstep["excess_s"] - lockstep["ring_alone_s"]  # signed
+    # the DDP probe: the same model's steps under DDP, and its forward + backward alone
+    ddp = host["ddp_step"]
+    assert "mlp forward+backward, batch 8" in ddp["load"] and ddp["steps"] >= 5
+    assert ddp["period_s"] > 0 and ddp["compute_s"] > 0
     # the feedback probe: the lossy codec's ring at the model's size without and with error feedback
     assert [(r["compression"], r["n_bytes"]) for r in host["feedback_rings"]] == [("bf16", 22032.0)]
     assert measured["compute_s"] > 0 and set(measured["codecs"]) == set(measured["feedback"]) == {"bf16"}

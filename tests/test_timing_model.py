@@ -531,7 +531,7 @@ def test_calibration_recovers_known_slowdowns_and_copy_rate():
     with pytest.raises(ValueError):
         slowdown_from_timings([0.1], [])
     assert host_terms({}) == {"slowdown": 0.0, "comm_slowdown": 0.0, "window_loss": None, "lockstep_s": 0.0,
-                              "copy_Bps": math.inf,
+                              "ddp_step_s": 0.0, "ddp_compute_s": 0.0, "copy_Bps": math.inf,
                               "handoff_s": 0.0, "ps_service_s": 0.0, "ps_service_idle_s": 0.0}
 
 

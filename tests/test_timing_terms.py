@@ -250,3 +250,52 @@ def test_ddp_overlaps_nothing_when_the_gradient_fits_one_bucket():
     assert ddp.iteration_s == pytest.approx(sync.iteration_s - sync.handoff_s + ddp.handoff_s)
     two = replace(one, bucket_bytes=10 * MB)  # two buckets: the first all-reduces during backward
     assert predict(two, ("ddp",)).result("ddp").interference_s > 0
+
+
+# ---------------------------------------------------------------- the DDP probe's term
+def test_ddp_takes_what_the_probe_step_took_beyond_the_model_for_its_own_compute():
+    """One bucket: the model's DDP step is compute + all-reduce + update + host + the term; with the probe, the
+    term is its step less the model's step for the probe's compute, so a run of the probe's compute is predicted
+    at exactly the probe's step (plus the run's update), and the lockstep term no longer counts for ddp."""
+    s = scenario(grad_bytes=4 * MB, ring_anchor_s=0.010, lockstep_s=0.002, copy_Bps=1e9)
+    without = predict(s, ("ddp", "sync"))
+    probed = replace(s, ddp_step_s=0.045, ddp_compute_s=0.025)
+    ddp, sync = predict(probed, ("ddp",)).result("ddp"), predict(probed, ("sync",)).result("sync")
+    hand = 2 * 4 * MB / 1e9  # DDP's bucket copies, in its step and in the probe's
+    assert ddp.lockstep_s == pytest.approx(0.045 - (0.025 + 0.010 + hand))
+    assert ddp.iteration_s == pytest.approx(0.045 - 0.025 + s.compute_s + s.update_s)
+    assert without.result("ddp").lockstep_s == 0.002  # not probed: the lockstep term, as before
+    assert sync.iteration_s == without.result("sync").iteration_s  # sync keeps the lockstep term
+    quick = predict(replace(probed, ddp_step_s=0.001), ("ddp",)).result("ddp")
+    assert quick.lockstep_s == pytest.approx(-s.compute_s)  # at least −compute
+
+
+def test_ddp_term_with_several_buckets_is_the_residual_of_the_overlapped_step():
+    s = scenario(grad_bytes=20 * MB, compute_s=0.1, slowdown=0.2, comm_slowdown=0.1, overlap_fraction=0.5,
+                 bucket_bytes=10 * MB, ddp_step_s=0.3, ddp_compute_s=0.1)
+    ddp = predict(s, ("ddp",)).result("ddp")
+    assert ddp.iteration_s == pytest.approx(0.3 + s.update_s)  # the run's compute is the probe's
+    assert ddp.interference_s > 0  # the overlap stays the model's
+
+
+def test_the_ddp_probe_needs_its_step_and_its_compute():
+    with pytest.raises(ValueError, match="both its step and its compute"):
+        predict(scenario(ddp_step_s=0.04), ("ddp",))
+    with pytest.raises(ValueError, match="ddp_compute_s"):
+        predict(scenario(ddp_step_s=0.04, ddp_compute_s=-0.01), ("ddp",))
+
+
+def test_the_ddp_probe_flows_from_the_raw_record_to_the_scenario():
+    from timing_model.fitting import host_record
+    from timing_model.host_terms import host_terms
+    raw = {"ddp_step": {"load": "lenet forward+backward, batch 32", "steps": 900, "period_s": 0.013,
+                        "compute_s": 0.002}}
+    host = host_record(raw)
+    assert host["ddp_step"] == raw["ddp_step"]
+    terms = host_terms(host)
+    assert (terms["ddp_step_s"], terms["ddp_compute_s"]) == (0.013, 0.002)
+    assert (host_terms({})["ddp_step_s"], host_terms({})["ddp_compute_s"]) == (0.0, 0.0)  # not probed
+    cal = calibration()
+    cal.host = {**cal.host, **host}
+    calibrated = calibrated_scenario(scenario(), cal, "ddp")
+    assert (calibrated.ddp_step_s, calibrated.ddp_compute_s) == (0.013, 0.002)

@@ -34,7 +34,8 @@ def host_record(raw: dict) -> dict:
     κc per codec = median over sizes of ring together/alone − 1 (``comm_slowdown``: the uncompressed one, else the
     first measured), λ per codec = median over sizes of ``formulas.window_loss`` of the window probe's rows
     (``window_loss``, the same way; when that probe ran), κ = median over all rows of load together/alone − 1, the
-    lockstep term (``lockstep_from_timings``, when the probe ran the model's synchronous steps), what error feedback
+    lockstep term (``lockstep_from_timings``, when the probe ran the model's synchronous steps), the DDP probe's step
+    and compute (raw, when it ran), what error feedback
     adds to each lossy ring at the model's size (raw, when that probe ran), the parameter server's seconds per
     request (``ps_service_terms``, when its probe ran), the copy rate (``copy_rate_from_timings``) and the hand-off
     (around a real ring when measured, else the no-op round trip)."""
@@ -61,6 +62,8 @@ def host_record(raw: dict) -> dict:
         # a probe without the paired excess (before it was recorded): the difference of the medians
         excess = lockstep.get("excess_s", lockstep["period_s"] - lockstep["compute_max_s"])
         host["lockstep_s"] = lockstep_from_timings(excess, lockstep["ring_alone_s"])
+    if raw.get("ddp_step"):  # raw: ``modes.predict_ddp`` needs the gradient's all-reduce to read it
+        host["ddp_step"] = raw["ddp_step"]
     if raw.get("feedback_rings"):  # raw: ``Calibration.ring_feedback_speed`` turns each row's F into a rate
         host["feedback_rings"] = raw["feedback_rings"]
     if raw.get("ps_service"):

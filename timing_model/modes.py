@@ -212,20 +212,29 @@ def predict_sync(cluster, compute, codec, schedule) -> ModeResult:
 def predict_ddp(cluster, compute, codec, schedule) -> ModeResult:
     """PyTorch DDP: bucket allreduces overlap the last ``overlap_fraction`` of backward (slowed by κc there);
     codec once per bucket; the bucket copies (2·M/copy_Bps) are serial; backward ends in a blocking wait for the
-    last bucket, so the step pays the lockstep term too. A gradient within one bucket (``bucket_bytes``, DDP's
-    ``bucket_cap_mb``) overlaps nothing: its one all-reduce starts when backward has made every gradient. Measured
-    with a comm hook's timestamps (2 ranks, torch 2.13, batch 32, 2026-11-24): ResNet-20's 1.09 MB gradient is one
-    bucket after DDP's rebuild, its hook called at 77 % of ``backward()``, the rest the wait; AlexNet's 34 MB are
-    two, the first called at 36 %."""
+    last bucket, so the step pays the lockstep term too, or DDP's own where calibrate's DDP probe ran: what the
+    probe's step took beyond this formula's step for the probe's own compute (``ComputeParams.ddp_step_s``), at
+    least −compute. Why: DDP launches its all-reduce from autograd's hooks and on shared cores its step differs from
+    the synchronous one the lockstep probe times (LeNet, 4 nodes on 2 cores: ddp 13.2 ms per step, sync 10.9 ms).
+    A gradient within one bucket (``bucket_bytes``, DDP's ``bucket_cap_mb``) overlaps nothing: its one
+    all-reduce starts when backward has made every gradient. Measured with a comm hook's timestamps (2 ranks,
+    torch 2.13, batch 32, 2026-11-24): ResNet-20's 1.09 MB gradient is one bucket after DDP's rebuild, its hook
+    called at 77 % of ``backward()``, the rest the wait; AlexNet's 34 MB are two, the first called at 36 %."""
     comm = allreduce_cost(cluster, codec, schedule, per_hop=False)
     slow = _slowest_compute(cluster, compute)
     hand = _handoff(cluster, compute, copies_only=True)
     host = _host_beyond(compute, hand)
     # one bucket is all-reduced after backward: nothing to overlap (a hook's timestamps, ``predict_ddp``)
     overlap = schedule.overlap_fraction if _buckets(cluster.grad_bytes, schedule.bucket_bytes) > 1 else 0.0
-    slowdown, lockstep = compute.slowdown, _lockstep(compute, slow)
-    iteration = formulas.ddp_iteration(slow, compute.update_s + host + lockstep, comm.total_s, comm.last_bucket_s,
-                                       overlap, slowdown, compute.comm_slowdown, hand)
+    slowdown = compute.slowdown
+
+    def step(compute_s: float, extra_s: float) -> float:
+        return formulas.ddp_iteration(compute_s, extra_s, comm.total_s, comm.last_bucket_s, overlap, slowdown,
+                                      compute.comm_slowdown, hand)
+
+    lockstep = max(compute.ddp_step_s - step(compute.ddp_compute_s, 0.0), -slow) if compute.ddp_step_s > 0 \
+        else _lockstep(compute, slow)
+    iteration = step(slow, compute.update_s + host + lockstep)
     return _result("ddp", cluster, compute, comm, iteration, slow + compute.update_s + hand + host + lockstep,
                    slowdown * overlap * slow, 0.0, slow - compute.compute_s, hand, 0.0, host, lockstep)
 

@@ -102,15 +102,23 @@ class ComputeParams:
     # window probe measured it at a Pipe-SGD step's duty cycle (one compute window per ring; ``formulas.window_comm``);
     # None: pipe takes κc instead
     window_loss: float | None = None
+    # the DDP probe (calibrate --model, ``pipesgd.measure.ddp_step``): the model's step under DDP, back to back on
+    # every rank, and its forward + backward alone; ddp then takes what that step took beyond the model's DDP step
+    # for the probe's compute in place of the lockstep term (``modes.predict_ddp``); 0: not probed, seconds
+    ddp_step_s: float = 0.0
+    ddp_compute_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.window_loss is not None:
             _finite_nonneg("window_loss", self.window_loss)
             _check(self.window_loss <= 1.0, f"window_loss must lie in [0, 1], got {self.window_loss!r}")
         for name in ("compute_s", "compute_std_s", "update_s", "slowdown", "comm_slowdown", "handoff_s",
-                     "buffers_s", "host_s"):
+                     "buffers_s", "host_s", "ddp_step_s", "ddp_compute_s"):
             _finite_nonneg(name, getattr(self, name))
             _check(getattr(self, name) < math.inf, f"{name} must be finite")
+        _check((self.ddp_step_s > 0) == (self.ddp_compute_s > 0),
+               f"the DDP probe needs both its step and its compute, got {self.ddp_step_s!r} and "
+               f"{self.ddp_compute_s!r}")
         _check(isinstance(self.lockstep_s, (int, float)) and math.isfinite(self.lockstep_s),
                f"lockstep_s must be a finite number, got {self.lockstep_s!r}")
         _check(self.copy_Bps > 0, f"copy rate must be > 0 bytes/s, got {self.copy_Bps!r}")

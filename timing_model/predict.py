@@ -43,6 +43,8 @@ class Scenario:
     host_s: float = 0.0  # measured per-step host work outside compute, update, buffers and the wait (ComputeParams)
     lockstep_s: float = 0.0  # a blocking all-reduce right after compute beyond the two apart (ComputeParams)
     window_loss: float | None = None  # λ: the share of a compute window the pipe's ring loses (ComputeParams)
+    ddp_step_s: float = 0.0  # the DDP probe's step (calibrate; ComputeParams), 0: not probed
+    ddp_compute_s: float = 0.0  # the DDP probe's forward + backward alone (calibrate; ComputeParams)
     # codec
     compression: str = "none"  # none | fp16 | bf16 | q8 | q4 | sign
     encode_Bps: float = math.inf  # codec encode throughput (fp32 bytes/s)
@@ -69,7 +71,7 @@ class Scenario:
                                 self.reduce_Bps, self.collective, self.ring_anchor_s)
         compute = ComputeParams(self.compute_s, self.compute_std_s, self.update_s, self.slowdown, self.batch_size,
                                 self.comm_slowdown, self.copy_Bps, self.handoff_s, self.buffers_s, self.host_s,
-                                self.lockstep_s, self.window_loss)
+                                self.lockstep_s, self.window_loss, self.ddp_step_s, self.ddp_compute_s)
         codec = build_codec(self.compression, self.encode_Bps, self.decode_Bps, self.compression_ratio,
                             self.feedback_Bps if self.error_feedback else math.inf)
         schedule = ScheduleParams(self.width, self.overlap_fraction, self.bucket_bytes)

@@ -200,7 +200,7 @@ def calibrated_scenario(scenario: Scenario, cal: Calibration, mode: str) -> Scen
     """``scenario`` with the network terms of the fit that serves ``mode``, the anchor of that allreduce at the
     scenario's gradient size (``Calibration.ring_anchor_s``), the calibrated in-ring codec speeds and error-feedback
     rate (the feedback probe's at this size when it ran, ``Calibration.ring_feedback_speed``) and the
-    calibrated host terms κ, κc, λ, lockstep, copy rate and hand-off (codec speeds and host terms given in the
+    calibrated host terms κ, κc, λ, lockstep, the DDP probe's step, copy rate and hand-off (codec speeds and host terms given in the
     scenario win)."""
     fit = cal.fit_for(mode, scenario.compression)
     encode, decode = cal.codec_speeds(scenario.compression, scenario.nodes)
@@ -222,6 +222,8 @@ def calibrated_scenario(scenario: Scenario, cal: Calibration, mode: str) -> Scen
                    lockstep_s=scenario.lockstep_s or host["lockstep_s"],
                    comm_slowdown=scenario.comm_slowdown or host["comm_slowdown"],
                    window_loss=host["window_loss"] if scenario.window_loss is None else scenario.window_loss,
+                   ddp_step_s=scenario.ddp_step_s or host["ddp_step_s"],
+                   ddp_compute_s=scenario.ddp_compute_s or host["ddp_compute_s"],
                    copy_Bps=host["copy_Bps"] if math.isinf(scenario.copy_Bps) else scenario.copy_Bps,
                    handoff_s=scenario.handoff_s or host["handoff_s"],
                    ps_service_s=scenario.ps_service_s or host["ps_service_s"],

@@ -1,10 +1,10 @@
 """What the host adds around the all-reduce: interference between the all-reduce and compute (with compute all
 along, and at a Pipe-SGD step's duty cycle), what a blocking all-reduce right after compute costs beyond the two
-apart (lockstep), the gradient pack/unpack copy rate and the thread hand-off. Every rank must call these; each value
-is the slowest rank's median.
+apart (lockstep; DDP's own step: ``pipesgd.measure.ddp_step``), the gradient pack/unpack copy rate and the thread
+hand-off. Every rank must call these; each value is the slowest rank's median.
 
-These return raw timings; the model's terms (κ, κc, λ, lockstep, copy rate, hand-off) are derived from them by the
-pure ``timing_model.fitting.host_record``.
+These return raw timings; the model's terms (κ, κc, λ, lockstep, the DDP step, copy rate, hand-off) are derived from
+them by the pure ``timing_model.fitting.host_record``.
 """
 from __future__ import annotations
 
@@ -18,19 +18,16 @@ from pipesgd.measure.allreduce import trainer_collective
 from pipesgd.measure.compute import Load, matmul_load, model_load
 from pipesgd.measure.feedback import measure_feedback_rings
 from pipesgd.measure.server import measure_ps_service
-from pipesgd.measure.timing import calls_within, median_of_slowest, time_calls
+from pipesgd.measure.ddp_step import measure_ddp_step
+from pipesgd.measure.timing import (STEP_PROBE_MAX_STEPS, STEP_PROBE_MIN_STEPS, calls_within, gathered_rows,
+                                   median_of_slowest, time_calls)
 from pipesgd.ring import ring_allreduce
 
 __all__ = ["measure_overlap", "measure_lockstep", "measure_copy", "measure_handoff", "measure_host"]
 
-LOCKSTEP_BUDGET_S = 10.0  # the lockstep probe's steps run for about this long (at least LOCKSTEP_MIN_STEPS)
-LOCKSTEP_MIN_STEPS = 5
+LOCKSTEP_BUDGET_S = 10.0  # the lockstep probe's steps run for about this long (at least STEP_PROBE_MIN_STEPS)
 WINDOW_BUDGET_S = 4.0  # the window probe's steps, per codec, run for about this long
 ALONE_BUDGET_S = 2.0  # the all-reduce alone (the anchor), per codec, runs for about this long (at least `repeats`)
-# The step probes fill their budgets up to this many steps rather than stopping at `repeats`: on cores the nodes
-# share, the scheduling drifts over seconds, and a few dozen short steps catch one moment of it (LeNet, 4 nodes on
-# 2 cores, one 1,200-step lockstep probe of 11.7 ms median: its 30-step stretches had medians from 8.7 to 14.3 ms).
-PROBE_MAX_STEPS = 1000
 
 
 def measure_overlap(sizes_bytes: list[int], repeats: int = 10, warmup: int = 2, device: str = "cpu",
@@ -43,11 +40,11 @@ def measure_overlap(sizes_bytes: list[int], repeats: int = 10, warmup: int = 2, 
     passes the model's own forward + backward (``model_load``), which loads the cores as training does.
     Per compression and size:
       Step 1: all-reduce alone: warm-up, barrier, ``repeats`` timed calls on the worker thread; ``budgeted``: then
-              as many as fit in about ``ALONE_BUDGET_S`` where that is more (up to ``PROBE_MAX_STEPS``).
+              as many as fit in about ``ALONE_BUDGET_S`` where that is more (up to ``STEP_PROBE_MAX_STEPS``).
       Step 2: all-reduce together: the same while the main thread runs the load, each call timed.
       Step 3: load alone (once, first): ``max(20, repeats)`` timed calls on the main thread.
       Step 4: the window probe (``measure_window``): one load per all-reduce, as a Pipe-SGD step runs them, for
-              about ``WINDOW_BUDGET_S``: up to ``PROBE_MAX_STEPS`` steps if ``budgeted``, else ``repeats``.
+              about ``WINDOW_BUDGET_S``: up to ``STEP_PROBE_MAX_STEPS`` steps if ``budgeted``, else ``repeats``.
     ``calibrate --model`` probes one size per codec, budgeted; the matmul load's many sizes keep to ``repeats``.
     Returns {'load': label, 'overlap': rows with ring_alone_s, ring_together_s, load_alone_s, load_together_s,
     ring_window_s, load_window_s, window_steps per (compression, n_bytes), 'handoff_ring_s': hand-off around a ring
@@ -62,7 +59,8 @@ def measure_overlap(sizes_bytes: list[int], repeats: int = 10, warmup: int = 2, 
         first = collectives(tensor, collective)
         if not budgeted:
             return first
-        count = calls_within(ALONE_BUDGET_S, median_of_slowest(first, device=device), PROBE_MAX_STEPS, repeats)
+        count = calls_within(ALONE_BUDGET_S, median_of_slowest(first, device=device), STEP_PROBE_MAX_STEPS,
+                             repeats)
         more = time_calls(lambda: collective(tensor), count - len(first), 0, device) if count > len(first) else []
         return first + more
 
@@ -92,7 +90,7 @@ def measure_overlap(sizes_bytes: list[int], repeats: int = 10, warmup: int = 2, 
                              "load_alone_s": load_alone,
                              "load_together_s": median_of_slowest(load_times or [load_alone], device=device),
                              **measure_window(worker, compute, collective, tensor, warmup, device,
-                                              PROBE_MAX_STEPS if budgeted else repeats)})
+                                              STEP_PROBE_MAX_STEPS if budgeted else repeats)})
                 dist.barrier()
     finally:
         worker.close()
@@ -101,14 +99,14 @@ def measure_overlap(sizes_bytes: list[int], repeats: int = 10, warmup: int = 2, 
 
 
 def measure_window(worker: CommWorker, compute, collective, tensor: torch.Tensor, warmup: int, device: str,
-                   most_steps: int = PROBE_MAX_STEPS) -> dict:
+                   most_steps: int = STEP_PROBE_MAX_STEPS) -> dict:
     """The all-reduce beside one compute window, as a Pipe-SGD step of width 2 runs them: per step, on every rank,
     submit the all-reduce to the communication thread, run the load once on the main thread, wait for the
     all-reduce; the next step follows at once (no barrier). Step 2 of ``measure_overlap`` keeps the cores computing
     for the whole all-reduce; in training they compute for one window per all-reduce and then wait, and on shared
     cores the two differ by far (LeNet at 100 Mbit/s, 4 nodes on 2 cores: 141 ms vs 10 ms alone continuously, an
     11.3 ms step in training). The ``warmup`` steps, timed, size the probe to about ``WINDOW_BUDGET_S``
-    (``most_steps`` at most, ``LOCKSTEP_MIN_STEPS`` at least).
+    (``most_steps`` at most, ``STEP_PROBE_MIN_STEPS`` at least).
     Returns {'ring_window_s': the all-reduce's time on the worker from its start, 'load_window_s': the load's
     time, each the median over steps of the slowest rank, as a run's step records are read
     (``timing_model.validation.read_runs``), 'window_steps'}.
@@ -121,21 +119,13 @@ def measure_window(worker: CommWorker, compute, collective, tensor: torch.Tensor
 
     dist.barrier()
     warm = [sum(step()) for _ in range(max(1, warmup))]  # load + ring: at least a step, as the two overlap
-    steps = calls_within(WINDOW_BUDGET_S, median_of_slowest(warm, device=device), most_steps, LOCKSTEP_MIN_STEPS)
+    steps = calls_within(WINDOW_BUDGET_S, median_of_slowest(warm, device=device), most_steps,
+                         STEP_PROBE_MIN_STEPS)
     dist.barrier()
     rows = [step() for _ in range(steps)]
-    slowest = _gathered(rows, device).max(dim=0).values  # steps x (load, ring), the slowest rank's
+    slowest = gathered_rows(rows, device).max(dim=0).values  # steps x (load, ring), the slowest rank's
     return {"load_window_s": slowest[:, 0].median().item(), "ring_window_s": slowest[:, 1].median().item(),
             "window_steps": steps}
-
-
-def _gathered(rows: list[list[float]], device: str) -> torch.Tensor:
-    """Every rank's per-step timings (``rows``: steps x columns, the same shape on each) as ranks x steps x
-    columns, on the CPU."""
-    mine = torch.tensor(rows, dtype=torch.float64, device=device)
-    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, mine)
-    return torch.stack(every).cpu()
 
 
 def measure_lockstep(load: Load, collective, tensor: torch.Tensor, warmup: int = 2, device: str = "cpu",
@@ -148,8 +138,8 @@ def measure_lockstep(load: Load, collective, tensor: torch.Tensor, warmup: int =
     while the others still need a core to finish theirs, so such a step takes longer than the slowest compute plus
     the collective alone (4 nodes sharing 2 cores, the comparison grid's calibrations: LeNet 3-7 ms of 15-20 ms
     steps on fast links, ResNet-20 0.8 ms at 1 Gbit/s and 11 ms on unshaped links, 0 at 100 Mbit/s).
-    The ``warmup`` steps, timed, size both parts to about ``budget_s`` each (``PROBE_MAX_STEPS`` at most,
-    ``LOCKSTEP_MIN_STEPS`` at least), so short steps are sampled over seconds and slow links stay affordable.
+    The ``warmup`` steps, timed, size both parts to about ``budget_s`` each (``STEP_PROBE_MAX_STEPS`` at most,
+    ``STEP_PROBE_MIN_STEPS`` at least), so short steps are sampled over seconds and slow links stay affordable.
     Returns {'lockstep': {'load', 'steps', 'period_s' (median over steps of the mean over ranks: the step's period),
     'compute_max_s' (median over steps of the slowest rank's load), 'excess_s' (median over steps of the period less
     that step's slowest load), 'ring_alone_s' (slowest rank's median)}}.
@@ -167,7 +157,7 @@ def measure_lockstep(load: Load, collective, tensor: torch.Tensor, warmup: int =
         dist.barrier()
         warm = [step()[1] for _ in range(max(1, warmup))]
         step_s = median_of_slowest(warm, device=device)
-        steps = calls_within(budget_s, step_s, PROBE_MAX_STEPS, LOCKSTEP_MIN_STEPS)
+        steps = calls_within(budget_s, step_s, STEP_PROBE_MAX_STEPS, STEP_PROBE_MIN_STEPS)
         alone = worker.submit(lambda: time_calls(lambda: collective(tensor), steps, 1, device,
                                                  before=dist.barrier)).wait()
         ring_alone = median_of_slowest(alone, device=device)
@@ -175,7 +165,7 @@ def measure_lockstep(load: Load, collective, tensor: torch.Tensor, warmup: int =
         rows = [step() for _ in range(steps)]
     finally:
         worker.close()
-    per_step = _gathered(rows, device)  # ranks x steps x (compute, period)
+    per_step = gathered_rows(rows, device)  # ranks x steps x (compute, period)
     period, compute_max = per_step[:, :, 1].mean(dim=0), per_step[:, :, 0].max(dim=0).values
     # paired per step: a step's slow compute lengthens its period too, so pairing drops the noise the two share
     # (ResNet-20 unshaped, three probes: 12.4 / 7.0 / 6.3 ms paired, 12.6 / 7.0 / 7.5 ms from the two medians)
@@ -226,7 +216,8 @@ def measure_host(sizes_bytes: list[int], overlap_sizes_bytes: list[int], repeats
 
     With a ``compute`` model the interference probe loads the cores with that model's forward + backward and
     reduces its own gradient size with each of ``compressions``, as a training step would, the lockstep probe
-    runs synchronous steps of that model (``measure_lockstep``), each lossy codec's ring is timed with error
+    runs synchronous steps of that model (``measure_lockstep``), the DDP probe that model's steps under DDP
+    (``pipesgd.measure.ddp_step``), each lossy codec's ring is timed with error
     feedback at that size (``pipesgd.measure.feedback``) and the parameter-server probe runs a short
     asynchronous job of it (``pipesgd.measure.server``); without one the interference probe runs the
     matmul load beside uncompressed all-reduces of ``overlap_sizes_bytes`` and there is no lockstep probe."""
@@ -239,6 +230,7 @@ def measure_host(sizes_bytes: list[int], overlap_sizes_bytes: list[int], repeats
         # the synchronous step's collective: the trainer's for the uncompressed gradient
         gradient = torch.ones(max(1, n_bytes // 4), dtype=torch.float32, device=device)
         host.update(measure_lockstep((call, label), trainer_collective("none"), gradient, warmup, device))
+        host.update(measure_ddp_step(compute, warmup, device))
         host.update(measure_feedback_rings(compute, compressions, max(repeats, 30), warmup, device))
         host.update(measure_ps_service(compute, device))
     elif overlap:

@@ -17,9 +17,17 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-__all__ = ["synchronize", "time_calls", "median_of_slowest", "time_collective", "time_local", "calls_within"]
+__all__ = ["STEP_PROBE_MIN_STEPS", "STEP_PROBE_MAX_STEPS", "synchronize", "time_calls", "median_of_slowest",
+           "time_collective", "time_local", "calls_within", "gathered_rows"]
 
 Clock = Callable[[], float]
+
+# The step probes (``pipesgd.measure.host``, ``ddp_step``) run for their time budgets, at least the first and at
+# most the second count of steps, rather than stopping at `repeats`: on cores the nodes share, the scheduling
+# drifts over seconds and a few dozen short steps catch one moment of it (LeNet, 4 nodes on 2 cores, one 1,200-step
+# lockstep probe of 11.7 ms median: its 30-step stretches had medians from 8.7 to 14.3 ms).
+STEP_PROBE_MIN_STEPS = 5
+STEP_PROBE_MAX_STEPS = 1000
 
 
 def synchronize(device: torch.device | str | None) -> None:
@@ -84,3 +92,12 @@ def calls_within(budget_s: float, one_s: float, most: int, least: int) -> int:
     """How many calls of ``one_s`` seconds each fit in about ``budget_s``: at most ``most``, at least ``least``
     (a probe on a slow link stays affordable, one on a fast link keeps its full count)."""
     return max(least, min(most, int(budget_s / max(one_s, 1e-9))))
+
+
+def gathered_rows(rows: list[list[float]], device: torch.device | str | None = "cpu") -> torch.Tensor:
+    """Every rank's per-step timings (``rows``: steps x columns, the same shape on each) as ranks x steps x
+    columns, on the CPU; every rank must call it."""
+    mine = torch.tensor(rows, dtype=torch.float64, device=device or "cpu")
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return torch.stack(every).cpu()

@@ -1,0 +1,113 @@
+"""How well the comparison grid's runs reproduce themselves: the measured iteration of each (cell, variant) in two
+sittings of the grid (two runs.json of ``pipesgd.bench.comparison``), their relative difference, and beside it
+each sitting's timing-model error, per workload and over all runs::
+
+    python -m pipesgd.bench.repeatability experiments/results/comparison-v5/runs.json \\
+        experiments/results/comparison-v6/runs.json [--all]
+
+Why: each cell's calibration and runs share one sitting, so the model's error holds the machine's drift within
+a sitting and the model's own; the spread of the same runs between sittings shows how large the drift of a shared
+2-core host can be (an upper view of it: the sittings lie hours apart, a cell's calibration minutes before its
+runs). Differences are (B − A) / A of the median iterations the results store; only runs measured in both count.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+
+__all__ = ["Pair", "pairs", "summary_rows", "main"]
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """One (cell, variant) measured in both sittings, with each sitting's model error where it predicted it."""
+
+    cell: str
+    workload: str
+    variant: str
+    first_s: float
+    second_s: float
+    first_error: float | None
+    second_error: float | None
+
+    @property
+    def change(self) -> float:
+        return (self.second_s - self.first_s) / self.first_s
+
+
+def _measured(data: dict) -> dict[tuple[str, str], dict]:
+    return {(run["cell"], run["variant"]): run for run in data.get("runs") or []
+            if run.get("status") == "ok" and (run.get("t_iter_s") or 0) > 0}
+
+
+def _error(run: dict) -> float | None:
+    model = run.get("model") or {}
+    return model.get("error")
+
+
+def pairs(first: dict, second: dict) -> list[Pair]:
+    """The runs both results measured, in the first result's order."""
+    a, b = _measured(first), _measured(second)
+    return [Pair(cell, a[cell, variant].get("workload") or cell.split("-")[0], variant, a[cell, variant]["t_iter_s"],
+                 b[cell, variant]["t_iter_s"], _error(a[cell, variant]), _error(b[cell, variant]))
+            for cell, variant in a if (cell, variant) in b]
+
+
+def _stats(values: list[float]) -> str:
+    if not values:
+        return "-"
+    absolute = [abs(v) for v in values]
+    return f"{100 * statistics.median(absolute):.1f} % / {100 * max(absolute):.1f} %"
+
+
+def summary_rows(found: list[Pair]) -> list[tuple[str, int, str, str, str]]:
+    """Per workload and over all: (group, runs, median / max |change| between sittings, median / max |model
+    error| of the first sitting, of the second), the model's over the runs each sitting predicted."""
+    groups = [(w, [p for p in found if p.workload == w]) for w in dict.fromkeys(p.workload for p in found)]
+    rows = []
+    for name, members in groups + [("all", found)]:
+        rows.append((name, len(members), _stats([p.change for p in members]),
+                     _stats([p.first_error for p in members if p.first_error is not None]),
+                     _stats([p.second_error for p in members if p.second_error is not None])))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipesgd.bench.repeatability", description=__doc__.split("\n")[0])
+    parser.add_argument("first", help="a comparison runs.json (sitting A)")
+    parser.add_argument("second", help="another sitting of the same grid (sitting B)")
+    parser.add_argument("--all", action="store_true", help="list every run measured in both sittings")
+    args = parser.parse_args(argv)
+    loaded = []
+    for path in (args.first, args.second):
+        try:
+            with open(path) as handle:
+                loaded.append(json.load(handle))
+        except (OSError, ValueError) as error:
+            print(f"repeatability: {path}: {error}", file=sys.stderr)
+            return 2
+    try:
+        found = pairs(*loaded)
+    except (KeyError, TypeError, AttributeError) as error:
+        print(f"repeatability: not a comparison result ({error!r})", file=sys.stderr)
+        return 2
+    if not found:
+        print("repeatability: the two results have no measured run in common", file=sys.stderr)
+        return 2
+    if args.all:
+        for p in found:
+            print(f"{p.cell:18s} {p.variant:13s} A {1e3 * p.first_s:8.1f} ms  B {1e3 * p.second_s:8.1f} ms  "
+                  f"{100 * p.change:+6.1f} %")
+    print("| workload | runs in both | A → B, median / max \\|change\\| | model A, median / max \\|error\\| "
+          "| model B, median / max \\|error\\| |")
+    print("|---|---|---|---|---|")
+    for name, count, change, first, second in summary_rows(found):
+        print(f"| {name} | {count} | {change} | {first} | {second} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

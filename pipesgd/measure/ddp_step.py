@@ -1,0 +1,56 @@
+"""The DDP probe: a DistributedDataParallel training step in miniature, for the timing model's DDP term.
+
+DDP all-reduces from inside ``backward()`` (autograd hooks fill its buckets, the reducer launches each bucket's
+all-reduce and backward ends waiting for the last), so on shared cores its step differs from a synchronous step of
+the same gradient by more than the lockstep probe sees (LeNet, 4 nodes on 2 cores, the comparison grid, one cell:
+ddp 13.2 ms per step against sync's 10.9 ms, the model's 10.3 ms for both). The probe times that step itself,
+as the trainer's ``--mode ddp`` builds it (``pipesgd.baselines.ddp.DDPOptimizer``: its bucket cap, no comm hook),
+and the same model's forward + backward alone, so that ``timing_model.modes.predict_ddp`` can take what the step
+took beyond the model's DDP step for the probe's own compute (``ComputeParams.ddp_step_s``).
+
+Every rank must call it; it is sized like the other step probes (``pipesgd.measure.timing``).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from pipesgd.baselines.ddp import DDPOptimizer
+from pipesgd.measure.compute import model_load
+from pipesgd.measure.timing import (STEP_PROBE_MAX_STEPS, STEP_PROBE_MIN_STEPS, calls_within, gathered_rows,
+                                   median_of_slowest, synchronize)
+from pipesgd.train.models import build_model
+
+__all__ = ["DDP_BUDGET_S", "measure_ddp_step"]
+
+DDP_BUDGET_S = 6.0  # the DDP steps run for about this long, and the forward + backward alone as many times
+
+
+def measure_ddp_step(compute: dict, warmup: int = 2, device: str = "cpu", budget_s: float = DDP_BUDGET_S) -> dict:
+    """Steps of the model wrapped as the trainer's ddp mode wraps it, back to back with no barrier (forward,
+    backward with DDP's all-reduce, zero_grad), then as many forward + backward passes of the same model alone.
+    ``compute`` = {'model', 'input_shape', 'num_classes', 'batch_size'[, 'hidden']}.
+    Returns {'ddp_step': {'load', 'steps', 'period_s' (median over steps of the mean over ranks: the step's
+    period), 'compute_s' (the slowest rank's median forward + backward alone)}}."""
+    opts = {"hidden": compute["hidden"]} if compute.get("hidden") else {}
+    model = build_model(compute["model"], tuple(compute["input_shape"]), compute["num_classes"], **opts).to(device)
+    x = torch.randn(compute["batch_size"], *compute["input_shape"], device=device)
+    y = torch.randint(0, compute["num_classes"], (compute["batch_size"],), device=device)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    ddp = DDPOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), model)  # a collective: DDP syncs the weights
+    alone, label, _ = model_load(compute, device)
+
+    def step() -> float:
+        start = time.perf_counter()
+        loss_fn(ddp.model(x), y).backward()
+        ddp.zero_grad(set_to_none=True)
+        synchronize(device)
+        return time.perf_counter() - start
+
+    warm = [step() for _ in range(max(1, warmup))]
+    steps = calls_within(budget_s, median_of_slowest(warm, device=device), STEP_PROBE_MAX_STEPS,
+                         STEP_PROBE_MIN_STEPS)
+    periods = gathered_rows([[step()] for _ in range(steps)], device)[:, :, 0].mean(dim=0)  # mean over ranks
+    compute_s = median_of_slowest([alone() for _ in range(steps)], device=device)
+    return {"ddp_step": {"load": label, "steps": steps, "period_s": periods.median().item(), "compute_s": compute_s}}
