@@ -98,9 +98,9 @@ def host_terms(host: dict, compression: str = "none", ring_alone_s: float = 0.0)
     """The model inputs of a calibration's ``host`` record: slowdown (κ), comm_slowdown (κc of ``compression``
     when the probe measured it per codec, else the uncompressed one), window_loss (λ, the same way; None when
     the window probe did not run), lockstep_s, the DDP probe's ddp_step_s and ddp_compute_s (0 when it did not
-    run), copy_Bps (inf when absent or null), handoff_s and the parameter
-    server's seconds per request while its co-located worker trains and after (ps_service_s, ps_service_idle_s);
-    zeros / inf (the pure formula) when not calibrated."""
+    run), copy_Bps (inf when absent or null), handoff_s and the parameter server's seconds per request while its
+    co-located worker trains and after (ps_service_s, ps_service_idle_s); zeros / inf (the pure formula) when not
+    calibrated."""
     host = host or {}
     copy = host.get("copy_Bps")
     comm, loss = _by_codec(host, "comm_slowdown", compression), _by_codec(host, "window_loss", compression)

@@ -15,7 +15,7 @@ import torch
 from pipesgd.measure.timing import synchronize
 from pipesgd.train.models import build_model, grad_bytes
 
-__all__ = ["Load", "matmul_load", "model_load", "measure_compute"]
+__all__ = ["Load", "matmul_load", "model_batch", "model_load", "measure_compute"]
 
 Load = tuple[Callable[[], float], str]
 
@@ -34,14 +34,22 @@ def matmul_load(device: torch.device | str = "cpu", n: int = 256) -> Load:
     return call, f"matmul {n}x{n}"
 
 
-def model_load(compute: dict, device: torch.device | str = "cpu") -> tuple[Callable[[], float], str, int]:
-    """One forward + backward of a trainer model on random data per call, timed (the gradients are dropped after
-    the clock stops). ``compute`` = {'model', 'input_shape', 'num_classes', 'batch_size'[, 'hidden']};
-    returns (call, label, gradient bytes)."""
+def model_batch(compute: dict,
+                device: torch.device | str = "cpu") -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """The trainer model that ``compute`` names ({'model', 'input_shape', 'num_classes', 'batch_size'[,
+    'hidden']}) on ``device``, and one random batch for it (inputs, labels)."""
     opts = {"hidden": compute["hidden"]} if compute.get("hidden") else {}
     model = build_model(compute["model"], tuple(compute["input_shape"]), compute["num_classes"], **opts).to(device)
     x = torch.randn(compute["batch_size"], *compute["input_shape"], device=device)
     y = torch.randint(0, compute["num_classes"], (compute["batch_size"],), device=device)
+    return model, x, y
+
+
+def model_load(compute: dict, device: torch.device | str = "cpu") -> tuple[Callable[[], float], str, int]:
+    """One forward + backward of a trainer model on random data per call, timed (the gradients are dropped after
+    the clock stops). ``compute`` = {'model', 'input_shape', 'num_classes', 'batch_size'[, 'hidden']};
+    returns (call, label, gradient bytes)."""
+    model, x, y = model_batch(compute, device)
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def call() -> float:

@@ -17,10 +17,9 @@ import time
 import torch
 
 from pipesgd.baselines.ddp import DDPOptimizer
-from pipesgd.measure.compute import model_load
+from pipesgd.measure.compute import model_batch, model_load
 from pipesgd.measure.timing import (STEP_PROBE_MAX_STEPS, STEP_PROBE_MIN_STEPS, calls_within, gathered_rows,
                                    median_of_slowest, synchronize)
-from pipesgd.train.models import build_model
 
 __all__ = ["DDP_BUDGET_S", "measure_ddp_step"]
 
@@ -33,10 +32,7 @@ def measure_ddp_step(compute: dict, warmup: int = 2, device: str = "cpu", budget
     ``compute`` = {'model', 'input_shape', 'num_classes', 'batch_size'[, 'hidden']}.
     Returns {'ddp_step': {'load', 'steps', 'period_s' (median over steps of the mean over ranks: the step's
     period), 'compute_s' (the slowest rank's median forward + backward alone)}}."""
-    opts = {"hidden": compute["hidden"]} if compute.get("hidden") else {}
-    model = build_model(compute["model"], tuple(compute["input_shape"]), compute["num_classes"], **opts).to(device)
-    x = torch.randn(compute["batch_size"], *compute["input_shape"], device=device)
-    y = torch.randint(0, compute["num_classes"], (compute["batch_size"],), device=device)
+    model, x, y = model_batch(compute, device)
     loss_fn = torch.nn.CrossEntropyLoss()
     ddp = DDPOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), model)  # a collective: DDP syncs the weights
     alone, label, _ = model_load(compute, device)
