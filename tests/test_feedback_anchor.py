@@ -61,6 +61,7 @@ def test_host_record_keeps_the_feedback_rings():
 def test_probe_only_names_are_checked():
     args = lambda names, ps=False: argparse.Namespace(probe_only=names, ps_probe_only=ps)  # noqa: E731
     assert _probes(args("feedback,ps")) == ("feedback", "ps")
+    assert _probes(args("ps-sync")) == ("ps-sync",)
     assert _probes(args(None, ps=True)) == ("ps",)
     assert _probes(args("ps", ps=True)) == ("ps",)
     with pytest.raises(ValueError, match="unknown probe 'rings'"):

@@ -313,6 +313,9 @@ def test_calibrate_with_a_model_probes_interference_with_its_own_step_per_codec(
     ddp = host["ddp_step"]
     assert "mlp forward+backward, batch 8" in ddp["load"] and ddp["steps"] >= 5
     assert ddp["period_s"] > 0 and ddp["compute_s"] > 0
+    # the ps-sync probe: the same model's synchronous parameter-server rounds
+    rounds = host["ps_round"]
+    assert "mlp forward+backward, batch 8" in rounds["load"] and rounds["steps"] >= 5 and rounds["excess_s"] > 0
     # the feedback probe: the lossy codec's ring at the model's size without and with error feedback
     assert [(r["compression"], r["n_bytes"]) for r in host["feedback_rings"]] == [("bf16", 22032.0)]
     assert measured["compute_s"] > 0 and set(measured["codecs"]) == set(measured["feedback"]) == {"bf16"}
@@ -334,7 +337,7 @@ def test_calibrate_refuses_an_unknown_model_before_joining(capsys, monkeypatch):
     code, out, err = run_cli(capsys, "calibrate", "--probe-only", "feedback", "--model", "mlp")
     assert code == 2 and "needs --compressions with a lossy codec" in err
     code, out, err = run_cli(capsys, "calibrate", "--probe-only", "ps,rings", "--model", "mlp")
-    assert code == 2 and "unknown probe 'rings'; valid: ps, feedback" in err
+    assert code == 2 and "unknown probe 'rings'; valid: ps, ps-sync, feedback" in err
 
 
 @pytest.mark.slow

@@ -532,7 +532,7 @@ def test_calibration_recovers_known_slowdowns_and_copy_rate():
         slowdown_from_timings([0.1], [])
     assert host_terms({}) == {"slowdown": 0.0, "comm_slowdown": 0.0, "window_loss": None, "lockstep_s": 0.0,
                               "ddp_step_s": 0.0, "ddp_compute_s": 0.0, "copy_Bps": math.inf,
-                              "handoff_s": 0.0, "ps_service_s": 0.0, "ps_service_idle_s": 0.0}
+                              "handoff_s": 0.0, "ps_service_s": 0.0, "ps_service_idle_s": 0.0, "ps_round_s": 0.0}
 
 
 def test_fit_min_bytes_drops_burst_sized_samples():

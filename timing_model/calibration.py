@@ -22,7 +22,8 @@ Calibration file (``schema`` = ``pipesgd-timing/calibration/1``), written atomic
               model), "ddp_step": {"load", "steps", "period_s", "compute_s"} (with a model:
               ``pipesgd.measure.ddp_step``), "ps_service_s", "ps_service_idle_s", "ps_service": {"load", "workers",
               "steps", "statistic" (absent: medians, before 2026-11-24), "rank0_step_s", "busy", "idle"} (with a model:
-              ``pipesgd.measure.server``),
+              ``pipesgd.measure.server``), "ps_round": {"load", "nodes", "grad_bytes", "steps", "period_s",
+              "compute_max_s", "update_s", "excess_s"} (with a model: ``pipesgd.measure.ps_round``),
               "feedback_rings": [{"compression", "n_bytes", "pairs", "ring_alone_s", "ring_feedback_s",
               "feedback_s"}, ...] (with a model, per lossy codec: ``pipesgd.measure.feedback``),
               "copy_Bps" (null = free), "handoff_s", "overlap": [...], "copy": [...]} | {},

@@ -64,6 +64,8 @@ def host_record(raw: dict) -> dict:
         host["lockstep_s"] = lockstep_from_timings(excess, lockstep["ring_alone_s"])
     if raw.get("ddp_step"):  # raw: ``modes.predict_ddp`` needs the gradient's all-reduce to read it
         host["ddp_step"] = raw["ddp_step"]
+    if raw.get("ps_round"):  # raw: ``host_terms`` reads the round, ``calibrated_scenario`` its size
+        host["ps_round"] = raw["ps_round"]
     if raw.get("feedback_rings"):  # raw: ``Calibration.ring_feedback_speed`` turns each row's F into a rate
         host["feedback_rings"] = raw["feedback_rings"]
     if raw.get("ps_service"):

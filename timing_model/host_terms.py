@@ -98,6 +98,20 @@ def _ddp_compute(host: dict, ddp: dict) -> float:
     return float(in_lockstep or ddp.get("compute_s") or 0.0)
 
 
+def _ps_round(host: dict, nodes: int, grad_bytes: float) -> float:
+    """The ps-sync probe's round (``pipesgd.measure.ps_round``: what a step took beyond its slowest compute and
+    the server's update), where it ran at ``nodes`` ranks and ``grad_bytes`` (either 0: any); else 0. Why the
+    match: the round is measured, not scaled, so it holds only for the gradient and the ranks it was timed with."""
+    record = host.get("ps_round") or {}
+    if not record.get("excess_s"):
+        return 0.0
+    if nodes and int(record["nodes"]) != nodes:
+        return 0.0
+    if grad_bytes and not math.isclose(float(record["grad_bytes"]), grad_bytes, rel_tol=1e-6):
+        return 0.0
+    return max(0.0, float(record["excess_s"]))
+
+
 def _by_codec(host: dict, key: str, compression: str):
     """``host[key + '_by_codec'][compression]`` where the probe measured it per codec, else ``host[key]``."""
     by_codec = host.get(f"{key}_by_codec") or {}
@@ -106,13 +120,15 @@ def _by_codec(host: dict, key: str, compression: str):
     return by_codec.get(compression, host.get(key))
 
 
-def host_terms(host: dict, compression: str = "none", ring_alone_s: float = 0.0) -> dict:
+def host_terms(host: dict, compression: str = "none", ring_alone_s: float = 0.0, nodes: int = 0,
+               grad_bytes: float = 0.0) -> dict:
     """The model inputs of a calibration's ``host`` record: slowdown (κ), comm_slowdown (κc of ``compression``
     when the probe measured it per codec, else the uncompressed one), window_loss (λ, the same way; None when
     the window probe did not run), lockstep_s, the DDP probe's ddp_step_s and ddp_compute_s (0 when it did not
     run), copy_Bps (inf when absent or null), handoff_s and the parameter server's seconds per request while its
-    co-located worker trains and after (ps_service_s, ps_service_idle_s); zeros / inf (the pure formula) when not
-    calibrated."""
+    co-located worker trains and after (ps_service_s, ps_service_idle_s), the ps-sync probe's round ps_round_s
+    (``_ps_round``: 0 where it did not run, or ran at other ``nodes`` or ``grad_bytes`` than those given); zeros /
+    inf (the pure formula) when not calibrated."""
     host = host or {}
     copy = host.get("copy_Bps")
     comm, loss = _by_codec(host, "comm_slowdown", compression), _by_codec(host, "window_loss", compression)
@@ -125,4 +141,5 @@ def host_terms(host: dict, compression: str = "none", ring_alone_s: float = 0.0)
             "copy_Bps": math.inf if not copy else float(copy),
             "handoff_s": float(host.get("handoff_s") or 0.0),
             "ps_service_s": float(host.get("ps_service_s") or 0.0),
-            "ps_service_idle_s": float(host.get("ps_service_idle_s") or 0.0)}
+            "ps_service_idle_s": float(host.get("ps_service_idle_s") or 0.0),
+            "ps_round_s": _ps_round(host, nodes, grad_bytes)}

@@ -273,14 +273,21 @@ def predict_ps_sync(cluster, compute, codec, schedule, server) -> ModeResult:
     service time (rank 0 is not computing during its round) less the update that the asynchronous probe applies
     per request and the round applies once (T_u, already in the step). ``server_s`` is what that holds beyond the
     link's push + pull. Why: on fast links the round is per-message host work that the α-β link term misses
-    (LeNet unshaped, 4 nodes: 6.7 ms measured, 3.2 ms predicted without it, 7.1 ms with it)."""
+    (LeNet unshaped, 4 nodes: 6.7 ms measured, 3.2 ms predicted without it, 7.1 ms with it).
+
+    Where calibrate's ps-sync probe timed the round itself (``ServerParams.round_s``), the round is that, and
+    ``server_s`` (signed) what it took beyond the link's push + pull. Why: on a tc-tbf link each direction's token
+    bucket refills while the other carries its half of the round, so a small gradient's round beats p'·M/B each
+    way (LeNet at 100 Mbit/s, 4 nodes, three sittings: 33 ms per step measured, 43 ms predicted)."""
     comm = ps_cost(cluster, codec, schedule, server)
     slow = _slowest_compute(cluster, compute)
     busy = slow + compute.update_s + compute.host_s
     flows = cluster.nodes - 1
     served = comm.total_s
     service = server.service_idle_s or server.service_s
-    if server.colocated and flows >= 1 and service > 0:
+    if server.colocated and flows >= 1 and server.round_s > 0:
+        served = server.round_s
+    elif server.colocated and flows >= 1 and service > 0:
         served = max(served, flows * max(0.0, service - compute.update_s))
     waiting = served - comm.total_s
     return _result("ps-sync", cluster, compute, comm, busy + served, busy + waiting, 0.0, 0.0,

@@ -173,6 +173,10 @@ class ServerParams:
     # ps-async with a co-located server: that worker's own mean step, all local work (its updates never cross the
     # link; it shares its process and cores with the server thread); 0: the remote workers' think time
     colocated_step_s: float = 0.0
+    # ps-sync with a co-located server: the round (every push, the server's mean and update, every reply) less the
+    # update, as calibrate's ps-sync probe timed it at this gradient, ranks and link (``pipesgd.measure.ps_round``);
+    # it replaces the link's push + pull and the service time (``modes.predict_ps_sync``); 0: not calibrated
+    round_s: float = 0.0
 
     def __post_init__(self) -> None:
         _check(isinstance(self.servers, int) and self.servers >= 1,
@@ -183,6 +187,8 @@ class ServerParams:
         _finite_nonneg("service_s", self.service_s)
         _finite_nonneg("service_idle_s", self.service_idle_s)
         _finite_nonneg("colocated_step_s", self.colocated_step_s)
+        _finite_nonneg("round_s", self.round_s)
+        _check(self.round_s < math.inf, "round_s must be finite")
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,7 @@ class Scenario:
     ps_service_s: float = 0.0  # ps-async, co-located server: seconds per remote request while its worker trains
     ps_service_idle_s: float = 0.0  # the same after the co-located worker finished (0: as ps_service_s)
     ps_colocated_step_s: float = 0.0  # ps-async: the co-located worker's own step (0: the remote workers' think)
+    ps_round_s: float = 0.0  # ps-sync, co-located server: the probe's round (calibrate; ServerParams.round_s)
 
     def records(self) -> tuple[ClusterParams, ComputeParams, CodecParams, ScheduleParams, ServerParams]:
         """Build (and thereby validate) the frozen parameter records."""
@@ -77,7 +78,7 @@ class Scenario:
         schedule = ScheduleParams(self.width, self.overlap_fraction, self.bucket_bytes)
         server = ServerParams(self.servers, self.server_bandwidth_Bps, self.ps_serialised, self.ps_colocated,
                               service_s=self.ps_service_s, service_idle_s=self.ps_service_idle_s,
-                              colocated_step_s=self.ps_colocated_step_s)
+                              colocated_step_s=self.ps_colocated_step_s, round_s=self.ps_round_s)
         return cluster, compute, codec, schedule, server
 
 

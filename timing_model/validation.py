@@ -200,7 +200,7 @@ def calibrated_scenario(scenario: Scenario, cal: Calibration, mode: str) -> Scen
     """``scenario`` with the network terms of the fit that serves ``mode``, the anchor of that allreduce at the
     scenario's gradient size (``Calibration.ring_anchor_s``), the calibrated in-ring codec speeds and error-feedback
     rate (the feedback probe's at this size when it ran, ``Calibration.ring_feedback_speed``) and the calibrated
-    host terms κ, κc, λ, lockstep, the DDP probe's step, copy rate and hand-off (codec speeds and host terms given
+    host terms κ, κc, λ, lockstep, the DDP probe's step, the ps-sync probe's round, copy rate and hand-off (codec speeds and host terms given
     in the scenario win)."""
     fit = cal.fit_for(mode, scenario.compression)
     encode, decode = cal.codec_speeds(scenario.compression, scenario.nodes)
@@ -210,7 +210,8 @@ def calibrated_scenario(scenario: Scenario, cal: Calibration, mode: str) -> Scen
         feedback = cal.feedback_speed(scenario.compression, scenario.nodes)
     # the lockstep term beyond the uncompressed all-reduce that its probe ran, as the anchor measured it
     host = host_terms(cal.host, scenario.compression,
-                      cal.ring_anchor_s(mode, "none", scenario.grad_bytes, scenario.nodes))
+                      cal.ring_anchor_s(mode, "none", scenario.grad_bytes, scenario.nodes), scenario.nodes,
+                      scenario.grad_bytes)
     anchor = scenario.ring_anchor_s or cal.ring_anchor_s(mode, scenario.compression, scenario.grad_bytes,
                                                          scenario.nodes)
     return replace(scenario, bandwidth_Bps=fit.bandwidth_Bps, latency_s=fit.latency_s, overhead_s=fit.overhead_s,
@@ -227,7 +228,8 @@ def calibrated_scenario(scenario: Scenario, cal: Calibration, mode: str) -> Scen
                    copy_Bps=host["copy_Bps"] if math.isinf(scenario.copy_Bps) else scenario.copy_Bps,
                    handoff_s=scenario.handoff_s or host["handoff_s"],
                    ps_service_s=scenario.ps_service_s or host["ps_service_s"],
-                   ps_service_idle_s=scenario.ps_service_idle_s or host["ps_service_idle_s"])
+                   ps_service_idle_s=scenario.ps_service_idle_s or host["ps_service_idle_s"],
+                   ps_round_s=scenario.ps_round_s or host["ps_round_s"])
 
 
 def scenario_for(run: RunRecord, cal: Calibration, base: Scenario | None = None,

@@ -1,10 +1,10 @@
 """What the host adds around the all-reduce: interference between the all-reduce and compute (with compute all
 along, and at a Pipe-SGD step's duty cycle), what a blocking all-reduce right after compute costs beyond the two
-apart (lockstep; DDP's own step: ``pipesgd.measure.ddp_step``), the gradient pack/unpack copy rate and the thread
-hand-off. Every rank must call these; each value is the slowest rank's median.
+apart (lockstep; DDP's own step: ``pipesgd.measure.ddp_step``; the ps-sync round: ``pipesgd.measure.ps_round``),
+the gradient pack/unpack copy rate and the thread hand-off. Every rank must call these; each value is the slowest rank's median.
 
-These return raw timings; the model's terms (κ, κc, λ, lockstep, the DDP step, copy rate, hand-off) are derived from
-them by the pure ``timing_model.fitting.host_record``.
+These return raw timings; the model's terms (κ, κc, λ, lockstep, the DDP step, the ps-sync round, copy rate,
+hand-off) are derived from them by the pure ``timing_model.fitting.host_record``.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from pipesgd.measure.allreduce import trainer_collective
 from pipesgd.measure.compute import Load, matmul_load, model_load
 from pipesgd.measure.feedback import measure_feedback_rings
 from pipesgd.measure.server import measure_ps_service
+from pipesgd.measure.ps_round import measure_ps_round
 from pipesgd.measure.ddp_step import measure_ddp_step
 from pipesgd.measure.timing import (STEP_PROBE_MAX_STEPS, STEP_PROBE_MIN_STEPS, calls_within, gathered_rows,
                                    median_of_slowest, time_calls)
@@ -218,8 +219,9 @@ def measure_host(sizes_bytes: list[int], overlap_sizes_bytes: list[int], repeats
     reduces its own gradient size with each of ``compressions``, as a training step would, the lockstep probe
     runs synchronous steps of that model (``measure_lockstep``), the DDP probe that model's steps under DDP
     (``pipesgd.measure.ddp_step``), each lossy codec's ring is timed with error
-    feedback at that size (``pipesgd.measure.feedback``) and the parameter-server probe runs a short
-    asynchronous job of it (``pipesgd.measure.server``); without one the interference probe runs the
+    feedback at that size (``pipesgd.measure.feedback``), the parameter-server probe runs a short
+    asynchronous job of it (``pipesgd.measure.server``) and the ps-sync probe its synchronous rounds
+    (``pipesgd.measure.ps_round``); without one the interference probe runs the
     matmul load beside uncompressed all-reduces of ``overlap_sizes_bytes`` and there is no lockstep probe."""
     host: dict = {}
     if overlap and compute:
@@ -233,6 +235,7 @@ def measure_host(sizes_bytes: list[int], overlap_sizes_bytes: list[int], repeats
         host.update(measure_ddp_step(compute, warmup, device))
         host.update(measure_feedback_rings(compute, compressions, max(repeats, 30), warmup, device))
         host.update(measure_ps_service(compute, device))
+        host.update(measure_ps_round(compute, warmup, device))
     elif overlap:
         host.update(measure_overlap(overlap_sizes_bytes, repeats, warmup, device))
     host.update(measure_copy(sizes_bytes, max(repeats, 10), device))

@@ -59,15 +59,16 @@ def calibration_from(measured, sizes_bytes: list[int], repeats: int, warmup: int
 
 
 # what ``--probe-only`` can add to an existing calibration: probe name -> the host record it writes
-PROBES = {"ps": "ps_service", "feedback": "feedback_rings"}
+PROBES = {"ps": "ps_service", "ps-sync": "ps_round", "feedback": "feedback_rings"}
 
 
 def add_probes(cal: Calibration | None, names: tuple[str, ...], compute: dict, compressions: tuple[str, ...],
                device: str) -> Calibration | None:
     """Every rank runs the named probes of ``PROBES`` (``ps``: the parameter server, ``pipesgd.measure.server``;
-    ``feedback``: each lossy codec's ring with error feedback, ``pipesgd.measure.feedback``); rank 0 adds their raw
+    ``ps-sync``: its synchronous round, ``pipesgd.measure.ps_round``; ``feedback``: each lossy codec's ring with error feedback, ``pipesgd.measure.feedback``); rank 0 adds their raw
     records and terms (``fitting.host_record``) to ``cal``'s host record and returns it, other ranks ``None``."""
     from pipesgd.measure.feedback import measure_feedback_rings  # torch: only when measuring
+    from pipesgd.measure.ps_round import measure_ps_round
     from pipesgd.measure.server import measure_ps_service
 
     raw: dict = {}
@@ -75,6 +76,8 @@ def add_probes(cal: Calibration | None, names: tuple[str, ...], compute: dict, c
         raw.update(measure_feedback_rings(compute, compressions, device=device))
     if "ps" in names:
         raw.update(measure_ps_service(compute, device))
+    if "ps-sync" in names:
+        raw.update(measure_ps_round(compute, device=device))
     if cal is None:
         return None
     cal.host = {**(cal.host or {}), **host_record(raw)}
@@ -109,8 +112,9 @@ def add_parser(sub) -> None:
                         "the load is --model's forward+backward at its gradient size per codec, else a matmul loop)")
     p.add_argument("--probe-only", metavar="NAMES",
                    help="run only these probes of --model and add them to the existing calibration --out (made "
-                        "before they existed): ps (a short ps-async job), feedback (each lossy codec of "
-                        "--compressions in our ring with error feedback), or ps,feedback")
+                        "before they existed): ps (a short ps-async job), ps-sync (its synchronous rounds), "
+                        "feedback (each lossy codec of --compressions in our ring with error feedback), or a "
+                        "comma list")
     p.add_argument("--ps-probe-only", action="store_true", help="the same as --probe-only ps")
     p.set_defaults(run=run)
 
@@ -219,6 +223,10 @@ def report(cal: Calibration, out_path: str) -> str:
         if terms["ps_service_s"] > 0:
             out += (f"parameter server (co-located, ps-async): {1e3 * terms['ps_service_s']:.2f} ms per remote request "
                     f"while its worker trains, {1e3 * terms['ps_service_idle_s']:.2f} ms after\n")
+        if terms["ps_round_s"] > 0:
+            rounds = cal.host["ps_round"]
+            out += (f"ps-sync probe: the round took {1e3 * terms['ps_round_s']:.2f} ms beyond the slowest compute and "
+                    f"the server's update ({rounds['nodes']} ranks, {rounds['grad_bytes'] / 1e6:.2f} MB)\n")
     rings = (cal.host or {}).get("feedback_rings") or []
     if rings:
         out += "error feedback adds to the ring at the model's size: " + ", ".join(

@@ -52,6 +52,7 @@ SCENARIO_FLAGS = {
     "ps_service": ("ps_service_s", parse_time),
     "ps_service_idle": ("ps_service_idle_s", parse_time),
     "ps_colocated_step": ("ps_colocated_step_s", parse_time),
+    "ps_round": ("ps_round_s", parse_time),
     "reduce_rate": ("reduce_Bps", parse_bandwidth),
     "collective": ("collective", lambda s: _choice(s, "collective", COLLECTIVES)),
     "width": ("width", lambda s: _int_at_least(s, "width", 1)),
@@ -153,6 +154,9 @@ def add_scenario_flags(parser: argparse.ArgumentParser, sweep: bool) -> None:
     add("--ps-service-idle", default="0",
         help="the same after the co-located worker finished its steps (default 0: as --ps-service); ps-sync with "
              "--ps-colocated serves each remote worker in this time less --update")
+    add("--ps-round", default="0",
+        help="ps-sync with --ps-colocated: the round (pushes, the server's update, replies) less the update, e.g. "
+             "30ms, in place of the link's push + pull (calibrate measures it with --model; default 0: the link)")
     add("--ps-colocated-step", default="0",
         help="ps-async with --ps-colocated: the co-located worker's own mean step, e.g. 3ms (a run's rank 0; "
              "default 0: the remote workers' compute + update + host)")
