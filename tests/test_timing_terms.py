@@ -295,11 +295,6 @@ def test_the_ddp_probe_flows_from_the_raw_record_to_the_scenario():
     terms = host_terms(host)
     assert (terms["ddp_step_s"], terms["ddp_compute_s"]) == (0.013, 0.002)
     assert (host_terms({})["ddp_step_s"], host_terms({})["ddp_compute_s"]) == (0.0, 0.0)  # not probed
-    # beside the lockstep probe, the compute the step is taken beyond is the lockstep probe's, the statistic a sync
-    # partner's compute shares its contention with; without a DDP step the lockstep compute alone is no DDP term
-    lockstep = {"lockstep": {"compute_max_s": 0.0035, "excess_s": 0.009, "ring_alone_s": 0.008}}
-    assert host_terms({**host, **lockstep})["ddp_compute_s"] == 0.0035
-    assert (host_terms(lockstep)["ddp_step_s"], host_terms(lockstep)["ddp_compute_s"]) == (0.0, 0.0)
     cal = calibration()
     cal.host = {**cal.host, **host}
     calibrated = calibrated_scenario(scenario(), cal, "ddp")

@@ -213,10 +213,9 @@ def predict_ddp(cluster, compute, codec, schedule) -> ModeResult:
     """PyTorch DDP: bucket allreduces overlap the last ``overlap_fraction`` of backward (slowed by κc there);
     codec once per bucket; the bucket copies (2·M/copy_Bps) are serial; backward ends in a blocking wait for the
     last bucket, so the step pays the lockstep term too, or DDP's own where calibrate's DDP probe ran: what the
-    probe's step took beyond this formula's step for the lockstep probe's compute (``ComputeParams.ddp_step_s``,
-    ``ddp_compute_s``), at least −compute. Why: DDP launches its all-reduce from autograd's hooks and on shared
-    cores its step differs from the synchronous one the lockstep probe times (LeNet, 4 nodes on 2 cores: ddp
-    13.2 ms per step, sync 10.9 ms).
+    probe's step took beyond this formula's step for the probe's own compute (``ComputeParams.ddp_step_s``), at
+    least −compute. Why: DDP launches its all-reduce from autograd's hooks and on shared cores its step differs from
+    the synchronous one the lockstep probe times (LeNet, 4 nodes on 2 cores: ddp 13.2 ms per step, sync 10.9 ms).
     A gradient within one bucket (``bucket_bytes``, DDP's ``bucket_cap_mb``) overlaps nothing: its one
     all-reduce starts when backward has made every gradient. Measured with a comm hook's timestamps (2 ranks,
     torch 2.13, batch 32, 2026-11-24): ResNet-20's 1.09 MB gradient is one bucket after DDP's rebuild, its hook

@@ -103,9 +103,8 @@ class ComputeParams:
     # None: pipe takes κc instead
     window_loss: float | None = None
     # the DDP probe (calibrate --model, ``pipesgd.measure.ddp_step``): the model's step under DDP, back to back on
-    # every rank; ddp then takes what that step took beyond the model's DDP step for ddp_compute_s (the lockstep
-    # probe's forward + backward where it ran, ``host_terms``) in place of the lockstep term (``modes.predict_ddp``);
-    # 0: not probed, seconds
+    # every rank, and its forward + backward alone; ddp then takes what that step took beyond the model's DDP step
+    # for the probe's compute in place of the lockstep term (``modes.predict_ddp``); 0: not probed, seconds
     ddp_step_s: float = 0.0
     ddp_compute_s: float = 0.0
 
