@@ -78,9 +78,9 @@ def main() -> int:
                         help="(root) calibrate the selected cells (replacing a calibration) and predict their finished "
                              "runs; no training run")
     parser.add_argument("--probe", metavar="NAMES",
-                        help="with --calibrate: only add these probes of `calibrate --probe-only` (ps, feedback) "
-                             "to each cell's existing calibration (made before they existed), then predict the "
-                             "cell's runs again")
+                        help="with --calibrate: only add these probes of `calibrate --probe-only` (ps, ps-sync, "
+                             "feedback) to each cell's existing calibration (made before they existed), then predict "
+                             "the cell's runs again")
     parser.add_argument("--ps-probe", action="store_true", help="the same as --probe ps")
     parser.add_argument("--estimate-from", help="comma list of runs.json files to estimate from (default: the result)")
     args = parser.parse_args()
