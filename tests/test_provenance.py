@@ -36,3 +36,32 @@ def test_find_results_from_a_subfolder(tmp_path):
     assert find_results("x", str(tmp_path)) == str(target)
     with pytest.raises(FileNotFoundError, match="experiments/results/y"):
         find_results("y", str(tmp_path / "notebooks"))
+
+
+def test_a_result_being_rewritten_does_not_make_its_commit_dirty(tmp_path, monkeypatch):
+    import shutil
+    import subprocess
+
+    from pipesgd.bench import provenance as module
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    result, code = tmp_path / "experiments" / "results" / "runs.json", tmp_path / "pipesgd" / "a.py"
+    for path in (result, code):
+        path.parent.mkdir(parents=True)
+        path.write_text("0")
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "one")
+    monkeypatch.setattr(module, "_CHECKOUT", str(tmp_path))
+    head = module._commit()
+    assert len(head) == 12 and "+" not in head
+    result.write_text("1")  # the first line of `git status --porcelain` is " M experiments/results/runs.json"
+    assert module._commit() == head
+    code.write_text("1")
+    assert module._commit() == head + "+dirty"

@@ -21,13 +21,16 @@ __all__ = ["RESULTS_SUBDIR", "provenance", "write_result", "read_result", "find_
 RESULTS_SUBDIR = os.path.join("experiments", "results")
 
 
+_CHECKOUT = os.path.dirname(os.path.abspath(__file__))  # git runs here: the checkout the package runs from
+
+
 def _git(*args: str) -> str:
     try:
-        done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
-                              cwd=os.path.dirname(os.path.abspath(__file__)))
+        done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10, cwd=_CHECKOUT)
     except (OSError, subprocess.TimeoutExpired):
         return ""
-    return done.stdout.strip() if done.returncode == 0 else ""
+    # only the trailing newline goes: `status --porcelain` lines start with a space (" M path")
+    return done.stdout.rstrip() if done.returncode == 0 else ""
 
 
 def _commit() -> str:
