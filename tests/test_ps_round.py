@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.distributed import run_ranks
+from tests.test_ps_service import TINY_MLP, record_of_every_rank
 from tests.test_timing_terms import calibration
 from timing_model.fitting import host_record
 from timing_model.host_terms import host_terms
@@ -61,14 +61,11 @@ def test_the_server_refuses_a_round_that_is_no_time():
 def _probe_on_ranks(rank, world_size):
     from pipesgd.measure.ps_round import measure_ps_round
 
-    compute = {"model": "mlp", "input_shape": (16,), "num_classes": 4, "batch_size": 8, "hidden": 8}
-    return measure_ps_round(compute, budget_s=0.5)["ps_round"]
+    return measure_ps_round(TINY_MLP, budget_s=0.5)["ps_round"]
 
 
 def test_the_probe_times_the_trainers_synchronous_rounds():
-    results = run_ranks(_probe_on_ranks, 3, timeout_s=120)
-    record = results[0]
-    assert all(r == record for r in results)  # every rank returns the gathered record
+    record = record_of_every_rank(_probe_on_ranks)
     assert record["nodes"] == 3 and record["steps"] >= 5 and "mlp forward+backward, batch 8" in record["load"]
     assert record["grad_bytes"] == 4.0 * (16 * 8 + 8 + 8 * 8 + 8 + 8 * 4 + 4)  # the mlp's three layers, fp32
     assert record["period_s"] >= record["compute_max_s"] > 0 and record["update_s"] > 0

@@ -156,17 +156,24 @@ def test_a_ps_async_run_is_measured_by_its_slowest_workers_mean(tmp_path):
     assert run.t_compute == pytest.approx((0.002,) * 10)  # its own compute, not rank 0's
 
 
+TINY_MLP = {"model": "mlp", "input_shape": (16,), "num_classes": 4, "batch_size": 8, "hidden": 8}  # probes' load
+
+
 def _probe_on_ranks(rank, world_size):
     from pipesgd.measure.server import measure_ps_service
 
-    compute = {"model": "mlp", "input_shape": (16,), "num_classes": 4, "batch_size": 8, "hidden": 8}
-    return measure_ps_service(compute, budget_s=0.5)["ps_service"]
+    return measure_ps_service(TINY_MLP, budget_s=0.5)["ps_service"]
+
+
+def record_of_every_rank(probe_on_ranks, ranks: int = 3) -> dict:
+    """A probe's record, run on ``ranks`` gloo processes; every rank must return the same (gathered) record."""
+    results = run_ranks(probe_on_ranks, ranks, timeout_s=120)
+    assert all(r == results[0] for r in results)
+    return results[0]
 
 
 def test_the_probe_runs_a_colocated_async_job_and_splits_its_phases():
-    results = run_ranks(_probe_on_ranks, 3, timeout_s=120)
-    record = results[0]
-    assert all(r == record for r in results)  # every rank returns the gathered record
+    record = record_of_every_rank(_probe_on_ranks)
     assert record["workers"] == 2 and record["steps"] >= 5 and record["statistic"] == "mean"
     assert record["busy"]["steps"] + record["idle"]["steps"] == 2 * record["steps"]
     for phase in ("busy", "idle"):
