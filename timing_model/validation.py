@@ -200,8 +200,8 @@ def calibrated_scenario(scenario: Scenario, cal: Calibration, mode: str) -> Scen
     """``scenario`` with the network terms of the fit that serves ``mode``, the anchor of that allreduce at the
     scenario's gradient size (``Calibration.ring_anchor_s``), the calibrated in-ring codec speeds and error-feedback
     rate (the feedback probe's at this size when it ran, ``Calibration.ring_feedback_speed``) and the calibrated
-    host terms κ, κc, λ, lockstep, the DDP probe's step, the ps-sync probe's round, copy rate and hand-off (codec speeds and host terms given
-    in the scenario win)."""
+    host terms κ, κc, λ, lockstep, the DDP probe's step, the ps-sync probe's round (at the scenario's ranks and
+    gradient only), copy rate and hand-off (codec speeds and host terms given in the scenario win)."""
     fit = cal.fit_for(mode, scenario.compression)
     encode, decode = cal.codec_speeds(scenario.compression, scenario.nodes)
     # what feedback added to the ring in the calibration's paired probe, else the isolated rate scaled to the ring

@@ -1,7 +1,8 @@
 """What the host adds around the all-reduce: interference between the all-reduce and compute (with compute all
 along, and at a Pipe-SGD step's duty cycle), what a blocking all-reduce right after compute costs beyond the two
 apart (lockstep; DDP's own step: ``pipesgd.measure.ddp_step``; the ps-sync round: ``pipesgd.measure.ps_round``),
-the gradient pack/unpack copy rate and the thread hand-off. Every rank must call these; each value is the slowest rank's median.
+the gradient pack/unpack copy rate and the thread hand-off. Every rank must call these; each value is the slowest
+rank's median.
 
 These return raw timings; the model's terms (κ, κc, λ, lockstep, the DDP step, the ps-sync round, copy rate,
 hand-off) are derived from them by the pure ``timing_model.fitting.host_record``.

@@ -65,8 +65,9 @@ PROBES = {"ps": "ps_service", "ps-sync": "ps_round", "feedback": "feedback_rings
 def add_probes(cal: Calibration | None, names: tuple[str, ...], compute: dict, compressions: tuple[str, ...],
                device: str) -> Calibration | None:
     """Every rank runs the named probes of ``PROBES`` (``ps``: the parameter server, ``pipesgd.measure.server``;
-    ``ps-sync``: its synchronous round, ``pipesgd.measure.ps_round``; ``feedback``: each lossy codec's ring with error feedback, ``pipesgd.measure.feedback``); rank 0 adds their raw
-    records and terms (``fitting.host_record``) to ``cal``'s host record and returns it, other ranks ``None``."""
+    ``ps-sync``: its synchronous round, ``pipesgd.measure.ps_round``; ``feedback``: each lossy codec's ring with
+    error feedback, ``pipesgd.measure.feedback``); rank 0 adds their raw records and terms
+    (``fitting.host_record``) to ``cal``'s host record and returns it, other ranks ``None``."""
     from pipesgd.measure.feedback import measure_feedback_rings  # torch: only when measuring
     from pipesgd.measure.ps_round import measure_ps_round
     from pipesgd.measure.server import measure_ps_service
