@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
+import traceback
 import warnings
 from pathlib import Path
 
@@ -78,12 +80,12 @@ def reference(world: int, width: int, steps: int, hidden: int) -> torch.Tensor:
 
 def train(rank: int, device: torch.device, hidden: int, steps: int, width: int, compression: str = "none",
           feedback: bool = False, stall_compute: bool = False, count_syncs: bool = False):
-    """Final weights (float64, CPU) after ``steps`` steps and a flush; with ``count_syncs`` also the number of
-    sync warnings raised on the calling thread inside ``step()``."""
+    """Final weights (float64, CPU) after ``steps`` steps and a flush; with ``count_syncs`` also where ``step()``
+    synchronised on the calling thread (one ``file:line`` per sync warning)."""
     model = make_model(hidden).to(device)
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, width=width, warmup_steps=0,
                   compression=compression, error_feedback=feedback)
-    main_thread_syncs = 0
+    main_thread_syncs: list[str] = []
     for t in range(steps):
         x, y = (v.to(device) for v in batch(t, rank))
         nn.functional.mse_loss(model(x), y).backward()
@@ -99,13 +101,19 @@ def train(rank: int, device: torch.device, hidden: int, steps: int, width: int, 
     return flat(model), main_thread_syncs
 
 
-def _syncs_on_this_thread(call) -> int:
-    """Sync warnings that ``call()`` raises on the calling thread under ``set_sync_debug_mode("warn")``; the
-    worker thread's own syncs (gloo staging, the finiteness check) are its business and not counted."""
+def _syncs_on_this_thread(call) -> list[str]:
+    """Where (``file:line``) ``call()`` synchronised on the calling thread under ``set_sync_debug_mode("warn")``,
+    once per sync; the worker thread's own syncs (gloo staging, the finiteness check) are its business."""
     caller, seen = threading.current_thread(), []
 
     def show(message, category, filename, lineno, file=None, line=None):
-        seen.append(threading.current_thread() is caller and "synchroniz" in str(message).lower())
+        # "called a synchronizing CUDA operation"; not the notice that enabling the mode prints once per process
+        # ("Synchronization debug mode is a prototype feature ...", which the first count took for a sync).
+        if threading.current_thread() is caller and "called a synchronizing" in str(message):
+            # The innermost frame of our own code: a torch wrapper's line says nothing about who called it.
+            ours = [f for f in traceback.extract_stack() if f"{os.sep}pipesgd{os.sep}" in f.filename]
+            seen.append(f"{Path(ours[-1].filename).name}:{ours[-1].lineno}" if ours
+                        else f"{Path(filename).name}:{lineno}")
 
     with warnings.catch_warnings():
         warnings.simplefilter("always")
@@ -115,7 +123,7 @@ def _syncs_on_this_thread(call) -> int:
             call()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return sum(seen)
+    return seen
 
 
 def _gatherable(t: torch.Tensor) -> torch.Tensor:
@@ -189,13 +197,14 @@ def check_syncs(rank: int, world: int, device: torch.device, args) -> list[dict]
     rows = []
     for name, feedback in (("none", False), ("q8", True)):
         _, syncs = train(rank, device, args.hidden, args.steps, 2, name, feedback, count_syncs=True)
-        count = _gatherable(torch.tensor([syncs]))
-        gathered = [torch.zeros_like(count) for _ in range(world)]
-        dist.all_gather(gathered, count)
-        total = sum(int(g) for g in gathered)
+        gathered: list[list[str]] = [[] for _ in range(world)]
+        dist.all_gather_object(gathered, syncs)
+        every = [where for rank_syncs in gathered for where in rank_syncs]
+        total = len(every)
+        where = f" at {', '.join(sorted(set(every))[:3])}" if every else ""
         # At world size 1 the exchange runs inline: its finiteness check is a sync by design.
         rows.append(row("no sync from step()", f"K = 2, {name}{' + EF' if feedback else ''}, caller's thread",
-                        f"{total} sync warnings over {args.steps} steps x {world} ranks",
+                        f"{total} sync warnings over {args.steps} steps x {world} ranks{where}",
                         total == 0 if world > 1 else None))
     return rows
 
@@ -274,6 +283,10 @@ def check_memory(rank: int, world: int, device: torch.device, args) -> list[dict
             opt.step()
             opt.zero_grad()
             if t + 1 in (10, 30):
+                if width:
+                    # Read between rings: a ring in flight holds its hop buffers (q8 pieces read as +1 MiB of
+                    # "growth" once). The worker runs jobs in order, so a no-op job returns after the ring.
+                    opt._channel.submit(lambda: None).wait()
                 torch.cuda.synchronize()
                 seen[t + 1] = torch.cuda.memory_allocated(device) - base - grad_bytes  # beyond the weights
         if width:

@@ -13,6 +13,27 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
+def rank_gpu(local_rank: int, backend: str, local_world_size: int) -> torch.device:
+    """The GPU of the rank with ``local_rank`` on its node: ranks share the node's GPUs round-robin (gloo reads
+    CUDA tensors from any number of ranks per GPU); NCCL refuses two ranks on one GPU ("Duplicate GPU detected"),
+    so there it is a ValueError naming the fix."""
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise ValueError("--device cuda but no GPU is visible (torch.cuda.device_count() is 0)")
+    problem = gpu_sharing_problem(backend, local_world_size, count)
+    if problem:
+        raise ValueError(problem)
+    return torch.device("cuda", local_rank % count)
+
+
+def gpu_sharing_problem(backend: str, local_world_size: int, gpu_count: int) -> str | None:
+    """Why ``local_world_size`` ranks cannot share ``gpu_count`` GPUs on ``backend``, or None if they can."""
+    if backend == "nccl" and local_world_size > gpu_count:
+        return (f"{local_world_size} ranks on this node but {gpu_count} GPU(s): NCCL needs one GPU per rank; "
+                "use --backend gloo (ranks then share the GPUs) or fewer ranks per node")
+    return None
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -42,7 +42,10 @@ class Participation:
         """``group``: the agreement's own group (the ring's ranks), so that the agreement can be in flight while
         the ring runs on the ring's group; destroyed by ``close()``."""
         self._topology = topology
-        self._device = device
+        # Gloo reduces host memory: a CUDA word would be staged through the host and its scalar write is a
+        # blocking copy (seen as a sync warning on the GPU). NCCL needs it on the device.
+        on_device = group is not None and dist.is_initialized() and dist.get_backend(group) == "nccl"
+        self._device = torch.device(device) if on_device else torch.device("cpu")
         self._group = group
         # Disabled (PipeSGD(check_uneven=False)) when every rank runs the same number of steps by construction.
         self._agreeing = enabled and topology.size > 1
@@ -84,7 +87,7 @@ class Participation:
     def _post(self, steps: int | None) -> tuple[torch.Tensor, dist.Work]:
         """Start the all-reduce of this rank's word (0: still training, N+1: finished after N steps)."""
         word = torch.zeros(self._topology.size, dtype=torch.int64, device=self._device)
-        word[self._topology.rank] = 0 if steps is None else steps + 1
+        word.narrow(0, self._topology.rank, 1).fill_(0 if steps is None else steps + 1)  # a kernel, not a copy
         return word, dist.all_reduce(word, group=self._group, async_op=True)
 
     def _read(self, word: torch.Tensor) -> dict[int, int | None]:

@@ -187,6 +187,20 @@ def test_the_gpu_check_passes_one_rank_per_gpu_and_anything_on_gloo_or_cpu():
         check_gpus(nccl, 3, 2)
 
 
+def test_ranks_share_gpus_round_robin_on_gloo_and_nccl_refuses_sharing(monkeypatch):
+    # The calibration used LOCAL_RANK as the GPU index: 4 ranks on one H100 died with "invalid device ordinal".
+    from pipesgd.launch import rank_gpu
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert [rank_gpu(r, "gloo", 4).index for r in range(4)] == [0, 1, 0, 1]
+    assert rank_gpu(1, "nccl", 2) == torch.device("cuda", 1)
+    with pytest.raises(ValueError, match="4 ranks on this node but 2 GPU.*--backend gloo"):
+        rank_gpu(0, "nccl", 4)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(ValueError, match="no GPU is visible"):
+        rank_gpu(0, "gloo", 1)
+
+
 def test_the_compute_timer_reads_the_wall_clock_on_cpu(monkeypatch):
     from pipesgd.train import step_timer
 

@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 import pipesgd
 from pipesgd.compression import ErrorFeedback, build
-from pipesgd.ring import RingTopology, chunk_bounds, ring_allreduce_
+from pipesgd.ring import MAX_PIECES, PIECE_ELEMENTS, RingTopology, chunk_bounds, piece_bounds, ring_allreduce_
 from tests.distributed import run_ranks
 
 SIZES = [0, 1, 2, 3, 5, 17, 1000, 4097, 10_001]
@@ -142,6 +142,16 @@ def test_chunk_bounds_cover_everything_evenly():
             b = chunk_bounds(numel, parts)
             sizes = [b[i + 1] - b[i] for i in range(parts)]
             assert b[0] == 0 and b[-1] == numel and max(sizes) - min(sizes) <= 1
+
+
+def test_a_hop_is_pieces_on_cpu_and_one_piece_on_a_gpu():
+    # On CPU the codec overlaps the wire piece by piece; on a GPU each piece cost a sync and launches (H100: the
+    # q8 all-reduce of ResNet-18 70.4 ms in 8 pieces, 14.4 ms in one), so a GPU hop is one piece.
+    big = 4 * MAX_PIECES * PIECE_ELEMENTS
+    assert len(piece_bounds(big)) - 1 == MAX_PIECES
+    assert len(piece_bounds(3 * PIECE_ELEMENTS)) - 1 == 3
+    assert piece_bounds(PIECE_ELEMENTS // 2) == [0, PIECE_ELEMENTS // 2]
+    assert piece_bounds(big, on_gpu=True) == [0, big]
 
 
 def test_world_size_one_is_exact_and_sends_nothing():

@@ -6,6 +6,7 @@ import time
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from pipesgd import PipeSGD
@@ -135,3 +136,23 @@ def test_the_ring_starts_before_the_agreement_is_answered(monkeypatch):
     result = participation.exchange(lambda buffers: events.append("ring") or "averaged", [], step=3)
     assert result == "averaged"
     assert events == ["agreement posted", "ring", "agreement read"]
+
+
+def _agreement_word_device(rank: int, world: int) -> str:
+    from pipesgd.topology import RingTopology
+    from pipesgd.uneven import Participation
+
+    topology = RingTopology(dist.group.WORLD)
+    part = Participation(topology, torch.device("cuda"), dist.new_group(list(range(world))))
+    try:
+        word, pending = part._post(None)  # a CUDA word would fail here, on a machine without one
+        pending.wait()
+        return f"{word.device.type} {word.tolist()}"
+    finally:
+        part.close()
+
+
+def test_the_agreement_word_lives_on_the_host_for_gloo_even_for_a_cuda_model():
+    # Gloo reduces host memory: a CUDA word is staged through the host, and writing its entry was a blocking copy
+    # that the H100 run's sync check caught on every step's job.
+    assert run_ranks(_agreement_word_device, 2, timeout_s=60) == ["cpu [0, 0]", "cpu [0, 0]"]

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from pipesgd import trace
-from pipesgd.launch import exit_process
+from pipesgd.launch import exit_process, gpu_sharing_problem, rank_gpu
 from pipesgd.replica_check import ReplicaDivergenceError
 from pipesgd.uneven import UnevenInputsError
 
@@ -60,9 +60,9 @@ def check_shapes(cfg: TrainConfig, n_train: int, world_size: int) -> None:
 
 def check_gpus(cfg: TrainConfig, local_world_size: int, gpu_count: int) -> None:
     """NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), and ranks map to GPUs by local rank."""
-    if cfg.device == "cuda" and cfg.resolved_backend == "nccl" and local_world_size > gpu_count:
-        raise ConfigError(f"{local_world_size} ranks on this node but {gpu_count} GPU(s): NCCL needs one GPU per "
-                          "rank; use --backend gloo (ranks then share the GPUs) or fewer ranks per node")
+    problem = gpu_sharing_problem(cfg.resolved_backend, local_world_size, gpu_count) if cfg.device == "cuda" else None
+    if problem:
+        raise ConfigError(problem)
 
 
 def init_process_group(cfg: TrainConfig, rank: int, world_size: int) -> None:
@@ -92,7 +92,7 @@ def _seed(seed: int) -> None:
 def run(cfg: TrainConfig, ds, rank: int, world_size: int, local_rank: int, debug: bool = False) -> None:
     """Everything after the process group exists (the code the failure handling in ``main`` wraps)."""
     if cfg.device == "cuda":
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        device = rank_gpu(local_rank, cfg.resolved_backend, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")

@@ -160,8 +160,11 @@ def run(args: argparse.Namespace) -> str | int:
     backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
     device = args.device
     if device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        device = f"cuda:{torch.cuda.current_device()}"
+        from pipesgd.launch import rank_gpu
+        gpu = rank_gpu(int(os.environ.get("LOCAL_RANK", "0")), backend,
+                       int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))))
+        torch.cuda.set_device(gpu)
+        device = str(gpu)
     torch.set_num_threads(args.threads)
     dist.init_process_group(backend)
     failure: Exception | None = None
