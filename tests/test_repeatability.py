@@ -9,7 +9,7 @@ from pipesgd.bench import repeatability
 def _run(cell, variant, t_iter_s, error=None, status="ok"):
     run = {"cell": cell, "workload": cell.split("-")[0], "variant": variant, "status": status, "t_iter_s": t_iter_s}
     if error is not None:
-        run["model"] = {"error": error}
+        run["model"] = {"error": error, "predicted_s": t_iter_s * (1 + error)}
     return run
 
 
@@ -30,11 +30,24 @@ def test_pairs_keep_the_runs_measured_in_both_with_their_change_and_model_errors
     assert resnet.second_error is None and resnet.workload == "resnet20"
 
 
+def test_the_pooled_error_is_the_model_on_the_mean_of_both_sittings():
+    sync, pipe, resnet = repeatability.pairs(FIRST, SECOND)
+    # predicted 9.5 and 10.8 ms against 10 and 9 ms measured: 20.3 / 19 - 1
+    assert sync.pooled_error == pytest.approx(20.3 / 19 - 1)
+    # +2 % and -10 % in the two sittings: the sums, 8.16 + 9.0 against 8 + 10 ms, not the mean of the errors
+    assert pipe.pooled_error == pytest.approx(17.16 / 18 - 1)
+    assert pipe.pooled_error != pytest.approx((pipe.first_error + pipe.second_error) / 2)
+    assert resnet.pooled_error is None and resnet.error_shift is None  # the second sitting did not predict it
+    assert sync.error_shift == pytest.approx(0.25) and pipe.error_shift == pytest.approx(-0.12)
+
+
 def test_summary_rows_per_workload_and_over_all():
     rows = repeatability.summary_rows(repeatability.pairs(FIRST, SECOND))
-    assert rows == [("lenet", 2, "17.5 % / 25.0 %", "3.5 % / 5.0 %", "15.0 % / 20.0 %"),
-                    ("resnet20", 1, "5.0 % / 5.0 %", "1.0 % / 1.0 %", "-"),
-                    ("all", 3, "10.0 % / 25.0 %", "2.0 % / 5.0 %", "15.0 % / 20.0 %")]
+    assert rows == [("lenet", 2, "17.5 % / 25.0 %", "3.5 % / 5.0 %", "15.0 % / 20.0 %", "18.5 % / 25.0 %",
+                     "5.8 % / 6.8 %"),
+                    ("resnet20", 1, "5.0 % / 5.0 %", "1.0 % / 1.0 %", "-", "-", "-"),
+                    ("all", 3, "10.0 % / 25.0 %", "2.0 % / 5.0 %", "15.0 % / 20.0 %", "18.5 % / 25.0 %",
+                     "5.8 % / 6.8 %")]
 
 
 def test_main_prints_the_table_and_refuses_bad_inputs(tmp_path, capsys):
@@ -44,8 +57,9 @@ def test_main_prints_the_table_and_refuses_bad_inputs(tmp_path, capsys):
     empty.write_text(json.dumps({"runs": []}))
     assert repeatability.main([str(first), str(second), "--all"]) == 0
     out = capsys.readouterr().out
-    assert "lenet-1gbit        pipe          A      8.0 ms  B     10.0 ms   +25.0 %" in out
-    assert "| all | 3 | 10.0 % / 25.0 % |" in out
+    assert "lenet-1gbit        pipe          A      8.0 ms  B     10.0 ms   +25.0 %   model A  +2.0 %  B -10.0 %" in out
+    assert "resnet20-1gbit     sync          A     60.0 ms  B     63.0 ms    +5.0 %   model A  +1.0 %  B       -" in out
+    assert "| all | 3 | 10.0 % / 25.0 % | 2.0 % / 5.0 % | 15.0 % / 20.0 % | 18.5 % / 25.0 % | 5.8 % / 6.8 % |" in out
     assert repeatability.main([str(first), str(tmp_path / "missing.json")]) == 2
     assert "missing.json" in capsys.readouterr().err
     assert repeatability.main([str(first), str(empty)]) == 2

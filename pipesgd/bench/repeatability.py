@@ -8,7 +8,12 @@ each sitting's timing-model error, per workload and over all runs::
 Why: each cell's calibration and runs share one sitting, so the model's error holds the machine's drift within
 a sitting and the model's own; the spread of the same runs between sittings shows how large the drift of a shared
 2-core host can be (an upper view of it: the sittings lie hours apart, a cell's calibration minutes before its
-runs). Differences are (B − A) / A of the median iterations the results store; only runs measured in both count.
+runs; v10a and v10b interleave two sittings cell by cell, minutes apart). Differences are (B − A) / A of the median
+iterations the results store; only runs measured in both count. Beside the model's error in each sitting: how far it
+moved from A to B (a term the model lacks errs alike in both sittings; what moves between two sittings of the same
+run, no calibration made before it could foresee), and the model against the two sittings pooled,
+mean(predicted A, predicted B) / mean(measured A, measured B) − 1, where drift that differs between them averages
+down.
 """
 from __future__ import annotations
 
@@ -32,10 +37,26 @@ class Pair:
     second_s: float
     first_error: float | None
     second_error: float | None
+    first_predicted_s: float | None = None
+    second_predicted_s: float | None = None
 
     @property
     def change(self) -> float:
         return (self.second_s - self.first_s) / self.first_s
+
+    @property
+    def error_shift(self) -> float | None:
+        """How far the model's error moved from the first sitting to the second; None unless both predicted it."""
+        if self.first_error is None or self.second_error is None:
+            return None
+        return self.second_error - self.first_error
+
+    @property
+    def pooled_error(self) -> float | None:
+        """The model's error on the mean of the two sittings; None unless both predicted the run."""
+        if self.first_predicted_s is None or self.second_predicted_s is None:
+            return None
+        return (self.first_predicted_s + self.second_predicted_s) / (self.first_s + self.second_s) - 1
 
 
 def _measured(data: dict) -> dict[tuple[str, str], dict]:
@@ -43,17 +64,20 @@ def _measured(data: dict) -> dict[tuple[str, str], dict]:
             if run.get("status") == "ok" and (run.get("t_iter_s") or 0) > 0}
 
 
-def _error(run: dict) -> float | None:
-    model = run.get("model") or {}
-    return model.get("error")
+def _model(run: dict, key: str) -> float | None:
+    return (run.get("model") or {}).get(key)
 
 
 def pairs(first: dict, second: dict) -> list[Pair]:
     """The runs both results measured, in the first result's order."""
     a, b = _measured(first), _measured(second)
-    return [Pair(cell, a[cell, variant].get("workload") or cell.split("-")[0], variant, a[cell, variant]["t_iter_s"],
-                 b[cell, variant]["t_iter_s"], _error(a[cell, variant]), _error(b[cell, variant]))
-            for cell, variant in a if (cell, variant) in b]
+    return [_pair(*key, a[key], b[key]) for key in a if key in b]
+
+
+def _pair(cell: str, variant: str, first: dict, second: dict) -> Pair:
+    return Pair(cell, first.get("workload") or cell.split("-")[0], variant, first["t_iter_s"], second["t_iter_s"],
+                _model(first, "error"), _model(second, "error"), _model(first, "predicted_s"),
+                _model(second, "predicted_s"))
 
 
 def _stats(values: list[float]) -> str:
@@ -63,15 +87,22 @@ def _stats(values: list[float]) -> str:
     return f"{100 * statistics.median(absolute):.1f} % / {100 * max(absolute):.1f} %"
 
 
-def summary_rows(found: list[Pair]) -> list[tuple[str, int, str, str, str]]:
+def _signed(error: float | None) -> str:
+    return "      -" if error is None else f"{100 * error:+5.1f} %"
+
+
+def summary_rows(found: list[Pair]) -> list[tuple[str, int, str, str, str, str, str]]:
     """Per workload and over all: (group, runs, median / max |change| between sittings, median / max |model
-    error| of the first sitting, of the second), the model's over the runs each sitting predicted."""
+    error| of the first sitting, of the second, how far it moved between them, and the model on the two pooled),
+    the model's over the runs each predicted."""
     groups = [(w, [p for p in found if p.workload == w]) for w in dict.fromkeys(p.workload for p in found)]
     rows = []
     for name, members in groups + [("all", found)]:
         rows.append((name, len(members), _stats([p.change for p in members]),
                      _stats([p.first_error for p in members if p.first_error is not None]),
-                     _stats([p.second_error for p in members if p.second_error is not None])))
+                     _stats([p.second_error for p in members if p.second_error is not None]),
+                     _stats([p.error_shift for p in members if p.error_shift is not None]),
+                     _stats([p.pooled_error for p in members if p.pooled_error is not None])))
     return rows
 
 
@@ -100,12 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.all:
         for p in found:
             print(f"{p.cell:18s} {p.variant:13s} A {1e3 * p.first_s:8.1f} ms  B {1e3 * p.second_s:8.1f} ms  "
-                  f"{100 * p.change:+6.1f} %")
+                  f"{100 * p.change:+6.1f} %   model A {_signed(p.first_error)}  B {_signed(p.second_error)}")
     print("| workload | runs in both | A → B, median / max \\|change\\| | model A, median / max \\|error\\| "
-          "| model B, median / max \\|error\\| |")
-    print("|---|---|---|---|---|")
-    for name, count, change, first, second in summary_rows(found):
-        print(f"| {name} | {count} | {change} | {first} | {second} |")
+          "| model B, median / max \\|error\\| | error B − error A | model on A and B pooled |")
+    print("|---|---|---|---|---|---|---|")
+    for row in summary_rows(found):
+        print("| " + " | ".join(str(cell) for cell in row) + " |")
     return 0
 
 
