@@ -50,6 +50,19 @@ def test_gpu_speed_runs_on_cpu_and_reports_overlap_efficiency(tmp_path):
     assert {r["codec"] for r in data["codecs"]} == {"bf16", "q8", "q4", "sign"}
 
 
+@pytest.mark.slow
+def test_gpu_contention_runs_on_cpu_and_times_every_codec_beside_every_load(tmp_path):
+    proc = run_script("gpu_contention.py", "--device", "cpu", "--ranks", "2", "--model", "lenet", "--batch", "4",
+                      "--repeats", "2", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "device: CPU" in proc.stdout
+    rows = json.loads((tmp_path / "gpu_contention.json").read_text())["rows"]
+    timed = {(r["codec"], r["load"]) for r in rows if r.get("ring ms")}
+    assert timed == {(c, load) for c in ("none", "bf16", "q8") for load in ("alone", "gpu-sleep", "python-spin",
+                                                                             "training")}
+    assert all(float(r["ring ms"]) > 0 for r in rows if r.get("ring ms"))
+
+
 @pytest.mark.parametrize("script", ["gpu_check.py", "gpu_speed.py"])
 def test_nccl_without_cuda_is_one_line(script, tmp_path):
     proc = run_script(script, "--device", "cpu", "--backend", "nccl", "--out", str(tmp_path), timeout_s=60)
