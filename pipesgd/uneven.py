@@ -44,7 +44,7 @@ class Participation:
         self._topology = topology
         # Gloo reduces host memory: a CUDA word would be staged through the host and its scalar write is a
         # blocking copy (seen as a sync warning on the GPU). NCCL needs it on the device.
-        on_device = group is not None and dist.is_initialized() and dist.get_backend(group) == "nccl"
+        on_device = group is not None and dist.get_backend(group) == "nccl"  # a group implies a process group
         self._device = torch.device(device) if on_device else torch.device("cpu")
         self._group = group
         # Disabled (PipeSGD(check_uneven=False)) when every rank runs the same number of steps by construction.

@@ -146,7 +146,7 @@ def test_chunk_bounds_cover_everything_evenly():
 
 def test_a_hop_is_pieces_on_cpu_and_one_piece_on_a_gpu():
     # On CPU the codec overlaps the wire piece by piece; on a GPU each piece cost a sync and launches (H100: the
-    # q8 all-reduce of ResNet-18 70.4 ms in 8 pieces, 14.4 ms in one), so a GPU hop is one piece.
+    # q8 all-reduce of ResNet-18 70.4 ms in 8 pieces, 14.3 ms in one), so a GPU hop is one piece.
     big = 4 * MAX_PIECES * PIECE_ELEMENTS
     assert len(piece_bounds(big)) - 1 == MAX_PIECES
     assert len(piece_bounds(3 * PIECE_ELEMENTS)) - 1 == 3
