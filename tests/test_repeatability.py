@@ -67,3 +67,19 @@ def test_main_prints_the_table_and_refuses_bad_inputs(tmp_path, capsys):
     (tmp_path / "list.json").write_text("[1, 2]")
     assert repeatability.main([str(first), str(tmp_path / "list.json")]) == 2
     assert "not a comparison result" in capsys.readouterr().err
+
+
+def test_the_sitting_figure_draws_each_run_predicted_in_both_where_it_belongs():
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pipesgd.bench.comparison_plot import plot_sitting_errors
+
+    fig, axes = plt.subplots(1, 2)
+    assert plot_sitting_errors(FIRST, SECOND, axes) == 2  # resnet20 sync lacks the second prediction
+    points = [[tuple(round(v, 6) for v in o) for c in ax.collections for o in c.get_offsets()] for ax in axes]
+    # lenet sync: -5 % then +20 %, measured 10 -> 9 ms (-10 %), the error moved +25 points
+    assert sorted(points[0]) == [(-5.0, 20.0), (2.0, -10.0)]
+    assert sorted(points[1]) == [(-10.0, 25.0), (25.0, -12.0)]
+    plt.close(fig)

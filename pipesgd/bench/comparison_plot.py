@@ -1,11 +1,13 @@
 """Figures of the 4-node comparison, drawn only from a loaded runs.json (``provenance.read_result``): per cell the
 iteration split, throughput, bytes on the wire, accuracy against wall-clock time and time to target; over the grid
-the timing model's predicted against measured scatter. Each function draws on a matplotlib Axes it is given (or
+the timing model's predicted against measured scatter, and over two sittings of the grid the model's error in one
+against the other (``pipesgd.bench.repeatability``). Each function draws on a matplotlib Axes it is given (or
 returns a Figure); matplotlib is imported inside, as it is an optional extra."""
 from __future__ import annotations
 
 __all__ = ["cells", "runs_of", "plot_split", "plot_throughput", "plot_bytes", "plot_accuracy_vs_wall",
-           "plot_time_to_target", "cell_figure", "plot_model_scatter"]
+           "plot_time_to_target", "cell_figure", "plot_model_scatter",
+           "plot_sitting_errors"]
 
 SPLIT = (("compute_s", "compute", "#4c72b0"), ("exposed_comm_s", "exposed communication", "#dd8452"),
          ("update_s", "update", "#55a868"))
@@ -118,3 +120,42 @@ def plot_model_scatter(data: dict, ax, flag: float = 0.10) -> None:
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured ms / iteration",
            ylabel="predicted ms / iteration", title="Timing model against the comparison runs")
     ax.legend(fontsize=6, loc="upper left")
+
+
+def plot_sitting_errors(first: dict, second: dict, axes, flag: float = 0.10) -> int:
+    """Two sittings of one grid, per run predicted in both (``repeatability.pairs``), on two Axes: the model's error
+    in the first against the second, with y = x and the ±flag square (a term the model lacks errs alike in both:
+    near the diagonal, away from the centre); and the measured change from the first to the second against how far
+    the error moved (a prediction that did not follow the machine's drift lies on y = −x). Returns the points
+    drawn per panel."""
+    from .repeatability import pairs
+
+    both = [p for p in pairs(first, second) if p.error_shift is not None]
+    left, right = axes
+    spans = [1.1 * max([100 * abs(v) for p in both for v in pick(p)] + [100 * flag])
+             for pick in (lambda p: (p.first_error, p.second_error), lambda p: (p.change, p.error_shift))]
+    left.add_patch(_square(100 * flag))
+    for ax in axes:
+        ax.axhline(0, color="0.6", lw=0.8)
+        ax.axvline(0, color="0.6", lw=0.8)
+    left.plot([-spans[0], spans[0]], [-spans[0], spans[0]], "k-", lw=1, label="y = x")
+    right.plot([-spans[1], spans[1]], [spans[1], -spans[1]], "k--", lw=1, label="y = −x")
+    for i, workload in enumerate(dict.fromkeys(p.workload for p in both)):
+        sel = [p for p in both if p.workload == workload]
+        style = dict(marker="osD^v<>"[i % 7], color=f"C{i % 10}", label=workload, zorder=3)
+        left.scatter([100 * p.first_error for p in sel], [100 * p.second_error for p in sel], **style)
+        right.scatter([100 * p.change for p in sel], [100 * p.error_shift for p in sel], **style)
+    left.set(xlabel="model error, first sitting (%)", ylabel="model error, second sitting (%)",
+             title="The model's error in two sittings")
+    right.set(xlabel="measured change, first → second (%)", ylabel="error second − first (points)",
+              title="Drift against the error's shift")
+    for ax, span in zip(axes, spans):
+        ax.set(xlim=(-span, span), ylim=(-span, span), aspect="equal")
+        ax.legend(fontsize=7, loc="upper left")
+    return len(both)
+
+
+def _square(half: float):
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((-half, -half), 2 * half, 2 * half, color="0.85", label=f"±{half:.0f} %")
