@@ -343,6 +343,18 @@ def test_model_ordering_counts_inversions_beyond_the_tie():
     assert "| c | 3 | 2 | 1 | pipe < sync: 2.00x, model 0.92x |" in text and "1 of 2" in text
 
 
+def test_orders_kept_between_two_sittings_judge_the_first_sittings_pairs_by_the_second():
+    from pipesgd.bench.model_ordering import orders_kept_between
+
+    def run(variant, measured, cell="c"):
+        return {"cell": cell, "variant": variant, "status": "ok", "model": {"measured_s": measured, "predicted_s": 1.0}}
+    first = [run("pipe", 0.10), run("sync", 0.20), run("ddp", 0.30), run("ps-sync", 0.31), run("x", 0.1, "alone")]
+    # sync and ddp swap; ps-sync is 3 % from ddp in the first sitting (a tie) and not in the second at all
+    second = [run("pipe", 0.11), run("sync", 0.25), run("ddp", 0.24), run("x", 0.1, "alone")]
+    assert orders_kept_between(first, second) == (2, 3)  # pipe<sync and pipe<ddp kept, sync<ddp flipped
+    assert orders_kept_between(second, first) == (2, 2)  # sync and ddp 4 % apart in the second: a tie there
+    assert orders_kept_between(first, []) == (0, 0)
+
 def test_model_curves_from_the_committed_result_keep_the_pipe_bounds():
     """Without host terms Pipe-SGD's speedup over sync lies in [1, 2] (max(W, T) against W + T); this machine's
     host terms (κ, κc >= 0) can only lower it."""

@@ -60,6 +60,9 @@ def test_main_prints_the_table_and_refuses_bad_inputs(tmp_path, capsys):
     assert "lenet-1gbit        pipe          A      8.0 ms  B     10.0 ms   +25.0 %   model A  +2.0 %  B -10.0 %" in out
     assert "resnet20-1gbit     sync          A     60.0 ms  B     63.0 ms    +5.0 %   model A  +1.0 %  B       -" in out
     assert "| all | 3 | 10.0 % / 25.0 % | 2.0 % / 5.0 % | 15.0 % / 20.0 % | 18.5 % / 25.0 % | 5.8 % / 6.8 % |" in out
+    # lenet sync 10 -> 9 ms and pipe 8 -> 10 ms: the one pair predicted in both changed its order
+    assert "of the 1 pairs of predicted runs sitting A measured more than 5 % apart in a cell, the other sitting " \
+           "ordered 0 alike (0 %)" in out
     assert repeatability.main([str(first), str(tmp_path / "missing.json")]) == 2
     assert "missing.json" in capsys.readouterr().err
     assert repeatability.main([str(first), str(empty)]) == 2

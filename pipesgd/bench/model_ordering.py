@@ -4,12 +4,15 @@ A speedup table is read for its ordering: which variant is fastest, which baseli
 comparison grid, every pair of predicted runs whose measured iteration times differ by more than ``tie`` (relative
 to the faster one; closer pairs are within the machine's noise and the measurement itself does not order them) is
 an *inversion* when the model orders it the other way. Reads only runs.json records.
+
+For scale, ``orders_kept_between`` asks the same of the measurements themselves: of the pairs one sitting of the
+grid orders, how many another sitting of the same runs orders alike (``pipesgd.bench.repeatability`` prints it).
 """
 from __future__ import annotations
 
 from itertools import combinations
 
-__all__ = ["TIE", "cell_orderings", "ordering_table"]
+__all__ = ["TIE", "cell_orderings", "ordering_table", "orders_kept_between"]
 
 TIE = 0.05  # measured pairs closer than this (relative) are not ordered by the measurement
 
@@ -56,3 +59,20 @@ def ordering_table(runs: list[dict], tie: float = TIE) -> str:
     lines += ["", f"The model keeps {kept} of {total} measured orderings ({100 * kept / total:.0f} %)." if total
               else "No pair of runs is measured more than the tie apart.", ""]
     return "\n".join(lines)
+
+
+def orders_kept_between(first: list[dict], second: list[dict], tie: float = TIE) -> tuple[int, int]:
+    """(kept, pairs): the pairs of predicted runs that ``first`` measured more than ``tie`` apart in one cell, and how
+    many of them ``second`` (another sitting's runs) measured in the same order; runs predicted in both only."""
+    later = {(r["cell"], r["variant"]): _measured(r) for r in second if r.get("status") == "ok" and r.get("model")}
+    # the second sitting's times stand in for the model's: an inversion is a pair the sittings order apart
+    paired = [{**r, "model": {"measured_s": _measured(r), "predicted_s": later[(r["cell"], r["variant"])]}}
+              for r in first if r.get("status") == "ok" and r.get("model") and (r["cell"], r["variant"]) in later]
+    rows = cell_orderings(paired, tie)
+    pairs = sum(r["pairs"] for r in rows)
+    return pairs - sum(len(r["inversions"]) for r in rows), pairs
+
+
+def _measured(run: dict) -> float:
+    """The run's measured iteration as its prediction saw it, else as the run recorded it."""
+    return run["model"].get("measured_s") or run["t_iter_s"]

@@ -23,6 +23,8 @@ import statistics
 import sys
 from dataclasses import dataclass
 
+from .model_ordering import TIE, orders_kept_between
+
 __all__ = ["Pair", "pairs", "summary_rows", "main"]
 
 
@@ -122,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         found = pairs(*loaded)
+        orders = [orders_kept_between(one.get("runs") or [], other.get("runs") or [])
+                  for one, other in (loaded, loaded[::-1])]
     except (KeyError, TypeError, AttributeError) as error:
         print(f"repeatability: not a comparison result ({error!r})", file=sys.stderr)
         return 2
@@ -137,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|")
     for row in summary_rows(found):
         print("| " + " | ".join(str(cell) for cell in row) + " |")
+    for label, (kept, ordered) in zip("AB", orders):
+        if ordered:
+            print(f"of the {ordered} pairs of predicted runs sitting {label} measured more than {100 * TIE:.0f} % apart "
+                  f"in a cell, the other sitting ordered {kept} alike ({100 * kept / ordered:.0f} %)")
     return 0
 
 
