@@ -143,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         print("| " + " | ".join(str(cell) for cell in row) + " |")
     for label, (kept, ordered) in zip("AB", orders):
         if ordered:
-            print(f"of the {ordered} pairs of predicted runs sitting {label} measured more than {100 * TIE:.0f} % apart "
-                  f"in a cell, the other sitting ordered {kept} alike ({100 * kept / ordered:.0f} %)")
+            print(f"of the {ordered} pairs of predicted runs sitting {label} measured more than {100 * TIE:.0f} % "
+                  f"apart in a cell, the other sitting ordered {kept} alike ({100 * kept / ordered:.0f} %)")
     return 0
 
 
