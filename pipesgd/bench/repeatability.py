@@ -13,7 +13,8 @@ iterations the results store; only runs measured in both count. Beside the model
 moved from A to B (a term the model lacks errs alike in both sittings; what moves between two sittings of the same
 run, no calibration made before it could foresee), and the model against the two sittings pooled,
 mean(predicted A, predicted B) / mean(measured A, measured B) − 1, where drift that differs between them averages
-down.
+down. Last, the scale for the model's ordering of the modes (``model_ordering``): of the pairs of runs one sitting
+measured more than 5 % apart in a cell, how many the other sitting measured in the same order.
 """
 from __future__ import annotations
 
