@@ -1,7 +1,14 @@
-"""run_ranks(fn, n): run ``fn(rank, world_size, *args)`` in n spawned gloo processes on CPU.
+"""run_ranks(fn, n): run ``fn(rank, world_size, *args)`` in n gloo processes on CPU.
 
 Each run gets its own FileStore and a hard timeout; a failure in any rank fails the test with that rank's
 traceback. Results are returned per rank (they must be picklable).
+
+The ranks are forked by multiprocessing's fork server, which imports ``PRELOAD`` once per test session, rather than
+each started as a fresh interpreter (spawn): on the 2-core CI box the spawned ranks of one call spent ~5 s starting
+and importing torch, most of each distributed test's time. The fork server is itself a fresh interpreter, not a
+fork of pytest, and only imports; each rank gets the caller's environment, working directory and sys.path at the
+call, as a spawned one did, and is pickled the same way. (A rank's own output goes to the fork server's stdout and
+stderr, not the current test's capture; failures come back through the queue with the rank's traceback.)
 """
 from __future__ import annotations
 
@@ -18,10 +25,22 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 DEFAULT_TIMEOUT_S = 120.0
+# torch._dynamo (the first optimizer imports it, ~1.5 s a rank) only where torch has no CUDA: the server must never
+# initialise the CUDA driver, or no forked rank could use it, and that import is not known to leave it alone on a CUDA
+# build (import torch does); there each rank imports it itself.
+PRELOAD = ["torch", "torch.distributed"] + ([] if torch.backends.cuda.is_built() else ["torch._dynamo"])
 
 
-def _entry(rank, world_size, store_path, fn, args, queue):
+def _context():
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)  # used when the server starts (the first call of the session)
+    return ctx
+
+
+def _entry(rank, world_size, store_path, fn, args, queue, environ):
     try:
+        os.environ.clear()  # the caller's, not the fork server's (started by an earlier test)
+        os.environ.update(environ)
         torch.set_num_threads(1)
         dist.init_process_group(
             "gloo",
@@ -43,13 +62,14 @@ def _entry(rank, world_size, store_path, fn, args, queue):
 
 
 def run_ranks(fn, world_size: int, *args, timeout_s: float = DEFAULT_TIMEOUT_S):
-    """Spawn ``world_size`` processes running ``fn(rank, world_size, *args)``; return their results by rank."""
-    ctx = mp.get_context("spawn")
+    """Start ``world_size`` processes running ``fn(rank, world_size, *args)``; return their results by rank."""
+    ctx = _context()
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         store_path = os.path.join(tmp, "store")
         procs = [
-            ctx.Process(target=_entry, args=(r, world_size, store_path, fn, args, queue), daemon=True)
+            ctx.Process(target=_entry, args=(r, world_size, store_path, fn, args, queue, dict(os.environ)),
+                        daemon=True)
             for r in range(world_size)
         ]
         for p in procs:
