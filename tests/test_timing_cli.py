@@ -278,8 +278,25 @@ def test_calibrate_two_ranks_small_grid():
     assert cal.host == host and cal.compute is None and len(cal.residuals) == 6
 
 
+# The step probes' time budgets for the test below, which checks what they record, not their values (a full
+# calibration's 2-15 s per probe took ~20 s of this test); every probe still runs at least its minimum steps.
+TEST_PROBE_BUDGET_S = 0.3
+
+
+def _short_probe_budgets() -> None:
+    """In this rank's process: every probe of ``measure_host`` sized to ``TEST_PROBE_BUDGET_S``."""
+    from functools import partial
+
+    from pipesgd.measure import feedback, host
+
+    host.ALONE_BUDGET_S = host.WINDOW_BUDGET_S = feedback.FEEDBACK_BUDGET_S = TEST_PROBE_BUDGET_S  # read per call
+    for name in ("measure_lockstep", "measure_ddp_step", "measure_ps_service", "measure_ps_round"):
+        setattr(host, name, partial(getattr(host, name), budget_s=TEST_PROBE_BUDGET_S))
+
+
 def _measure_with_model_rank(rank, world_size):
     compute = {"model": "mlp", "input_shape": (16,), "num_classes": 4, "batch_size": 8, "hidden": 64}
+    _short_probe_budgets()
     return _measure_rank(rank, world_size, ("none", "bf16"), compute)
 
 
