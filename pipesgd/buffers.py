@@ -75,7 +75,7 @@ class BufferSync:
                     flat.div_(self._size)
                 else:
                     dist.broadcast(flat, src=self._source, group=self._group)
-                _copy_into(tensors, flat)
+                copy_into(tensors, flat)
 
     def snapshot(self) -> list[torch.Tensor]:
         """Delayed modes, caller's thread: this rank's share of every buffer group, one flat copy each (its values
@@ -101,13 +101,14 @@ class BufferSync:
         """Delayed modes, caller's thread: write reduced snapshots into the buffers."""
         with torch.no_grad():
             for tensors, flat in zip(self._groups.values(), flats):
-                _copy_into(tensors, flat)
+                copy_into(tensors, flat)
 
     def _averages(self, dtype: torch.dtype) -> bool:
         return self._reduction == "average" and dtype.is_floating_point
 
 
-def _copy_into(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
+def copy_into(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
+    """Write consecutive slices of the 1-D ``flat`` into ``tensors`` (the inverse of concatenating them)."""
     offset = 0
     for t in tensors:
         t.copy_(flat[offset:offset + t.numel()].view_as(t))

@@ -3,6 +3,7 @@ caller's thread. PipeSGD opens a private channel; ``ring_allreduce(async_op=True
 """
 from __future__ import annotations
 
+import atexit
 import threading
 from datetime import timedelta
 from typing import Any, Callable, TypeVar
@@ -11,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from pipesgd.comm_worker import CommWorker
+from pipesgd.defaults import EXIT_WAIT_S
 from pipesgd.handles import CompletedWork, Work
 from pipesgd.topology import RingTopology
 
@@ -45,15 +47,18 @@ class RingChannel:
             return CompletedWork(fn(*args))
         return self._worker.submit(fn, *args)
 
-    def close(self) -> None:
-        """Finish the queued jobs, stop the worker and destroy the channel's private group (if it has one)."""
-        if self._worker is not None:
-            self._worker.close()
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Finish the queued jobs, stop the worker and destroy the channel's private group (if it has one).
+
+        Returns False, leaving the worker and the group alone, if the jobs had not finished after ``timeout_s``."""
+        if self._worker is not None and not self._worker.close(timeout_s):
+            return False
         group, self._owned_group = self._owned_group, None
         # Destroying the default group destroys every group; a private one left alive would keep its
         # connections (gloo sockets, NCCL communicators) until the process ends.
         if group is not None and dist.is_initialized():
             dist.destroy_process_group(group)
+        return True
 
 
 def open_private_channel(
@@ -100,3 +105,14 @@ def channel_for(group: dist.ProcessGroup | None, device: torch.device | str) -> 
         if channel is None or not channel.is_open:
             channel = _shared[key] = RingChannel(group, key[1])
         return channel
+
+
+@atexit.register
+def _close_shared() -> None:
+    """Async rings nobody waited for finish before the interpreter stops their thread (``pipesgd.lifecycle`` says
+    why: a daemon thread stopped inside a gloo wait aborts the process)."""
+    with _shared_lock:
+        channels = list(_shared.values())
+        _shared.clear()
+    for channel in channels:
+        channel.close(EXIT_WAIT_S)

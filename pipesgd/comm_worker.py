@@ -70,13 +70,19 @@ class CommWorker:
         """False once ``close()`` has stopped the thread."""
         return self._thread.is_alive()
 
-    def close(self) -> None:
-        """Finish queued jobs, stop the thread, and wait for the kernels they queued on the side stream."""
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Finish queued jobs, stop the thread, and wait for the kernels they queued on the side stream.
+
+        Returns False if the thread was still running a job after ``timeout_s`` (a peer that never answers);
+        the thread is left running then."""
         if self._thread.is_alive():
             self._jobs.put(_STOP)
-            self._thread.join()
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                return False
         if self._stream is not None:
             self._stream.synchronize()
+        return True
 
     def _loop(self) -> None:
         if self._stream is not None:

@@ -25,6 +25,10 @@ ALLREDUCE_CHOICES = ("auto", "ring", "backend")
 # gradient memory for width K instead of K + 1 (the K sets plus the gradients themselves).
 GRADIENT_AS_BUCKET_VIEW = True
 
+# How long the end of a script waits for a background ring still in flight (pipesgd.lifecycle) before it leaves the
+# thread running: the rings of every rank finish together unless a peer stopped answering.
+EXIT_WAIT_S = 300.0
+
 # Codecs that only converge with error feedback (1-bit SGD diverges without it).
 NEEDS_ERROR_FEEDBACK = ("sign",)
 

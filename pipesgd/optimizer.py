@@ -36,6 +36,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
+from pipesgd import lifecycle
 from pipesgd.accounting import StepStats
 from pipesgd.amp import DelayedLossScale
 from pipesgd.buffers import BufferSync
@@ -46,7 +47,9 @@ from pipesgd.clipping import clip_averaged_gradient
 from pipesgd.compression import ErrorFeedback, codec_state, load_codec_state
 from pipesgd.defaults import BUCKET_MB, GRADIENT_AS_BUCKET_VIEW, WARMUP_STEPS
 from pipesgd.exchange import ExchangeResult, GradientExchange
+from pipesgd.groups import require_group
 from pipesgd.handles import CompletedWork
+from pipesgd.init_sync import sync_initial_state
 from pipesgd.options import PipeSGDOptions
 from pipesgd.pipeline import InFlight, Pipeline
 from pipesgd.replica_check import check_replicas
@@ -85,6 +88,7 @@ class PipeSGD:
         grad_scaler: torch.amp.GradScaler | None = None,
         gradient_as_bucket_view: bool = GRADIENT_AS_BUCKET_VIEW,
         check_uneven: bool = True,
+        init_sync: bool = True,
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"PipeSGD wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -93,16 +97,21 @@ class PipeSGD:
             compression_options=compression_options or {}, error_feedback=error_feedback, bucket_mb=bucket_mb,
             allreduce=allreduce, timeout_s=timeout_s, nonfinite=nonfinite, check_replicas_every=check_replicas_every,
             max_grad_norm=max_grad_norm, buffers=buffers, grad_scaler=grad_scaler,
-            gradient_as_bucket_view=gradient_as_bucket_view, check_uneven=check_uneven,
+            gradient_as_bucket_view=gradient_as_bucket_view, check_uneven=check_uneven, init_sync=init_sync,
         )
+        user_group = require_group(process_group, "PipeSGD")
         self.optimizer = optimizer
         # What travels: the optimizer's trainable parameters, packed into flat buckets.
         self._params, self._names = _communicated_params(optimizer, model_or_params)
         self._param_ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
         self._buckets = build_buckets(self._params, self.options.bucket_bytes)
         self._sets = BucketSets(self._buckets, self._params, gradient_as_bucket_view, keep=width)
+        # Every rank starts from rank 0's parameters and buffers, as DDP does when it wraps (on the caller's group,
+        # before any background traffic exists).
+        if init_sync:
+            sync_initial_state(model_or_params, user_group)
         # How it travels: a private group with its own worker, one codec seeded for this rank.
-        rank = dist.get_rank() if dist.is_initialized() else 0
+        rank = dist.get_rank()
         compressor = self.options.build_compressor(rank)
         device = self._params[0].device if self._params else torch.device("cpu")
         self._user_group = process_group
@@ -119,9 +128,14 @@ class PipeSGD:
         # When it is applied.
         self._pipeline: Pipeline[ExchangeResult] = Pipeline(width, warmup_steps)
         self._step = 0
-        self._fresh_grads = False
-        self._hooks = [p.register_post_accumulate_grad_hook(self._mark_fresh) for p in self._params]
+        # Set by backward: the hooks hold this flag, not the wrapper (autograd keeps hooks where the garbage
+        # collector cannot see them, so a hook bound to the wrapper would keep it alive as long as the model).
+        self._fresh = FreshGradients()
+        self._hooks = [p.register_post_accumulate_grad_hook(self._fresh.mark) for p in self._params]
         self.last_stats = StepStats(step=-1, applied_step=None)
+        # Rings still in flight when the script ends finish before the interpreter stops their thread (lifecycle).
+        self._background = lifecycle.Background(self._channel, self._participation, self._pipeline, timeout_s)
+        self._closer = lifecycle.close_when_dropped(self, self._background)
 
     # ----------------------------------------------------------------------------------------- public
     @property
@@ -167,7 +181,7 @@ class PipeSGD:
         # Step 1: the gradients' bucket set (p.grad no longer points into it once this returns).
         applies = len(self._pipeline) + 1 >= self._pipeline.depth(t)
         buffers = self._sets.hand_off(keep_local=not applies)
-        self._fresh_grads = False
+        self._fresh.value = False
         if self._loss_scale is not None:
             self._loss_scale.record(t)
         # Step 2: hand off (under a delayed buffer mode with a snapshot of the buffers, reduced after the buckets).
@@ -193,7 +207,7 @@ class PipeSGD:
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The wrapped optimizer's ``zero_grad``; with ``gradient_as_bucket_view`` a gradient that is a bucket view
         stays one and is zeroed even for ``set_to_none=True`` (so the next backward writes into the bucket)."""
-        if self._fresh_grads:
+        if self._fresh.value:
             raise RuntimeError(
                 "zero_grad() after backward() but before step() would discard this step's gradients; "
                 "call step() first (or the inner optimizer's zero_grad() to drop them on purpose)"
@@ -228,9 +242,10 @@ class PipeSGD:
         check_replicas(self._params + synced, self._names + names, self._step, self._user_group)
 
     def close(self) -> None:
-        """Stop the background worker (after flush); the wrapper cannot step afterwards."""
-        self._channel.close()
-        self._participation.close()
+        """Stop the background worker (after flush: steps still in flight are never applied); the wrapper cannot
+        step afterwards. A script that ends without it is closed at exit, with a warning if steps were in flight."""
+        if self._closer.detach() is not None:  # not closed yet
+            self._background.close(warn=False)
         for hook in self._hooks:
             hook.remove()
 
@@ -287,14 +302,11 @@ class PipeSGD:
             self._loss_scale.load_state_dict(state.get("loss_scales"))
 
     # ----------------------------------------------------------------------------------------- internals
-    def _mark_fresh(self, _param: torch.Tensor) -> None:
-        self._fresh_grads = True
-
     def _check_usage(self) -> None:
         current = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
         if current != self._param_ids:
             raise RuntimeError("the optimizer's parameter groups changed after wrapping; build a new PipeSGD")
-        if not self._fresh_grads and self._params:
+        if not self._fresh.value and self._params:
             raise RuntimeError(
                 "step() without a backward() since the last step(): the same gradients would be sent twice"
             )
@@ -361,6 +373,18 @@ class PipeSGD:
         """Clip the averaged gradient in ``p.grad`` to ``max_grad_norm``; its norm before clipping (None: off)."""
         limit = self.options.max_grad_norm
         return clip_averaged_gradient(self._params, limit) if limit is not None else None
+
+
+class FreshGradients:
+    """Whether a backward wrote gradients since the last ``step()``."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = False
+
+    def mark(self, _param: torch.Tensor) -> None:
+        self.value = True
 
 
 def _communicated_params(optimizer: torch.optim.Optimizer, model_or_params) -> tuple[list, list[str]]:

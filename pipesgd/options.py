@@ -53,6 +53,9 @@ class PipeSGDOptions:
     grad_scaler: Any = None  # a torch.amp.GradScaler the wrapper drives (fp16 loss scaling); None: no scaling
     # Memory layout (pipesgd.bucket_sets): p.grad as views into K bucket sets, so no step copies a gradient.
     gradient_as_bucket_view: bool = GRADIENT_AS_BUCKET_VIEW
+    # Start every rank from rank 0's parameters and buffers (DDP's ``init_sync``); False only for a model already
+    # identical on every rank by construction (it skips one broadcast of the model).
+    init_sync: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.width, int) or self.width < 1:
@@ -74,6 +77,8 @@ class PipeSGDOptions:
             raise ValueError(f"grad_scaler must be a torch.amp.GradScaler, got {type(self.grad_scaler).__name__}")
         if not isinstance(self.check_uneven, bool):
             raise ValueError(f"check_uneven must be True or False, got {self.check_uneven!r}")
+        if not isinstance(self.init_sync, bool):
+            raise ValueError(f"init_sync must be True or False, got {self.init_sync!r}")
         if not isinstance(self.gradient_as_bucket_view, bool):
             raise ValueError(f"gradient_as_bucket_view must be True or False, got {self.gradient_as_bucket_view!r}")
         if self.check_replicas_every < 0:

@@ -28,6 +28,7 @@ from pipesgd import phases
 from pipesgd.buckets import working_dtype
 from pipesgd.channel import channel_for
 from pipesgd.compression import Compressor, build, open_encoder
+from pipesgd.groups import require_group
 from pipesgd.handles import Work
 from pipesgd.topology import RingTopology
 
@@ -222,8 +223,7 @@ def ring_allreduce(
         raise TypeError(f"ring_allreduce needs a torch.Tensor, got {type(tensor).__name__}")
     dtype = working_dtype(tensor.dtype)
     compressor = resolve_compressor(compression)
-    if group is None and dist.is_initialized():
-        group = dist.group.WORLD
+    group = require_group(group, "ring_allreduce")
 
     def run(topology: RingTopology) -> torch.Tensor:
         in_place = tensor.is_contiguous() and tensor.dtype == dtype

@@ -9,6 +9,9 @@ from torch import nn
 from pipesgd import PipeSGD
 from pipesgd.options import PipeSGDOptions
 from tests.distributed import run_ranks
+from tests.single_process import process_group  # noqa: F401 - a fixture
+
+pytestmark = pytest.mark.usefixtures("process_group")  # PipeSGD needs a process group: one rank
 
 
 def make_model(dtype=torch.float64) -> nn.Module:

@@ -10,6 +10,7 @@ from torch import nn
 from pipesgd import PipeSGD, ReplicaDivergenceError
 from pipesgd.buffers import BufferSync
 from tests.distributed import run_ranks
+from tests.single_process import process_group  # noqa: F401 - a fixture
 from tests.test_pipesgd import batch, due
 
 STEPS = 8
@@ -131,7 +132,7 @@ def test_the_replica_check_covers_buffers():
         assert "'1.running_var'" in message
 
 
-def test_world_size_one_and_parameter_lists_sync_nothing():
+def test_world_size_one_and_parameter_lists_sync_nothing(process_group):
     model = make_bn_model()
     assert not BufferSync(model, "broadcast").active  # no other rank
     assert BufferSync(list(model.parameters()), "average").buffers == []  # a parameter list has no buffers

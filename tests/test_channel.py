@@ -13,6 +13,7 @@ from pipesgd.channel import RingChannel, channel_for
 from pipesgd.comm_worker import CommWorker
 from pipesgd.handles import CompletedWork
 from tests.distributed import run_ranks
+from tests.single_process import process_group  # noqa: F401 - a fixture
 
 
 def test_worker_runs_jobs_in_submission_order_off_the_calling_thread():
@@ -57,7 +58,7 @@ def test_channel_at_world_size_one_runs_inline_and_completes_the_handle():
     assert calls == [threading.get_ident()] and channel.size == 1 and channel.is_open
 
 
-def test_async_channels_are_shared_per_group_and_device():
+def test_async_channels_are_shared_per_group_and_device(process_group):
     assert channel_for(None, "cpu") is channel_for(None, torch.device("cpu"))
     handle = pipesgd.ring_allreduce(torch.ones(3), async_op=True)  # world size 1: already done
     assert handle.is_completed() and torch.equal(handle.wait(), torch.ones(3))

@@ -9,6 +9,9 @@ from torch import nn
 from pipesgd import PipeSGD
 from tests.distributed import run_ranks
 from tests.test_pipesgd import batch, make_model, snapshot
+from tests.single_process import process_group  # noqa: F401 - a fixture
+
+pytestmark = pytest.mark.usefixtures("process_group")  # PipeSGD needs a process group: one rank
 
 STEPS = 10
 MAX_NORM = 0.3  # below most of these gradients' norms, so the clip acts on most steps

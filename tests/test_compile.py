@@ -8,8 +8,9 @@ from torch import nn
 from pipesgd import PipeSGD
 from tests.test_buffers import make_bn_model
 from tests.test_pipesgd import batch
+from tests.single_process import process_group  # noqa: F401 - a fixture
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("process_group")]  # a group of one
 STEPS = 6
 
 

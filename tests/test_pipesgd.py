@@ -10,6 +10,9 @@ from torch import nn
 import pipesgd
 from pipesgd import NonFiniteGradientError, PipeSGD, ReplicaDivergenceError
 from tests.distributed import run_ranks
+from tests.single_process import process_group  # noqa: F401 - a fixture
+
+pytestmark = pytest.mark.usefixtures("process_group")  # PipeSGD needs a process group: one rank
 
 STEPS = 12
 # The distributed parity tests also run on a GPU: PIPESGD_TEST_DEVICE=cuda puts every rank's model and data

@@ -14,6 +14,9 @@ from pipesgd.options import PipeSGDOptions
 from tests.fake_handles import RecordingWork
 from tests.test_pipeline import expected_due
 from tests.test_pipesgd import batch, make_model, reference_trajectory, snapshot
+from tests.single_process import process_group  # noqa: F401 - a fixture
+
+pytestmark = pytest.mark.usefixtures("process_group")  # PipeSGD needs a process group: one rank
 
 
 def backward(model: nn.Module, t: int) -> None:

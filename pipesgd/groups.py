@@ -1,0 +1,26 @@
+"""Which process group a wrapper or collective runs on, and the error when there is none.
+
+DDP refuses to run without ``init_process_group``; so do we. Silently treating a missing group as a world of one
+let every rank of a ``torchrun --nproc-per-node 2`` job train alone (``ring_allreduce`` of 1 and 2 returned 1 and
+2). A single process still uses the same code path: it initialises a group of one, e.g. over an in-memory store.
+"""
+from __future__ import annotations
+
+import torch.distributed as dist
+
+SINGLE_PROCESS_HINT = ("init_process_group('gloo', store=torch.distributed.HashStore(), rank=0, world_size=1)")
+
+
+class NoProcessGroupError(RuntimeError):
+    """A collective or a wrapper was asked for without an initialised process group."""
+
+
+def require_group(group: dist.ProcessGroup | None, what: str) -> dist.ProcessGroup:
+    """``group``, or the default group if None; raises ``NoProcessGroupError`` naming ``what`` when no process
+    group has been initialised."""
+    if not dist.is_initialized():
+        raise NoProcessGroupError(
+            f"{what} needs torch.distributed's process group: call torch.distributed.init_process_group() first "
+            f"(under torchrun: init_process_group('gloo') or ('nccl'); one process alone: {SINGLE_PROCESS_HINT})"
+        )
+    return group if group is not None else dist.group.WORLD

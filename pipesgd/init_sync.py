@@ -1,0 +1,66 @@
+"""Every rank starts from rank 0's parameters and buffers, as DDP makes them when it wraps a model.
+
+Scripts commonly seed each rank differently before building the model (``seed + rank``); DDP hides that by
+broadcasting rank 0's module state in its constructor, so a wrapper that does not would let the replicas train
+different models forever. ``sync_initial_state`` first checks that every rank holds tensors of the same shapes
+and dtypes (DDP checks the same: a mismatch would otherwise pair broadcasts of different sizes), then
+broadcasts rank 0's values, one collective per (dtype, device) group. It runs on the caller's group and thread,
+once, before any background communication exists.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pipesgd.buffers import copy_into
+
+
+def module_state(model_or_params) -> tuple[list[torch.Tensor], list[str]]:
+    """The tensors a replica consists of, with names: a module's parameters and buffers (tied ones once), or
+    the given parameters."""
+    if isinstance(model_or_params, nn.Module):
+        named = list(model_or_params.named_parameters()) + list(model_or_params.named_buffers())
+    else:
+        named = [(f"param{i}", p) for i, p in enumerate(model_or_params)]
+    seen, tensors, names = set(), [], []
+    for name, t in named:
+        if id(t) not in seen:
+            seen.add(id(t))
+            tensors.append(t)
+            names.append(name)
+    return tensors, names
+
+
+def layout_digest(tensors: list[torch.Tensor]) -> int:
+    """A 63-bit digest of the shapes and dtypes, equal on two ranks exactly when their layouts are."""
+    text = ";".join(f"{tuple(t.shape)}:{t.dtype}" for t in tensors)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+
+
+def sync_initial_state(model_or_params, group: dist.ProcessGroup) -> None:
+    """Make every tensor of ``model_or_params`` equal to group rank 0's, bitwise (a collective of ``group``).
+
+    Raises ``ValueError`` on every rank when the ranks' layouts differ (nothing is broadcast then)."""
+    tensors, _ = module_state(model_or_params)
+    if dist.get_world_size(group) == 1 or not tensors:
+        return
+    device = tensors[0].device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    # Step 1: the same layout everywhere (min and max of the digest agree on every rank, so all raise or none).
+    digest = torch.tensor([layout_digest(tensors), -layout_digest(tensors)], dtype=torch.int64, device=device)
+    dist.all_reduce(digest, op=dist.ReduceOp.MIN, group=group)
+    if int(digest[0]) != -int(digest[1]):
+        raise ValueError("the model differs across ranks (parameter or buffer shapes or dtypes); build the same "
+                         "model on every rank before wrapping it")
+    # Step 2: rank 0's values, one flat broadcast per (dtype, device).
+    source = dist.get_global_rank(group, 0)
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    with torch.no_grad():
+        for members in groups.values():
+            flat = torch.cat([t.detach().reshape(-1) for t in members])
+            dist.broadcast(flat, src=source, group=group)
+            copy_into(members, flat)

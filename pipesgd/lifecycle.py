@@ -1,0 +1,57 @@
+"""The end of a PipeSGD wrapper's background work: ``close()``, garbage collection, or the interpreter's exit.
+
+A script that ends without ``flush()`` leaves rings running on the background thread. At interpreter exit
+Python stops such a daemon thread wherever it is; inside a gloo wait that unwinds C++ frames that may not be
+unwound, and the process aborts ("terminate called without an active exception", exit -6 on every rank, a
+torchrun ``ChildFailedError``). So every wrapper's ``Background`` is closed once: by ``close()``, or, through a
+``weakref.finalize``, when the wrapper is collected or at ``atexit`` (before daemon threads are stopped). Closing lets the rings in
+flight finish (every rank submitted the same ones, so they complete), stops the worker and destroys the private
+groups; the finalizer also warns how many steps were never applied (an explicit ``close()`` may be an error path,
+where that is no news).
+"""
+from __future__ import annotations
+
+import warnings
+import weakref
+
+from pipesgd.channel import RingChannel
+from pipesgd.defaults import EXIT_WAIT_S
+from pipesgd.pipeline import Pipeline
+from pipesgd.uneven import Participation
+
+
+class Background:
+    """What a wrapper runs beside training: its channel (worker thread, private group), the uneven-input
+    agreement's group, and the pipeline whose steps are in flight on them."""
+
+    def __init__(self, channel: RingChannel, participation: Participation, pipeline: Pipeline,
+                 timeout_s: float | None) -> None:
+        self.channel = channel
+        self.participation = participation
+        self.pipeline = pipeline
+        self.timeout_s = timeout_s
+
+    def close(self, warn: bool) -> None:
+        """Finish the rings in flight and close the channel and groups; with ``warn``, say how many steps in flight
+        were never applied (the script ended without ``flush()``)."""
+        pending = len(self.pipeline)
+        if warn and pending:
+            _warn(f"PipeSGD closed with {pending} step(s) in flight that were never applied; call opt.flush() at "
+                  f"the end of training to apply them")
+        wait_s = self.timeout_s if self.timeout_s is not None else EXIT_WAIT_S
+        if not self.channel.close(wait_s):
+            _warn(f"PipeSGD's background ring had not finished after {wait_s:g} s (a peer stopped answering); "
+                  f"leaving it running")
+            return
+        self.participation.close()
+
+
+def _warn(message: str) -> None:
+    # Attributed to the library, not to weakref's or atexit's frame that happens to call this.
+    warnings.warn_explicit(message, RuntimeWarning, "<pipesgd>", 0, module="pipesgd")
+
+
+def close_when_dropped(owner: object, background: Background) -> weakref.finalize:
+    """Close ``background`` with a warning when ``owner`` is collected or the interpreter exits first; an explicit
+    close detaches this finalizer (``finalize.detach()``) and closes without one."""
+    return weakref.finalize(owner, background.close, True)

@@ -1,0 +1,102 @@
+"""What DDP does when it wraps, PipeSGD does too: every rank starts from rank 0's parameters and buffers, and
+nothing runs without a process group (issue 35, items 1-2)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import pipesgd
+from pipesgd import PipeSGD
+from pipesgd.groups import NoProcessGroupError
+from pipesgd.init_sync import layout_digest, module_state
+from tests.cpu_sync_batchnorm import cpu_sync_batchnorm
+from tests.distributed import run_ranks
+
+
+def _bn_model(seed: int, sync_bn: bool = False) -> nn.Module:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(6, 5), nn.BatchNorm1d(5), nn.Tanh(), nn.Linear(5, 3))
+    model[1].running_mean.normal_()  # buffers that differ per seed too
+    return nn.SyncBatchNorm.convert_sync_batchnorm(model) if sync_bn else model
+
+
+def _state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _wrap_rank_seeded(rank: int, world: int, init_sync: bool, sync_bn: bool, loaded: dict | None):
+    model = _bn_model(100 + rank, sync_bn)  # the common `seed + rank` before building the model
+    if loaded is not None and rank == 0:
+        model.load_state_dict(loaded)  # only rank 0 restored a checkpoint
+    with cpu_sync_batchnorm():
+        opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, init_sync=init_sync)
+        before = _state(model)
+        for step in range(3):
+            torch.manual_seed(1000 * step + rank)
+            nn.functional.mse_loss(model(torch.randn(8, 6)), torch.randn(8, 3)).backward()
+            opt.step()
+            opt.zero_grad()
+        opt.flush()
+    opt.close()
+    return before, _state(model)
+
+
+@pytest.mark.parametrize("sync_bn", [False, True], ids=["batchnorm", "syncbatchnorm"])
+def test_every_rank_starts_from_rank_zeros_parameters_and_buffers(sync_bn):
+    results = run_ranks(_wrap_rank_seeded, 3, True, sync_bn, None)
+    rank0 = _state(_bn_model(100, sync_bn))
+    for before, after in results:
+        assert before.keys() == rank0.keys()
+        for key in rank0:
+            assert torch.equal(before[key], rank0[key]), key
+            assert torch.equal(after[key], results[0][1][key]), key  # and they stay identical while training
+
+
+def test_a_state_loaded_on_rank_zero_alone_reaches_every_rank():
+    loaded = _state(_bn_model(7))
+    for before, _ in run_ranks(_wrap_rank_seeded, 2, True, False, loaded):
+        for key in loaded:
+            assert torch.equal(before[key], loaded[key]), key
+
+
+def test_init_sync_false_leaves_each_rank_its_own_model():
+    (first, _), (second, _) = run_ranks(_wrap_rank_seeded, 2, False, False, None)
+    assert torch.equal(first["0.weight"], _state(_bn_model(100))["0.weight"])
+    assert not torch.equal(first["0.weight"], second["0.weight"])
+
+
+def _mismatched(rank: int, world: int):
+    model = nn.Linear(4, 3 if rank == 0 else 2)
+    try:
+        PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def test_models_of_different_shapes_are_refused_on_every_rank():
+    for message in run_ranks(_mismatched, 2):
+        assert message is not None and "differs across ranks" in message
+
+
+def test_the_layout_digest_sees_shapes_dtypes_and_tied_weights_once():
+    a, b = nn.Linear(4, 3), nn.Linear(4, 3)
+    assert layout_digest(module_state(a)[0]) == layout_digest(module_state(b)[0])
+    assert layout_digest(module_state(a)[0]) != layout_digest(module_state(nn.Linear(3, 4))[0])
+    assert layout_digest(module_state(a)[0]) != layout_digest(module_state(nn.Linear(4, 3).double())[0])
+    tied = nn.Sequential(a, nn.Linear(3, 4))
+    tied[1].weight = nn.Parameter(a.weight.detach().t().clone())
+    shared = nn.Sequential(a, a)
+    assert len(module_state(shared)[0]) == 2 and len(module_state(tied)[0]) == 4
+
+
+def test_without_a_process_group_the_wrapper_and_the_ring_refuse_to_run():
+    assert not dist.is_initialized()
+    model = nn.Linear(3, 1)
+    with pytest.raises(NoProcessGroupError, match="init_process_group"):
+        PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    for async_op in (False, True):
+        with pytest.raises(NoProcessGroupError, match="ring_allreduce needs"):
+            pipesgd.ring_allreduce(torch.ones(2), async_op=async_op)
