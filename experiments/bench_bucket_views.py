@@ -14,6 +14,7 @@ import statistics
 import time
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from pipesgd.bench.one_line import known_names
@@ -51,6 +52,7 @@ def main() -> None:
         parser.error("--iters and --width must be >= 1")
     names = known_names(parser, args.workloads, WORKLOADS, "workload")
     torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # PipeSGD needs a group
     print("| workload | views, zero_grad | zero_grad+fwd+bwd ms | step() ms | iteration ms | bucket sets MB | grads outside MB |"
           " DDP MB (views / copies) |")
     print("|---|---|---|---|---|---|---|---|")
