@@ -84,7 +84,7 @@ def train(rank: int, device: torch.device, hidden: int, steps: int, width: int, 
     synchronised on the calling thread (one ``file:line`` per sync warning)."""
     model = make_model(hidden).to(device)
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, width=width, warmup_steps=0,
-                  compression=compression, error_feedback=feedback)
+                  compression=compression, error_feedback=feedback, staleness="none")  # reference: plain delay
     main_thread_syncs: list[str] = []
     for t in range(steps):
         x, y = (v.to(device) for v in batch(t, rank))

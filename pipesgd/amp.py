@@ -42,6 +42,10 @@ class DelayedLossScale:
         """Step 1: the scale that step ``step``'s backward used (the scaler's current one)."""
         self._scales[step] = float(self.scaler.get_scale())
 
+    def scale_of(self, step: int) -> float:
+        """The scale step ``step``'s backward used (recorded, not yet applied)."""
+        return self._scales[step]
+
     def apply(self, step: int, finite: bool, params: list[torch.Tensor],
               clip: Callable[[], float | None]) -> tuple[bool, float | None]:
         """Steps 2-3 for step ``step``, whose averaged (scaled) gradient is in ``params``' ``.grad``.

@@ -31,6 +31,7 @@ most; pass 0 for a pure pipeline from the first step. Options are validated by `
 from __future__ import annotations
 
 import time
+import warnings
 from functools import partial
 
 import torch
@@ -41,19 +42,21 @@ from pipesgd.accounting import StepStats
 from pipesgd.amp import DelayedLossScale
 from pipesgd.buffers import BufferSync
 from pipesgd.bucket_sets import BucketSets
-from pipesgd.buckets import build_buckets, layout_signature
+from pipesgd.buckets import build_buckets
 from pipesgd.channel import open_private_channel, private_group
 from pipesgd.clipping import clip_averaged_gradient
-from pipesgd.compression import ErrorFeedback, codec_state, load_codec_state
-from pipesgd.defaults import BUCKET_MB, GRADIENT_AS_BUCKET_VIEW, WARMUP_STEPS
+from pipesgd.compression import ErrorFeedback
+from pipesgd.defaults import BUCKET_MB, GRADIENT_AS_BUCKET_VIEW, STALENESS, WARMUP_STEPS
 from pipesgd.exchange import ExchangeResult, GradientExchange
 from pipesgd.groups import require_group
-from pipesgd.handles import CompletedWork
 from pipesgd.init_sync import sync_initial_state
+from pipesgd.lookahead import Lookahead
 from pipesgd.options import PipeSGDOptions
+from pipesgd.params import FreshGradients, communicated_params
 from pipesgd.pipeline import InFlight, Pipeline
 from pipesgd.replica_check import check_replicas
 from pipesgd.uneven import Participation
+from pipesgd.wrapper_state import WrapperIdentity, WrapperState
 
 DEFAULT_WARMUP_STEPS = WARMUP_STEPS  # an alias: pipesgd.defaults owns the number
 
@@ -89,6 +92,7 @@ class PipeSGD:
         gradient_as_bucket_view: bool = GRADIENT_AS_BUCKET_VIEW,
         check_uneven: bool = True,
         init_sync: bool = True,
+        staleness: str = STALENESS,
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"PipeSGD wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -98,11 +102,14 @@ class PipeSGD:
             allreduce=allreduce, timeout_s=timeout_s, nonfinite=nonfinite, check_replicas_every=check_replicas_every,
             max_grad_norm=max_grad_norm, buffers=buffers, grad_scaler=grad_scaler,
             gradient_as_bucket_view=gradient_as_bucket_view, check_uneven=check_uneven, init_sync=init_sync,
+            staleness=staleness,
         )
         user_group = require_group(process_group, "PipeSGD")
+        if not isinstance(model_or_params, torch.nn.Module):
+            model_or_params = list(model_or_params)  # read more than once: a generator would be used up
         self.optimizer = optimizer
         # What travels: the optimizer's trainable parameters, packed into flat buckets.
-        self._params, self._names = _communicated_params(optimizer, model_or_params)
+        self._params, self._names = communicated_params(optimizer, model_or_params)
         self._param_ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
         self._buckets = build_buckets(self._params, self.options.bucket_bytes)
         self._sets = BucketSets(self._buckets, self._params, gradient_as_bucket_view, keep=width)
@@ -132,10 +139,21 @@ class PipeSGD:
         # collector cannot see them, so a hook bound to the wrapper would keep it alive as long as the model).
         self._fresh = FreshGradients()
         self._hooks = [p.register_post_accumulate_grad_hook(self._fresh.mark) for p in self._params]
+        # Staleness compensation: gradients computed at the weights the steps in flight will produce (lookahead).
+        self._lookahead = None
+        if staleness == "lookahead" and width > 1:
+            self._lookahead = Lookahead(optimizer, self._params, max_grad_norm, skip_nonfinite=nonfinite == "skip")
+            if isinstance(model_or_params, torch.nn.Module):  # moved by the first differentiated forward
+                self._hooks.append(model_or_params.register_forward_pre_hook(self._lookahead.before_forward))
+        self._moves_at_step_end = not isinstance(model_or_params, torch.nn.Module)
+        self._warned_unhooked = False
         self.last_stats = StepStats(step=-1, applied_step=None)
         # Rings still in flight when the script ends finish before the interpreter stops their thread (lifecycle).
         self._background = lifecycle.Background(self._channel, self._participation, self._pipeline, timeout_s)
         self._closer = lifecycle.close_when_dropped(self, self._background)
+        identity = WrapperIdentity(width, warmup_steps, compression, self._channel.size, dist.get_rank(user_group))
+        self._state = WrapperState(identity, optimizer, self._params, self._buckets, self._pipeline, self._exchange,
+                                   self._loss_scale, self._lookahead, user_group)
 
     # ----------------------------------------------------------------------------------------- public
     @property
@@ -178,12 +196,18 @@ class PipeSGD:
         """Hand this step's gradients to the ring; apply the averaged gradient of step t-K+1 if due."""
         self._check_usage()
         t = self._step
+        lookahead = self._lookahead
+        if lookahead is not None:  # the master weights back before anything is applied to them
+            self._check_looked_ahead()
+            lookahead.restore()
         # Step 1: the gradients' bucket set (p.grad no longer points into it once this returns).
         applies = len(self._pipeline) + 1 >= self._pipeline.depth(t)
         buffers = self._sets.hand_off(keep_local=not applies)
         self._fresh.value = False
         if self._loss_scale is not None:
             self._loss_scale.record(t)
+        if lookahead is not None and self._pipeline.depth(t) > 1:  # its stand-in while its average is in flight
+            lookahead.record(t, buffers.slots, self._loss_scale.scale_of(t) if self._loss_scale else None)
         # Step 2: hand off (under a delayed buffer mode with a snapshot of the buffers, reduced after the buckets).
         job, t_buffers = self._job()
         self._pipeline.submit(t, self._channel.submit(self._participation.exchange, job, buffers, t))
@@ -196,6 +220,10 @@ class PipeSGD:
         due = self._pipeline.pop_due(t)
         stats = self._apply(due, t) if due is not None else StepStats(step=t, applied_step=None)
         stats.t_buffers_s = t_buffers
+        if lookahead is not None:
+            if self._moves_at_step_end:  # no model to hook: the parameters look ahead from here
+                lookahead.advance()
+            stats.t_lookahead_s, lookahead.seconds = lookahead.seconds, 0.0
         self._step += 1
         self.last_stats = stats
         every = self.options.check_replicas_every
@@ -223,6 +251,8 @@ class PipeSGD:
         Marks this rank's data as ended: a peer that still steps gets ``UnevenInputsError`` naming this rank,
         and so does this rank (every rank must flush after the same number of steps; ``check_uneven``)."""
         alone = self._channel.size == 1
+        if self._lookahead is not None:
+            self._lookahead.restore()
         # Joins a peer's job of this step with zeros if that peer still trains (then both raise, naming this rank).
         def shadow() -> None:
             self._job()[0]([bucket.empty().zero_() for bucket in self._buckets])
@@ -239,7 +269,8 @@ class PipeSGD:
         """Raise ReplicaDivergenceError if any parameter or (with ``buffers``) synced buffer differs bitwise across
         ranks."""
         synced, names = (self._buffer_sync.buffers, self._buffer_sync.names) if buffers else ([], [])
-        check_replicas(self._params + synced, self._names + names, self._step, self._user_group)
+        params = self._lookahead.master_params() if self._lookahead is not None else self._params
+        check_replicas(params + synced, self._names + names, self._step, self._user_group)
 
     def close(self) -> None:
         """Stop the background worker (after flush: steps still in flight are never applied); the wrapper cannot
@@ -250,56 +281,25 @@ class PipeSGD:
             hook.remove()
 
     def state_dict(self) -> dict:
-        """Inner optimizer state, averaged gradients still to be applied, the codec's random state and the
-        error-feedback residuals (each saved once).
+        """Inner optimizer state, averaged gradients still to be applied, loss scales, and this rank's own state
+        (error-feedback residuals, codec random state, look-ahead stand-ins) keyed by rank; after
+        ``consolidate_state_dict()`` at the same step, every rank's (``pipesgd.wrapper_state``).
 
-        Waits for in-flight rings. Residuals and random state are this rank's own: save one state per rank.
-        """
-        in_flight = []
-        for entry in self._pipeline.entries():
-            result = entry.handle.wait()
-            in_flight.append({"step": entry.step, "buckets": [b.clone() for b in result.buckets],
-                              "bytes_sent": result.report.bytes_sent, "raw_bytes": result.report.raw_bytes})
-        feedback = self._exchange.feedback
-        return {
-            "optimizer": self.optimizer.state_dict(),
-            "step": self._step,
-            "width": self.width,
-            "warmup_steps": self.warmup_steps,
-            "compression": self.compression,
-            "world_size": self.world_size,
-            "layout": layout_signature(self._params),
-            "in_flight": in_flight,
-            "compressor": codec_state(self._exchange.compressor),
-            "residuals": feedback.residuals_state() if feedback is not None else None,
-            "loss_scales": self._loss_scale.state_dict() if self._loss_scale is not None else None,
-        }
+        Waits for in-flight rings. Not a collective: saving on rank 0 alone is fine."""
+        return self._state.state_dict(self._step)
+
+    def consolidate_state_dict(self, to: int = 0) -> None:
+        """A collective (every rank of the wrapper's group calls it): gather each rank's own state onto group rank
+        ``to``, so that its ``state_dict()`` at this step restores every rank exactly, as torch's
+        ``ZeroRedundancyOptimizer.consolidate_state_dict``. Then ``if rank == to: torch.save(opt.state_dict())``."""
+        if not isinstance(to, int) or not 0 <= to < self.world_size:
+            raise ValueError(f"to must be a rank of the group (0..{self.world_size - 1}), got {to!r}")
+        self._state.consolidate(to, self._step)
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore a ``state_dict()``; refuses one from another model, width, codec or world size."""
-        for key, mine in (("layout", layout_signature(self._params)), ("world_size", self.world_size),
-                          ("width", self.width), ("compression", self.compression)):
-            theirs = state.get(key)
-            if key == "layout" and theirs is not None:
-                theirs = [(tuple(shape), dtype) for shape, dtype in theirs]
-            if theirs != mine:
-                raise ValueError(f"PipeSGD state does not match this wrapper: {key} is {theirs!r}, expected {mine!r}")
-        if len(self._pipeline):
-            raise RuntimeError("load_state_dict() with steps in flight; call flush() first")
-        self.optimizer.load_state_dict(state["optimizer"])
-        self._step = int(state["step"])
-        restored = []
-        for entry in state["in_flight"]:
-            buckets = [b.to(bucket.device) for b, bucket in zip(entry["buckets"], self._buckets)]
-            result = self._exchange.restored(buckets, int(entry.get("bytes_sent", 0)), int(entry.get("raw_bytes", 0)))
-            restored.append(InFlight(int(entry["step"]), CompletedWork(result)))
-        self._pipeline.restore(restored)
-        feedback = self._exchange.feedback
-        if feedback is not None and state.get("residuals"):
-            feedback.load_residuals_state(state["residuals"])
-        load_codec_state(self._exchange.compressor, state.get("compressor"))
-        if self._loss_scale is not None:
-            self._loss_scale.load_state_dict(state.get("loss_scales"))
+        """Restore a ``state_dict()`` saved on any rank; refuses one from another model, width, codec or world
+        size. Wrap first, then load (the state is PipeSGD's, not the inner optimizer's)."""
+        self._step = self._state.load_state_dict(state)
 
     # ----------------------------------------------------------------------------------------- internals
     def _check_usage(self) -> None:
@@ -311,8 +311,22 @@ class PipeSGD:
                 "step() without a backward() since the last step(): the same gradients would be sent twice"
             )
 
+    def _check_looked_ahead(self) -> None:
+        """Warn once if steps were in flight but the forward pass never ran through the wrapped model (its forward
+        pre-hook): the gradients were then computed at the stale master weights, as with staleness="none"."""
+        if self._moves_at_step_end or self._warned_unhooked or self._lookahead.active:
+            return
+        if self._lookahead.pending_steps:
+            self._warned_unhooked = True
+            warnings.warn("PipeSGD(staleness='lookahead'): the forward pass did not call the wrapped model (whose "
+                          "forward pre-hook moves the parameters), so this gradient was computed at the stale "
+                          "weights; wrap the module you call, or pass staleness='none'", RuntimeWarning,
+                          stacklevel=3)
+
     def _apply(self, entry: InFlight[ExchangeResult], step: int) -> StepStats:
         """Wait for ``entry``'s averaged gradient and run the wrapped optimizer on it (or refuse a NaN/Inf)."""
+        if self._lookahead is not None:
+            self._lookahead.discard(entry.step)
         start = time.perf_counter()
         result = entry.handle.wait()
         waited = time.perf_counter() - start
@@ -373,39 +387,3 @@ class PipeSGD:
         """Clip the averaged gradient in ``p.grad`` to ``max_grad_norm``; its norm before clipping (None: off)."""
         limit = self.options.max_grad_norm
         return clip_averaged_gradient(self._params, limit) if limit is not None else None
-
-
-class FreshGradients:
-    """Whether a backward wrote gradients since the last ``step()``."""
-
-    __slots__ = ("value",)
-
-    def __init__(self) -> None:
-        self.value = False
-
-    def mark(self, _param: torch.Tensor) -> None:
-        self.value = True
-
-
-def _communicated_params(optimizer: torch.optim.Optimizer, model_or_params) -> tuple[list, list[str]]:
-    """The optimizer's trainable parameters, in the model's order, with their names."""
-    if isinstance(model_or_params, torch.nn.Module):
-        named = list(model_or_params.named_parameters())
-    else:
-        named = [(f"param{i}", p) for i, p in enumerate(model_or_params)]
-    if not named:
-        raise ValueError("the model has no parameters")
-    in_model = {id(p) for _, p in named}
-    in_optimizer = [p for g in optimizer.param_groups for p in g["params"]]
-    foreign = [p for p in in_optimizer if id(p) not in in_model]
-    if foreign:
-        raise ValueError(f"the optimizer holds {len(foreign)} parameter(s) that are not in the model")
-    wanted = {id(p) for p in in_optimizer if p.requires_grad}
-    chosen = [(n, p) for n, p in named if id(p) in wanted]
-    seen, params, names = set(), [], []
-    for n, p in chosen:  # tied weights appear once
-        if id(p) not in seen:
-            seen.add(id(p))
-            params.append(p)
-            names.append(n)
-    return params, names

@@ -16,6 +16,8 @@ from pipesgd.defaults import (
     BUCKET_MB,
     GRADIENT_AS_BUCKET_VIEW,
     NEEDS_ERROR_FEEDBACK,
+    STALENESS,
+    STALENESS_MODES,
     WARMUP_STEPS,
     resolve_allreduce,
 )
@@ -30,6 +32,9 @@ class PipeSGDOptions:
     # Pipeline: K steps in flight after ``warmup_steps`` synchronous ones (see pipesgd.pipeline).
     width: int = 2
     warmup_steps: int = WARMUP_STEPS
+    # Stale gradients (width >= 2): "lookahead" computes each at the weights the updates in flight will produce
+    # (pipesgd.lookahead), "none" is the paper's plain update.
+    staleness: str = STALENESS
     # Codec on every ring hop (pipesgd.compression registry name and its options).
     compression: str = "none"
     compression_options: dict[str, Any] = field(default_factory=dict)
@@ -62,6 +67,8 @@ class PipeSGDOptions:
             raise ValueError(f"width must be an integer >= 1, got {self.width!r}")
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
+        if self.staleness not in STALENESS_MODES:
+            raise ValueError(f"staleness must be one of {STALENESS_MODES}, got {self.staleness!r}")
         if self.nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {self.nonfinite!r}")
         if not self.bucket_mb > 0:

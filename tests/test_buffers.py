@@ -70,7 +70,8 @@ def reference(world: int, width: int, warmup: int, mode: str):
 def train(rank: int, width: int, warmup: int, mode: str):
     model = make_bn_model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model, width=width,
-                  warmup_steps=warmup, buffers=mode, check_replicas_every=1 if mode != "none" else 0)
+                  warmup_steps=warmup, buffers=mode, check_replicas_every=1 if mode != "none" else 0,
+                  staleness="none")  # the reference is the paper's plain delayed update
     trajectory, timed = [], []
     for t in range(STEPS):
         x, y = batch(t, rank)

@@ -59,7 +59,7 @@ def reference(world: int, width: int, warmup: int, max_norm: float | None, accum
 def train(rank: int, width: int, warmup: int, max_norm: float | None, accumulate: int):
     model = make_model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model, width=width,
-                  warmup_steps=warmup, max_grad_norm=max_norm)
+                  warmup_steps=warmup, max_grad_norm=max_norm, staleness="none")  # the reference: plain delay
     trajectory, norms = [], []
     for t in range(STEPS):
         for m in range(accumulate):

@@ -91,6 +91,7 @@ def reference_trajectory(world: int, width: int, warmup: int, kind: str, steps: 
 def train(rank: int, width: int, warmup: int, kind: str, steps: int = STEPS, **options):
     model = make_model().to(DEVICE)
     inner, sched = make_optimizer(kind, model)
+    options.setdefault("staleness", "none")  # the reference is the paper's plain delayed update
     opt = PipeSGD(inner, model, width=width, warmup_steps=warmup, **options)
     trajectory = []
     for t in range(steps):

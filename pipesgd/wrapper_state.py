@@ -1,0 +1,179 @@
+"""What a PipeSGD checkpoint holds: the state every rank shares, and each rank's own, keyed by rank.
+
+Shared (identical on every rank, so any rank's copy restores all): the inner optimizer's state, the step count,
+the averaged gradients still to be applied, the loss scales of the steps in flight, and what the wrapper was
+built with (refused on load when the model, world size, width or codec differ). Each rank's own: its
+error-feedback residuals, its codec's random state (stochastic rounding) and its look-ahead stand-ins (its local
+gradients of the steps in flight).
+
+Saving on one rank, as most DDP scripts do (``if rank == 0: torch.save(opt.state_dict(), ...)``), can only hold
+that rank's own state, since ``state_dict()`` is not a collective (the others are not there to ask). So:
+  - ``consolidate(to)`` (a collective, like ``ZeroRedundancyOptimizer.consolidate_state_dict``) gathers every
+    rank's own state onto rank ``to``; its ``state_dict()`` at the same step then restores every rank exactly.
+  - Without it, a rank whose own state is missing never takes another rank's: it starts with zero residuals (as
+    DeepSpeed resets its error buffers on load), its codec as seeded for it, and the averaged gradients in flight
+    as its look-ahead stand-ins; it warns once, naming ``consolidate_state_dict()``. Replicas stay identical; the
+    resumed run differs from the uninterrupted one only through those per-rank parts.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from pipesgd.amp import DelayedLossScale
+from pipesgd.bucket_sets import BucketSet
+from pipesgd.buckets import Bucket, layout_signature
+from pipesgd.compression import codec_state, load_codec_state
+from pipesgd.exchange import GradientExchange
+from pipesgd.handles import CompletedWork
+from pipesgd.lookahead import Lookahead
+from pipesgd.pipeline import InFlight, Pipeline
+
+
+@dataclass(frozen=True, slots=True)
+class WrapperIdentity:
+    """What a checkpoint must share with the wrapper that loads it."""
+
+    width: int
+    warmup_steps: int
+    compression: str
+    world_size: int
+    rank: int  # in the wrapper's group: the key of this rank's own state
+
+
+class WrapperState:
+    """Builds and restores a PipeSGD wrapper's ``state_dict()`` from its parts (see module doc)."""
+
+    def __init__(self, identity: WrapperIdentity, optimizer: torch.optim.Optimizer, params: list[torch.Tensor],
+                 buckets: list[Bucket], pipeline: Pipeline, exchange: GradientExchange,
+                 loss_scale: DelayedLossScale | None, lookahead: Lookahead | None,
+                 group: dist.ProcessGroup | None) -> None:
+        self.identity = identity
+        self._optimizer, self._params, self._buckets = optimizer, params, buckets
+        self._pipeline, self._exchange = pipeline, exchange
+        self._loss_scale, self._lookahead = loss_scale, lookahead
+        self._group = group
+        self._consolidated: tuple[int, dict[int, dict]] | None = None  # (step, every rank's own state)
+
+    def state_dict(self, step: int) -> dict:
+        """Waits for the rings in flight (so residuals are settled and averages known)."""
+        in_flight = []
+        for entry in self._pipeline.entries():
+            result = entry.handle.wait()
+            in_flight.append({"step": entry.step, "buckets": [b.clone() for b in result.buckets],
+                              "bytes_sent": result.report.bytes_sent, "raw_bytes": result.report.raw_bytes})
+        ranks = {self.identity.rank: self._own_state()}
+        if self._consolidated is not None and self._consolidated[0] == step:
+            ranks = {**self._consolidated[1], **ranks}
+        return {
+            "optimizer": self._optimizer.state_dict(),
+            "step": step,
+            "width": self.identity.width,
+            "warmup_steps": self.identity.warmup_steps,
+            "compression": self.identity.compression,
+            "world_size": self.identity.world_size,
+            "layout": layout_signature(self._params),
+            "in_flight": in_flight,
+            "loss_scales": self._loss_scale.state_dict() if self._loss_scale is not None else None,
+            "ranks": ranks,
+        }
+
+    def consolidate(self, to: int, step: int) -> None:
+        """Every rank's own state onto group rank ``to`` (a collective of the wrapper's group)."""
+        for entry in self._pipeline.entries():
+            entry.handle.wait()
+        mine = _to_cpu(self._own_state())
+        size = self.identity.world_size
+        if size == 1:
+            self._consolidated = (step, {0: mine})
+            return
+        gathered = [None] * size if self.identity.rank == to else None
+        dist.gather_object(mine, gathered, dst=dist.get_global_rank(self._group, to), group=self._group)
+        if gathered is not None:
+            self._consolidated = (step, dict(enumerate(gathered)))
+
+    def load_state_dict(self, state: dict) -> int:
+        """Restore ``state`` (refusing one of another model, world size, width or codec); returns its step."""
+        if not isinstance(state, dict) or "optimizer" not in state or "in_flight" not in state:
+            raise ValueError(f"not a PipeSGD state_dict() (got {type(state).__name__}); a torch optimizer's own "
+                             f"state loads into opt.optimizer")
+        for key, mine in (("layout", layout_signature(self._params)), ("world_size", self.identity.world_size),
+                          ("width", self.identity.width), ("compression", self.identity.compression)):
+            theirs = state.get(key)
+            if key == "layout" and theirs is not None:
+                theirs = [(tuple(shape), dtype) for shape, dtype in theirs]
+            if theirs != mine:
+                raise ValueError(f"PipeSGD state does not match this wrapper: {key} is {theirs!r}, expected {mine!r}")
+        if len(self._pipeline):
+            raise RuntimeError("load_state_dict() with steps in flight; call flush() first")
+        if self._lookahead is not None and self._lookahead.active:
+            raise RuntimeError("load_state_dict() between a forward pass and step(): the parameters hold the "
+                               "look-ahead weights; load before the forward pass")
+        self._optimizer.load_state_dict(state["optimizer"])
+        restored = []
+        for entry in state["in_flight"]:
+            buckets = [b.to(bucket.device) for b, bucket in zip(entry["buckets"], self._buckets)]
+            result = self._exchange.restored(buckets, int(entry.get("bytes_sent", 0)), int(entry.get("raw_bytes", 0)))
+            restored.append(InFlight(int(entry["step"]), CompletedWork(result)))
+        self._pipeline.restore(restored)
+        if self._loss_scale is not None:
+            self._loss_scale.load_state_dict(state.get("loss_scales"))
+        own = (state.get("ranks") or {}).get(self.identity.rank)
+        if own is not None:
+            self._load_own_state(own)
+        else:
+            self._start_own_state(state, restored)
+        return int(state["step"])
+
+    # -- this rank's own part ------------------------------------------------------------------------------
+    def _own_state(self) -> dict:
+        feedback = self._exchange.feedback
+        return {"compressor": codec_state(self._exchange.compressor),
+                "residuals": feedback.residuals_state() if feedback is not None else None,
+                "lookahead": self._lookahead.state_dict() if self._lookahead is not None else None}
+
+    def _load_own_state(self, own: dict) -> None:
+        feedback = self._exchange.feedback
+        if feedback is not None:
+            feedback.load_residuals_state(own.get("residuals") or {})
+        load_codec_state(self._exchange.compressor, own.get("compressor"))
+        if self._lookahead is not None:
+            self._lookahead.load_state_dict(own.get("lookahead") or [])
+
+    def _start_own_state(self, state: dict, restored: list[InFlight]) -> None:
+        """No state of this rank's own in ``state`` (saved on another rank without ``consolidate``): start it
+        afresh, never from another rank's (see module doc), and say so where it matters."""
+        feedback = self._exchange.feedback
+        if feedback is not None:
+            feedback.load_residuals_state({})
+        lost = ["error-feedback residuals"] if feedback is not None else []
+        if codec_state(self._exchange.compressor):
+            lost.append("codec random state")
+        if self._lookahead is not None:
+            self._lookahead.load_state_dict([])
+            for entry in restored:  # the averages stand in for the local gradients this rank no longer has
+                averaged = BucketSet(entry.handle.wait().buckets, self._buckets, self._params)
+                scale = self._loss_scale.scale_of(entry.step) if self._loss_scale is not None else None
+                self._lookahead.record(entry.step, averaged.slots, scale)
+            if restored:
+                lost.append("look-ahead stand-ins (the averaged gradients in flight stand in)")
+        if lost:
+            saved = sorted((state.get("ranks") or {}).keys())
+            warnings.warn(f"PipeSGD state holds the own state of rank(s) {saved} only, not of rank "
+                          f"{self.identity.rank}: it starts its {', '.join(lost)} afresh. For an exact resume, call "
+                          f"opt.consolidate_state_dict() on every rank before saving opt.state_dict() on one",
+                          RuntimeWarning, stacklevel=3)
+
+
+def _to_cpu(value):
+    """``value`` with every tensor copied to the CPU (what ``gather_object`` pickles and rank ``to`` keeps)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
