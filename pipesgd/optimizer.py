@@ -192,6 +192,12 @@ class PipeSGD:
         width-K pipeline. With ``gradient_as_bucket_view`` they hold ``p.grad`` too; without, add the gradients."""
         return self._sets.allocated * self._sets.set_bytes
 
+    @property
+    def lookahead_memory_bytes(self) -> int:
+        """Bytes that look-ahead holds beside plain width K (0 without it): a copy of the weights, this rank's
+        gradients of the K-1 steps in flight and the replay's copy of the optimizer state (``pipesgd.lookahead``)."""
+        return self._lookahead.memory_bytes if self._lookahead is not None else 0
+
     def step(self) -> StepStats:
         """Hand this step's gradients to the ring; apply the averaged gradient of step t-K+1 if due."""
         self._check_usage()
@@ -202,6 +208,8 @@ class PipeSGD:
             lookahead.restore()
         # Step 1: the gradients' bucket set (p.grad no longer points into it once this returns).
         applies = len(self._pipeline) + 1 >= self._pipeline.depth(t)
+        if lookahead is not None and applies and len(self._pipeline):  # the due step's stand-in is done with
+            lookahead.discard(self._pipeline.entries()[0].step)
         buffers = self._sets.hand_off(keep_local=not applies)
         self._fresh.value = False
         if self._loss_scale is not None:
