@@ -36,13 +36,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
-import tempfile
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from pipesgd.atomic import atomic_open
 from pipesgd.defaults import resolve_allreduce
 
 from . import collectives
@@ -330,25 +329,16 @@ class Calibration:
 
 
 def write_calibration(path: str, cal: Calibration) -> None:
-    """Write the calibration JSON atomically (temporary file in the same folder, then rename)."""
+    """Write the calibration JSON atomically (``pipesgd.atomic``: a temporary file in the same folder, then rename)."""
     data = {"schema": SCHEMA, **cal.meta,
             "fits": {name: fit.as_json() for name, fit in cal.fits.items()},
             "codecs": {name: {"encode_Bps": e, "decode_Bps": d, "feedback_Bps": cal.codec_feedback.get(name),
                               "ring_factor_by_nodes": {str(p): f for p, f in cal.codec_ring_factors.get(name, {}).items()}}
                        for name, (e, d) in cal.codecs.items()},
             "compute": cal.compute, "host": cal.host, "samples": [asdict(s) for s in cal.samples], "residuals": cal.residuals}
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".calib-", suffix=".json", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(data, out, indent=2, allow_nan=False, default=lambda v: None)
-            out.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_open(path, "w") as out:
+        json.dump(data, out, indent=2, allow_nan=False, default=lambda v: None)
+        out.write("\n")
 
 
 def read_calibration(path: str) -> Calibration:
