@@ -79,6 +79,60 @@ def test_train_refuses_any_rank_s_existing_metrics_file(tmp_path, capsys, monkey
     assert f"--metrics {tmp_path / 'm.rank1.jsonl'} already exists" in _one_line_error(capsys, "pipesgd-train")
 
 
+# -- pipesgd-timing ----------------------------------------------------------------------------------------------
+SCENARIO = ["--nodes", "4", "--params", "61M"]
+TIMING_BAD = [
+    (["calibrate", "--out", "/proc/x.json"], "--out /proc/x.json: cannot create a file in /proc"),
+    (["calibrate", "--out", "{dir}"], "--out {dir}: is a directory"),
+    (["calibrate", "--backend", "zzz"], "argument --backend: invalid choice: 'zzz'"),
+    (["calibrate", "--backend", "nccl"], "--backend nccl needs --device cuda"),
+    (["calibrate", "--model", "mlp", "--input-shape", "abc"], "--input-shape: 'abc' is not a list of integers"),
+    (["calibrate", "--sizes", "10:14"], "--sizes: size range '10:14': '10' is 10 bytes, not a power of two"),
+    (["calibrate", "--repeats", "0"], "--repeats must be >= 1"),
+    (["calibrate", "--compressions", "zip"], "unknown compression 'zip'"),
+    (["predict", *SCENARIO, "--bandwidth", "1gbps"], "--bandwidth: bandwidth '1gbps' is ambiguous"),
+    (["predict", *SCENARIO, "--bandwidth", "1000"], "--bandwidth: bandwidth '1000' has no unit"),
+    (["predict", *SCENARIO, "--bandwidth", "-1gbit"], "--bandwidth: bandwidth '-1gbit': must be positive"),
+    (["predict", *SCENARIO, "--bandwidth", "1gbit", "--latency", "inf"], "--latency: time 'inf'"),
+    (["predict", *SCENARIO, "--bandwidth", "1gbit", "--compute", "1e400s"], "--compute: time '1e400s': must be finite"),
+    (["predict", *SCENARIO, "--bandwidth", "1gbit", "--slowdown", "nan"], "--slowdown: slowdown 'nan'"),
+    (["sweep", *SCENARIO, "--bandwidth", "1gbit,1000"], "--bandwidth: bandwidth '1000' has no unit"),
+    (["validate", "--calibration", "/nonexistent.json", "x.jsonl"], "calibration file '/nonexistent.json' not found"),
+    (["predict", *SCENARIO, "--bandwidth", "1gbit", "--bogus"], "unrecognized arguments: --bogus"),
+    (["predict", "--nodes", "4"], "the following arguments are required"),
+]
+
+
+@pytest.mark.parametrize("argv,message", TIMING_BAD, ids=[" ".join(a) for a, _ in TIMING_BAD])
+def test_timing_refuses_bad_input_in_one_line(argv, message, tmp_path, capsys, monkeypatch):
+    from timing_model.cli import main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")  # calibrate's own refusal of one rank comes first otherwise
+    monkeypatch.setenv("RANK", "0")
+    _forbid(monkeypatch, "torch.distributed.init_process_group", "measuring")
+    assert main([a.format(dir=tmp_path) for a in argv]) == 2
+    assert message.format(dir=tmp_path) in _one_line_error(capsys, "pipesgd-timing")
+    assert os.listdir(tmp_path) == []
+
+
+def test_timing_calibration_failing_after_it_measured_is_exit_1(tmp_path, capsys, monkeypatch):
+    """Once ranks measured, a failed fit is a run-time failure (1), not bad input (2)."""
+    import torch.distributed as dist
+
+    from timing_model.cli import main
+    from timing_model.commands import calibrate
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for name in ("init_process_group", "barrier", "destroy_process_group"):
+        monkeypatch.setattr(dist, name, lambda *a, **k: None)
+
+    def failed_fit(*args, **kwargs):
+        raise ValueError("calibration failed: ring: need at least 2 samples")
+    monkeypatch.setattr(calibrate, "run_calibration", failed_fit)
+    assert main(["calibrate", "--out", str(tmp_path / "c.json")]) == 1
+    assert "calibration failed: ring" in _one_line_error(capsys, "pipesgd-timing")
+
+
 # -- the shared pieces -------------------------------------------------------------------------------------------
 def test_negative_values_reach_their_flag_and_a_command_keeps_its_own():
     assert join_negative_values(["--bandwidth", "-1gbit", "--lr", "-.5", "--x", "-inf", "--flag", "--y", "3"]) == \

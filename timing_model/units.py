@@ -114,13 +114,25 @@ def parse_fraction(text: str, what: str = "fraction", upper: float | None = 1.0)
     return value
 
 
+# How far a LOW:HIGH bound may lie from its power of two: decimal prefixes drift up to 10 % (1TB = 0.91 TiB).
+POWER_OF_TWO_SLACK = 0.10
+
+
 def parse_size_range(text: str) -> list[int]:
-    """Powers of two from ``'4KB:64MB'``: each bound rounds to the nearest power of two (4KB → 4096)."""
+    """Powers of two from ``'4KB:64MB'``: each bound is a power of two, or a decimal-prefixed size within 10 % of
+    one (4KB → 4096, 64MB → 2^26); a bound further off (``10:14``, meaning 8 to 16 bytes) is refused, not rounded."""
     if ":" not in text:
         return [int(parse_bytes(part)) for part in parse_list(text)]
-    low_text, high_text = text.split(":", 1)
-    low = round(math.log2(parse_bytes(low_text)))
-    high = round(math.log2(parse_bytes(high_text)))
+    exponents = []
+    for bound in text.split(":", 1):
+        n_bytes = parse_bytes(bound)
+        k = round(math.log2(n_bytes))
+        if abs(n_bytes / 2**k - 1) > POWER_OF_TWO_SLACK:
+            below, above = 2 ** math.floor(math.log2(n_bytes)), 2 ** math.ceil(math.log2(n_bytes))
+            raise ValueError(f"size range {text!r}: {bound.strip()!r} is {n_bytes:.0f} bytes, not a power of two "
+                             f"(nearest: {below} or {above}); the bounds are bytes, e.g. 4KB:64MB or 1KiB:16KiB")
+        exponents.append(k)
+    low, high = exponents
     if high < low:
         raise ValueError(f"size range {text!r}: upper bound below lower bound")
     return [2**k for k in range(low, high + 1)]
