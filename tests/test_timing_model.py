@@ -280,12 +280,14 @@ def test_parse_other_units():
     assert parse_count("25M") == 25_000_000 and parse_count("61M") == 61_000_000
     assert parse_bytes("100MB") == 1e8 and parse_bytes("4KiB") == 4096 and parse_bytes("1GiB") == 2**30
     assert parse_size_range("4KB:64MB") == [2**k for k in range(12, 27)]
+    assert parse_size_range("1GB:1TB") == [2**k for k in range(30, 41)]  # decimal prefixes drift up to 10 %
 
 
 @pytest.mark.parametrize("fn, text", [
     (parse_bandwidth, "-1gbit"), (parse_bandwidth, "0gbit"), (parse_bandwidth, "10gbot"), (parse_bandwidth, "fast"),
     (parse_bandwidth, "10G"), (parse_time, "5 parsecs"), (parse_time, "-1ms"), (parse_bytes, "12 apples"),
-    (parse_count, "61X"), (parse_bandwidth, "inf"), (parse_size_range, "64MB:4KB"),
+    (parse_count, "61X"), (parse_bandwidth, "inf"), (parse_size_range, "64MB:4KB"), (parse_size_range, "10:14"),
+    (parse_size_range, "4KB:5KB"),
 ])
 def test_parse_rejects_nonsense(fn, text):
     with pytest.raises(ValueError, match=r"\S"):
