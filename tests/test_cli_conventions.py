@@ -133,6 +133,51 @@ def test_timing_calibration_failing_after_it_measured_is_exit_1(tmp_path, capsys
     assert "calibration failed: ring" in _one_line_error(capsys, "pipesgd-timing")
 
 
+# -- pipesgd-cluster ---------------------------------------------------------------------------------------------
+CLUSTER_BAD = [
+    (["up", "--bandwidth", "-1gbit"], "argument --bandwidth: bandwidth '-1gbit': must be positive"),
+    (["up", "--bandwidth", "1gbps"], "bandwidth '1gbps' is ambiguous"),
+    (["up", "--bandwidth", "1000"], "bandwidth '1000' has no unit: write bits (1000bit) or bytes (1000B/s)"),
+    (["up", "--bandwidth", "fast"], "bandwidth 'fast': not a number"),
+    (["up", "--queue-ms", "nan"], "argument --queue-ms: must be a finite number (got 'nan')"),
+    (["up", "--queue-ms", "-5"], "argument --queue-ms: must be positive"),
+    (["up", "--nodes", "0"], "argument --nodes: must be >= 1"),
+    (["up", "--mtu", "10"], "argument --mtu: must be in 576..65535"),
+    (["up", "--cores-per-node", "100000"], "--cores-per-node 100000 needs 400000 cores for 4 nodes"),
+    (["up", "--burst", "lots"], "argument --burst: bad size 'lots'"),
+    (["up", "--name", "other"], "bad cluster name 'other'"),
+    (["up", "--latency", "5ms"], "netem is not available on this kernel; latency emulation unsupported"),
+    (["measure", "--duration", "-1"], "argument --duration: must be positive"),
+    (["measure", "--src", "1", "--dst", "1"], "measure needs two different nodes"),
+    (["run", "--timeout", "-1", "--", "true"], "argument --timeout: must be positive"),
+    (["run", "--timeout", "inf", "--", "true"], "argument --timeout: must be a finite number"),
+    (["run", "--nproc-per-node", "0", "--", "true"], "argument --nproc-per-node: must be >= 1"),
+    (["run"], "no command: use `pipesgd-cluster run [options] -- COMMAND ...`"),
+    (["status", "--", "true"], "`--` and a command only make sense with `run`"),
+    (["bogus"], "invalid choice: 'bogus'"),
+    ([], "the following arguments are required: command"),
+]
+
+
+@pytest.mark.parametrize("argv,message", CLUSTER_BAD, ids=[" ".join(a) or "(none)" for a, _ in CLUSTER_BAD])
+def test_cluster_refuses_bad_input_in_one_line(argv, message, capsys, monkeypatch):
+    from pipesgd.cluster import cli
+
+    for target in ("Cluster.up", "Cluster.load"):
+        _forbid(monkeypatch, f"pipesgd.cluster.cli.{target}", target)
+    _forbid(monkeypatch, "pipesgd.cluster.cli.teardown", "teardown")
+    assert cli.main(argv) == 2
+    assert message in _one_line_error(capsys, "pipesgd-cluster")
+
+
+def test_cluster_failures_at_run_time_are_exit_1_in_the_same_form(capsys, tmp_path, monkeypatch):
+    from pipesgd.cluster import cli
+
+    monkeypatch.setenv("PIPESGD_CLUSTER_STATE_DIR", str(tmp_path))
+    assert cli.main(["run", "--name", "psgd-absent", "--", "true"]) == 1
+    assert "no cluster named 'psgd-absent'" in _one_line_error(capsys, "pipesgd-cluster")
+
+
 # -- the shared pieces -------------------------------------------------------------------------------------------
 def test_negative_values_reach_their_flag_and_a_command_keeps_its_own():
     assert join_negative_values(["--bandwidth", "-1gbit", "--lr", "-.5", "--x", "-inf", "--flag", "--y", "3"]) == \
