@@ -319,6 +319,14 @@ def test_calibration_recovers_known_terms_from_noisy_timings():
     assert fit.median_abs_rel_err < 0.01 and fit.max_abs_rel_err < 0.03
 
 
+def test_a_term_that_would_fit_negative_is_fixed_at_zero_and_the_rest_refitted():
+    """Non-negative least squares: timings below the α-β line by a constant (c0 < 0) leave overhead at exactly 0
+    and a note, and the rest is the least-squares fit without it (α and β stay close to the truth)."""
+    fit = fit_collective(_synthetic_samples(-5e-6, 40e-6, 1.1e9, 4e9, noise=0.0))
+    assert fit.overhead_s == 0.0 and "overhead fitted below zero: fixed at 0" in fit.notes
+    assert fit.latency_s > 0 and fit.bandwidth_Bps == pytest.approx(1.1e9, rel=0.05)
+
+
 def test_calibration_exact_without_noise_and_notes_at_one_cluster_size():
     fit = fit_collective(_synthetic_samples(0.0, 30e-6, 2e9, 1e10, noise=0.0))
     assert fit.latency_s == pytest.approx(30e-6, rel=1e-6) and fit.bandwidth_Bps == pytest.approx(2e9, rel=1e-6)

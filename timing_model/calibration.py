@@ -4,10 +4,11 @@ read/write the calibration JSON.
 Fit (REFERENCES §3): least squares on *relative* error, i.e. minimise Σ ((model_i − t_i)/t_i)², so small
 messages (which fix latency) weigh as much as large ones (which fix bandwidth). The model is linear in
 its four unknowns, so each row is the formula evaluated at a unit vector of (overhead, latency,
-seconds-per-byte, reduce seconds-per-byte), divided by t_i. Negative estimates are fixed at zero and the
-rest refitted. Identifiability: overhead and latency separate only with ≥ 2 cluster sizes (else overhead
-is fixed at 0 and latency absorbs it); the reduction rate separates from bandwidth only through local
-``reduce`` samples (timings of ``add_``), else it is fixed at infinity (free) and bandwidth absorbs it.
+seconds-per-byte, reduce seconds-per-byte), divided by t_i, solved as non-negative least squares (scipy's
+NNLS: an estimate that would go negative is fixed at zero and the rest refitted). Identifiability: overhead
+and latency separate only with ≥ 2 cluster sizes (else overhead is fixed at 0 and latency absorbs it); the
+reduction rate separates from bandwidth only through local ``reduce`` samples (timings of ``add_``), else it
+is fixed at infinity (free) and bandwidth absorbs it.
 
 Calibration file (``schema`` = ``pipesgd-timing/calibration/1``), written atomically::
 
@@ -124,16 +125,17 @@ def _features(sample: Sample, algorithm: str) -> list[float]:
 
 
 def _solve_nonnegative(A: np.ndarray, b: np.ndarray, active: list[int]) -> np.ndarray:
-    """Least squares over the columns in ``active``; drop the most negative estimate until none is."""
-    active = list(active)
-    while True:
-        x = np.zeros(A.shape[1])
-        if active:
-            x[active] = np.linalg.lstsq(A[:, active], b, rcond=None)[0]
-        negative = [j for j in active if x[j] < 0]
-        if not negative:
-            return x
-        active.remove(min(negative, key=lambda j: x[j]))
+    """Non-negative least squares over the columns in ``active`` (scipy's NNLS, Lawson-Hanson); the others stay 0.
+    The columns are scaled to unit norm first: seconds-per-byte and per-call terms differ by ~10 orders."""
+    from scipy.optimize import nnls  # only when fitting: predict and sweep start without scipy
+
+    x = np.zeros(A.shape[1])
+    if active:
+        columns = A[:, active]
+        norms = np.linalg.norm(columns, axis=0)
+        norms[norms == 0] = 1.0
+        x[active] = nnls(columns / norms, b)[0] / norms
+    return x
 
 
 def fit_collective(samples: list[Sample], collective: str = "ring", algorithm: str = "ring",
