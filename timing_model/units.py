@@ -120,7 +120,8 @@ POWER_OF_TWO_SLACK = 0.10
 
 def parse_size_range(text: str) -> list[int]:
     """Powers of two from ``'4KB:64MB'``: each bound is a power of two, or a decimal-prefixed size within 10 % of
-    one (4KB → 4096, 64MB → 2^26); a bound further off (``10:14``, meaning 8 to 16 bytes) is refused, not rounded."""
+    one (4KB → 4096, 64MB → 2^26); a bound further off (``10:14``, meaning 8 to 16 bytes) is refused, not
+    rounded."""
     if ":" not in text:
         return [int(parse_bytes(part)) for part in parse_list(text)]
     exponents = []

@@ -174,10 +174,10 @@ def main(argv: list[str] | None = None) -> int:
         print_error(PROG, e)
         return EXIT_FAILURE
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
+        print_error(PROG, "interrupted")
         return 130
     except _Terminated:
-        print(f"{PROG}: terminated", file=sys.stderr)
+        print_error(PROG, "terminated")
         return 143
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -100,8 +100,10 @@ def add_parser(sub) -> None:
     p.add_argument("--repeats", type=int, default=20, help="timed calls per point (median; default 20)")
     p.add_argument("--warmup", type=int, default=5, help="warm-up calls per point (default 5)")
     p.add_argument("--out", default="calib.json",
-                   help="calibration JSON to write, replaced if it exists (default calib.json); checked before measuring")
-    p.add_argument("--backend", choices=BACKENDS, help="process-group backend (default: nccl with --device cuda, else gloo)")
+                   help="calibration JSON to write, replaced if it exists (default calib.json); checked before "
+                        "measuring")
+    p.add_argument("--backend", choices=BACKENDS,
+                   help="process-group backend (default: nccl with --device cuda, else gloo)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="tensor device (default cpu)")
     p.add_argument("--compressions", default="none", help="codecs to time: none,bf16,q8 (default none)")
     p.add_argument("--no-ring", action="store_true", help="time only the backend all_reduce")
