@@ -20,7 +20,7 @@ from pipesgd.bench.agreement import AgreementSettings, markdown, run, settings_j
 from pipesgd.bench.one_line import OneLineParser, known_names
 from pipesgd.bench.pipeline import VARIANTS, WORKLOADS
 from pipesgd.bench.rank_launch import LaunchError, launch_ranks
-from pipesgd.cluster.units import parse_bandwidth
+from pipesgd.bandwidth import parse_bandwidth_bps
 
 
 def main() -> int:
@@ -45,7 +45,7 @@ def main() -> int:
         settings = AgreementSettings(out_json=records_path, workload=args.workload, rounds=args.rounds,
                                      steps=args.steps,
                                      variants=tuple(known_names(parser, args.variants, VARIANTS, "variant")))
-        bandwidth_bps = None if args.loopback else parse_bandwidth(args.bandwidth)
+        bandwidth_bps = None if args.loopback else parse_bandwidth_bps(args.bandwidth)
     except ValueError as error:
         parser.error(str(error))
     os.makedirs(args.out, exist_ok=True)

@@ -24,7 +24,7 @@ from pipesgd.bench.speed import run_variant, speed_table
 from pipesgd.bench.variants import ACCURACY_VARIANTS, SPEED_VARIANTS
 from pipesgd.cluster.cluster import Cluster
 from pipesgd.cluster.netns import ClusterError
-from pipesgd.cluster.units import parse_bandwidth
+from pipesgd.bandwidth import parse_bandwidth_bps
 from pipesgd.results import load_run
 
 def main() -> int:
@@ -52,7 +52,7 @@ def main() -> int:
             return 1
         return 0
     try:
-        bandwidth_bps = parse_bandwidth(args.bandwidth)
+        bandwidth_bps = parse_bandwidth_bps(args.bandwidth)
     except ValueError as error:
         parser.error(str(error))
     os.makedirs(args.out, exist_ok=True)

@@ -22,7 +22,7 @@ from pipesgd.atomic import write_text_atomic
 from pipesgd.bench.pipeline import BASELINES, VARIANTS, WORKLOADS, PipelineSettings, run, settings_json
 from pipesgd.bench.pipeline_report import markdown, read_records
 from pipesgd.bench.rank_launch import LaunchError, launch_ranks
-from pipesgd.cluster.units import parse_bandwidth
+from pipesgd.bandwidth import parse_bandwidth_bps
 
 QUICK = {"workloads": ("mlp1.9m",), "steps": 4, "warmup": 2, "ring_repeats": 2}
 
@@ -74,7 +74,7 @@ def main() -> int:
     records_path = os.path.join(args.out, f"{label}.jsonl")
     try:
         settings = PipelineSettings(out_json=os.path.abspath(records_path), **chosen)
-        bandwidth_bps = None if args.loopback else parse_bandwidth(args.bandwidth)
+        bandwidth_bps = None if args.loopback else parse_bandwidth_bps(args.bandwidth)
     except ValueError as error:
         parser.error(str(error))
     write_text_atomic(records_path, "")

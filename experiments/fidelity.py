@@ -33,7 +33,7 @@ from pipesgd.bench.fidelity import FidelitySettings, log, run_cell, summary, wri
 from pipesgd.bench.fidelity_report import markdown, scatter
 from pipesgd.bench.variants import DEFAULT_FIDELITY_VARIANTS, FIDELITY_VARIANTS
 from pipesgd.cluster.netns import ClusterError
-from pipesgd.cluster.units import parse_bandwidth
+from pipesgd.bandwidth import parse_bandwidth_bps
 
 DEFAULT_VARIANTS = ",".join(DEFAULT_FIDELITY_VARIANTS)
 
@@ -64,7 +64,7 @@ def main() -> int:
     try:
         bandwidths = [b.strip() for b in args.bandwidths.split(",") if b.strip()]
         for b in bandwidths:
-            parse_bandwidth(b)
+            parse_bandwidth_bps(b)
         node_counts = [int(n) for n in args.nodes.split(",") if n.strip()]
     except ValueError as error:
         parser.error(str(error))

@@ -56,9 +56,9 @@ def main() -> int:
                       for s in SCHEMES}
         else:
             from pipesgd.cluster.cluster import Cluster
-            from pipesgd.cluster.units import parse_bandwidth
+            from pipesgd.bandwidth import parse_bandwidth_bps
 
-            with Cluster.up(args.nodes, parse_bandwidth(args.bandwidth), name="psgd-trace", force=True) as cluster:
+            with Cluster.up(args.nodes, parse_bandwidth_bps(args.bandwidth), name="psgd-trace", force=True) as cluster:
                 def runner(argv: list[str], log_path: str) -> int:
                     with open(log_path, "a") as log:
                         return cluster.run(argv, timeout_s=args.timeout, out=log, err=log)

@@ -37,7 +37,7 @@ _OFF = contextlib.nullcontext()
 
 
 def enable(rank: int, steps: tuple[int, int]) -> None:
-    """Start a recording for this process (rank ``rank``) that keeps spans starting within ``steps``."""
+    """Start a recording for this process (rank ``rank``) that keeps the spans of ``steps`` (``record``)."""
     global _on, _rank, _steps, _open_ns, _close_ns, _step_now
     with _lock:
         _events.clear()
@@ -54,7 +54,8 @@ def enabled() -> bool:
 
 
 def set_step(step: int) -> None:
-    """The training loop is at ``step``: opens the window at its first step and closes it after the last."""
+    """This rank's training loop is at ``step``: opens the window at its first step and closes it after the last
+    (for spans that name no step), and labels the jobs other threads run for it (``current_step``)."""
     global _open_ns, _close_ns, _step_now
     if not _on:
         return
@@ -86,8 +87,17 @@ def _thread_name() -> str:
 
 def record(name: str, start_ns: int, end_ns: int, cat: str, thread: str | None = None,
            args: dict | None = None) -> None:
-    """Keep a span observed elsewhere (``thread`` defaults to the caller's row) if it starts in the window."""
-    if not _on or _open_ns is None or start_ns < _open_ns or (_close_ns is not None and start_ns >= _close_ns):
+    """Keep a span observed elsewhere (``thread`` defaults to the caller's row) if it belongs to the window: a span
+    that names its step (``args["step"]``) when that step is traced, whenever it ran; any other span when it starts
+    while the window is open. By step first, because other threads work for steps on their own clocks: the
+    co-located parameter server serves a lagging worker's step 7 after this rank's own loop passed step B."""
+    if not _on:
+        return
+    step = args.get("step") if args else None
+    if step is not None:
+        if not _steps[0] <= step < _steps[1]:
+            return
+    elif _open_ns is None or start_ns < _open_ns or (_close_ns is not None and start_ns >= _close_ns):
         return
     _events.append((name, cat, thread or _thread_name(), start_ns, end_ns, args))
 

@@ -137,7 +137,7 @@ def test_config_file_loads_and_builds_flags():
     ("nodes = 4\n", "no \\[workload"),
     ("colour = 1\n[workload.a]\nmodel='lenet'\n", "unknown keys \\['colour'\\]"),
     ("variants=['nope']\n[workload.a]\nmodel='lenet'\n", "unknown variants"),
-    ("variants=['sync']\nbandwidths=['fast']\n[workload.a]\nmodel='lenet'\n", "bad bandwidth"),
+    ("variants=['sync']\nbandwidths=['fast']\n[workload.a]\nmodel='lenet'\n", "bandwidth 'fast'"),
     ("variants=['sync']\n[workload.a]\nmodel='lenet'\nsteps={'2gbit'=3}\n", "not in the grid"),
     ("variants=['sync']\n[workload.a]\nmodel='lenet'\nshape=3\n", "unknown keys"),
     ("variants=['sync']\n[workload.a]\nmodel='lenet'\nepochs=0\n", "epochs"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 
 import pytest
 
@@ -16,6 +17,7 @@ from tests.test_train_e2e import launch
 
 @pytest.fixture
 def recorder():
+    trace.name_thread(None)  # an in-process run earlier in the session may have named this (main) thread's row
     yield trace
     trace.disable()
 
@@ -46,6 +48,29 @@ def test_window_keeps_spans_that_start_inside_it(recorder):
     thread.start()
     thread.join()
     assert len(trace.events()) == 2
+
+
+def test_a_span_naming_its_step_is_kept_by_its_step_whenever_it_ran(recorder):
+    """The ps-async flake's cause: rank 0's co-located server serves a lagging worker's step 7 after rank 0's own loop
+    passed the window (the server row once held only the receive that began before the window closed). Spans that
+    name their step are kept by it, on any thread, whatever the clock says."""
+    trace.enable(rank=0, steps=(6, 12))
+    trace.set_step(6)  # rank 0's own loop opens the window ...
+    trace.set_step(12)  # ... and has left it
+
+    def server():
+        trace.name_thread("server")
+        for name in ("receive", "apply", "send"):
+            with trace.span(name, "server", {"worker": 1, "step": 7}):
+                pass
+        with trace.span("receive", "server", {"worker": 1, "step": 12}):  # a step past the window: left out
+            pass
+        trace.record("late", time.time_ns(), time.time_ns(), "server")  # no step, after the window: left out
+    thread = threading.Thread(target=server)
+    thread.start()
+    thread.join()
+    assert [(e[0], e[2], e[5]["step"]) for e in trace.events()] == [
+        ("receive", "server", 7), ("apply", "server", 7), ("send", "server", 7)]
 
 
 def test_chrome_trace_and_merge(recorder, tmp_path):

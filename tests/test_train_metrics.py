@@ -40,18 +40,47 @@ def test_writer_without_path_does_nothing(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_progress_plain_lines_when_not_a_tty():
-    out = io.StringIO()
-    p = Progress(total_steps=20, enabled=True, stream=out)
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_a_tqdm_bar_with_rate_and_eta_on_a_terminal():
+    err, out = _Terminal(), io.StringIO()
+    p = Progress(total_steps=20, enabled=True, stream=err, out=out)
     for step in range(20):
         p.update(step, 0, 1.0)
     p.message("epoch 1: test accuracy 90.0 %")
     p.close()
-    lines = out.getvalue().splitlines()
-    assert "\r" not in out.getvalue() and 10 <= len(lines) <= 12 and lines[-2].startswith("step 20/20")
-    silent = io.StringIO()
-    Progress(total_steps=5, enabled=False, stream=silent).update(4, 0, 1.0)
-    assert silent.getvalue() == ""
+    bar = err.getvalue()
+    assert "20/20" in bar and "<00:00" in bar and "loss=1.0000" in bar  # steps, ETA, the postfix
+    assert "step/s" in bar or "s/step" in bar  # the rate (tqdm turns it round below one step per second)
+    assert out.getvalue() == "epoch 1: test accuracy 90.0 %\n"  # the evaluation line, not inside the bar
+
+
+def test_progress_is_off_when_stderr_is_not_a_terminal():
+    """Logs and CI get no bar (nor its carriage returns); evaluation lines still reach stdout."""
+    err, out = io.StringIO(), io.StringIO()
+    p = Progress(total_steps=20, enabled=True, stream=err, out=out)
+    for step in range(20):
+        p.update(step, 0, 1.0)
+    p.message("epoch 1: test accuracy 90.0 %")
+    p.close()
+    assert err.getvalue() == "" and out.getvalue() == "epoch 1: test accuracy 90.0 %\n"
+
+
+def test_progress_of_a_resumed_run_starts_where_it_stands_and_other_ranks_are_silent():
+    err = _Terminal()
+    p = Progress(total_steps=20, enabled=True, start_step=15, stream=err)
+    p.update(15, 1, 1.0)
+    p.close()
+    assert "| 15/20" in err.getvalue() and "| 16/20" in err.getvalue() and "| 0/20" not in err.getvalue()
+    err, out = _Terminal(), io.StringIO()
+    silent = Progress(total_steps=5, enabled=False, stream=err, out=out)
+    silent.update(4, 0, 1.0)
+    silent.message("epoch 1")
+    silent.close()
+    assert err.getvalue() == "" and out.getvalue() == ""
 
 
 def test_step_stats_yield_the_step_record_names():

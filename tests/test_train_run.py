@@ -59,8 +59,10 @@ def test_a_dedicated_server_serves_writes_nothing_and_closes(tmp_path, monkeypat
 def test_resume_appends_to_the_same_record(tmp_path, monkeypatch, capsys, process_group):  # noqa: F811
     args = dict(ARGS, metrics=str(tmp_path / "m.jsonl"), checkpoint=str(tmp_path / "ck"), resume=True)
     first = RecordingWrapper()
-    _run(monkeypatch, TrainConfig(**args), first)  # no checkpoint yet: a fresh start
+    _run(monkeypatch, TrainConfig(**args), first)  # no checkpoint yet: a fresh start, said in one line
     assert "load_state_dict" not in first.calls
+    assert f"pipesgd-train: --resume: no checkpoint in {tmp_path / 'ck'} yet; starting from step 0\n" in \
+        capsys.readouterr().out
     second = RecordingWrapper()
     _run(monkeypatch, TrainConfig(**{**args, "steps": 10}), second)
     assert second.calls[0] == "load_state_dict" and second.steps == 10  # 7 restored + 3 run
@@ -68,3 +70,31 @@ def test_resume_appends_to_the_same_record(tmp_path, monkeypatch, capsys, proces
     records = _records(tmp_path / "m.jsonl")
     assert [r["resumed_at_step"] for r in records if r["type"] == "config"] == [None, 7]
     assert [r["step"] for r in records if r["type"] == "step"] == [*range(7), *range(7, 10)]
+
+
+def test_a_trace_that_cannot_be_written_costs_no_summary(tmp_path, monkeypatch, process_group):  # noqa: F811
+    """The summary is written first; the trace's failure then ends the run (as one line: the next test)."""
+    def full_disk(path, rank, world_size):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(cli.trace, "write", full_disk)
+    monkeypatch.setattr(cli.trace, "enable", lambda rank, steps: None)  # leave the recorder off for later tests
+    cfg = TrainConfig(**ARGS, metrics=str(tmp_path / "m.jsonl"), trace=str(tmp_path / "t.json"))
+    with pytest.raises(OSError, match="No space left"):
+        _run(monkeypatch, cfg, RecordingWrapper())
+    assert [r["type"] for r in _records(cfg.metrics)][-1] == "summary"
+
+
+def test_an_os_error_during_the_run_is_one_line_and_exit_1(monkeypatch, capsys):
+    exits = []
+
+    def leave(code):
+        exits.append(code)
+        raise SystemExit(code)
+    monkeypatch.setattr(cli.os, "_exit", leave)
+    try:
+        with pytest.raises(SystemExit):
+            cli.fail(OSError(28, "No space left on device"), TrainConfig(**ARGS), 0, 1, debug=False)
+    finally:
+        cli._fail_lock.release()  # os._exit would have ended the process holding it
+    err = capsys.readouterr().err
+    assert exits == [1] and err == "pipesgd-train: error: rank 0: [Errno 28] No space left on device\n"

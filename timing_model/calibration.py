@@ -4,10 +4,11 @@ read/write the calibration JSON.
 Fit (REFERENCES §3): least squares on *relative* error, i.e. minimise Σ ((model_i − t_i)/t_i)², so small
 messages (which fix latency) weigh as much as large ones (which fix bandwidth). The model is linear in
 its four unknowns, so each row is the formula evaluated at a unit vector of (overhead, latency,
-seconds-per-byte, reduce seconds-per-byte), divided by t_i. Negative estimates are fixed at zero and the
-rest refitted. Identifiability: overhead and latency separate only with ≥ 2 cluster sizes (else overhead
-is fixed at 0 and latency absorbs it); the reduction rate separates from bandwidth only through local
-``reduce`` samples (timings of ``add_``), else it is fixed at infinity (free) and bandwidth absorbs it.
+seconds-per-byte, reduce seconds-per-byte), divided by t_i, solved as non-negative least squares (scipy's
+NNLS: an estimate that would go negative is fixed at zero and the rest refitted). Identifiability: overhead
+and latency separate only with ≥ 2 cluster sizes (else overhead is fixed at 0 and latency absorbs it); the
+reduction rate separates from bandwidth only through local ``reduce`` samples (timings of ``add_``), else it
+is fixed at infinity (free) and bandwidth absorbs it.
 
 Calibration file (``schema`` = ``pipesgd-timing/calibration/1``), written atomically::
 
@@ -36,13 +37,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
-import tempfile
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from pipesgd.atomic import atomic_open
 from pipesgd.defaults import resolve_allreduce
 
 from . import collectives
@@ -125,16 +125,17 @@ def _features(sample: Sample, algorithm: str) -> list[float]:
 
 
 def _solve_nonnegative(A: np.ndarray, b: np.ndarray, active: list[int]) -> np.ndarray:
-    """Least squares over the columns in ``active``; drop the most negative estimate until none is."""
-    active = list(active)
-    while True:
-        x = np.zeros(A.shape[1])
-        if active:
-            x[active] = np.linalg.lstsq(A[:, active], b, rcond=None)[0]
-        negative = [j for j in active if x[j] < 0]
-        if not negative:
-            return x
-        active.remove(min(negative, key=lambda j: x[j]))
+    """Non-negative least squares over the columns in ``active`` (scipy's NNLS, Lawson-Hanson); the others stay 0.
+    The columns are scaled to unit norm first: seconds-per-byte and per-call terms differ by ~10 orders."""
+    from scipy.optimize import nnls  # only when fitting: predict and sweep start without scipy
+
+    x = np.zeros(A.shape[1])
+    if active:
+        columns = A[:, active]
+        norms = np.linalg.norm(columns, axis=0)
+        norms[norms == 0] = 1.0
+        x[active] = nnls(columns / norms, b)[0] / norms
+    return x
 
 
 def fit_collective(samples: list[Sample], collective: str = "ring", algorithm: str = "ring",
@@ -330,25 +331,16 @@ class Calibration:
 
 
 def write_calibration(path: str, cal: Calibration) -> None:
-    """Write the calibration JSON atomically (temporary file in the same folder, then rename)."""
+    """Write the calibration JSON atomically (``pipesgd.atomic``: a temporary file in the same folder, then rename)."""
     data = {"schema": SCHEMA, **cal.meta,
             "fits": {name: fit.as_json() for name, fit in cal.fits.items()},
             "codecs": {name: {"encode_Bps": e, "decode_Bps": d, "feedback_Bps": cal.codec_feedback.get(name),
                               "ring_factor_by_nodes": {str(p): f for p, f in cal.codec_ring_factors.get(name, {}).items()}}
                        for name, (e, d) in cal.codecs.items()},
             "compute": cal.compute, "host": cal.host, "samples": [asdict(s) for s in cal.samples], "residuals": cal.residuals}
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".calib-", suffix=".json", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(data, out, indent=2, allow_nan=False, default=lambda v: None)
-            out.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_open(path, "w") as out:
+        json.dump(data, out, indent=2, allow_nan=False, default=lambda v: None)
+        out.write("\n")
 
 
 def read_calibration(path: str) -> Calibration:

@@ -4,10 +4,10 @@ Conventions (everything inside the timing model is seconds, bytes and bytes per 
 
 - Decimal prefixes are powers of ten: ``MB`` = 10^6 bytes, ``Gbit`` = 10^9 bits. Binary prefixes are
   spelled with an ``i``: ``KiB`` = 1024, ``MiB`` = 2^20, ``GiB`` = 2^30 bytes.
-- A lowercase ``b`` or the word ``bit`` means bits, an uppercase ``B`` or ``byte`` means bytes:
-  ``10Gb/s`` = ``10gbit`` = 1.25e9 B/s, ``1.25GB/s`` = 1.25e9 B/s. ``/s`` and ``ps`` are optional.
-- ``GbE`` means Ethernet line rate: ``10GbE`` = 1.25e8·10 bytes/s (the wire rate, before TCP overheads).
-- A bare number is bytes/s for a bandwidth, seconds for a time, bytes for a size, a plain count for a count.
+- Bandwidths follow the one rule of ``pipesgd.bandwidth`` (shared with ``pipesgd-cluster``): ``10gbit`` =
+  ``10Gb/s`` = ``10GbE`` = 1.25e9 B/s, ``1.25GB/s`` = 1.25e9 B/s; a bare number, ``bps`` and a lone ``b`` are
+  refused as ambiguous. ``parse_bandwidth`` returns bytes per second.
+- A bare number is seconds for a time, bytes for a size, a plain count for a count.
 - Counts (parameters) take ``K``, ``M``, ``G`` or ``B`` (billion), ``T``: ``61M`` = 61·10^6.
 - Zero, negative, NaN or infinite values and unknown units raise ``ValueError`` naming the input.
 """
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 import re
+
+from pipesgd.bandwidth import parse_bandwidth_Bps as parse_bandwidth  # bytes/s, the model's unit
 
 __all__ = [
     "parse_bandwidth",
@@ -69,31 +71,6 @@ def _prefix_scale(prefix: str, text: str, what: str) -> float:
     raise ValueError(f"{what} {text!r}: unknown unit prefix {prefix!r}")
 
 
-def parse_bandwidth(text: str) -> float:
-    """Bytes per second from ``10gbit``, ``10Gb/s``, ``10GbE``, ``1.25GB/s``, ``100Mbit/s``, ``500MiB/s``."""
-    what = "bandwidth"
-    value, unit = _split(text, what)
-    unit = unit.replace(" ", "")
-    for tail in ("/s", "ps", "/sec"):
-        if unit.endswith(tail) and len(unit) > len(tail):
-            unit = unit[: -len(tail)]
-            break
-    match = re.fullmatch(r"([kKmMgGtTpP]i?|)(gbe|GbE|GBE|bits?|Bytes?|bytes?|b|B|)", unit)
-    if not match:
-        raise ValueError(f"{what} {text!r}: unknown unit {unit!r} (use e.g. 1gbit, 10Gb/s, 10GbE, 1.25GB/s, 500MiB/s)")
-    prefix, base = match.groups()
-    if base.lower() == "gbe":  # '10GbE' was matched as prefix '' + 'GbE'
-        scale = 1.25e8
-    elif base == "" and prefix == "":
-        scale = 1.0
-    elif base == "":
-        raise ValueError(f"{what} {text!r}: say bits or bytes (e.g. {prefix}bit/s or {prefix}B/s)")
-    else:
-        per_unit = 0.125 if base in ("b",) or base.lower().startswith("bit") else 1.0
-        scale = _prefix_scale(prefix, text, what) * per_unit
-    return _positive(value * scale, text, what)
-
-
 def parse_time(text: str, allow_zero: bool = True) -> float:
     """Seconds from ``50us``, ``2ms``, ``0.12s``, ``120 ms`` or a bare number of seconds."""
     what = "time"
@@ -137,13 +114,26 @@ def parse_fraction(text: str, what: str = "fraction", upper: float | None = 1.0)
     return value
 
 
+# How far a LOW:HIGH bound may lie from its power of two: decimal prefixes drift up to 10 % (1TB = 0.91 TiB).
+POWER_OF_TWO_SLACK = 0.10
+
+
 def parse_size_range(text: str) -> list[int]:
-    """Powers of two from ``'4KB:64MB'``: each bound rounds to the nearest power of two (4KB → 4096)."""
+    """Powers of two from ``'4KB:64MB'``: each bound is a power of two, or a decimal-prefixed size within 10 % of
+    one (4KB → 4096, 64MB → 2^26); a bound further off (``10:14``, meaning 8 to 16 bytes) is refused, not
+    rounded."""
     if ":" not in text:
         return [int(parse_bytes(part)) for part in parse_list(text)]
-    low_text, high_text = text.split(":", 1)
-    low = round(math.log2(parse_bytes(low_text)))
-    high = round(math.log2(parse_bytes(high_text)))
+    exponents = []
+    for bound in text.split(":", 1):
+        n_bytes = parse_bytes(bound)
+        k = round(math.log2(n_bytes))
+        if abs(n_bytes / 2**k - 1) > POWER_OF_TWO_SLACK:
+            below, above = 2 ** math.floor(math.log2(n_bytes)), 2 ** math.ceil(math.log2(n_bytes))
+            raise ValueError(f"size range {text!r}: {bound.strip()!r} is {n_bytes:.0f} bytes, not a power of two "
+                             f"(nearest: {below} or {above}); the bounds are bytes, e.g. 4KB:64MB or 1KiB:16KiB")
+        exponents.append(k)
+    low, high = exponents
     if high < low:
         raise ValueError(f"size range {text!r}: upper bound below lower bound")
     return [2**k for k in range(low, high + 1)]

@@ -178,7 +178,9 @@ class ShardServer:
         while live:
             src = recv_any(header, group, TAG_REQUEST, f"server rank {self.layout.server} waiting for a request from workers {sorted(live)}")
             flags, step, pulled_version = int(header[0]), int(header[1]), int(header[2])
-            trace.set_step(step)  # the trace window follows the workers' steps (a dedicated server has none)
+            # Each span names the request's step, which decides whether it is traced (``trace.record``). Not
+            # ``set_step``: that is this rank's own loop's, and a co-located server serving another worker's step
+            # moved it (closing the window while that worker lagged, so the server's row lost apply and send).
             args = {"worker": src, "step": step}
             if flags & PUSH:
                 with trace.span("receive", "server", args):

@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass
 
 from pipesgd.atomic import write_text_atomic
+from pipesgd.bandwidth import parse_bandwidth_bps
 from pipesgd.bench.variants import trainer_flags
 from pipesgd.cluster.cluster import Cluster
-from pipesgd.cluster.units import parse_bandwidth
 from pipesgd.results import load_run
 from pipesgd.run_files import metrics_files
 from timing_model.calibration import read_calibration
@@ -138,7 +138,7 @@ def run_cell(bandwidth: str, nodes: int, variants: list[str], settings: Fidelity
     calib_path = os.path.abspath(os.path.join(settings.out, f"calib-{cell_name}.json"))
     points, failures, info = [], [], dict(cell)
     done: list[tuple[str, str, object]] = []  # (variant, metrics, RunRecord) of the runs that finished
-    with Cluster.up(nodes, parse_bandwidth(bandwidth), name=settings.name, force=True) as cluster:
+    with Cluster.up(nodes, parse_bandwidth_bps(bandwidth), name=settings.name, force=True) as cluster:
         info["tcp"] = cluster.measure().summary()
         log(f"{cell_name}: {info['tcp']}")
         t0 = time.monotonic()

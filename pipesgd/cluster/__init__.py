@@ -7,7 +7,7 @@ from .launch import LaunchSpec, node_argv, node_env, torchrun_tail
 from .measure import Throughput
 from .netns import ClusterError
 from .state import ClusterState
-from .units import UNSHAPED, default_burst_bytes, format_bandwidth, parse_bandwidth, parse_link
+from .units import UNSHAPED, default_burst_bytes, format_bandwidth, parse_link
 
 __all__ = ["Cluster", "ClusterError", "ClusterState", "LaunchSpec", "Throughput", "UNSHAPED", "default_burst_bytes",
-           "format_bandwidth", "node_argv", "node_env", "parse_bandwidth", "parse_link", "torchrun_tail"]
+           "format_bandwidth", "node_argv", "node_env", "parse_link", "torchrun_tail"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -81,8 +82,9 @@ class ClusterState:
         validate_name(self.name)
         if not 1 <= self.nodes <= MAX_NODES:
             raise ValueError(f"nodes must be in 1..{MAX_NODES}, got {self.nodes}")
-        if self.shaped and (self.bandwidth_bps <= 0 or self.burst_bytes <= 0) or self.queue_ms <= 0:
-            raise ValueError("bandwidth, burst and queue length must be positive")
+        if self.shaped and not (0 < self.bandwidth_bps < math.inf and self.burst_bytes > 0) \
+                or not 0 < self.queue_ms < math.inf:  # (written so that NaN fails too)
+            raise ValueError("bandwidth, burst and queue length must be positive and finite")
         if not 576 <= self.mtu <= 65535:
             raise ValueError(f"mtu must be in 576..65535, got {self.mtu}")
         # Fill the derived fields when they were not given (frozen: go through object.__setattr__).

@@ -1,19 +1,10 @@
-"""Bandwidth strings and tbf burst sizing for the emulated cluster.
-
-A deliberately small, local parser (tc's own spelling plus byte rates); it does not depend on any other
-units module of the project.
-"""
+"""Link rates (``unshaped`` or a rate under ``pipesgd.bandwidth``'s rule) and tbf burst sizing for the emulated
+cluster."""
 from __future__ import annotations
 
 import re
 
-# Multipliers are decimal, as in tc(8) and in link speeds: 1gbit = 1e9 bit/s; binary prefixes (Mi, Gi)
-# are accepted too. The prefix is case-insensitive; the unit is not: "b" is bit, "B" is byte.
-_PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
-           "ki": 2.0**10, "mi": 2.0**20, "gi": 2.0**30, "ti": 2.0**40}
-_BITS_PER_UNIT = {"": 1, "bit": 1, "bit/s": 1, "bits/s": 1, "b/s": 1,
-                  "B": 8, "B/s": 8, "byte/s": 8, "bytes/s": 8}
-_RATE_RE = re.compile(r"^(?P<num>\d+(?:\.\d*)?|\.\d+)(?P<prefix>(?:[kKmMgGtT]i?)?)(?P<unit>[A-Za-z/]*)$")
+from pipesgd.bandwidth import parse_bandwidth_bps
 
 # Kernel timer frequency assumed for the burst floor (CONFIG_HZ=250 here; tc(8) asks burst >= rate/HZ).
 ASSUMED_HZ = 250
@@ -22,31 +13,13 @@ ETH_OVERHEAD_BYTES = 38
 # GSO lets veth hand tbf packets of up to 64 KiB; a burst below that makes tbf re-segment every one.
 GSO_MAX_BYTES = 65536
 
-
-def parse_bandwidth(text: str) -> float:
-    """Parse a rate such as ``1gbit``, ``100mbit``, ``500kbit``, ``10gbit``, ``1.25GB/s`` into bit/s.
-
-    Bit units: ``bit``, ``bit/s``, ``b/s``; byte units: ``B``, ``B/s``, ``byte/s``; a bare number is
-    bit/s. ``bps`` (bytes/s to tc, bits/s to most people) and a lone ``b`` are refused as ambiguous.
-    """
-    m = _RATE_RE.match((text or "").strip().replace(" ", ""))
-    unit = m.group("unit") if m else None
-    if unit == "bps" or unit == "b":
-        raise ValueError(f"ambiguous bandwidth {text!r}: write mbit (bits/s) or MB/s (bytes/s)")
-    if not m or unit not in _BITS_PER_UNIT:
-        raise ValueError(f"bad bandwidth {text!r}: expected e.g. 1gbit, 100mbit, 500kbit or 1.25GB/s")
-    value = float(m.group("num")) * _PREFIX[m.group("prefix").lower()] * _BITS_PER_UNIT[unit]
-    if value <= 0:
-        raise ValueError(f"bad bandwidth {text!r}: must be positive")
-    return value
-
-
 UNSHAPED = "unshaped"  # the link rate that means no tbf at all (``parse_link``)
 
 
 def parse_link(text: str) -> float | None:
-    """``parse_bandwidth``, or None for ``unshaped`` (the cluster's links then run at veth speed)."""
-    return None if (text or "").strip().lower() == UNSHAPED else parse_bandwidth(text)
+    """Bits per second (``pipesgd.bandwidth.parse_bandwidth_bps``), or None for ``unshaped`` (the cluster's links
+    then run at veth speed)."""
+    return None if (text or "").strip().lower() == UNSHAPED else parse_bandwidth_bps(text)
 
 
 def format_bandwidth(bandwidth_bps: float) -> str:

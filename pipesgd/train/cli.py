@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from pipesgd import trace
+from pipesgd.cli_conventions import EXIT_FAILURE, EXIT_USAGE, join_negative_values, print_error
 from pipesgd.launch import exit_process, gpu_sharing_problem, rank_gpu
 from pipesgd.replica_check import ReplicaDivergenceError
 from pipesgd.uneven import UnevenInputsError
@@ -29,13 +30,14 @@ from .data import DataError, build_dataset, shard_size
 from .loop import train
 from .metrics import MetricsWriter, format_summary, write_config_files
 from .models import build_model, count_params, grad_bytes
+from .outputs import check_outputs
 from .strategy import build_strategy, num_workers_for
 
 PROG = "pipesgd-train"
 
 
 def _error(message: str) -> None:
-    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    print_error(PROG, message)
 
 
 def _launch_env() -> tuple[int, int, int]:
@@ -129,17 +131,19 @@ def run(cfg: TrainConfig, ds, rank: int, world_size: int, local_rank: int, debug
                   flush=True)
             if resumed_at is not None:
                 print(f"{PROG}: resumed from {cfg.checkpoint} at step {start.step} (epoch {start.epoch})", flush=True)
+            elif cfg.resume:
+                print(f"{PROG}: --resume: no checkpoint in {cfg.checkpoint} yet; starting from step 0", flush=True)
             metrics.write_config(cfg, world_size=world_size, num_workers=strategy.num_workers, params=n_params,
                                  grad_bytes=n_bytes, steps_per_epoch=spe, input_shape=list(ds.input_shape),
                                  num_classes=ds.num_classes,
                                  resumed_at_step=start.step if resumed_at is not None else None)
             write_config_files(cfg)
         summary = train(cfg, ds, model, strategy, device, metrics, rank, world_size, start, watchdog)
-        if cfg.trace:
-            trace.write(cfg.trace, rank, world_size)
-        if summary is not None:
+        if summary is not None:  # before the trace: a trace that cannot be written must not cost the summary
             metrics.write_summary(summary)
             print(format_summary(cfg, summary), flush=True)
+        if cfg.trace:
+            trace.write(cfg.trace, rank, world_size)
     finally:
         if watchdog is not None:
             watchdog.stop()
@@ -150,10 +154,12 @@ def run(cfg: TrainConfig, ds, rank: int, world_size: int, local_rank: int, debug
 
 def main(argv: list[str] | None = None) -> int:
     # Step 1: everything that can be checked without peers, so bad input never leaves ranks waiting.
-    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
+    argv = join_negative_values(sys.argv[1:] if argv is None else list(argv))  # --lr -1 reaches its check
+    debug = "--debug" in argv
     try:
         cfg = resolve(argv)
         rank, world_size, local_rank = _launch_env()
+        check_outputs(cfg, rank, world_size)
         torch.set_num_threads(cfg.threads)
         ds = build_dataset(cfg)
         check_shapes(cfg, len(ds.x_train), world_size)
@@ -162,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         _error(str(exc))
-        return 2
+        return EXIT_USAGE
     # Step 2: join the others; from here a failure may be a peer's.
     try:
         init_process_group(cfg, rank, world_size)
@@ -171,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         _error(f"rank {rank}: could not join the process group within {cfg.timeout:g} s: {first}")
-        return 1
+        return EXIT_FAILURE
     # Step 3: train.
     try:
         run(cfg, ds, rank, world_size, local_rank, debug)
@@ -183,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()
     except Exception as exc:  # noqa: BLE001 - a peer that vanished after finishing its work
         _error(f"rank {rank}: finished, but a peer did not reach the final barrier: {str(exc).splitlines()[0][:200]}")
-        os._exit(1)
+        os._exit(EXIT_FAILURE)
     dist.destroy_process_group()
     return 0
 
@@ -203,10 +209,11 @@ def fail(exc: BaseException, cfg: TrainConfig, rank: int, world_size: int, debug
     Called from the main thread or the watchdog's; the first caller reports, a second one just waits.
     """
     if not _fail_lock.acquire(blocking=True, timeout=30):
-        os._exit(1)
+        os._exit(EXIT_FAILURE)
     peer = faults.is_peer_failure(exc)
     # Failures with a message meant for the user: one line, no traceback (unless --debug).
-    expected = peer or isinstance(exc, (CheckpointError, FloatingPointError, ReplicaDivergenceError,
+    # (OSError: a result that could not be written, e.g. a full disk; the paths were checked before the run)
+    expected = peer or isinstance(exc, (CheckpointError, FloatingPointError, OSError, ReplicaDivergenceError,
                                         UnevenInputsError))
     if isinstance(exc, KeyboardInterrupt):
         _error(f"rank {rank}: interrupted")
@@ -220,4 +227,4 @@ def fail(exc: BaseException, cfg: TrainConfig, rank: int, world_size: int, debug
     # Peers may be gone and background threads blocked on them: leave without waiting for either.
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(1)
+    os._exit(EXIT_FAILURE)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import tomllib
 from collections.abc import Callable, Iterable
@@ -111,11 +112,13 @@ class TrainConfig:
     debug: bool = _field(False, "show Python tracebacks for expected failures too")
 
     # --- outputs ---
-    metrics: str = _field("", "JSONL path; with world size > 1 each rank writes FILE.rankN.jsonl")
+    metrics: str = _field("", "JSONL path; with world size > 1 each rank writes FILE.rankN.jsonl; an existing file is "
+                          "refused (nothing is overwritten), except with --resume, which appends")
     eval_every: int = _field(1, "evaluate on the held-out split every N epochs (0 = only at the end)")
     checkpoint: str = _field("", "checkpoint directory (one file per rank); empty = no checkpoints")
     checkpoint_every: int = _field(0, "also checkpoint every N steps (0 = only at the end)")
-    resume: bool = _field(False, "continue from the checkpoint in --checkpoint (fresh start if none exists)")
+    resume: bool = _field(False, "continue from the checkpoint in --checkpoint; with none there yet, say so and start "
+                          "fresh (so one command line serves the first launch and torchrun's restarts)")
     trace: str = _field("", "write a Chrome/Perfetto trace of each rank's threads to FILE (FILE.rankN.json with "
                         "world size > 1); merge with: python -m pipesgd.trace merge OUT.json FILE.rank*.json")
     trace_steps: str = _field("", "with --trace: the steps A:B traced (A included, B not); empty = the 6 steps "
@@ -165,6 +168,10 @@ class TrainConfig:
         elif self.dataset_dir:
             raise ConfigError(f"--dataset {self.dataset_name} takes no directory (got {self.dataset!r})")
 
+        for f in fields(self):  # inf, nan and overflowing literals (1e400) would only fail once training runs
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"--{_flag(f.name)} must be a finite number (got {value})")
         for name in ("width", "epochs", "batch_size", "accumulate", "threads", "hidden", "push_every", "pull_every",
                      "synthetic_samples", "synthetic_features"):
             if getattr(self, name) < 1:
@@ -304,6 +311,10 @@ def load_toml(path: str) -> dict:
             raw = tomllib.load(f)
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"--config {path} is a directory, expected a TOML file") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     known = {f.name: f for f in fields(TrainConfig)}

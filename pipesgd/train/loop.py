@@ -82,7 +82,7 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
     run = RunIdentity(world_size, cfg.model, cfg.mode)
     spe = steps_per_epoch(len(ds.x_train), strategy.num_workers, cfg.batch_size)
     total_steps = cfg.steps if cfg.steps else cfg.epochs * spe
-    progress = Progress(total_steps, enabled=leader)
+    progress = Progress(total_steps, enabled=leader, start_step=start.step)
     timings = Timings()
     skip = SUMMARY_SKIP_STEPS if total_steps - start.step > 2 * SUMMARY_SKIP_STEPS else 0  # short runs: all
     pos = Position(start.epoch, start.step_in_epoch, start.step)

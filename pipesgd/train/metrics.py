@@ -22,7 +22,8 @@ seconds since start):
 - ``summary``: the end-of-run figures printed on rank 0
 
 A resumed run (``--resume``) appends to the same files: a new ``config`` record with ``resumed_at_step``,
-then the steps from there on; readers keep the last record of each step.
+then the steps from there on; readers keep the last record of each step. Without ``--resume`` a run refuses a
+metrics file that exists (``outputs``): appending a second run would mix two runs' records in one file.
 """
 from __future__ import annotations
 
@@ -116,13 +117,19 @@ class MetricsWriter:
             self._file = None
 
 
-def write_config_files(cfg: TrainConfig) -> list[str]:
-    """The resolved config as JSON next to the metrics (``FILE.config.json``) and in the checkpoint directory."""
+def config_file_paths(cfg: TrainConfig) -> list[str]:
+    """Where the resolved config goes: next to the metrics (``FILE.config.json``) and in the checkpoint directory."""
     paths = []
     if cfg.metrics:
         paths.append(os.path.splitext(cfg.metrics)[0] + ".config.json")
     if cfg.checkpoint:
         paths.append(os.path.join(cfg.checkpoint, "config.json"))
+    return paths
+
+
+def write_config_files(cfg: TrainConfig) -> list[str]:
+    """The resolved config as JSON at ``config_file_paths``."""
+    paths = config_file_paths(cfg)
     for path in paths:
         cfg.write_json(path)
     return paths

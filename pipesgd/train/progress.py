@@ -1,54 +1,40 @@
-"""Progress on rank 0: a live one-line bar on a terminal, plain periodic lines otherwise (logs, CI)."""
+"""Progress on the reporting rank: a tqdm bar (steps, rate, ETA, epoch and loss) on stderr while stderr is a
+terminal, none otherwise (logs and CI keep the evaluation lines and the summary); evaluation lines go to stdout."""
 from __future__ import annotations
 
 import sys
-import time
 from typing import TextIO
+
+from tqdm import tqdm
 
 
 class Progress:
-    """Report training progress; disabled on every rank but the reporting one."""
+    """Report training progress; silent on every rank but the reporting one."""
 
-    def __init__(self, total_steps: int, enabled: bool, stream: TextIO | None = None, every_s: float = 2.0):
-        self.total_steps = max(total_steps, 1)
+    def __init__(self, total_steps: int, enabled: bool, start_step: int = 0, stream: TextIO | None = None,
+                 out: TextIO | None = None):
         self.enabled = enabled
-        self.stream = stream or sys.stdout
-        self.tty = enabled and self.stream.isatty()
-        self.every_s = every_s
-        # Plain mode prints about ten lines per run, and at least one every ``every_s`` seconds.
-        self.every_steps = max(1, self.total_steps // 10)
-        self._last_print = time.perf_counter()
-        self._start = self._last_print
+        self.out = out or sys.stdout
+        stream = stream or sys.stderr
+        # A resumed run's bar starts where the run stands, so rate and ETA count this run's steps only.
+        self.bar = tqdm(total=max(total_steps, 1), initial=start_step, unit="step", file=stream, dynamic_ncols=True,
+                        disable=not (enabled and stream.isatty()))
 
     def update(self, step: int, epoch: int, loss: float) -> None:
         """Call after step ``step`` (0-based) finished."""
-        if not self.enabled:
+        if self.bar.disable:
             return
-        done = step + 1
-        now = time.perf_counter()
-        rate = done / max(now - self._start, 1e-9)
-        if self.tty:
-            width = 30
-            filled = int(width * done / self.total_steps)
-            bar = "#" * filled + "." * (width - filled)
-            self.stream.write(f"\r[{bar}] step {done}/{self.total_steps} epoch {epoch} loss {loss:.4f} "
-                              f"{rate:.1f} it/s")
-            self.stream.flush()
-        elif done % self.every_steps == 0 or done == self.total_steps or now - self._last_print >= self.every_s:
-            self.stream.write(f"step {done}/{self.total_steps} epoch {epoch} loss {loss:.4f} {rate:.1f} it/s\n")
-            self.stream.flush()
-            self._last_print = now
+        self.bar.set_postfix(epoch=epoch, loss=f"{loss:.4f}", refresh=False)
+        self.bar.update(step + 1 - self.bar.n)
 
     def message(self, text: str) -> None:
-        """A line of its own (e.g. an evaluation result) that does not garble the bar."""
+        """A line of its own (e.g. an evaluation result) on stdout, which does not garble the bar."""
         if not self.enabled:
             return
-        if self.tty:
-            self.stream.write("\r\033[K")
-        self.stream.write(text + "\n")
-        self.stream.flush()
+        if self.bar.disable:
+            print(text, file=self.out, flush=True)
+        else:
+            self.bar.write(text, file=self.out)
 
     def close(self) -> None:
-        if self.enabled and self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+        self.bar.close()

@@ -9,6 +9,9 @@ import argparse
 import datetime
 import os
 
+from pipesgd.cli_conventions import RunFailure, UsageError, first_line
+from pipesgd.output_paths import check_output_file
+
 from .. import tables
 from ..calibration import Calibration, Sample, read_calibration, write_calibration
 from ..host_terms import host_terms
@@ -58,6 +61,7 @@ def calibration_from(measured, sizes_bytes: list[int], repeats: int, warmup: int
                            compute_record, host_record(measured.host), meta, min_fit_bytes)
 
 
+BACKENDS = ("gloo", "nccl")  # the process-group backends calibrate runs on (cpu: gloo; cuda: nccl or gloo)
 # what ``--probe-only`` can add to an existing calibration: probe name -> the host record it writes
 PROBES = {"ps": "ps_service", "ps-sync": "ps_round", "feedback": "feedback_rings"}
 
@@ -90,11 +94,16 @@ def add_probes(cal: Calibration | None, names: tuple[str, ...], compute: dict, c
 
 def add_parser(sub) -> None:
     p = sub.add_parser("calibrate", help="micro-benchmark this cluster (under torchrun) and fit the model")
-    p.add_argument("--sizes", default="4KB:64MB", help="message sizes: LOW:HIGH powers of two, or a list")
+    p.add_argument("--sizes", default="4KB:64MB",
+                   help="message sizes in bytes: LOW:HIGH, each bound a power of two (4KB and 64MB count as 4 KiB and "
+                        "64 MiB), or a list (default 4KB:64MB)")
     p.add_argument("--repeats", type=int, default=20, help="timed calls per point (median; default 20)")
     p.add_argument("--warmup", type=int, default=5, help="warm-up calls per point (default 5)")
-    p.add_argument("--out", default="calib.json", help="calibration JSON to write (default calib.json)")
-    p.add_argument("--backend", help="process-group backend (default: nccl with --device cuda, else gloo)")
+    p.add_argument("--out", default="calib.json",
+                   help="calibration JSON to write, replaced if it exists (default calib.json); checked before "
+                        "measuring")
+    p.add_argument("--backend", choices=BACKENDS,
+                   help="process-group backend (default: nccl with --device cuda, else gloo)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="tensor device (default cpu)")
     p.add_argument("--compressions", default="none", help="codecs to time: none,bf16,q8 (default none)")
     p.add_argument("--no-ring", action="store_true", help="time only the backend all_reduce")
@@ -121,43 +130,38 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> str | int:
+    # Step 1: every check before any rank measures (or joins the group), so bad input costs nothing.
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     if world < 2:
-        raise ValueError("calibration needs >= 2 ranks (world size is 1): run it under "
+        raise UsageError("calibration needs >= 2 ranks (world size is 1): run it under "
                          "`torchrun --nproc-per-node 2 -m timing_model calibrate ...` or inside pipesgd-cluster")
-    sizes = parse_size_range(args.sizes)
+    sizes = _flag_value("--sizes", args.sizes, parse_size_range)
     if args.repeats < 1 or args.warmup < 0:
-        raise ValueError("--repeats must be >= 1 and --warmup >= 0")
+        raise UsageError("--repeats must be >= 1 and --warmup >= 0")
     if args.threads < 1:
-        raise ValueError("--threads must be >= 1")
-    min_fit_bytes = parse_bytes(args.fit_min_bytes, allow_zero=True)
-    compressions = tuple(parse_list(args.compressions))
+        raise UsageError("--threads must be >= 1")
+    backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
+    if backend == "nccl" and args.device != "cuda":
+        raise UsageError("--backend nccl needs --device cuda")
+    min_fit_bytes = _flag_value("--fit-min-bytes", args.fit_min_bytes, lambda t: parse_bytes(t, allow_zero=True))
+    compressions = tuple(_flag_value("--compressions", args.compressions, parse_list))
     for name in compressions:
         if name not in CODEC_RATIOS:
-            raise ValueError(f"unknown compression {name!r}; valid: {', '.join(CODEC_RATIOS)}")
-    compute = None
-    if args.model:
-        from pipesgd.train.models import MODELS
-
-        if args.model not in MODELS:
-            raise ValueError(f"unknown model {args.model!r}; valid: {', '.join(MODELS)}")
-        if args.batch_size < 1 or args.num_classes < 2 or (args.hidden is not None and args.hidden < 1):
-            raise ValueError("--batch-size and --hidden must be >= 1 and --num-classes >= 2")
-        shape = tuple(int(x) for x in parse_list(args.input_shape))
-        compute = {"model": args.model, "input_shape": shape, "num_classes": args.num_classes,
-                   "batch_size": args.batch_size, "hidden": args.hidden}
+            raise UsageError(f"unknown compression {name!r}; valid: {', '.join(CODEC_RATIOS)}")
+    compute = _compute(args)
     existing, probes = None, _probes(args)
     if probes:
         if compute is None:
-            raise ValueError("--probe-only needs --model (the probes run that model's training steps or gradient)")
+            raise UsageError("--probe-only needs --model (the probes run that model's training steps or gradient)")
         if "feedback" in probes and all(name == "none" for name in compressions):
-            raise ValueError("--probe-only feedback needs --compressions with a lossy codec, e.g. q8,sign")
+            raise UsageError("--probe-only feedback needs --compressions with a lossy codec, e.g. q8,sign")
         if int(os.environ.get("RANK", "0") or 0) == 0:
             existing = read_calibration(args.out)  # fail before any rank starts measuring
+    check_output_file(args.out, "--out")
+    # Step 2: measure on every rank; rank 0 fits and writes.
     import torch
     import torch.distributed as dist
 
-    backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
     device = args.device
     if device == "cuda":
         from pipesgd.launch import rank_gpu
@@ -182,11 +186,45 @@ def run(args: argparse.Namespace) -> str | int:
         dist.barrier()  # rank 0 fits alone; leave together so no rank tears its links down under another
     finally:
         dist.destroy_process_group()
-    if failure is not None:
-        raise failure
+    if failure is not None:  # measured, then failed: a run-time failure (exit 1), not bad input
+        raise RunFailure(first_line(failure)) from failure
     if cal is None:
         return 0
     return report(cal, args.out)
+
+
+def _flag_value(flag: str, text: str, parse):
+    """``parse(text)``, its ``ValueError`` turned into a ``UsageError`` that names the flag."""
+    try:
+        return parse(text)
+    except ValueError as err:
+        raise UsageError(f"{flag}: {err}") from None
+
+
+def _compute(args: argparse.Namespace) -> dict | None:
+    """The ``compute`` record of ``--model`` and its shape flags (None without ``--model``)."""
+    if not args.model:
+        return None
+    from pipesgd.train.models import MODELS
+
+    if args.model not in MODELS:
+        raise UsageError(f"unknown model {args.model!r}; valid: {', '.join(MODELS)}")
+    if args.batch_size < 1 or args.num_classes < 2 or (args.hidden is not None and args.hidden < 1):
+        raise UsageError("--batch-size and --hidden must be >= 1 and --num-classes >= 2")
+    shape = _flag_value("--input-shape", args.input_shape, _shape)
+    return {"model": args.model, "input_shape": shape, "num_classes": args.num_classes,
+            "batch_size": args.batch_size, "hidden": args.hidden}
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    """``'3,32,32'`` -> (3, 32, 32): positive integers."""
+    try:
+        shape = tuple(int(x) for x in parse_list(text))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a list of integers, e.g. 3,32,32 or 64") from None
+    if any(n < 1 for n in shape):
+        raise ValueError(f"{text!r}: every dimension must be >= 1")
+    return shape
 
 
 def _probes(args: argparse.Namespace) -> tuple[str, ...]:
@@ -196,7 +234,7 @@ def _probes(args: argparse.Namespace) -> tuple[str, ...]:
         names.append("ps")
     for name in names:
         if name not in PROBES:
-            raise ValueError(f"unknown probe {name!r}; valid: {', '.join(PROBES)}")
+            raise UsageError(f"unknown probe {name!r}; valid: {', '.join(PROBES)}")
     return tuple(dict.fromkeys(names))
 
 

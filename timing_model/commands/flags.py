@@ -1,10 +1,11 @@
-"""What the ``pipesgd-timing`` sub-commands share: the scenario flags and their parsers, the output formats, the
-usage error, and prediction with an optional calibration.
+"""What the ``pipesgd-timing`` sub-commands share: the scenario flags and their parsers, the output formats, and
+prediction with an optional calibration (the parser and usage error: ``pipesgd.cli_conventions``).
 """
 from __future__ import annotations
 
 import argparse
 
+from pipesgd.cli_conventions import UsageError
 from pipesgd.defaults import BUCKET_MB
 
 from .. import tables
@@ -15,7 +16,7 @@ from ..predict import Prediction, Scenario, predict
 from ..units import parse_bandwidth, parse_bytes, parse_count, parse_fraction, parse_list, parse_time
 from ..validation import calibrated_scenario
 
-__all__ = ["UsageError", "Parser", "FORMAT_FLAG", "SCENARIO_FLAGS", "SWEEPABLE", "add_scenario_flags",
+__all__ = ["FORMAT_FLAG", "SCENARIO_FLAGS", "SWEEPABLE", "add_scenario_flags", "parse_flag",
            "scenario_fields", "parse_modes", "predict_modes", "load_calibration"]
 
 # --format of predict, sweep and validate
@@ -64,17 +65,6 @@ SCENARIO_FLAGS = {
     "compression_ratio": ("compression_ratio", lambda s: parse_fraction(s, "compression ratio", None)),
 }
 SWEEPABLE = ("nodes", "bandwidth", "latency", "params", "bytes", "compression", "compute", "width", "overhead")
-
-
-class UsageError(Exception):
-    """Bad command line; reported as one line with exit code 2."""
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse that raises ``UsageError`` instead of printing usage and exiting."""
-
-    def error(self, message: str):  # noqa: D401 - argparse hook
-        raise UsageError(message)
 
 
 def _int_at_least(text: str, what: str, low: int) -> int:
@@ -165,15 +155,26 @@ def add_scenario_flags(parser: argparse.ArgumentParser, sweep: bool) -> None:
     add("--modes", default=",".join(MODES), help="modes to predict (default: all)")
 
 
+def parse_flag(flag: str, text: str):
+    """The value of scenario flag ``flag`` (a ``SCENARIO_FLAGS`` key); a bad one is a ``UsageError`` naming it."""
+    try:
+        return SCENARIO_FLAGS[flag][1](text)
+    except ValueError as err:
+        raise UsageError(f"--{flag.replace('_', '-')}: {err}") from None
+
+
 def scenario_fields(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict:
     fields = {}
-    for flag, (name, parse) in SCENARIO_FLAGS.items():
+    for flag, (name, _) in SCENARIO_FLAGS.items():
         value = getattr(args, flag, None)
         if value is None or flag in skip:
             continue
-        fields[name] = parse(value)
+        fields[name] = parse_flag(flag, value)
     if args.codec_gbps:
-        fields["encode_Bps"], fields["decode_Bps"] = _codec_speeds(args.codec_gbps)
+        try:
+            fields["encode_Bps"], fields["decode_Bps"] = _codec_speeds(args.codec_gbps)
+        except ValueError as err:
+            raise UsageError(f"--codec-gbps: {err}") from None
     fields["error_feedback"] = args.error_feedback
     fields["ps_serialised"] = not args.ps_pipelined
     fields["ps_colocated"] = args.ps_colocated

@@ -9,8 +9,8 @@ from dataclasses import replace
 from .. import tables
 from ..predict import Scenario
 from ..units import parse_list
-from .flags import (FORMAT_FLAG, SCENARIO_FLAGS, SWEEPABLE, add_scenario_flags, load_calibration, parse_modes,
-                    predict_modes, scenario_fields)
+from .flags import (FORMAT_FLAG, SCENARIO_FLAGS, SWEEPABLE, add_scenario_flags, load_calibration, parse_flag,
+                    parse_modes, predict_modes, scenario_fields)
 
 __all__ = ["add_parser", "run"]
 
@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> str:
         setattr(first, flag, values[0])
     base = Scenario(**scenario_fields(first))
     axes = {flag: values for flag, values in raw.items() if len(values) > 1}
-    parsed = {flag: [SCENARIO_FLAGS[flag][1](v) for v in values] for flag, values in axes.items()}
+    parsed = {flag: [parse_flag(flag, v) for v in values] for flag, values in axes.items()}
     modes = parse_modes(args.modes)
     calibration = load_calibration(args.calibration)
     # Step 2: predict every grid point.

@@ -1,0 +1,43 @@
+"""The files a training run will write, checked before any process group exists, so that a bad path is one line and
+exit code 2 up front rather than a traceback after the run; and the rule for a ``--metrics`` file that exists.
+
+The rule: a run without ``--resume`` refuses an existing metrics file of any of its ranks (appending would put a
+second run's config and summary records in the file, while the JSON beside it is replaced; nothing written is
+lost by refusing); ``--resume`` appends, as it always has (readers keep the last record of each step).
+"""
+from __future__ import annotations
+
+import os
+
+from pipesgd import trace
+from pipesgd.output_paths import check_output_dir, check_output_file
+from pipesgd.run_files import metrics_path
+
+from .config import ConfigError, TrainConfig
+from .metrics import config_file_paths
+
+__all__ = ["check_outputs"]
+
+
+def check_outputs(cfg: TrainConfig, rank: int, world_size: int) -> None:
+    """Raise ``ConfigError`` naming the flag when this rank could not write one of the run's files. Every rank
+    looks at every rank's metrics file, so all of them refuse alike."""
+    try:
+        if cfg.metrics:
+            check_output_file(metrics_path(cfg.metrics, rank, world_size), "--metrics")
+            if not cfg.resume:
+                existing = [p for p in (metrics_path(cfg.metrics, r, world_size) for r in range(world_size))
+                            if os.path.exists(p)]
+                if existing:
+                    raise ConfigError(f"--metrics {existing[0]} already exists: choose another file, remove it, or "
+                                      "pass --resume to append to it")
+        if cfg.checkpoint:
+            check_output_dir(cfg.checkpoint, "--checkpoint")
+        for path in config_file_paths(cfg):
+            check_output_file(path, "the resolved config")
+        if cfg.trace:
+            check_output_file(trace.trace_path(cfg.trace, rank, world_size), "--trace")
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
