@@ -28,7 +28,7 @@ from .checkpoint import CheckpointError, Position, RunIdentity
 from .config import ConfigError, TrainConfig, resolve
 from .data import DataError, build_dataset, shard_size
 from .loop import train
-from .metrics import MetricsWriter, format_summary, write_config_files
+from .metrics import MetricsWriter, format_summary, pipe_staleness, write_config_files
 from .models import build_model, count_params, grad_bytes
 from .outputs import check_outputs
 from .strategy import build_strategy, num_workers_for
@@ -124,7 +124,7 @@ def run(cfg: TrainConfig, ds, rank: int, world_size: int, local_rank: int, debug
         if strategy.is_leader:
             n_params, n_bytes = count_params(model), grad_bytes(model)
             spe = len(ds.x_train) // strategy.num_workers // cfg.batch_size
-            width = f" width {cfg.effective_width}" if cfg.mode == "pipe" else ""
+            width = f" width {cfg.effective_width}{pipe_staleness(cfg)}" if cfg.mode == "pipe" else ""
             print(f"{PROG}: {cfg.model} with {n_params:,} parameters ({n_bytes / 2**20:.2f} MiB of gradients) "
                   f"on {cfg.dataset_name} ({len(ds.x_train)} train / {len(ds.x_test)} test, {spe} steps/epoch "
                   f"per worker); mode {cfg.mode}{width}, {world_size} ranks, batch {cfg.batch_size} per worker",

@@ -20,7 +20,7 @@ from pipesgd import compression
 from pipesgd.atomic import write_text_atomic
 from pipesgd.baselines.ddp import DDP_HOOKS
 from pipesgd.buffers import BUFFER_MODES
-from pipesgd.defaults import BUCKET_MB, NEEDS_ERROR_FEEDBACK, WARMUP_STEPS
+from pipesgd.defaults import BUCKET_MB, NEEDS_ERROR_FEEDBACK, STALENESS, STALENESS_MODES, WARMUP_STEPS
 from pipesgd.trace import parse_steps
 
 from .data import DATASETS, DATASETS_WITH_DIR
@@ -57,6 +57,10 @@ class TrainConfig:
     mode: str = _field("pipe", "how gradients meet: pipe = Pipe-SGD at --width, sync = allreduce every step "
                        "(width 1), ddp = torch DDP, ps-* = parameter server", lambda: MODES)
     width: int = _field(2, "pipeline width K for mode=pipe; mode=sync always uses 1")
+    staleness: str = _field(STALENESS, "mode=pipe at width >= 2: lookahead computes each gradient at the weights "
+                            "the steps in flight will produce (this rank's own gradients standing in for their "
+                            "averages); none is the paper's plain update (gradients K-1 steps stale)",
+                            lambda: STALENESS_MODES)
     compression: str = _field("none", "codec on every ring hop (pipe/sync only)", compression.available)
     error_feedback: bool = _field(False, "keep the compression residual and add it to the next gradient")
     ddp_hook: str = _field("none", "DDP communication hook (mode=ddp only): fp16 casts each bucket to half, "
@@ -203,6 +207,8 @@ class TrainConfig:
         if self.compression in NEEDS_ERROR_FEEDBACK and not self.error_feedback:
             raise ConfigError(f"--compression {self.compression} needs --error-feedback "
                               "(1-bit SGD does not converge without it)")
+        if self.staleness != STALENESS and self.mode != "pipe":
+            raise ConfigError(f"--staleness applies to --mode pipe only, not {self.mode}")
         if self.ddp_hook != "none" and self.mode != "ddp":
             raise ConfigError(f"--ddp-hook applies to --mode ddp only, not {self.mode}")
         if self.powersgd_rank < 1:

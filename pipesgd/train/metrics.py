@@ -17,7 +17,8 @@ seconds since start):
   thread, the backend's threads; with t_iter it shows whether the cores, rather than the links, set the pace);
   only when their feature is on: grad_norm (the applied averaged gradient's L2 norm before clipping, with
   --clip-grad-norm), t_buffers (seconds spent making module buffers identical across ranks, with --buffers
-  broadcast|average and a model that has buffers; with the -delayed modes the snapshot's copy)
+  broadcast|average and a model that has buffers; with the -delayed modes the snapshot's copy), t_lookahead
+  (seconds of look-ahead work since the step before: mode pipe, width >= 2, --staleness lookahead)
 - ``eval``: step, epoch, accuracy, loss, wall
 - ``summary``: the end-of-run figures printed on rank 0
 
@@ -43,7 +44,7 @@ from .config import TrainConfig
 STEP_FIELDS = ("step", "epoch", "rank", "mode", "loss", "t_iter", "t_compute", "t_wait", "t_update",
                "bytes_sent", "wall", "applied_step", "compression_ratio", "residual_norm", "t_comm_busy")
 # In a step record only when their feature is on (StepStats' optional fields).
-OPTIONAL_STEP_FIELDS = ("grad_norm", "t_buffers")
+OPTIONAL_STEP_FIELDS = ("grad_norm", "t_buffers", "t_lookahead")
 EVAL_FIELDS = ("step", "epoch", "accuracy", "loss", "wall")
 # The per-iteration times the summary averages (means of the measured steps).
 SUMMARY_TIMES = ("t_iter", "t_compute", "t_wait", "t_update")
@@ -170,13 +171,18 @@ def summarize(cfg: TrainConfig, timings: Timings, pos: Position, accuracy: float
     }
 
 
+def pipe_staleness(cfg: TrainConfig) -> str:
+    """", staleness lookahead" where a pipeline has stale gradients to treat (width >= 2), else ""."""
+    return f", staleness {cfg.staleness}" if cfg.mode == "pipe" and cfg.effective_width > 1 else ""
+
+
 def format_summary(cfg: TrainConfig, s: dict) -> str:
     """The summary as the lines printed at the end of a run."""
     def part(name, seconds):
         share = 100 * seconds / s["t_iter"] if s["t_iter"] > 0 else 0.0
         return f"{name} {1000 * seconds:.2f} ms ({share:.0f} %)"
 
-    mode = f"{cfg.mode} (width {cfg.effective_width})" if cfg.mode == "pipe" else cfg.mode
+    mode = f"{cfg.mode} (width {cfg.effective_width}{pipe_staleness(cfg)})" if cfg.mode == "pipe" else cfg.mode
     comm = "waiting for communication" if cfg.mode != "ddp" else "waiting for communication (inside compute for ddp)"
     ranks = f"{s['world_size']} ranks"
     if s["num_workers"] != s["world_size"]:
