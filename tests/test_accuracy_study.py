@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from pipesgd.bench import accuracy
-from pipesgd.bench.accuracy import AccuracyConfig, RunSpec, load_config, plan, run_record, run_study, summarise
+from pipesgd.bench.accuracy import (AccuracyConfig, RunSpec, load_config, plan, run_record, run_study, summarise,
+                                    trainer_flags)
 from pipesgd.bench.provenance import read_result
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,10 +37,12 @@ def test_run_record_shape_and_values(tmp_path):
     # Two ranks, 6 steps; the mean over ranks is 6, 5, 4, 3, 2, 1.
     write_metrics(path, 2, [[7, 6, 5, 4, 3, 2], [5, 4, 3, 2, 1, 0]],
                   [(3, 0.5, 1.5), (6, 0.75, 0.9), (6, 0.75, 0.9)])  # the end-of-run eval repeats the last one
-    spec = RunSpec("digits", 2, "q8", True, 1)
+    spec = RunSpec("digits", 2, "q8", True, 1, "lookahead")
     rec = run_record(spec, ["--x"], path, loss_points=3, wall_s=4.04)
-    assert rec["key"] == "digits width=2 q8+ef seed=1" and rec["config"] == "digits width=2 q8+ef"
-    assert (rec["task"], rec["width"], rec["codec"], rec["error_feedback"], rec["seed"]) == ("digits", 2, "q8", True, 1)
+    assert rec["key"] == "digits width=2 q8+ef staleness=lookahead seed=1"
+    assert rec["config"] == "digits width=2 q8+ef staleness=lookahead"
+    assert (rec["task"], rec["width"], rec["codec"], rec["error_feedback"], rec["seed"], rec["staleness"]) == \
+        ("digits", 2, "q8", True, 1, "lookahead")
     assert rec["flags"] == ["--x"] and rec["wall_s"] == 4.0 and rec["steps"] == 6
     assert rec["final_accuracy"] == 0.75 and rec["final_loss"] == 0.9
     assert rec["eval"] == {"step": [3, 6], "accuracy": [0.5, 0.75], "loss": [1.5, 0.9]}
@@ -76,10 +79,13 @@ def test_summarise_statistics_per_configuration():
 def test_plan_covers_widths_and_codecs_once():
     cfg = AccuracyConfig(tasks=("digits",), widths=(1, 2, 3), codecs=("q8", "q8+ef"), seeds=(0, 1))
     keys = [s.config_key for s in plan(cfg) if s.seed == 0]
-    # width 2 uncompressed is both a width and the codecs' reference: planned once
-    assert keys == ["digits width=1 none", "digits width=2 none", "digits width=3 none", "digits width=2 q8",
-                    "digits width=2 q8+ef"]
-    assert len(plan(cfg)) == 10
+    # width 2 uncompressed with look-ahead is both a width and the codecs' reference: planned once
+    assert keys == ["digits width=1 none", "digits width=2 none staleness=none", "digits width=2 none staleness=lookahead",
+                    "digits width=3 none staleness=none", "digits width=3 none staleness=lookahead",
+                    "digits width=2 q8 staleness=lookahead", "digits width=2 q8+ef staleness=lookahead"]
+    assert len(plan(cfg)) == 14
+    flags = trainer_flags(plan(cfg)[2], cfg)
+    assert flags[flags.index("--staleness") + 1] == "lookahead" and "--staleness" not in trainer_flags(plan(cfg)[0], cfg)
 
 
 class FakeLauncher:
@@ -94,7 +100,7 @@ class FakeLauncher:
         width, seed = int(flags[flags.index("--width") + 1]), int(flags[flags.index("--seed") + 1])
         if f"w{width}s{seed}" in self.fail:
             return 1
-        acc = 0.9 - 0.1 * width + 0.01 * seed
+        acc = 0.9 - 0.1 * width + 0.01 * seed + (0.05 if "lookahead" in flags else 0.0)
         write_metrics(metrics, ranks, [[2.0, 1.0]] * ranks, [(1, acc - 0.1, 1.5), (2, acc, 1.0)])
         return 0
 
@@ -108,8 +114,8 @@ def test_study_writes_result_and_resume_skips_done_runs(tmp_path):
     cfg = _cfg(tmp_path)
     fake, lines = FakeLauncher(), []
     run_study(cfg, log=lines.append, launcher=fake)
-    assert len(fake.calls) == 6
-    assert any(line.startswith("[1/6] digits width=1 none seed=0: 80.0 % in ") and "ETA" in line for line in lines)
+    assert len(fake.calls) == 8
+    assert any(line.startswith("[1/8] digits width=1 none seed=0: 80.0 % in ") and "ETA" in line for line in lines)
     result = read_result(cfg.result)
     assert [r["key"] for r in result["runs"]][:2] == ["digits width=1 none seed=0", "digits width=1 none seed=1"]
     assert result["settings"]["seeds"] == [0, 1] and result["failed"] == []
@@ -122,18 +128,18 @@ def test_study_writes_result_and_resume_skips_done_runs(tmp_path):
     assert again.calls == [] and lines[-1] == "nothing to run"
 
     # Drop one run from the file: resume runs exactly that one.
-    result["runs"] = [r for r in result["runs"] if r["key"] != "digits width=2 none seed=1"]
+    result["runs"] = [r for r in result["runs"] if r["key"] != "digits width=2 none staleness=none seed=1"]
     from pipesgd.bench.provenance import write_result
     write_result(cfg.result, {k: v for k, v in result.items() if k != "provenance"}, origin=result["provenance"])
     third = FakeLauncher()
     run_study(cfg, resume=True, log=lines.append, launcher=third)
     assert len(third.calls) == 1 and third.calls[0][third.calls[0].index("--seed") + 1] == "1"
-    assert len(read_result(cfg.result)["runs"]) == 6
+    assert len(read_result(cfg.result)["runs"]) == 8
 
     # Without --resume everything runs again.
     fresh = FakeLauncher()
     run_study(cfg, log=lines.append, launcher=fresh)
-    assert len(fresh.calls) == 6
+    assert len(fresh.calls) == 8
 
 
 def test_failed_run_is_reported_and_retried_on_resume(tmp_path):
@@ -142,7 +148,7 @@ def test_failed_run_is_reported_and_retried_on_resume(tmp_path):
     run_study(cfg, log=lines.append, launcher=FakeLauncher(fail={"w1s1"}))
     result = read_result(cfg.result)
     assert [f["key"] for f in result["failed"]] == ["digits width=1 none seed=1"]
-    assert len(result["runs"]) == 5 and any("FAILED (exit code 1" in line for line in lines)
+    assert len(result["runs"]) == 7 and any("FAILED (exit code 1" in line for line in lines)
     retry = FakeLauncher()
     run_study(cfg, resume=True, log=lines.append, launcher=retry)
     assert len(retry.calls) == 1 and read_result(cfg.result)["failed"] == []
@@ -187,8 +193,10 @@ def test_plots_and_readings_from_a_result(tmp_path):
     cfg = _cfg(tmp_path)
     result = run_study(cfg, log=lambda line: None, launcher=FakeLauncher())
     from pipesgd.bench import accuracy_plot
-    assert accuracy_plot.describe_widths(result) == "digits: width 1 reaches 80.5 %; against it (points): K=2 -10.0"
-    assert accuracy_plot.describe_codecs(result) == ("digits: uncompressed width 2 reaches 70.5 %; "
+    assert accuracy_plot.describe_widths(result) == (
+        "digits: width 1 reaches 80.5 % (loss 1.0000); none, against it (points / loss): K=2 -10.0 / +0.0 %\n"
+        "digits: width 1 reaches 80.5 % (loss 1.0000); lookahead, against it (points / loss): K=2 -5.0 / +0.0 %")
+    assert accuracy_plot.describe_codecs(result) == ("digits: uncompressed width 2 reaches 75.5 %; "
                                                      "against it (points): q8+ef +0.0")
     steps, loss = accuracy_plot.mean_curve(result, "digits width=1 none")
     assert steps == [1, 2] and loss == [1.5, 1.0]

@@ -20,7 +20,7 @@ from typing import Callable
 
 from pipesgd.bench.provenance import read_result, write_result
 from pipesgd.compression import available as codec_names
-from pipesgd.defaults import NEEDS_ERROR_FEEDBACK, WARMUP_STEPS
+from pipesgd.defaults import NEEDS_ERROR_FEEDBACK, STALENESS, STALENESS_MODES, WARMUP_STEPS
 from pipesgd.launch import free_port
 from pipesgd.results import load_run
 
@@ -56,7 +56,9 @@ class AccuracyConfig:
     # What to compare.
     tasks: tuple[str, ...] = ("digits", "mnist1d")  # names in TASKS or cifar10:DIR
     widths: tuple[int, ...] = (1, 2, 3, 4)  # pipeline widths without compression (1 = synchronous SGD)
+    stalenesses: tuple[str, ...] = ("none", "lookahead")  # each width above 1 runs with each (--staleness)
     codec_width: int = 2  # the width every codec runs at
+    codec_staleness: str = STALENESS  # the staleness every codec runs with
     # Codecs at codec_width (``+ef``: with error feedback). Plain ``sign`` is refused by the trainer.
     codecs: tuple[str, ...] = ("fp16", "bf16", "q8", "q8+ef", "q4", "q4+ef", "sign+ef")
     seeds: tuple[int, ...] = (0, 1, 2)
@@ -81,6 +83,11 @@ class AccuracyConfig:
                 raise ValueError(f"{name} must be a non-empty list of integers, got {list(values)!r}")
         if min(self.widths) < 1 or self.codec_width < 1:
             raise ValueError(f"widths must be >= 1, got {list(self.widths)} and codec_width {self.codec_width}")
+        for staleness in (*self.stalenesses, self.codec_staleness):
+            if staleness not in STALENESS_MODES:
+                raise ValueError(f"unknown staleness {staleness!r}; valid: {', '.join(STALENESS_MODES)}")
+        if not self.stalenesses:
+            raise ValueError("stalenesses is empty")
         lossy = [c for c in codec_names() if c != "none"]
         for codec in self.codecs:
             name, ef = split_codec(codec)
@@ -135,10 +142,12 @@ class RunSpec:
     codec: str  # compression name, without the +ef suffix
     error_feedback: bool
     seed: int
+    staleness: str = "none"  # --staleness at widths above 1 (width 1 has nothing in flight)
 
     @property
     def config_key(self) -> str:  # the configuration it belongs to (all seeds)
-        return f"{self.task} width={self.width} {self.codec}{EF_SUFFIX if self.error_feedback else ''}"
+        stale = f" staleness={self.staleness}" if self.width > 1 else ""
+        return f"{self.task} width={self.width} {self.codec}{EF_SUFFIX if self.error_feedback else ''}{stale}"
 
     @property
     def key(self) -> str:
@@ -147,15 +156,19 @@ class RunSpec:
     @property
     def file_stem(self) -> str:
         task = self.task.split(":", 1)[0]
-        return f"{task}-w{self.width}-{self.codec}{'-ef' if self.error_feedback else ''}-s{self.seed}"
+        stale = f"-{self.staleness}" if self.width > 1 else ""
+        return f"{task}-w{self.width}-{self.codec}{'-ef' if self.error_feedback else ''}{stale}-s{self.seed}"
 
 
 def plan(cfg: AccuracyConfig) -> list[RunSpec]:
     """Every run, task by task, seed-major so a partial study already has every configuration once."""
-    configs = [(w, "none", False) for w in cfg.widths]
-    configs += [(cfg.codec_width, *split_codec(c)) for c in cfg.codecs]
+    configs = [(w, "none", False, s if w > 1 else "none") for w in cfg.widths
+               for s in (cfg.stalenesses if w > 1 else ("none",))]
+    stale = cfg.codec_staleness if cfg.codec_width > 1 else "none"
+    configs += [(cfg.codec_width, *split_codec(c), stale) for c in cfg.codecs]
     configs = list(dict.fromkeys(configs))
-    return [RunSpec(task, w, codec, ef, seed) for task in cfg.tasks for seed in cfg.seeds for w, codec, ef in configs]
+    return [RunSpec(task, w, codec, ef, seed, staleness) for task in cfg.tasks for seed in cfg.seeds
+            for w, codec, ef, staleness in configs]
 
 
 def trainer_flags(spec: RunSpec, cfg: AccuracyConfig) -> list[str]:
@@ -163,6 +176,8 @@ def trainer_flags(spec: RunSpec, cfg: AccuracyConfig) -> list[str]:
     flags = [*task_flags(spec.task), "--mode", "pipe", "--width", str(spec.width), "--compression", spec.codec,
              "--epochs", str(cfg.epochs), "--eval-every", "1", "--seed", str(spec.seed), "--threads", "1",
              "--warmup-steps", str(cfg.warmup_steps)]
+    if spec.width > 1:
+        flags += ["--staleness", spec.staleness]
     return flags + (["--error-feedback"] if spec.error_feedback else []) + list(cfg.extra_flags)
 
 
@@ -205,7 +220,7 @@ def run_record(spec: RunSpec, flags: list[str], metrics: str, loss_points: int, 
     losses = [statistics.fmean(by_step[s]) for s in steps]  # mean over ranks
     final = curve[-1]  # the evaluation after the last epoch (the run's summary accuracy)
     return {"key": spec.key, "config": spec.config_key, "task": spec.task, "width": spec.width, "codec": spec.codec,
-            "error_feedback": spec.error_feedback, "seed": spec.seed, "flags": flags,
+            "error_feedback": spec.error_feedback, "staleness": spec.staleness, "seed": spec.seed, "flags": flags,
             "final_accuracy": round(float(final["accuracy"]), 5), "final_loss": round(float(final["loss"]), 5),
             "steps": steps[-1] + 1 if steps else 0, "wall_s": round(wall_s, 1),
             "eval": {"step": [e["step"] for e in curve], "accuracy": [round(e["accuracy"], 5) for e in curve],
@@ -230,7 +245,7 @@ def summarise(runs: list[dict]) -> list[dict]:
     for key, members in groups.items():
         first = members[0]
         out.append({"config": key, "task": first["task"], "width": first["width"], "codec": first["codec"],
-                    "error_feedback": first["error_feedback"], "seeds": sorted(m["seed"] for m in members),
+                    "error_feedback": first["error_feedback"], "staleness": first.get("staleness", "none"), "seeds": sorted(m["seed"] for m in members),
                     "accuracy": _stats([m["final_accuracy"] for m in members]),
                     "loss": _stats([m["final_loss"] for m in members])})
     return out
@@ -297,11 +312,12 @@ def _ordered(runs: list[dict], specs: list[RunSpec]) -> list[dict]:
 
 def summary_markdown(result: dict) -> str:
     """The summary as a markdown table: final accuracy (%) mean +/- std, min, max and mean loss per configuration."""
-    lines = ["| task | width | codec | error feedback | seeds | accuracy % (mean ± std) | min | max | loss |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| task | width | staleness | codec | error feedback | seeds | accuracy % (mean ± std) | min | max | "
+             "loss (mean ± std) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for c in result["summary"]:
-        a = c["accuracy"]
-        lines.append(f"| {c['task']} | {c['width']} | {c['codec']} | {'yes' if c['error_feedback'] else 'no'} | "
+        a, loss = c["accuracy"], c["loss"]
+        stale = c.get("staleness", "none") if c["width"] > 1 else "-"
+        lines.append(f"| {c['task']} | {c['width']} | {stale} | {c['codec']} | {'yes' if c['error_feedback'] else 'no'} | "
                      f"{len(c['seeds'])} | {100 * a['mean']:.1f} ± {100 * a['std']:.1f} | {100 * a['min']:.1f} | "
-                     f"{100 * a['max']:.1f} | {c['loss']['mean']:.3f} |")
+                     f"{100 * a['max']:.1f} | {loss['mean']:.4f} ± {loss['std']:.4f} |")
     return "\n".join(lines)

@@ -13,13 +13,24 @@ def tasks(result: dict) -> list[str]:
     return list(dict.fromkeys(c["task"] for c in result["summary"]))
 
 
-def configs(result: dict, task: str, width: int | None = None, codec_width: bool = False) -> list[dict]:
-    """Summary rows of ``task``: the uncompressed ones by width (``width`` None), or every row at the codec width."""
+def configs(result: dict, task: str, width: int | None = None, codec_width: bool = False,
+            staleness: str | None = None) -> list[dict]:
+    """Summary rows of ``task``: the uncompressed ones by width (``width`` None; with ``staleness``, the widths
+    above 1 run with it, and width 1), or every row at the codec width with the codecs' staleness."""
     rows = [c for c in result["summary"] if c["task"] == task]
     if codec_width:
-        return [c for c in rows if c["width"] == result["settings"]["codec_width"]]
-    return sorted((c for c in rows if c["codec"] == "none" and (width is None or c["width"] == width)),
+        settings = result["settings"]
+        stale = settings.get("codec_staleness", "none")
+        return [c for c in rows if c["width"] == settings["codec_width"]
+                and (c["width"] == 1 or c.get("staleness", "none") == stale)]
+    return sorted((c for c in rows if c["codec"] == "none" and (width is None or c["width"] == width)
+                   and (staleness is None or c["width"] == 1 or c.get("staleness", "none") == staleness)),
                   key=lambda c: c["width"])
+
+
+def stalenesses(result: dict) -> list[str]:
+    """The staleness modes the widths above 1 ran with."""
+    return list(result["settings"].get("stalenesses", ["none"]))
 
 
 def _label(c: dict) -> str:
@@ -38,17 +49,22 @@ def mean_curve(result: dict, config: str, curve: str = "eval") -> tuple[list[flo
 
 
 def plot_width(result: dict, ax, task: str) -> None:
-    """Final accuracy (%) against pipeline width without compression: mean, bars from min to max over seeds."""
-    rows = configs(result, task)
-    x = [c["width"] for c in rows]
-    mean = [100 * c["accuracy"]["mean"] for c in rows]
-    low = [m - 100 * c["accuracy"]["min"] for m, c in zip(mean, rows)]
-    high = [100 * c["accuracy"]["max"] - m for m, c in zip(mean, rows)]
-    ax.errorbar(x, mean, yerr=[low, high], fmt="o-", capsize=4)
-    ax.set_xticks(x)
+    """Final accuracy (%) against pipeline width without compression, one line per staleness mode (width 1 is
+    shared): mean, bars from min to max over seeds."""
+    seeds = 0
+    for i, staleness in enumerate(stalenesses(result)):
+        rows = configs(result, task, staleness=staleness)
+        x = [c["width"] + 0.04 * (i - 0.5) for c in rows]  # side by side, not on top of each other
+        mean = [100 * c["accuracy"]["mean"] for c in rows]
+        low = [m - 100 * c["accuracy"]["min"] for m, c in zip(mean, rows)]
+        high = [100 * c["accuracy"]["max"] - m for m, c in zip(mean, rows)]
+        ax.errorbar(x, mean, yerr=[low, high], fmt="o-", capsize=4, label=f"staleness={staleness}")
+        seeds = max([seeds, *(len(c["seeds"]) for c in rows)])
+    ax.set_xticks(sorted({c["width"] for c in configs(result, task)}))
     ax.set_xlabel("pipeline width K (1 = synchronous)")
     ax.set_ylabel("final test accuracy (%)")
-    ax.set_title(f"{task}: staleness (mean, min-max over {len(rows[0]['seeds']) if rows else 0} seeds)")
+    ax.set_title(f"{task}: staleness (mean, min-max over {seeds} seeds)")
+    ax.legend(loc="lower left")
     ax.grid(alpha=0.3)
 
 
@@ -78,8 +94,10 @@ def plot_loss_curves(result: dict, ax, task: str, by: str = "width", curve: str 
     rows = configs(result, task) if by == "width" else configs(result, task, codec_width=True)
     for c in rows:
         steps, loss = mean_curve(result, c["config"], curve)
-        ax.plot(steps, loss, label=f"K={c['width']}" if by == "width" else _label(c),
-                ls="--" if by == "codec" and c["error_feedback"] else "-")
+        plain = c["width"] > 1 and c.get("staleness", "none") == "none"
+        label = f"K={c['width']}{' none' if plain and by == 'width' else ''}" if by == "width" else _label(c)
+        ax.plot(steps, loss, label=label, ls="--" if (by == "codec" and c["error_feedback"]) or
+                (by == "width" and plain) else "-")
     ax.set_xlabel("step")
     ax.set_ylabel("test loss" if curve == "eval" else "training loss")
     ax.set_yscale("log")
@@ -112,16 +130,20 @@ def figure_loss_curves(result: dict, by: str = "width", curve: str = "eval"):
 
 
 def describe_widths(result: dict) -> str:
-    """One line per task: what each width above 1 costs (or gains) in mean final accuracy against width 1."""
+    """One line per task and staleness mode: what each width above 1 costs (or gains) in mean final accuracy
+    (points) and mean final test loss (%) against width 1."""
     lines = []
     for task in tasks(result):
-        rows = configs(result, task)
-        base = [c for c in rows if c["width"] == 1]
+        base = configs(result, task, width=1)
         if not base:
             continue
-        ref = 100 * base[0]["accuracy"]["mean"]
-        parts = [f"K={c['width']} {100 * c['accuracy']['mean'] - ref:+.1f}" for c in rows if c["width"] != 1]
-        lines.append(f"{task}: width 1 reaches {ref:.1f} %; against it (points): " + ", ".join(parts))
+        ref, ref_loss = 100 * base[0]["accuracy"]["mean"], base[0]["loss"]["mean"]
+        for staleness in stalenesses(result):
+            rows = [c for c in configs(result, task, staleness=staleness) if c["width"] != 1]
+            parts = [f"K={c['width']} {100 * c['accuracy']['mean'] - ref:+.1f} / "
+                     f"{100 * (c['loss']['mean'] / ref_loss - 1):+.1f} %" for c in rows]
+            lines.append(f"{task}: width 1 reaches {ref:.1f} % (loss {ref_loss:.4f}); {staleness}, against it "
+                         f"(points / loss): " + ", ".join(parts))
     return "\n".join(lines)
 
 
