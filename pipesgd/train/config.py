@@ -22,8 +22,8 @@ from pipesgd.buffers import BUFFER_MODES
 from pipesgd.defaults import BUCKET_MB, NEEDS_ERROR_FEEDBACK, WARMUP_STEPS
 from pipesgd.trace import parse_steps
 
-from .data import DATASETS, DATASETS_WITH_DIR
-from .models import MODELS
+from .data import DATASETS, DATASETS_WITH_DIR, TOKEN_DATASETS
+from .models import MODELS, TOKEN_MODELS
 from .precision import AMP_MODES, SCALED_AMP_MODES
 from .strategy import MODES, OPTIMIZERS, PS_TRAIN_MODES, RING_MODES
 
@@ -238,6 +238,10 @@ class TrainConfig:
             raise ConfigError("--resume needs --checkpoint DIR")
         if self.checkpoint_every and not self.checkpoint:
             raise ConfigError("--checkpoint-every needs --checkpoint DIR")
+        if (self.dataset_name in TOKEN_DATASETS) != (self.model in TOKEN_MODELS):
+            raise ConfigError(f"--model {self.model} cannot train on --dataset {self.dataset_name}: the token models "
+                              f"({', '.join(TOKEN_MODELS)}) train on the text data sets ({', '.join(TOKEN_DATASETS)}) "
+                              "and only there")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -37,9 +37,16 @@ from .strategy import Strategy
 SUMMARY_SKIP_STEPS = 5  # first iterations left out of the speed figures (allocation, thread start-up)
 
 
+def cross_entropy(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of every prediction: one per sample (logits ``(B, C)``, labels ``(B,)``) or, for token
+    models, one per position (logits ``(B, T, V)``, targets ``(B, T)``, flattened to ``B*T`` predictions)."""
+    return F.cross_entropy(logits.flatten(0, -2), y.flatten(), reduction=reduction)
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, ds: Dataset, device: torch.device, batch_size: int = 1024) -> tuple[float, float]:
-    """Accuracy and mean cross-entropy on the held-out split."""
+    """Accuracy and mean cross-entropy (nats) on the held-out split, per prediction: per sample, or per token
+    (next-token accuracy) for token windows."""
     was_training = model.training
     model.eval()
     correct, loss_sum = 0, 0.0
@@ -47,10 +54,10 @@ def evaluate(model: nn.Module, ds: Dataset, device: torch.device, batch_size: in
         x = ds.x_test[start:start + batch_size].to(device)
         y = ds.y_test[start:start + batch_size].to(device)
         logits = model(x)
-        loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
-        correct += int((logits.argmax(dim=1) == y).sum())
+        loss_sum += float(cross_entropy(logits, y, reduction="sum"))
+        correct += int((logits.argmax(dim=-1) == y).sum())
     model.train(was_training)
-    n = max(len(ds.x_test), 1)
+    n = max(ds.y_test.numel(), 1)
     return correct / n, loss_sum / n
 
 
@@ -67,7 +74,7 @@ def forward_backward(model: nn.Module, x: torch.Tensor, y: torch.Tensor, micro_b
     total = torch.zeros((), device=x.device)
     for xs, ys in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
         with precision.autocast():
-            loss = F.cross_entropy(model(xs), ys) / micro_batches
+            loss = cross_entropy(model(xs), ys) / micro_batches
         precision.scale(loss).backward()
         total += loss.detach().float()
     return total
