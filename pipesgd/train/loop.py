@@ -1,5 +1,5 @@
 """The training loop, top to bottom: batch -> forward/backward (``--accumulate`` micro-batches) -> opt.step()
--> opt.zero_grad() -> record.
+-> opt.zero_grad() -> the next step's learning rate (``--lr-schedule``, ``schedule``) -> record.
 
 The loop never talks to the network: gradients meet only inside the optimizer wrapper (``strategy``).
 Timing of one iteration: ``t_compute`` is forward + backward (on CUDA timed by events on the compute stream,
@@ -31,6 +31,7 @@ from .data import Dataset, shard_batches, steps_per_epoch
 from .metrics import MetricsWriter, StepTimes, Timings, summarize
 from .precision import Precision
 from .progress import Progress
+from .schedule import build_schedule
 from .step_timer import ComputeTimer
 from .strategy import Strategy
 
@@ -94,6 +95,9 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
     skip = SUMMARY_SKIP_STEPS if total_steps - start.step > 2 * SUMMARY_SKIP_STEPS else 0  # short runs: all
     pos = Position(start.epoch, start.step_in_epoch, start.step)
     compute = ComputeTimer(device)
+    schedule = build_schedule(cfg.lr_schedule, cfg.lr, cfg.lr_warmup_steps, total_steps)
+    if schedule is not None:
+        schedule.apply(opt.param_groups, pos.step)  # a resumed run continues the schedule where it stopped
     model.train()
 
     fetch_ns = time.time_ns()  # when the next batch was asked for (the traced data span starts there)
@@ -121,6 +125,8 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
             with trace.span("opt.step", "step", step_arg):
                 stats = opt.step()
                 opt.zero_grad()
+            if schedule is not None:
+                schedule.apply(opt.param_groups, pos.step + 1)  # the next step's rate (flush() applies the last)
             loss_value = float(loss.detach())
             t3, cpu3 = time.perf_counter(), time.process_time()
             times = StepTimes(t_iter_s=t3 - iter_mark, t_compute_s=t_compute, t_data_s=t1 - fetch_s,
