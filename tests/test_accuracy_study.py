@@ -181,6 +181,18 @@ def test_config_file_then_flags():
     assert accuracy.task_flags("cifar10:/data/c") == ["--dataset", "cifar10:/data/c", "--model", "lenet"]
 
 
+@pytest.mark.parametrize("task", sorted(accuracy.TASKS))
+def test_every_task_is_a_valid_trainer_run(task):
+    """Each task's flags, as the study passes them (task first, then epochs, width, ...), resolve in the trainer."""
+    from pipesgd.train.config import resolve
+
+    cfg = AccuracyConfig(tasks=(task,))
+    train = resolve(accuracy.trainer_flags(RunSpec(task, 3, "q8", True, 1), cfg))
+    assert (train.width, train.compression, train.error_feedback, train.seed) == (3, "q8", True, 1)
+    if task == "charlm":  # a fixed step budget whatever the study's epochs
+        assert (train.steps, train.optimizer, train.lr_schedule, train.model) == (300, "adamw", "cosine", "gpt")
+
+
 @pytest.mark.parametrize("args", [["--codecs", "sign"], ["--config", "/nonexistent.toml"], ["--widths", "a,b"]])
 def test_driver_bad_input_is_one_line(args):
     done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "accuracy.py"), *args],

@@ -201,6 +201,21 @@ def test_rank_dies_then_resume_continues_identical_trajectory(mode, mode_runs, t
         reference.replace(".jsonl", ".rank0.jsonl"))
 
 
+def test_the_language_model_task_runs_alone(tmp_path):
+    """gpt on pysrc with AdamW and a cosine schedule, launched as a user would at world size 1: the corpus is named
+    on the startup line and in the config record, and the held-out loss is per token, below ln(97) = 4.57."""
+    metrics = str(tmp_path / "lm.jsonl")
+    ((rc, out, err),) = launch(["--dataset", "pysrc", "--model", "gpt", "--optimizer", "adamw", "--lr", "1e-3",
+                                "--lr-schedule", "cosine", "--lr-warmup-steps", "2", "--steps", "6",
+                                "--batch-size", "8", "--metrics", metrics], world=1)
+    assert rc == 0, err
+    config = records(metrics)[0]
+    assert config["lr_schedule"] == "cosine" and config["num_classes"] == 97 and config["input_shape"] == [64]
+    assert f"files {config['dataset_source']['files']}, chars 1000000, sha256 " in out
+    final = [r for r in records(metrics) if r["type"] == "eval"][-1]
+    assert 0.15 < final["accuracy"] < 0.6 and final["loss"] < 4.0  # the space alone is ~17 % of the characters
+
+
 def test_hung_rank_fails_the_others_within_timeout():
     """Rank 1 freezes (SIGSTOP) at step 20: rank 0 stops within the timeout plus a short grace, naming it."""
     timeout_s = 6

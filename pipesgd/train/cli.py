@@ -125,9 +125,10 @@ def run(cfg: TrainConfig, ds, rank: int, world_size: int, local_rank: int, debug
             n_params, n_bytes = count_params(model), grad_bytes(model)
             spe = len(ds.x_train) // strategy.num_workers // cfg.batch_size
             width = f" width {cfg.effective_width}{pipe_staleness(cfg)}" if cfg.mode == "pipe" else ""
+            source = "".join(f", {key} {value}" for key, value in ds.source.items())  # a corpus made here
             print(f"{PROG}: {cfg.model} with {n_params:,} parameters ({n_bytes / 2**20:.2f} MiB of gradients) "
                   f"on {cfg.dataset_name} ({len(ds.x_train)} train / {len(ds.x_test)} test, {spe} steps/epoch "
-                  f"per worker); mode {cfg.mode}{width}, {world_size} ranks, batch {cfg.batch_size} per worker",
+                  f"per worker{source}); mode {cfg.mode}{width}, {world_size} ranks, batch {cfg.batch_size} per worker",
                   flush=True)
             if resumed_at is not None:
                 print(f"{PROG}: resumed from {cfg.checkpoint} at step {start.step} (epoch {start.epoch})", flush=True)
@@ -135,7 +136,7 @@ def run(cfg: TrainConfig, ds, rank: int, world_size: int, local_rank: int, debug
                 print(f"{PROG}: --resume: no checkpoint in {cfg.checkpoint} yet; starting from step 0", flush=True)
             metrics.write_config(cfg, world_size=world_size, num_workers=strategy.num_workers, params=n_params,
                                  grad_bytes=n_bytes, steps_per_epoch=spe, input_shape=list(ds.input_shape),
-                                 num_classes=ds.num_classes,
+                                 num_classes=ds.num_classes, dataset_source=ds.source,
                                  resumed_at_step=start.step if resumed_at is not None else None)
             write_config_files(cfg)
         summary = train(cfg, ds, model, strategy, device, metrics, rank, world_size, start, watchdog)

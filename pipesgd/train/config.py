@@ -23,9 +23,10 @@ from pipesgd.buffers import BUFFER_MODES
 from pipesgd.defaults import BUCKET_MB, NEEDS_ERROR_FEEDBACK, STALENESS, STALENESS_MODES, WARMUP_STEPS
 from pipesgd.trace import parse_steps
 
-from .data import DATASETS, DATASETS_WITH_DIR
-from .models import MODELS
+from .data import DATASETS, DATASETS_WITH_DIR, TOKEN_DATASETS
+from .models import MODELS, TOKEN_MODELS
 from .precision import AMP_MODES, SCALED_AMP_MODES
+from .schedule import FINAL_LR_FRACTION, SCHEDULES
 from .strategy import MODES, OPTIMIZERS, PS_TRAIN_MODES, RING_MODES
 
 DEVICES = ("cpu", "cuda")
@@ -106,6 +107,10 @@ class TrainConfig:
     momentum: float = _field(0.9, "SGD momentum (ignored by adam)")
     optimizer: str = _field("sgd", "inner torch optimizer", lambda: OPTIMIZERS)
     weight_decay: float = _field(0.0, "L2 penalty of the inner optimizer")
+    lr_schedule: str = _field("constant", "learning rate after the warm-up: constant (--lr), or cosine decay from "
+                              f"--lr to {FINAL_LR_FRACTION:g} x --lr at the last step", lambda: SCHEDULES)
+    lr_warmup_steps: int = _field(0, "steps of linear learning-rate warm-up, from --lr/(N+1) up to --lr at step N "
+                                  "(not --warmup-steps, Pipe-SGD's synchronous steps)")
     seed: int = _field(0, "seeds model init, data split, shuffling and torch/numpy/python RNGs")
 
     # --- execution ---
@@ -251,6 +256,14 @@ class TrainConfig:
             raise ConfigError("--resume needs --checkpoint DIR")
         if self.checkpoint_every and not self.checkpoint:
             raise ConfigError("--checkpoint-every needs --checkpoint DIR")
+        if self.lr_warmup_steps < 0:
+            raise ConfigError(f"--lr-warmup-steps must not be negative (got {self.lr_warmup_steps})")
+        if self.steps and self.lr_warmup_steps >= self.steps:
+            raise ConfigError(f"--lr-warmup-steps {self.lr_warmup_steps} must be fewer than --steps {self.steps}")
+        if (self.dataset_name in TOKEN_DATASETS) != (self.model in TOKEN_MODELS):
+            raise ConfigError(f"--model {self.model} cannot train on --dataset {self.dataset_name}: the token models "
+                              f"({', '.join(TOKEN_MODELS)}) train on the text data sets ({', '.join(TOKEN_DATASETS)}) "
+                              "and only there")
 
     def to_dict(self) -> dict:
         return asdict(self)

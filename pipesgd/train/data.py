@@ -1,8 +1,9 @@
 """Data sets held as tensors in memory, and the per-rank shard of each epoch.
 
 Every data set is either shipped by a package (scikit-learn's digits), generated from a seed
-(synthetic, MNIST-1D-style) or read from local files (MNIST IDX, CIFAR-10 python batches); nothing is
-downloaded. ``DATASETS`` is the registry by ``--dataset`` name (the config checks names against it).
+(synthetic, MNIST-1D-style), read from local files (MNIST IDX, CIFAR-10 python batches) or made from this
+machine's Python standard library (pysrc, a character corpus: ``text``); nothing is downloaded. ``DATASETS`` is
+the registry by ``--dataset`` name (the config checks names against it).
 ``shard_batches`` gives each worker an equal, disjoint slice of one seeded permutation per epoch, so all
 workers run the same number of steps.
 """
@@ -13,11 +14,13 @@ import importlib.util
 import os
 import pickle
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+from . import text
 
 if TYPE_CHECKING:  # the config validates against DATASETS below, so it imports this module
     from .config import TrainConfig
@@ -29,7 +32,9 @@ class DataError(ValueError):
 
 @dataclass(slots=True)
 class Dataset:
-    """A train/test split in memory. Inputs are float32 ``(N, *input_shape)``, labels int64 ``(N,)``."""
+    """A train/test split in memory. Inputs are float32 ``(N, *input_shape)``, labels int64 ``(N,)``; for the
+    data sets in ``TOKEN_DATASETS`` inputs are int64 token windows ``(N, T)`` and labels the next token of each
+    position, int64 ``(N, T)`` (``num_classes`` is then the vocabulary size)."""
 
     name: str
     x_train: torch.Tensor
@@ -37,6 +42,7 @@ class Dataset:
     x_test: torch.Tensor
     y_test: torch.Tensor
     num_classes: int
+    source: dict = field(default_factory=dict)  # what a data set made on this machine was built from (for records)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -182,6 +188,26 @@ def load_cifar10(directory: str) -> Dataset:
                    torch.from_numpy(y_test.astype(np.int64)), 10)
 
 
+# pysrc: windows of 64 characters (a line or two of code) and the corpus's last 50,000 characters held out,
+# enough for a steady loss while an evaluation costs about as much as 10 training steps.
+PYSRC_CONTEXT = 64
+PYSRC_TEST_CHARS = 50_000
+
+
+def load_pysrc(root: str = "", context: int = PYSRC_CONTEXT, max_chars: int = text.CORPUS_CHARS,
+               test_chars: int = PYSRC_TEST_CHARS) -> Dataset:
+    """Next-character windows of the standard library's sources (``text``): the corpus's last ``test_chars``
+    characters are the held-out split, so no test window overlaps a training one. Fixed whatever the seed."""
+    corpus, source = text.read_corpus(root or text.stdlib_root(), max_chars)
+    if len(corpus) < 2 * test_chars:
+        raise DataError(f"only {len(corpus)} characters of Python sources under {source.root} (need {2 * test_chars})")
+    codes = text.encode(corpus)
+    split = len(codes) - test_chars
+    x_train, y_train = text.window(codes[:split], context)
+    x_test, y_test = text.window(codes[split:], context)
+    return Dataset("pysrc", x_train, y_train, x_test, y_test, text.VOCAB_SIZE, source.as_dict())
+
+
 # The data-set registry, by --dataset name (the config validates against it). Each loader gets the
 # resolved config; the names in DATASETS_WITH_DIR read local files and are given as NAME:DIR.
 DATASETS: dict[str, Callable[[TrainConfig], Dataset]] = {
@@ -191,8 +217,11 @@ DATASETS: dict[str, Callable[[TrainConfig], Dataset]] = {
     "mnist1d": lambda cfg: make_mnist1d(cfg.seed),
     "mnist": lambda cfg: load_mnist(cfg.dataset_dir),
     "cifar10": lambda cfg: load_cifar10(cfg.dataset_dir),
+    "pysrc": lambda cfg: load_pysrc(),
 }
 DATASETS_WITH_DIR = ("mnist", "cifar10")
+# Data sets of token windows with a target per position: they train the models in models.TOKEN_MODELS only.
+TOKEN_DATASETS = ("pysrc",)
 
 
 def build_dataset(cfg: TrainConfig) -> Dataset:

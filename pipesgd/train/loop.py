@@ -1,5 +1,5 @@
 """The training loop, top to bottom: batch -> forward/backward (``--accumulate`` micro-batches) -> opt.step()
--> opt.zero_grad() -> record.
+-> opt.zero_grad() -> the next step's learning rate (``--lr-schedule``, ``schedule``) -> record.
 
 The loop never talks to the network: gradients meet only inside the optimizer wrapper (``strategy``).
 Timing of one iteration: ``t_compute`` is forward + backward (on CUDA timed by events on the compute stream,
@@ -31,15 +31,23 @@ from .data import Dataset, shard_batches, steps_per_epoch
 from .metrics import MetricsWriter, StepTimes, Timings, summarize
 from .precision import Precision
 from .progress import Progress
+from .schedule import build_schedule
 from .step_timer import ComputeTimer
 from .strategy import Strategy
 
 SUMMARY_SKIP_STEPS = 5  # first iterations left out of the speed figures (allocation, thread start-up)
 
 
+def cross_entropy(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of every prediction: one per sample (logits ``(B, C)``, labels ``(B,)``) or, for token
+    models, one per position (logits ``(B, T, V)``, targets ``(B, T)``, flattened to ``B*T`` predictions)."""
+    return F.cross_entropy(logits.flatten(0, -2), y.flatten(), reduction=reduction)
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, ds: Dataset, device: torch.device, batch_size: int = 1024) -> tuple[float, float]:
-    """Accuracy and mean cross-entropy on the held-out split."""
+    """Accuracy and mean cross-entropy (nats) on the held-out split, per prediction: per sample, or per token
+    (next-token accuracy) for token windows."""
     was_training = model.training
     model.eval()
     correct, loss_sum = 0, 0.0
@@ -47,10 +55,10 @@ def evaluate(model: nn.Module, ds: Dataset, device: torch.device, batch_size: in
         x = ds.x_test[start:start + batch_size].to(device)
         y = ds.y_test[start:start + batch_size].to(device)
         logits = model(x)
-        loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
-        correct += int((logits.argmax(dim=1) == y).sum())
+        loss_sum += float(cross_entropy(logits, y, reduction="sum"))
+        correct += int((logits.argmax(dim=-1) == y).sum())
     model.train(was_training)
-    n = max(len(ds.x_test), 1)
+    n = max(ds.y_test.numel(), 1)
     return correct / n, loss_sum / n
 
 
@@ -67,7 +75,7 @@ def forward_backward(model: nn.Module, x: torch.Tensor, y: torch.Tensor, micro_b
     total = torch.zeros((), device=x.device)
     for xs, ys in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
         with precision.autocast():
-            loss = F.cross_entropy(model(xs), ys) / micro_batches
+            loss = cross_entropy(model(xs), ys) / micro_batches
         precision.scale(loss).backward()
         total += loss.detach().float()
     return total
@@ -87,6 +95,9 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
     skip = SUMMARY_SKIP_STEPS if total_steps - start.step > 2 * SUMMARY_SKIP_STEPS else 0  # short runs: all
     pos = Position(start.epoch, start.step_in_epoch, start.step)
     compute = ComputeTimer(device)
+    schedule = build_schedule(cfg.lr_schedule, cfg.lr, cfg.lr_warmup_steps, total_steps)
+    if schedule is not None:
+        schedule.apply(opt.param_groups, pos.step)  # a resumed run continues the schedule where it stopped
     model.train()
 
     fetch_ns = time.time_ns()  # when the next batch was asked for (the traced data span starts there)
@@ -114,6 +125,8 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
             with trace.span("opt.step", "step", step_arg):
                 stats = opt.step()
                 opt.zero_grad()
+            if schedule is not None:
+                schedule.apply(opt.param_groups, pos.step + 1)  # the next step's rate (flush() applies the last)
             loss_value = float(loss.detach())
             t3, cpu3 = time.perf_counter(), time.process_time()
             times = StepTimes(t_iter_s=t3 - iter_mark, t_compute_s=t_compute, t_data_s=t1 - fetch_s,

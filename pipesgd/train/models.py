@@ -1,7 +1,9 @@
 """The trainer's models, built by name for any input shape: a registry dict behind ``register``/``build_model``.
 
 Inputs are ``(C, H, W)`` images or ``(F,)`` feature vectors; convolutional models see a feature vector
-as a ``1 x 1 x F`` image, so every model runs on every data set.
+as a ``1 x 1 x F`` image, so every such model runs on every image or vector data set. The models in
+``TOKEN_MODELS`` instead take token windows ``(T,)`` (``num_classes`` = vocabulary) and return a prediction per
+position: they train on the token data sets (``data.TOKEN_DATASETS``) only.
 """
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from .gpt import GPT
 
 ModelBuilder = Callable[..., nn.Module]
 MODELS: dict[str, ModelBuilder] = {}
@@ -161,3 +165,16 @@ def build_alexnet(input_shape, num_classes, **_) -> nn.Module:
     flat = _flat_size(features, image)
     return nn.Sequential(features, nn.Dropout(0.5), nn.Linear(flat, fc), nn.ReLU(), nn.Dropout(0.5),
                          nn.Linear(fc, fc), nn.ReLU(), nn.Linear(fc, num_classes))
+
+
+@register("gpt")
+def build_gpt(input_shape, num_classes, **_) -> nn.Module:
+    """A character-level GPT (``gpt``): 2 pre-LayerNorm blocks, 4 heads, width 128 (about 0.4 M parameters), context
+    ``input_shape[0]``, vocabulary ``num_classes``; logits ``(B, T, num_classes)``."""
+    if len(input_shape) != 1:
+        raise ValueError(f"gpt takes token windows (T,), got inputs of shape {input_shape}")
+    return GPT(num_classes, context=input_shape[0])
+
+
+# Models of token windows with a prediction per position (the config pairs them with data.TOKEN_DATASETS).
+TOKEN_MODELS = ("gpt",)
