@@ -24,11 +24,15 @@ def clip_averaged_gradient(params: list[torch.Tensor], max_norm: float) -> float
     return float(clip_grad_norm_(grads, max_norm))
 
 
-def validate_max_grad_norm(value: float | None) -> None:
-    """ValueError unless ``value`` is None (no clipping) or a positive finite number."""
+def resolve_max_grad_norm(value: float | None) -> float | None:
+    """The clipping limit, or None for no clipping: None or 0 (what ``max_grad_norm=0`` means in HF Trainer and in
+    nanoGPT's ``grad_clip``) turn it off; ValueError unless the rest is a positive finite number."""
     if value is None:
-        return
+        return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"max_grad_norm must be a positive number or None, got {value!r}")
+        raise ValueError(f"max_grad_norm must be a number (0 or None: no clipping), got {value!r}")
+    if value == 0:
+        return None
     if not 0 < value < float("inf"):
-        raise ValueError(f"max_grad_norm must be positive and finite, got {value!r}")
+        raise ValueError(f"max_grad_norm must be positive and finite (0 or None: no clipping), got {value!r}")
+    return float(value)

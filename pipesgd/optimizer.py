@@ -142,7 +142,8 @@ class PipeSGD:
         # Staleness compensation: gradients computed at the weights the steps in flight will produce (lookahead).
         self._lookahead = None
         if staleness == "lookahead" and width > 1:
-            self._lookahead = Lookahead(optimizer, self._params, max_grad_norm, skip_nonfinite=nonfinite == "skip")
+            self._lookahead = Lookahead(optimizer, self._params, self.options.max_grad_norm,
+                                        skip_nonfinite=nonfinite == "skip")
             if isinstance(model_or_params, torch.nn.Module):  # moved by the first differentiated forward
                 self._hooks.append(model_or_params.register_forward_pre_hook(self._lookahead.before_forward))
         self._moves_at_step_end = not isinstance(model_or_params, torch.nn.Module)
@@ -254,7 +255,8 @@ class PipeSGD:
         self._sets.zero_grad(self.optimizer, set_to_none)
 
     def flush(self) -> list[StepStats]:
-        """Wait for every in-flight step and apply it, oldest first, so no gradient is lost.
+        """Wait for every in-flight step and apply it, oldest first, so no gradient is lost; then sync the module
+        buffers (``buffers`` mode's reduction, the ``-delayed`` ones at once), so replicas end bitwise identical.
 
         Marks this rank's data as ended: a peer that still steps gets ``UnevenInputsError`` naming this rank,
         and so does this rank (every rank must flush after the same number of steps; ``check_uneven``)."""
@@ -269,6 +271,9 @@ class PipeSGD:
         applied = [self._apply(entry, self._step) for entry in self._pipeline.flush()]
         if finished is not None:
             finished.wait()
+        # Replicas whole for saving and evaluation: a forward since the last step() (an odd last micro-batch) moved
+        # this rank's running statistics; sync them as step() does (once every rank is known to have flushed).
+        self._buffer_sync()
         if applied:
             self.last_stats = applied[-1]
         return applied

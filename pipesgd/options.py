@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from pipesgd.buffers import BUFFER_MODES
-from pipesgd.clipping import validate_max_grad_norm
+from pipesgd.clipping import resolve_max_grad_norm
 from pipesgd.compression import Compressor, build
 from pipesgd.defaults import (
     ALLREDUCE_CHOICES,
@@ -51,7 +51,7 @@ class PipeSGDOptions:
     # same number of steps by construction: the agreement is a latency-bound collective per step.
     check_uneven: bool = True
     # What DDP users expect (pipesgd.clipping, pipesgd.buffers, pipesgd.amp).
-    max_grad_norm: float | None = None  # clip the averaged gradient to this global L2 norm; None: no clipping
+    max_grad_norm: float | None = None  # clip the averaged gradient to this global L2 norm; None or 0: no clipping
     # module buffers: rank 0's ("broadcast", as DDP), the mean ("average"), "none", or either "-delayed" (with the
     # gradients, set when they are applied; pipesgd.buffers)
     buffers: str = "broadcast"
@@ -77,7 +77,7 @@ class PipeSGDOptions:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s!r}")
         if self.allreduce not in ALLREDUCE_CHOICES:
             raise ValueError(f"allreduce must be one of {ALLREDUCE_CHOICES}, got {self.allreduce!r}")
-        validate_max_grad_norm(self.max_grad_norm)
+        object.__setattr__(self, "max_grad_norm", resolve_max_grad_norm(self.max_grad_norm))  # 0 -> None (off)
         if self.buffers not in BUFFER_MODES:
             raise ValueError(f"buffers must be one of {BUFFER_MODES}, got {self.buffers!r}")
         if self.grad_scaler is not None and not isinstance(self.grad_scaler, torch.amp.GradScaler):

@@ -172,3 +172,29 @@ def _sync_batchnorm(rank: int, world: int):
 def test_sync_batchnorm_models_train_and_stay_identical():
     first, second = run_ranks(_sync_batchnorm, 2)
     assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def _odd_last_forward(rank: int, world: int):
+    """A forward after the last step() (an odd last micro-batch) moves this rank's running statistics; flush()
+    must leave them identical again, in every syncing mode."""
+    out = {}
+    for mode in ("broadcast", "average", "broadcast-delayed", "average-delayed", "none"):
+        model = make_bn_model()
+        opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, width=2, warmup_steps=0, buffers=mode)
+        for t in range(3):
+            x, y = batch(t, rank)
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        model(batch(3, rank)[0])  # forward only: no step() follows
+        opt.flush()
+        out[mode] = [b.clone() for b in model.buffers()]
+        opt.close()
+    return out
+
+
+def test_flush_leaves_buffers_identical_after_a_forward_without_step():
+    first, second = run_ranks(_odd_last_forward, 2)
+    for mode in ("broadcast", "average", "broadcast-delayed", "average-delayed"):
+        assert all(torch.equal(a, b) for a, b in zip(first[mode], second[mode])), mode
+    assert not all(torch.equal(a, b) for a, b in zip(first["none"], second["none"]))  # per rank, as asked

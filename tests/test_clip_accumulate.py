@@ -144,8 +144,18 @@ def test_accumulation_keeps_the_misuse_guards():
         opt.step()
 
 
-@pytest.mark.parametrize("value", [-1.0, 0.0, float("inf"), float("nan"), "1.0", True])
+@pytest.mark.parametrize("value", [-1.0, float("inf"), float("nan"), "1.0", True])
 def test_bad_max_grad_norm_is_refused(value):
     model = make_model()
     with pytest.raises(ValueError, match="max_grad_norm"):
         PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, max_grad_norm=value)
+
+
+@pytest.mark.parametrize("value", [0, 0.0, None])
+def test_zero_or_none_turns_clipping_off(value):
+    """As HF Trainer's ``max_grad_norm`` and nanoGPT's ``grad_clip``: 0 means no clipping."""
+    model = make_model()
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, width=1, max_grad_norm=value)
+    assert opt.options.max_grad_norm is None
+    nn.functional.mse_loss(model(batch(0, 0)[0]), batch(0, 0)[1] * 1e6).backward()  # a huge gradient
+    assert opt.step().grad_norm is None  # nothing clipped, no norm computed
