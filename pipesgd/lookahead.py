@@ -35,24 +35,28 @@ from pipesgd.replay import OptimizerReplay
 class Lookahead:
     """The local gradients of the steps in flight, and the parameters moved to the look-ahead weights and back."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor],
+    def __init__(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor], width: int = 2,
                  max_grad_norm: float | None = None, skip_nonfinite: bool = False) -> None:
         self.params = list(params)
         self._replay = OptimizerReplay(optimizer, self.params, max_grad_norm)
         self._skip_nonfinite = skip_nonfinite
-        self._pending: dict[int, tuple[list[torch.Tensor], float | None]] = {}  # step -> (grads, loss scale)
+        # A step's stand-in serves the K-1 forwards until its average is applied; the last may consume it.
+        self._uses = width - 1
+        self._pending: dict[int, list] = {}  # step -> [grads, loss scale, forwards left that use it]
         self._free: list[list[torch.Tensor]] = []
         self._master: list[torch.Tensor] | None = None  # the master weights while the parameters look ahead
         self.active = False
         self.seconds = 0.0  # look-ahead work on the calling thread since the caller last reset it
 
-    def record(self, step: int, grads: Sequence[torch.Tensor], scale: float | None = None) -> None:
+    def record(self, step: int, grads: Sequence[torch.Tensor], scale: float | None = None,
+               uses: int | None = None) -> None:
         """Keep a copy of this rank's gradients of ``step`` (shaped like the parameters; ``scale``: the loss
-        scale its backward used), the stand-in for its average until ``discard(step)``."""
+        scale its backward used), the stand-in for its average until ``discard(step)``; ``uses``: how many forward
+        passes it serves (K-1 from a fresh step, fewer for one restored later)."""
         start = time.perf_counter()
         copy = self._free.pop() if self._free else [torch.empty_like(g) for g in grads]
         torch._foreach_copy_(copy, list(grads))
-        self._pending[step] = (copy, scale)
+        self._pending[step] = [copy, scale, self._uses if uses is None else uses]
         self.seconds += time.perf_counter() - start
 
     def discard(self, step: int) -> None:
@@ -76,7 +80,10 @@ class Lookahead:
             else:
                 torch._foreach_copy_(self._master, [p.detach() for p in self.params])
             self.active = True
-            self._replay.replay_([self._pending[s] for s in sorted(self._pending)], self._skip_nonfinite)
+            entries = [self._pending[s] for s in sorted(self._pending)]
+            self._replay.replay_([(grads, scale, uses <= 1) for grads, scale, uses in entries], self._skip_nonfinite)
+            for entry in entries:
+                entry[2] -= 1
         self.seconds += time.perf_counter() - start
 
     def restore(self) -> None:
@@ -102,15 +109,18 @@ class Lookahead:
     @property
     def memory_bytes(self) -> int:
         """Bytes held beside plain width K: master copy, local gradients in flight and pooled, replay state."""
-        sets = [grads for grads, _ in self._pending.values()] + self._free
+        sets = [entry[0] for entry in self._pending.values()] + self._free
         grad_bytes = sum(g.numel() * g.element_size() for grads in sets for g in grads)
         master = sum(t.numel() * t.element_size() for t in self._master) if self._master is not None else 0
         return grad_bytes + master + self._replay.state_bytes
 
     def state_dict(self) -> list[dict]:
         """This rank's stand-ins still pending, oldest first (copies)."""
-        return [{"step": s, "grads": [g.clone() for g in self._pending[s][0]], "scale": self._pending[s][1]}
-                for s in sorted(self._pending)]
+        if self.active:
+            raise RuntimeError("save the look-ahead state while the parameters hold the master weights (after "
+                               "step(), before the next forward pass): a stand-in may have been used up since")
+        return [{"step": s, "grads": [g.clone() for g in grads], "scale": scale, "uses": uses}
+                for s, (grads, scale, uses) in sorted(self._pending.items())]
 
     def load_state_dict(self, entries: list[dict]) -> None:
         """Restore ``state_dict()``'s stand-ins (replacing any pending ones); the parameters must be the master's."""
@@ -120,4 +130,4 @@ class Lookahead:
             self.discard(step)
         for entry in entries:
             grads = [g.to(p.device) for g, p in zip(entry["grads"], self.params)]
-            self.record(int(entry["step"]), grads, entry.get("scale"))
+            self.record(int(entry["step"]), grads, entry.get("scale"), int(entry.get("uses", self._uses)))

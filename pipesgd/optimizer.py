@@ -142,7 +142,7 @@ class PipeSGD:
         # Staleness compensation: gradients computed at the weights the steps in flight will produce (lookahead).
         self._lookahead = None
         if staleness == "lookahead" and width > 1:
-            self._lookahead = Lookahead(optimizer, self._params, self.options.max_grad_norm,
+            self._lookahead = Lookahead(optimizer, self._params, width, self.options.max_grad_norm,
                                         skip_nonfinite=nonfinite == "skip")
             if isinstance(model_or_params, torch.nn.Module):  # moved by the first differentiated forward
                 self._hooks.append(model_or_params.register_forward_pre_hook(self._lookahead.before_forward))

@@ -41,38 +41,40 @@ class OptimizerReplay:
                          for p in self._originals}
         self._params = list(params)  # the ones that get gradients, in the wrapper's (clipping) order
         self._targets = [self._aliases[id(p)] for p in self._params]
-        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [self._aliases[id(p)] for p in g["params"]]}
-                  for g in optimizer.param_groups]
         defaults = _constructor_defaults(optimizer)
+        # The replica's own implementation choice, kept when hyperparameters are copied over from the original.
+        self._own = {}
         if (type(optimizer) in FOREACH_EXACT_ON_CPU and not defaults.get("fused")
                 and not defaults.get("differentiable") and all(p.device.type == "cpu" for p in self._originals)):
-            defaults["foreach"] = True
+            self._own = {"foreach": True}
+        defaults.update(self._own)
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, **self._own,
+                   "params": [self._aliases[id(p)] for p in g["params"]]} for g in optimizer.param_groups]
         try:
             self._replica = type(optimizer)(groups, **defaults)
         except TypeError as exc:
             raise ValueError(f"staleness='lookahead' replays the optimizer's rule on a second "
                              f"{type(optimizer).__name__} built from its defaults, which failed ({exc}); "
                              f"pass staleness='none'") from None
-        # Built-in optimizers read gradients without writing them; anything else might scale them in place.
-        self._reads_only = type(optimizer).__module__.startswith("torch.optim")
         self._scratch: list[torch.Tensor] | None = None
 
-    def replay_(self, steps: Sequence[tuple[Sequence[torch.Tensor], float | None]], skip_nonfinite: bool) -> int:
+    def replay_(self, steps: Sequence[tuple[Sequence[torch.Tensor], float | None, bool]],
+                skip_nonfinite: bool) -> int:
         """Move ``params`` in place by one optimizer step per entry of ``steps`` (oldest first); returns how many
         were applied.
 
-        Each entry is (gradients shaped like ``params``, loss scale or None): the gradients are unscaled by their
-        own step's loss scale, a non-finite result is skipped (with a scale, or with ``skip_nonfinite``) and the
-        rest clipped by ``max_grad_norm``, as ``PipeSGD`` treats an applied gradient. The gradients themselves
-        are never written."""
+        Each entry is (gradients shaped like ``params``, loss scale or None, whether the gradients may be
+        written): the gradients are unscaled by their own step's loss scale, a non-finite result is skipped (with
+        a scale, or with ``skip_nonfinite``) and the rest clipped by ``max_grad_norm``, as ``PipeSGD`` treats an
+        applied gradient. Gradients that may not be written are copied into scratch first: unscaling and clipping
+        write them, and so may the optimizer (torch's foreach SGD with Nesterov momentum adds into them)."""
         if not steps:
             return 0
         self._load_state()
         applied = 0
-        for grads, scale in steps:
-            modifies = scale is not None or self.max_grad_norm is not None or not self._reads_only
-            grads = self._copied(grads) if modifies else [self._as_param_dtype(g, p) for g, p in
-                                                           zip(grads, self._params)]
+        for grads, scale, writable in steps:
+            grads = [self._as_param_dtype(g, p) for g, p in zip(grads, self._params)] if writable else \
+                self._copied(grads)
             if scale is not None:
                 torch._foreach_mul_(grads, 1.0 / scale)  # a power of two: the applied step's unscale, bit for bit
             if (scale is not None or skip_nonfinite) and not all(all_finite(g) for g in grads):
@@ -98,7 +100,7 @@ class OptimizerReplay:
         (allocated once), everything else assigned."""
         for mine, theirs in zip(self._replica.param_groups, self.optimizer.param_groups):
             for key, value in theirs.items():
-                if key != "params":
+                if key != "params" and key not in self._own:
                     mine[key] = value
         targets, sources = [], []
         for p in self._originals:

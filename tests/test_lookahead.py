@@ -117,7 +117,7 @@ def test_the_replay_moves_the_parameters_as_a_copy_of_the_optimizer_would_and_le
         oracle.step()
     replay = OptimizerReplay(inner, list(model.parameters()))
     with torch.no_grad():
-        assert replay.replay_([(g, None) for g in grads], skip_nonfinite=False) == 2
+        assert replay.replay_([(g, None, False) for g in grads], skip_nonfinite=False) == 2
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), oracle_model.parameters()))
     after = inner.state_dict()
     for key, state in state_before["state"].items():

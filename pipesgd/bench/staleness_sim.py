@@ -80,7 +80,7 @@ def simulate(spec: SimSpec) -> dict:
     params = list(model.parameters())
     optimizer = torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum)
     looking = spec.width > 1 and spec.staleness == "lookahead"
-    workers = [Lookahead(optimizer, params) if looking else None for _ in range(spec.workers)]
+    workers = [Lookahead(optimizer, params, spec.width) if looking else None for _ in range(spec.workers)]
     pipeline: Pipeline[list[torch.Tensor]] = Pipeline(spec.width, spec.warmup_steps)
     local_batch = spec.global_batch // spec.workers
     per_epoch = steps_per_epoch(len(ds.x_train), spec.workers, local_batch)
