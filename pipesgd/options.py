@@ -97,6 +97,9 @@ class PipeSGDOptions:
             raise ValueError(
                 f"compression={self.compression!r} needs error_feedback=True (1-bit SGD diverges without it)"
             )
+        if self.error_feedback and codec.lossless:
+            raise ValueError(f"error_feedback=True needs a lossy compression (compression={self.compression!r} "
+                             f"drops nothing to feed back)")
         self.allreduce_for(codec)  # "backend" with a lossy codec raises here
 
     @property

@@ -47,6 +47,9 @@ def test_options_keep_a_private_copy_of_the_codec_options():
         ({"check_replicas_every": -1}, "check_replicas_every"),
         ({"compression": "q8", "compression_options": {"block_size": 0}}, "block_size"),
         ({"compression": "none", "compression_options": {"seed": 1}}, "bad options"),
+        ({"compression": "none", "error_feedback": True}, "needs a lossy compression"),
+        ({"staleness": "predict"}, "staleness must be one of"),
+        ({"init_sync": 1}, "init_sync must be True or False"),
     ],
 )
 def test_options_refuse_what_the_wrapper_cannot_run(kwargs, match):
