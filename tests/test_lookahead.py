@@ -360,4 +360,5 @@ def test_the_look_ahead_state_round_trips(process_group):
     other = Lookahead(torch.optim.SGD(model.parameters(), lr=0.1), list(model.parameters()))
     other.load_state_dict(lookahead.state_dict())
     (entry,) = other.state_dict()
-    assert entry["step"] == 4 and entry["scale"] == 8.0 and all(torch.equal(a, b) for a, b in zip(entry["grads"], grads))
+    assert entry["step"] == 4 and entry["scale"] == 8.0
+    assert all(torch.equal(a, b) for a, b in zip(entry["grads"], grads))

@@ -251,7 +251,8 @@ def summarise(runs: list[dict]) -> list[dict]:
     for key, members in groups.items():
         first = members[0]
         out.append({"config": key, "task": first["task"], "width": first["width"], "codec": first["codec"],
-                    "error_feedback": first["error_feedback"], "staleness": first.get("staleness", "none"), "seeds": sorted(m["seed"] for m in members),
+                    "error_feedback": first["error_feedback"], "staleness": first.get("staleness", "none"),
+                    "seeds": sorted(m["seed"] for m in members),
                     "accuracy": _stats([m["final_accuracy"] for m in members]),
                     "loss": _stats([m["final_loss"] for m in members])})
     return out
