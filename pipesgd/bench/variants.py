@@ -14,7 +14,8 @@ TRAINER_FLAGS: dict[str, list[str]] = {  # variant name: pipesgd-train flags
     "pipe-w3": ["--mode", "pipe", "--width", "3"],  # more width: more staleness, no more overlap to win
     # The paper's plain delayed update, beside the look-ahead default above (issue 36)
     "pipe-plain": ["--mode", "pipe", "--width", "2", "--staleness", "none"],
-    "pipe+q8-plain": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback", "--staleness", "none"],
+    "pipe+q8-plain": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback",
+                      "--staleness", "none"],
     "sync+bf16": ["--mode", "sync", "--compression", "bf16"],
     "sync+q8": ["--mode", "sync", "--compression", "q8", "--error-feedback"],
     "ddp": ["--mode", "ddp"],
