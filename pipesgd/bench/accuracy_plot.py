@@ -48,21 +48,22 @@ def mean_curve(result: dict, config: str, curve: str = "eval") -> tuple[list[flo
     return steps, [statistics.fmean(r[curve]["loss"][i] for r in runs) for i in range(n)]
 
 
-def plot_width(result: dict, ax, task: str) -> None:
-    """Final accuracy (%) against pipeline width without compression, one line per staleness mode (width 1 is
-    shared): mean, bars from min to max over seeds."""
+def plot_width(result: dict, ax, task: str, metric: str = "accuracy") -> None:
+    """Final accuracy (%) or test loss (``metric="loss"``) against pipeline width without compression, one line
+    per staleness mode (width 1 is shared): mean, bars from min to max over seeds."""
+    scale = 100 if metric == "accuracy" else 1
     seeds = 0
     for i, staleness in enumerate(stalenesses(result)):
         rows = configs(result, task, staleness=staleness)
         x = [c["width"] + 0.04 * (i - 0.5) for c in rows]  # side by side, not on top of each other
-        mean = [100 * c["accuracy"]["mean"] for c in rows]
-        low = [m - 100 * c["accuracy"]["min"] for m, c in zip(mean, rows)]
-        high = [100 * c["accuracy"]["max"] - m for m, c in zip(mean, rows)]
+        mean = [scale * c[metric]["mean"] for c in rows]
+        low = [m - scale * c[metric]["min"] for m, c in zip(mean, rows)]
+        high = [scale * c[metric]["max"] - m for m, c in zip(mean, rows)]
         ax.errorbar(x, mean, yerr=[low, high], fmt="o-", capsize=4, label=f"staleness={staleness}")
         seeds = max([seeds, *(len(c["seeds"]) for c in rows)])
     ax.set_xticks(sorted({c["width"] for c in configs(result, task)}))
     ax.set_xlabel("pipeline width K (1 = synchronous)")
-    ax.set_ylabel("final test accuracy (%)")
+    ax.set_ylabel("final test accuracy (%)" if metric == "accuracy" else "final test loss (nats)")
     ax.set_title(f"{task}: staleness (mean, min-max over {seeds} seeds)")
     ax.legend(loc="lower left")
     ax.grid(alpha=0.3)
@@ -106,19 +107,23 @@ def plot_loss_curves(result: dict, ax, task: str, by: str = "width", curve: str 
     ax.grid(alpha=0.3)
 
 
-def _figure(result: dict, draw, **kwargs):
+def _figure(result: dict, draw, names: list[str] | None = None, **kwargs):
     import matplotlib.pyplot as plt
 
-    names = tasks(result)
-    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4.2), squeeze=False)
-    for ax, task in zip(axes[0], names):
+    names = names or tasks(result)
+    cols = min(len(names), 2)  # two panels a row: four tasks stay readable
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4.2 * rows), squeeze=False)
+    for ax, task in zip(axes.flat, names):
         draw(result, ax, task, **kwargs)
+    for ax in list(axes.flat)[len(names):]:
+        ax.set_visible(False)
     fig.tight_layout()
     return fig
 
 
-def figure_widths(result: dict):
-    return _figure(result, plot_width)
+def figure_widths(result: dict, metric: str = "accuracy", names: list[str] | None = None):
+    return _figure(result, plot_width, names, metric=metric)
 
 
 def figure_codecs(result: dict):
