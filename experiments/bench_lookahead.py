@@ -13,6 +13,7 @@ the weights, the stand-ins of the step in flight, the replay's copy of the optim
 """
 from __future__ import annotations
 
+import os
 import argparse
 import statistics
 import sys
@@ -23,7 +24,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from pipesgd.bench.one_line import known_names
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
+
+from experiments.harness.one_line import known_names
 from pipesgd.optimizer import PipeSGD
 from pipesgd.train.data import load_digits, load_pysrc
 from pipesgd.train.loop import cross_entropy

@@ -35,7 +35,7 @@ from gpu_common import check_backend, device_name, launch, markdown, rank_device
 
 from pipesgd import PipeSGD  # noqa: E402
 from pipesgd.compression import build  # noqa: E402
-from pipesgd.exchange import GradientExchange  # noqa: E402
+from pipesgd.comm.exchange import GradientExchange  # noqa: E402
 
 LOSSY = [("fp16", False), ("bf16", False), ("q8", False), ("q4", False), ("q8", True), ("sign", True)]
 EXACT_RTOL = 1e-4  # float32 on the device against a float64 reference on the CPU

@@ -33,7 +33,7 @@ from pipesgd import PipeSGD  # noqa: E402
 from pipesgd.compression import build as build_codec  # noqa: E402
 from pipesgd.compression.throughput import measure_codec_gbps  # noqa: E402
 from pipesgd.measure import time_collective  # noqa: E402
-from pipesgd.ring import RingTopology, ring_allreduce_  # noqa: E402
+from pipesgd.comm.ring import RingTopology, ring_allreduce_  # noqa: E402
 from pipesgd.train.step_timer import wait_for_compute  # noqa: E402
 
 PIPE_CODECS = ("none", "bf16", "q8")

@@ -2,7 +2,7 @@
 # Two sittings of the comparison grid interleaved cell by cell: each cell is calibrated and run twice in a row
 # (sitting a then b, the next cell b then a, so neither sitting always goes first), each time into its own result.
 # The two results hold the same runs minutes apart, each with its own calibration; compare them with
-#     python -m pipesgd.bench.repeatability RESULT-a/runs.json RESULT-b/runs.json --all
+#     python -m experiments.harness.repeatability RESULT-a/runs.json RESULT-b/runs.json --all
 # Usage (root, from the repository root):
 #     bash experiments/interleaved_sittings.sh NAME CELLS VARIANTS
 #     e.g. bash experiments/interleaved_sittings.sh comparison-v10 lenet-1gbit,alexnet-unshaped sync,pipe,ddp

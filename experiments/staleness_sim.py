@@ -1,6 +1,6 @@
 """Look-ahead with many workers, simulated in one process with the library's own look-ahead and optimizer code
 (issue 36, item 3): LeNet, global batch 128 split over 4, 16 and 64 workers, width 1 / plain width 2 / look-ahead
-width 2, five seeds. Logic in pipesgd/bench/staleness_sim.py.
+width 2, five seeds. Logic in experiments/harness/staleness_sim.py.
 
     python experiments/staleness_sim.py                                   # the whole study (~15 min on 2 cores)
     python experiments/staleness_sim.py --workers 4 --seeds 0 --result /tmp/sim.json   # a quick look
@@ -16,9 +16,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from pipesgd.bench.one_line import OneLineParser  # noqa: E402
-from pipesgd.bench.provenance import read_result, write_result  # noqa: E402
-from pipesgd.bench.staleness_sim import TASKS, plan, simulate, summarise, summary_markdown  # noqa: E402
+from experiments.harness.one_line import OneLineParser  # noqa: E402
+from experiments.harness.provenance import read_result, write_result  # noqa: E402
+from experiments.harness.staleness_sim import TASKS, plan, simulate, summarise, summary_markdown  # noqa: E402
 
 RESULT = os.path.join("experiments", "results", "staleness_sim", "staleness_sim.json")
 

@@ -6,7 +6,7 @@ background worker (``ring``, ``topology``; ``exchange`` runs one step's buckets 
 step is due (``pipeline``) -> delayed apply (``optimizer.PipeSGD``, options in ``options``) -> the wrapped
 torch optimizer. Every way of averaging gradients satisfies ``wrapper.OptimizerWrapper``.
 
-The public names load on first use, so torch-free modules (``pipesgd.defaults``, ``pipesgd.run_files``)
+The public names load on first use, so torch-free modules (``pipesgd.defaults``, ``pipesgd.runlog.run_files``)
 can be imported by the analytic timing model without loading torch.
 """
 from __future__ import annotations
@@ -22,11 +22,11 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "PipeSGD": "pipesgd.optimizer",
     "NonFiniteGradientError": "pipesgd.optimizer",
-    "ring_allreduce": "pipesgd.ring",
+    "ring_allreduce": "pipesgd.comm.ring",
     "StepStats": "pipesgd.accounting",
-    "Work": "pipesgd.handles",
-    "CompletedWork": "pipesgd.handles",
-    "ReplicaDivergenceError": "pipesgd.replica_check",
+    "Work": "pipesgd.comm.handles",
+    "CompletedWork": "pipesgd.comm.handles",
+    "ReplicaDivergenceError": "pipesgd.grads.replica_check",
     "OptimizerWrapper": "pipesgd.wrapper",
 }
 
@@ -35,11 +35,11 @@ __all__ = [*_EXPORTS, "compression", "DEFAULT_WARMUP_STEPS"]
 if TYPE_CHECKING:
     from pipesgd import compression
     from pipesgd.accounting import StepStats
-    from pipesgd.handles import CompletedWork, Work
+    from pipesgd.comm.handles import CompletedWork, Work
     from pipesgd.optimizer import NonFiniteGradientError, PipeSGD
-    from pipesgd.replica_check import ReplicaDivergenceError
+    from pipesgd.grads.replica_check import ReplicaDivergenceError
     from pipesgd.wrapper import OptimizerWrapper
-    from pipesgd.ring import ring_allreduce
+    from pipesgd.comm.ring import ring_allreduce
 
 
 def __getattr__(name: str) -> Any:

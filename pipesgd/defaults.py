@@ -21,11 +21,11 @@ QUANT_BLOCK_SIZE = 4096
 # every hop. "ring" forces ours; "backend" cannot compress.
 ALLREDUCE_CHOICES = ("auto", "ring", "backend")
 
-# p.grad as views into the flat buckets (pipesgd.bucket_sets): no copy in or out of a step; K sets of
+# p.grad as views into the flat buckets (pipesgd.grads.bucket_sets): no copy in or out of a step; K sets of
 # gradient memory for width K instead of K + 1 (the K sets plus the gradients themselves).
 GRADIENT_AS_BUCKET_VIEW = True
 
-# What a pipeline of width K >= 2 does about its stale gradients (pipesgd.lookahead): "lookahead" computes each
+# What a pipeline of width K >= 2 does about its stale gradients (pipesgd.delay.lookahead): "lookahead" computes each
 # gradient at the weights the K-1 updates in flight will produce (this rank's own gradients standing in for their
 # averages), "none" is the paper's plain update, the gradient of weights K-1 updates old. One step of staleness
 # cost 21-27 accuracy points with momentum 0.9 in the plain update; look-ahead recovered them in simulation.

@@ -14,10 +14,10 @@ from __future__ import annotations
 import warnings
 import weakref
 
-from pipesgd.channel import RingChannel
+from pipesgd.comm.channel import RingChannel
 from pipesgd.defaults import EXIT_WAIT_S
-from pipesgd.pipeline import Pipeline
-from pipesgd.uneven import Participation
+from pipesgd.delay.pipeline import Pipeline
+from pipesgd.comm.uneven import Participation
 
 
 class Background:

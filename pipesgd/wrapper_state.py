@@ -23,14 +23,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from pipesgd.amp import DelayedLossScale
-from pipesgd.bucket_sets import BucketSet
-from pipesgd.buckets import Bucket, layout_signature
+from pipesgd.grads.amp import DelayedLossScale
+from pipesgd.grads.bucket_sets import BucketSet
+from pipesgd.grads.buckets import Bucket, layout_signature
 from pipesgd.compression import codec_state, load_codec_state
-from pipesgd.exchange import GradientExchange
-from pipesgd.handles import CompletedWork
-from pipesgd.lookahead import Lookahead
-from pipesgd.pipeline import InFlight, Pipeline
+from pipesgd.comm.exchange import GradientExchange
+from pipesgd.comm.handles import CompletedWork
+from pipesgd.delay.lookahead import Lookahead
+from pipesgd.delay.pipeline import InFlight, Pipeline
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from pipesgd import PipeSGD
-from pipesgd.lookahead import Lookahead
-from pipesgd.replay import OptimizerReplay
+from pipesgd.delay.lookahead import Lookahead
+from pipesgd.delay.replay import OptimizerReplay
 from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
 from tests.test_pipesgd import CODECS, batch, due, make_model, make_optimizer, snapshot

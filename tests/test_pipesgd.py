@@ -35,7 +35,7 @@ def batch(step: int, rank: int, dtype=torch.float64):
 
 def due(t: int, width: int, warmup: int) -> int | None:
     """The step whose averaged gradient step t applies in a reference: its own during warm-up, none while the
-    pipeline fills, then step t-K+1's (what ``pipesgd.pipeline`` decides, written out independently)."""
+    pipeline fills, then step t-K+1's (what ``pipesgd.delay.pipeline`` decides, written out independently)."""
     if t < warmup:
         return t
     return t - width + 1 if t >= warmup + width - 1 else None

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from pipesgd.bench.provenance import find_results, provenance, read_result, write_result
+from experiments.harness.provenance import find_results, provenance, read_result, write_result
 
 
 def test_provenance_names_command_date_machine_commit():
@@ -42,7 +42,7 @@ def test_a_result_being_rewritten_does_not_make_its_commit_dirty(tmp_path, monke
     import shutil
     import subprocess
 
-    from pipesgd.bench import provenance as module
+    from experiments.harness import provenance as module
 
     if shutil.which("git") is None:
         pytest.skip("git is not installed")

@@ -1,4 +1,4 @@
-"""Re-making committed predictions from a runs.json's stored inputs (``pipesgd.bench.repredict``)."""
+"""Re-making committed predictions from a runs.json's stored inputs (``experiments.harness.repredict``)."""
 from __future__ import annotations
 
 import json
@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from pipesgd.bench.provenance import find_results
-from pipesgd.bench.repredict import main, remake_all
+from experiments.harness.provenance import find_results
+from experiments.harness.repredict import main, remake_all
 from timing_model.calibration import read_calibration
 from timing_model.predict import Scenario, predict
 from timing_model.validation import calibrated_scenario

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from pipesgd.atomic import atomic_open
+from pipesgd.runlog.atomic import atomic_open
 from pipesgd.defaults import resolve_allreduce
 
 from . import collectives
@@ -331,7 +331,8 @@ class Calibration:
 
 
 def write_calibration(path: str, cal: Calibration) -> None:
-    """Write the calibration JSON atomically (``pipesgd.atomic``: a temporary file in the same folder, then rename)."""
+    """Write the calibration JSON atomically (``pipesgd.runlog.atomic``: a temporary file in the same folder, then
+    rename)."""
     data = {"schema": SCHEMA, **cal.meta,
             "fits": {name: fit.as_json() for name, fit in cal.fits.items()},
             "codecs": {name: {"encode_Bps": e, "decode_Bps": d, "feedback_Bps": cal.codec_feedback.get(name),

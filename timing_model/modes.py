@@ -245,15 +245,16 @@ def predict_pipe(cluster, compute, codec, schedule) -> ModeResult:
     (``ComputeParams.window_loss``) where calibrate's window probe measured it, else it runs at 1/(1 + κc) in W.
     Why λ: κc's probe keeps the cores computing for the whole ring, a Pipe-SGD step for one window per ring (LeNet,
     100 Mbit/s, 4 nodes on 2 cores: κc 12.8 predicted a 14.8 ms step that took 11.3 ms). The buffer sync is a
-    blocking collective on the caller's thread (``pipesgd.buffers``): it is in the window, never hidden. Width 1 is
-    the synchronous step and pays the lockstep term; with width ≥ 2 the ring runs beside the next compute, where
+    blocking collective on the caller's thread (``pipesgd.grads.buffers``): it is in the window, never hidden. Width 1
+    is the synchronous step and pays the lockstep term; with width ≥ 2 the ring runs beside the next compute, where
     κc, not the lockstep probe, says what sharing the cores costs."""
     comm = allreduce_cost(cluster, codec, schedule, per_hop=True)
     slow = _slowest_compute(cluster, compute)
     hand = _handoff(cluster, compute)
     host = _host_beyond(compute, hand)
     lockstep = _lockstep(compute, slow) if schedule.width <= 1 else 0.0
-    # width 1 is the synchronous step; with width >= 2 the sync is a rendezvous with the slowest rank (pipesgd.buffers)
+    # width 1 is the synchronous step; with width >= 2 the sync is a rendezvous with the slowest rank
+    # (pipesgd.grads.buffers)
     buffers = _buffers_beside_ring(compute, comm) if schedule.width <= 1 else compute.buffers_s
     busy = slow + compute.update_s + buffers + host + lockstep
     iteration = formulas.pipe_iteration(busy, comm.total_s, compute.slowdown, schedule.width, compute.comm_slowdown,

@@ -16,7 +16,7 @@ the median over steps of the **mean over ranks** of t_iter: in lockstep training
 to the same wall-clock, so the mean is the step's period, while the per-step maximum adds each step's jitter
 (it overstated the comparison grid's iteration times by 5-25 %); for asynchronous workers (ps-async), which
 are not in lockstep, every per-step figure is the slowest worker's own and measured is its **mean** t_iter, the
-job's pace (``pipesgd.results.Run.pace_s``; the module docstring there says why). The model's inputs count
+job's pace (``pipesgd.runlog.results.Run.pace_s``; the module docstring there says why). The model's inputs count
 each step's slowest rank (max over ranks of t_compute + t_data and of t_update: the straggler gates a
 synchronous step, so it is inside the prediction; ``t_data``, batch loading, is local work like compute) and,
 for sync and pipe, each step's *fastest* rank's ``t_buffers`` (the blocking buffer sync, ``--buffers``: the rank
@@ -46,8 +46,8 @@ import os
 import statistics
 from dataclasses import dataclass, replace
 
-from pipesgd.results import ASYNC_MODES, iteration_over_ranks, slowest_rank, t_iter_by_rank
-from pipesgd.run_files import run_name
+from pipesgd.runlog.results import ASYNC_MODES, iteration_over_ranks, slowest_rank, t_iter_by_rank
+from pipesgd.runlog.run_files import run_name
 
 from .calibration import Calibration
 from .host_terms import host_terms
@@ -168,7 +168,7 @@ def read_runs(paths: list[str], skip: int = 3) -> list[RunRecord]:
         # synchronous warm-up steps of pipe mode are not steady state either
         first = max(skip, int(config.get("warmup_steps") or 0) if config.get("mode") == "pipe" else skip)
         mode = config.get("mode") or (steps[0].get("mode") if steps else None)
-        # asynchronous workers are not in lockstep: the slowest worker's own steps (``pipesgd.results``)
+        # asynchronous workers are not in lockstep: the slowest worker's own steps (``pipesgd.runlog.results``)
         only = slowest_rank(steps, first) if mode in ASYNC_MODES else None
         by_step: dict[int, list[dict]] = {}
         for record in steps:

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from pipesgd.defaults import resolve_allreduce
 from pipesgd.measure.timing import time_collective, time_local
-from pipesgd.ring import ring_allreduce
+from pipesgd.comm.ring import ring_allreduce
 
 __all__ = ["cluster_sizes", "sample", "collect_samples", "measure_reduce", "trainer_collective"]
 

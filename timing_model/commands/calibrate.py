@@ -10,7 +10,7 @@ import datetime
 import os
 
 from pipesgd.cli_conventions import RunFailure, UsageError, first_line
-from pipesgd.output_paths import check_output_file
+from pipesgd.runlog.output_paths import check_output_file
 
 from .. import tables
 from ..calibration import Calibration, Sample, read_calibration, write_calibration
