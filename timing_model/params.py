@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipesgd.defaults import BUCKET_MB, QUANT_BLOCK_SIZE
+from pipesgd.compression.sizes import CODECS, fp32_ratio
+from pipesgd.defaults import BUCKET_MB
 
 __all__ = [
     "ClusterParams",
@@ -19,23 +20,14 @@ __all__ = [
     "CODEC_RATIOS",
     "COLLECTIVES",
     "build_codec",
-    "QUANT_BLOCK",
     "BUCKET_BYTES",
 ]
 
 COLLECTIVES = ("ring", "rabenseifner", "recursive-doubling", "tree")
-QUANT_BLOCK = QUANT_BLOCK_SIZE  # elements per fp32 scale in the q8/q4/sign payloads (owner: pipesgd.defaults)
 BUCKET_BYTES = BUCKET_MB * 2**20  # the trainer's default bytes per bucket (owner: pipesgd.defaults)
 
-# Raw fp32 bytes over payload bytes: 32/bits, less one fp32 scale per QUANT_BLOCK-element block.
-CODEC_RATIOS = {
-    "none": 1.0,
-    "fp16": 2.0,
-    "bf16": 2.0,
-    "q8": 4.0 * QUANT_BLOCK / (QUANT_BLOCK + 4),
-    "q4": 8.0 * QUANT_BLOCK / (QUANT_BLOCK + 8),
-    "sign": 32.0 * QUANT_BLOCK / (QUANT_BLOCK + 32),
-}
+# Raw fp32 bytes over payload bytes of each codec (owner: pipesgd.compression.sizes, which the codecs use too).
+CODEC_RATIOS = {name: fp32_ratio(name) for name in CODECS}
 
 
 def _check(condition: bool, message: str) -> None:
