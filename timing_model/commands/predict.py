@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> str:
         value = getattr(args, flag, None)
         if value is not None and "," in value:
             raise ValueError(f"--{flag.replace('_', '-')} {value!r}: predict takes one value; use `sweep` for lists")
-    scenario = Scenario(**scenario_fields(args))
+    scenario = Scenario.of(**scenario_fields(args))
     prediction = predict_modes(scenario, parse_modes(args.modes), load_calibration(args.calibration))
     rows = prediction.rows()
     if args.format == "markdown":

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import copy
 import itertools
-from dataclasses import replace
 
 from .. import tables
 from ..predict import Scenario
@@ -28,7 +27,7 @@ def run(args: argparse.Namespace) -> str:
     first = copy.copy(args)
     for flag, values in raw.items():
         setattr(first, flag, values[0])
-    base = Scenario(**scenario_fields(first))
+    base = Scenario.of(**scenario_fields(first))
     axes = {flag: values for flag, values in raw.items() if len(values) > 1}
     parsed = {flag: [parse_flag(flag, v) for v in values] for flag, values in axes.items()}
     modes = parse_modes(args.modes)
@@ -37,7 +36,7 @@ def run(args: argparse.Namespace) -> str:
     rows = []
     for combo in itertools.product(*(range(len(v)) for v in axes.values())):
         changes = {SCENARIO_FLAGS[flag][0]: parsed[flag][i] for flag, i in zip(axes, combo)}
-        prediction = predict_modes(replace(base, **changes), modes, calibration)
+        prediction = predict_modes(base.with_changes(**changes), modes, calibration)
         row = {flag.replace("_", "-"): axes[flag][i] for flag, i in zip(axes, combo)}
         for res in prediction.results:
             row[f"{res.mode}_s"] = res.iteration_s
