@@ -8,14 +8,17 @@ import itertools
 from .. import tables
 from ..predict import Scenario
 from ..units import parse_list
-from .flags import (FORMAT_FLAG, SCENARIO_FLAGS, SWEEPABLE, add_scenario_flags, load_calibration, parse_flag,
-                    parse_modes, predict_modes, scenario_fields)
+from .flags import (FORMAT_FLAG, SCENARIO_FLAGS, SWEEPABLE, add_scenario_flags, help_formatter, load_calibration,
+                    parse_flag, parse_modes, predict_modes, scenario_fields)
 
 __all__ = ["add_parser", "run"]
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("sweep", help="Pipe-SGD speedup tables and the winning mode over a grid")
+    p = sub.add_parser("sweep", help="Pipe-SGD speedup tables and the winning mode over a grid",
+                       formatter_class=help_formatter, usage="%(prog)s --nodes N,... --bandwidth RATE,... [...]",
+                       description="Pipe-SGD's speedup over each baseline and the winning mode over a grid: give "
+                                   "comma lists, e.g. --nodes 2,4,8 --bandwidth 1gbit,10gbit.")
     add_scenario_flags(p, sweep=True)
     p.add_argument("--format", **FORMAT_FLAG)
     p.set_defaults(run=run)
