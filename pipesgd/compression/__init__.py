@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Callable
 
+from pipesgd.lazy_exports import load_export
+
 if TYPE_CHECKING:
     from pipesgd.compression.base import (ChunkContext, Compressor, StatefulCodec, codec_state, compression_ratio,
                                           context_of, load_codec_state)
@@ -49,12 +51,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'pipesgd.compression' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
+    return load_export(globals(), _EXPORTS, name)
 
 
 def __dir__() -> list[str]:
