@@ -15,6 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from pipesgd.defaults import WARMUP_STEPS as DEFAULT_WARMUP_STEPS
+from pipesgd.lazy_exports import load_export
 
 __version__ = "0.1.0"
 
@@ -45,12 +46,7 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     if name == "compression":
         return importlib.import_module("pipesgd.compression")
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'pipesgd' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
+    return load_export(globals(), _EXPORTS, name)
 
 
 def __dir__() -> list[str]:

@@ -26,8 +26,8 @@ def _grid(tmp_path, stored_factor: float) -> tuple[dict, str]:
     path = tmp_path / "calib.json"
     path.write_text(json.dumps(cell["calibration"]))
     cal = read_calibration(str(path))
-    scenario = Scenario(nodes=4, grad_bytes=79016.0, bandwidth_Bps=1.0, compute_s=0.002, update_s=3e-4,
-                        host_s=4e-4, width=1, servers=1, ps_colocated=True, ps_colocated_step_s=0.0031)
+    scenario = Scenario.of(nodes=4, grad_bytes=79016.0, bandwidth_Bps=1.0, compute_s=0.002, update_s=3e-4,
+                           host_s=4e-4, width=1, servers=1, ps_colocated=True, ps_colocated_step_s=0.0031)
     expected = predict(calibrated_scenario(scenario, cal, "ps-async"), ("ps-async",)).result("ps-async").iteration_s
     run = {"cell": "lenet-100mbit", "variant": "ps-async",
            "model": {"predicted_s": expected * stored_factor, "measured_s": 0.02, "error": 0.0, "inputs": inputs}}

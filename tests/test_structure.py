@@ -125,4 +125,5 @@ def test_the_timing_model_loads_without_torch():
     assert not any(n.split(".")[0] == "torch" for n in loaded), loaded
     assert loaded <= {"pipesgd", "pipesgd.bandwidth", "pipesgd.cli_conventions", "pipesgd.defaults", "pipesgd.runlog",
                       "pipesgd.runlog.atomic", "pipesgd.runlog.output_paths", "pipesgd.runlog.run_files",
-                      "pipesgd.runlog.results"}, loaded
+                      "pipesgd.runlog.results", "pipesgd.compression", "pipesgd.compression.sizes",
+                      "pipesgd.lazy_exports"}, loaded

@@ -102,10 +102,10 @@ def predict(done: dict[str, str], variant: str, calib_path: str, skip: int) -> d
         return {"model": None, "model_note": f"no prediction: {error}"}
     # what the prediction used, so it can be re-made from the committed file (RunRecord of one step + calibration)
     inputs = {"mode": mine.mode, "nodes": mine.nodes, "grad_bytes": mine.grad_bytes, "compute_s": check.compute_s,
-              "update_s": scenario.update_s, "buffers_s": scenario.buffers_s,
-              "host_s": scenario.host_s,
-              "ring_anchor_s": scenario.ring_anchor_s,
-              "colocated_step_s": scenario.ps_colocated_step_s,
+              "update_s": scenario.update_s, "buffers_s": scenario.empirical.buffers_s,
+              "host_s": scenario.empirical.host_s,
+              "ring_anchor_s": scenario.empirical.ring_anchor_s,
+              "colocated_step_s": scenario.empirical.ps_colocated_step_s,
               "override": override is not None,
               "config": {k: mine.config[k] for k in SCENARIO_KEYS if k in mine.config}}
     return {"model": {"predicted_s": check.predicted_s, "measured_s": check.measured_s, "error": check.error,

@@ -40,7 +40,7 @@ def _base_scenario(data: dict, cell: str):
     record = RunRecord("sync", inputs["config"], "sync", inputs["nodes"], inputs["grad_bytes"],
                        (run["model"]["measured_s"],), (inputs["compute_s"],), (inputs["update_s"],),
                        (inputs.get("buffers_s", 0.0),), (inputs.get("host_s", 0.0),))
-    return replace(scenario_for(record, cal), ring_anchor_s=0.0)
+    return scenario_for(record, cal).with_changes(ring_anchor_s=0.0)
 
 
 def _speedups(scenario) -> dict[str, float]:
@@ -48,7 +48,7 @@ def _speedups(scenario) -> dict[str, float]:
     from timing_model.predict import predict
 
     out = {}
-    own = replace(scenario, slowdown=0.0, comm_slowdown=0.0, lockstep_s=0.0)  # nothing contends for a core
+    own = scenario.with_changes(slowdown=0.0, comm_slowdown=0.0, lockstep_s=0.0)  # nothing contends for a core
     for host, s in (("shared", scenario), ("own", own)):
         pipe = predict(replace(s, width=2), ("pipe",)).result("pipe").iteration_s
         out[host] = predict(s, ("sync",)).result("sync").iteration_s / pipe

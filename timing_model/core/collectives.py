@@ -1,7 +1,7 @@
 """α-β-γ cost formulas of collective operations, plus the bandwidth and latency rules of thumb built on them.
 
-This module and ``formulas.py`` are the only places that use the paper's symbols; everything else
-passes named, SI-unit dataclass fields. Symbol table:
+With ``equations`` (and the empirical terms' formulas, ``timing_model.empirical``) the only places that use the
+paper's symbols; everything else passes named, SI-unit dataclass fields. Symbol table:
 
 ====  =====================================================================
 p     number of workers (ranks) taking part in the collective

@@ -1,13 +1,14 @@
-"""The calibration's host terms: from raw probe timings to κ, κc, the lockstep term and the copy rate
-(``fitting.host_record`` calls these; λ comes from ``formulas.window_loss``), and from a calibration's ``host``
-record to the model's inputs (``host_terms``). Pure: no torch.
+"""The calibration's host terms: from raw probe timings to the compute and communication slow-downs (κ, κc), the
+lockstep term, the copy rate and the server's service time (``fitting.host_record`` calls these; the window loss λ
+comes from ``overlap.window_loss``), and from a calibration's ``host`` record to the model's inputs
+(``host_terms``). Pure: no torch.
 """
 from __future__ import annotations
 
 import math
 import statistics
 
-from .formulas import closed_queue_response
+from .server import closed_queue_response
 
 __all__ = ["slowdown_from_timings", "lockstep_from_timings", "copy_rate_from_timings", "service_from_timings",
            "ps_service_terms", "host_terms"]
@@ -28,10 +29,9 @@ def lockstep_from_timings(excess_s: float, ring_alone_s: float) -> float:
     """L = E − A: what a synchronous step of the lockstep probe (the model's forward + backward on every rank, then
     the blocking all-reduce) took beyond its slowest compute, E (the median over steps of the period less that
     step's slowest compute), and beyond the all-reduce timed alone, A. Signed: on a tc-tbf shaped link the token
-    bucket refills while the ranks compute, so the all-reduce after compute can beat the back-to-back one (the
-    comparison grid at 100 Mbit/s: LeNet −1.8 ms, ResNet-20 −3.8 ms), and a step then takes less than the two
-    apart; on shared cores the ranks leave the collective at staggered times and contend for cores, and it takes
-    more (LeNet +1.1 to +2.4 ms on fast links)."""
+    bucket refills while the ranks compute, so the all-reduce after compute can beat the back-to-back one, and a
+    step then takes less than the two apart; on shared cores the ranks leave the collective at staggered times and
+    contend for cores, and it takes more (experiments/RESULTS.md, issue 37)."""
     if ring_alone_s < 0 or not all(map(math.isfinite, (excess_s, ring_alone_s))):
         raise ValueError("lockstep timings must be finite and the all-reduce alone >= 0")
     return excess_s - ring_alone_s
@@ -45,7 +45,7 @@ def copy_rate_from_timings(sizes_bytes: list[float], seconds: list[float]) -> fl
 
 
 def service_from_timings(workers: int, think_s: float, response_s: float) -> float:
-    """The server's seconds per request s that makes the queue of ``formulas.closed_queue_response`` answer
+    """The server's seconds per request s that makes the queue of ``server.closed_queue_response`` answer
     ``workers`` workers, each thinking ``think_s`` between requests, in ``response_s`` on average: the response
     grows with s from 0 (s = 0) to at least s, so s lies in [0, response_s]; bisection to 1e-9 relative."""
     if workers < 1 or not all(map(math.isfinite, (think_s, response_s))) or think_s < 0 or response_s < 0:
@@ -78,8 +78,8 @@ def _lockstep(host: dict, ring_alone_s: float) -> float:
     before the term was signed stored it floored at 0), else the stored ``lockstep_s``. With ``ring_alone_s`` > 0
     (the anchor that the prediction adds, ``Calibration.ring_anchor_s``) the excess is taken beyond that, not beyond
     the probe's own all-reduce alone: then the model, given the probe's compute, gives the probe's period exactly.
-    Why: the two timings of one all-reduce alone differ by more than the term on short steps (LeNet at 1 Gbit/s,
-    one calibration: 8.0 ms on the probe's thread, 5.1 ms in the interference probe, the anchor)."""
+    Why: two timings of one all-reduce alone (on the probe's thread, and the anchor's) can differ by more than the
+    term on short steps (experiments/RESULTS.md, issue 37)."""
     record = host.get("lockstep") or {}
     if isinstance(record, dict) and record.get("excess_s") is not None and record.get("ring_alone_s") is not None:
         return lockstep_from_timings(float(record["excess_s"]), ring_alone_s or float(record["ring_alone_s"]))
@@ -125,8 +125,8 @@ def host_terms(host: dict, compression: str = "none", ring_alone_s: float = 0.0,
             "comm_slowdown": float(comm or 0.0),
             "window_loss": None if loss is None else float(loss),
             "lockstep_s": _lockstep(host, ring_alone_s),
-            # the DDP step beyond its compute alone: beyond the lockstep probe's compute instead, the held-out
-            # sitting v8 erred further (ddp median |error| 12.3 % against 10.4 %; experiments/RESULTS.md)
+            # the DDP step beyond its compute alone, not beyond the lockstep probe's compute: the held-out
+            # sitting v8 chose between the two (experiments/RESULTS.md)
             "ddp_step_s": float(ddp.get("period_s") or 0.0), "ddp_compute_s": float(ddp.get("compute_s") or 0.0),
             "copy_Bps": math.inf if not copy else float(copy),
             "handoff_s": float(host.get("handoff_s") or 0.0),
