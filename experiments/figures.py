@@ -66,7 +66,7 @@ FIGURES = {
     "comparison_accuracy": ("comparison/runs.json",
                             lambda d: _comparison_panels(d, ["resnet20-100mbit", "lenet-100mbit"],
                                                                    "plot_accuracy_vs_wall")),
-    "model_scatter": ("comparison-v2/runs.json", _model_scatter),
+    "model_scatter": ("fidelity/sitting-a.json", _model_scatter),
     "accuracy_widths": ("accuracy/accuracy.json", lambda d: _accuracy(d, "widths")),
     "accuracy_codecs": ("accuracy/accuracy.json", lambda d: _accuracy(d, "codecs")),
     "timeline": ("timeline/timeline.json", _timeline),

@@ -2,8 +2,8 @@
 sittings of the grid (two runs.json of ``experiments.harness.comparison``), their relative difference, and beside it
 each sitting's timing-model error, per workload and over all runs::
 
-    python -m experiments.harness.repeatability experiments/results/comparison-v5/runs.json \\
-        experiments/results/comparison-v6/runs.json [--all]
+    python -m experiments.harness.repeatability experiments/results/fidelity/sitting-a.json \\
+        experiments/results/fidelity/sitting-b.json [--all]
 
 Why: each cell's calibration and runs share one sitting, so the model's error holds the machine's drift within
 a sitting and the model's own; the spread of the same runs between sittings shows how large the drift of a shared

@@ -6,7 +6,7 @@ run's config) and each cell's calibration. That is enough to predict the run aga
 without the raw metrics (which stay on the machine that ran the grid), so a model change can be shown on every
 committed grid, old predictions beside new::
 
-    python -m experiments.harness.repredict experiments/results/comparison-v3/runs.json [--all]
+    python -m experiments.harness.repredict experiments/results/comparison/runs.json [--all]
 
 prints the runs whose error moved (every run with ``--all``) and the error summary before and after.
 ``--rescore`` under ``experiments/comparison.py`` re-makes the records themselves from the raw metrics.
