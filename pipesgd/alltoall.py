@@ -43,12 +43,10 @@ def alltoall_allreduce_(
     op: str = "mean",
     residual: torch.Tensor | None = None,
 ) -> RingReport:
-    """All-reduce the contiguous 1-D ``flat`` (fp32/fp64) in place; returns what it sent and how long it took.
-
-    ``residual``: this rank's error-feedback buffer for ``flat`` (``ErrorFeedback.residual``), or None."""
-    start = time.perf_counter()
-    report = RingReport()
+    """``ring_allreduce_``'s contract (``flat`` reduced in place, ``residual`` this rank's error-feedback buffer or
+    None, a ``RingReport`` back), in the two collectives of the module doc."""
     p, r = topology.size, topology.rank
+    start, report = time.perf_counter(), RingReport()
     # Deferred: the error of each encode is booked while the collective that carries it is on the wire.
     encoder = open_encoder(compressor, flat, residual, mean_over=p if op == "mean" else 1, deferred=True)
     encoder.fold_(flat, 0)  # last call's residuals (worker's and owner's) travel in this one
