@@ -27,7 +27,7 @@ from torch import nn
 
 from pipesgd.alltoall import alltoall_allreduce_
 from pipesgd.atomic import write_text_atomic
-from pipesgd.bench.provenance import provenance, write_result
+from pipesgd.bench.provenance import markdown_header, provenance, write_result
 from pipesgd.compression import ErrorFeedback, build
 from pipesgd.launch import run_on_ranks
 from pipesgd.ring import RingTopology, ring_allreduce_
@@ -149,9 +149,8 @@ def main() -> None:
     print(table)
     origin = provenance()
     os.makedirs(args.out, exist_ok=True)
-    header = (f"# Reduction error: ring vs alltoall\n\n- command: `{origin['command']}`\n- date: {origin['date']}\n"
-              f"- machine: {origin['machine']}\n- commit: {origin['commit']}\n"
-              f"- loopback gloo, one thread per rank, every rank on this machine's {os.cpu_count()} cores\n\n")
+    header = (markdown_header("Reduction error: ring vs alltoall", origin)
+              + f"- loopback gloo, one thread per rank, every rank on this machine's {os.cpu_count()} cores\n\n")
     write_text_atomic(os.path.join(args.out, "reduction_error.md"), header + table + "\n")
     write_result(os.path.join(args.out, "reduction_error.json"), {"settings": settings, "ranks": ranks,
                                                                   "records": records}, origin)
