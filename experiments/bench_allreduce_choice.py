@@ -67,6 +67,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per algorithm and round")
     parser.add_argument("--out", default="experiments/results/allreduce_choice")
     args = parser.parse_args()
+    origin = provenance()  # before the runs: the code they run, not what the tree holds when they end
     lines = [f"ring vs alltoall, loopback gloo, one thread per rank on {os.cpu_count()} cores; median over "
              f"{args.rounds} rounds of the slowest rank's median over {args.repeats} calls, error feedback on", "",
              "| p | MiB | codec | ring ms | alltoall ms | alltoall / ring |", "|---|---|---|---|---|---|"]
@@ -80,7 +81,7 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     os.makedirs(args.out, exist_ok=True)
-    header = markdown_header("Which compressed all-reduce: ring vs alltoall time", provenance())
+    header = markdown_header("Which compressed all-reduce: ring vs alltoall time", origin)
     write_text_atomic(os.path.join(args.out, "allreduce_choice.md"), header + "\n" + table + "\n")
 
 

@@ -135,6 +135,7 @@ def main() -> None:
     parser.add_argument("--codecs", default="q8,q4,sign")
     parser.add_argument("--out", default="experiments/results/reduction_error")
     args = parser.parse_args()
+    origin = provenance()  # before the runs: the code they run, not what the tree holds when they end
     ranks = [int(p) for p in args.ranks.split(",")]
     settings = {"numel": args.numel, "steps": args.steps, "codecs": args.codecs.split(",")}
     records = []
@@ -147,7 +148,6 @@ def main() -> None:
             print(f"[bench_reduction_error] p = {world} done", flush=True)
     table = tables(records, ranks, args.steps)
     print(table)
-    origin = provenance()
     os.makedirs(args.out, exist_ok=True)
     header = (markdown_header("Reduction error: ring vs alltoall", origin)
               + f"- loopback gloo, one thread per rank, every rank on this machine's {os.cpu_count()} cores\n\n")
