@@ -21,8 +21,8 @@ QUANT_BLOCK_SIZE = 4096
 # (pipesgd.alltoall); "backend": the backend's own all_reduce, which cannot compress. "auto": the backend's for a
 # lossless codec (its C++ ring has no per-hop Python round trip, which dominates small buckets), "alltoall" for a
 # lossy one at every p: its error is the ring's at p = 2 and below it from p = 3 on (q8: flat in p, the ring's grows),
-# and 2 collective calls instead of 2(p-1) hops made it faster on loopback in most cells
-# (experiments/bench_allreduce_choice.py; the ring's piece-wise overlap still won fp16 at 25 MiB).
+# and 2 collective calls instead of 2(p-1) hops made it 1.2-7x faster for 0.25 MiB buckets on loopback and as fast
+# or faster for 25 MiB ones, but fp16 on 2-3 ranks (experiments/results/allreduce_choice/).
 ALLREDUCE_CHOICES = ("auto", "ring", "alltoall", "backend")
 
 # p.grad as views into the flat buckets (pipesgd.bucket_sets): no copy in or out of a step; K sets of
