@@ -1,10 +1,10 @@
 """pipesgd: Pipe-SGD (NeurIPS 2018) for PyTorch — compute iteration t while iteration t-1's gradients are
 ring-all-reduced (optionally compressed on every hop) in the background.
 
-Data path: gradients -> flat buckets (``buckets``) -> codec and error feedback (``compression``) -> ring on the
-background worker (``ring``, ``topology``; ``exchange`` runs one step's buckets on a ``channel``) -> which
-step is due (``pipeline``) -> delayed apply (``optimizer.PipeSGD``, options in ``options``) -> the wrapped
-torch optimizer. Every way of averaging gradients satisfies ``wrapper.OptimizerWrapper``.
+Data path: gradients -> flat buckets (``buckets``) -> codec and error feedback (``compression``) -> ring or
+all-to-all all-reduce on the background worker (``ring``, ``alltoall``, ``topology``; ``exchange`` runs one step's
+buckets on a ``channel``) -> which step is due (``pipeline``) -> delayed apply (``optimizer.PipeSGD``, options in
+``options``) -> the wrapped torch optimizer. Every way of averaging gradients satisfies ``wrapper.OptimizerWrapper``.
 
 The public names load on first use, so torch-free modules (``pipesgd.defaults``, ``pipesgd.runlog.run_files``)
 can be imported by the analytic timing model without loading torch.
@@ -24,6 +24,7 @@ _EXPORTS = {
     "PipeSGD": "pipesgd.optimizer",
     "NonFiniteGradientError": "pipesgd.optimizer",
     "ring_allreduce": "pipesgd.comm.ring",
+    "alltoall_allreduce": "pipesgd.comm.alltoall",
     "StepStats": "pipesgd.accounting",
     "Work": "pipesgd.comm.handles",
     "CompletedWork": "pipesgd.comm.handles",
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from pipesgd.grads.replica_check import ReplicaDivergenceError
     from pipesgd.wrapper import OptimizerWrapper
     from pipesgd.comm.ring import ring_allreduce
+    from pipesgd.comm.alltoall import alltoall_allreduce
 
 
 def __getattr__(name: str) -> Any:

@@ -8,25 +8,23 @@ Each ``step()``:
           stream too) and its handle to the pipeline (``pipeline``).
   Step 3: make the module buffers identical across ranks (``buffers``: forward t+1 sees them; under a delayed
           buffer mode a snapshot rode step t's job instead and is written back when step t is applied).
-  Step 4: if the pipeline says a step is due (K in flight, 1 during warm-up), wait for it, write its averaged
-          gradient into ``p.grad`` (views into its set, or a copy; unscaled with its own step's loss scale under ``amp``), clip it
-          (``clipping``) and run the wrapped optimizer on it (a non-finite one raises or is skipped).
+  Step 4: if the pipeline says a step is due (K in flight, 1 during warm-up), wait for it, write its averaged gradient
+          into ``p.grad`` (views into its set, or a copy; unscaled with its own step's loss scale under ``amp``), clip
+          it (``clipping``) and run the wrapped optimizer on it (a non-finite one raises or is skipped).
 So ``w_{t+1} = w_t - lr * mean_i(g^i_{t-K+1})``: K = 1 is synchronous AllReduce SGD, K = 2 is Pipe-SGD.
 Every gradient is applied exactly once: during the K-1 steps after warm-up the pipeline fills and
 ``step()`` applies nothing; ``flush()`` applies the last K-1 at the end.
 
-Data path, one module per stage: ``buckets`` (pack) -> ``compression`` (codec; error feedback) -> ``ring`` over
-``topology``, run per step by ``exchange`` on the ``channel``'s worker -> ``pipeline`` (which step is due)
--> this wrapper (apply) -> the wrapped torch optimizer. ``options`` validates what the wrapper is asked.
-Every ring job carries an agreement on which ranks still train (``uneven``; posted beside the ring, read after
+Data path, one module per stage: ``buckets`` (pack) -> ``compression`` (codec; error feedback) -> ``ring`` or
+``alltoall`` over ``topology``, run per step by ``exchange`` on the ``channel``'s worker -> ``pipeline`` (which step
+is due) -> this wrapper (apply) -> the wrapped torch optimizer. ``options`` validates what the wrapper is asked.
+Every job carries an agreement on which ranks still train (``uneven``; posted beside the all-reduce, read after
 it), so uneven data ends in an error naming the rank that ran out instead of a hang.
 
-Gradient accumulation (DDP's ``no_sync()``): call ``backward()`` several times, then ``step()`` once; the
-gradients accumulated in ``p.grad`` are what is handed off, so nothing is sent in between (scale the loss
-by 1/N for the mean, as DDP users do).
+Gradient accumulation (DDP's ``no_sync()``): call ``backward()`` several times, then ``step()`` once; the gradients
+accumulated in ``p.grad`` are handed off, so nothing is sent in between (scale the loss by 1/N, as DDP users do).
 
-Warm-up default (``pipesgd.defaults.WARMUP_STEPS``): a few synchronous steps first, where staleness hurts
-most; pass 0 for a pure pipeline from the first step. Options are validated by ``PipeSGDOptions``.
+Warm-up (``pipesgd.defaults.WARMUP_STEPS``): a few synchronous steps first, where staleness hurts most; 0: none.
 """
 from __future__ import annotations
 
@@ -171,7 +169,7 @@ class PipeSGD:
 
     @property
     def allreduce(self) -> str:
-        """The all-reduce that runs the buckets, "ring" or "backend" ("auto" resolved)."""
+        """The all-reduce that runs the buckets, "ring", "alltoall" or "backend" ("auto" resolved)."""
         return self._exchange.allreduce
 
     @property

@@ -111,5 +111,5 @@ class PipeSGDOptions:
         return build(self.compression, rank=rank, **self.compression_options)
 
     def allreduce_for(self, compressor: Compressor) -> str:
-        """"ring" or "backend": which all-reduce runs a bucket with ``compressor`` (pipesgd.defaults)."""
+        """"ring", "alltoall" or "backend": which all-reduce runs a bucket with ``compressor`` (pipesgd.defaults)."""
         return resolve_allreduce(self.allreduce, compressor.lossless)

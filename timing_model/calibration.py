@@ -320,7 +320,9 @@ class Calibration:
         """Our ring serves sync and pipe with a codec on every hop; the backend's all_reduce serves
         uncompressed sync and pipe (PipeSGD's default fast path, ``allreduce="auto"``), ddp and the
         parameter server."""
-        ours = mode in ("sync", "pipe") and resolve_allreduce("auto", lossless=compression == "none") == "ring"
+        # Our ring's fit also stands in for our all-to-all all-reduce (what "auto" runs for a codec) until the model
+        # knows the latter's cost.
+        ours = mode in ("sync", "pipe") and resolve_allreduce("auto", lossless=compression == "none") != "backend"
         order = ("ring", "backend") if ours else ("backend", "ring")
         for name in order:
             if name in self.fits:

@@ -16,7 +16,7 @@ import sys
 
 from pipesgd.runlog.atomic import write_text_atomic
 
-__all__ = ["RESULTS_SUBDIR", "provenance", "write_result", "read_result", "find_results"]
+__all__ = ["RESULTS_SUBDIR", "provenance", "markdown_header", "write_result", "read_result", "find_results"]
 
 RESULTS_SUBDIR = os.path.join("experiments", "results")
 
@@ -77,6 +77,13 @@ def provenance(command: list[str] | None = None) -> dict:
     return {"command": shlex.join(argv),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "machine": _machine(), "commit": _commit()}
+
+
+def markdown_header(title: str, origin: dict) -> str:
+    """The top of a committed markdown result: ``title`` and where it comes from (``provenance()``)."""
+    machine = ", ".join(f"{key} {value}" for key, value in origin["machine"].items())
+    return (f"# {title}\n\n- command: `{origin['command']}`\n- date: {origin['date']}\n- machine: {machine}\n"
+            f"- commit: {origin['commit']}\n")
 
 
 def write_result(path: str, data: dict, origin: dict | None = None) -> None:

@@ -1,7 +1,7 @@
 """One step's gradient exchange, as the background worker runs it: every bucket all-reduced to its mean
-(our ring with the codec on every hop, or the backend's all_reduce), then the checks the caller must not
-synchronise for (finiteness, the error-feedback residual norm). A residual that a non-finite gradient made
-non-finite is zeroed here, on the worker, before the next step's ring can fold it in.
+(our ring with the codec on every hop, our two-collective all-to-all all-reduce, or the backend's all_reduce),
+then the checks the caller must not synchronise for (finiteness, the error-feedback residual norm). A residual
+that a non-finite gradient made non-finite is zeroed here, on the worker, before the next step's ring can fold it in.
 """
 from __future__ import annotations
 
@@ -11,10 +11,14 @@ from dataclasses import dataclass
 import torch
 
 from pipesgd.runlog import phases
+from pipesgd.comm.alltoall import alltoall_allreduce_
 from pipesgd.compression import Compressor, ErrorFeedback
 from pipesgd.grads.finite import all_finite
 from pipesgd.comm.ring import RingReport, backend_allreduce_, ring_allreduce_
 from pipesgd.comm.topology import RingTopology
+
+# The all-reduces that take a codec, by their ``allreduce`` name (pipesgd.defaults.ALLREDUCE_CHOICES).
+_COMPRESSED = {"ring": ring_allreduce_, "alltoall": alltoall_allreduce_}
 
 
 @dataclass(slots=True)
@@ -43,8 +47,8 @@ class GradientExchange:
         allreduce: str,
         feedback: ErrorFeedback | None = None,
     ) -> None:
-        if allreduce not in ("ring", "backend"):
-            raise ValueError(f"allreduce must be 'ring' or 'backend' once resolved, got {allreduce!r}")
+        if allreduce not in (*_COMPRESSED, "backend"):
+            raise ValueError(f"allreduce must be one of {(*_COMPRESSED, 'backend')} once resolved, got {allreduce!r}")
         self.topology = topology
         self.compressor = compressor
         self.allreduce = allreduce
@@ -57,7 +61,7 @@ class GradientExchange:
                 report.add(backend_allreduce_(flat, self.topology, "mean"))
                 continue
             residual = self.feedback.residual(index, flat) if self.feedback is not None else None
-            report.add(ring_allreduce_(flat, self.compressor, self.topology, "mean", residual))
+            report.add(_COMPRESSED[self.allreduce](flat, self.compressor, self.topology, "mean", residual))
         with phases.timed("finite_check"):
             finite = all(all_finite(flat) for flat in buffers)
         norm = None

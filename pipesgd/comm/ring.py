@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -40,6 +41,7 @@ __all__ = [
     "pieces",
     "ring_allreduce",
     "ring_allreduce_",
+    "run_allreduce",
 ]
 
 
@@ -217,18 +219,32 @@ def ring_allreduce(
     every rank must issue them in. Until ``wait()`` returns, do not touch ``tensor`` nor issue other
     collectives on ``group`` from this thread (they could interleave with the worker's hops).
     """
+    return run_allreduce(ring_allreduce_, "ring_allreduce", tensor, compression, op, group, async_op)
+
+
+def run_allreduce(
+    algorithm: Callable[[torch.Tensor, Compressor, RingTopology, str], RingReport],
+    caller: str,
+    tensor: torch.Tensor,
+    compression: str | Compressor,
+    op: str,
+    group: dist.ProcessGroup | None,
+    async_op: bool,
+) -> torch.Tensor | Work[torch.Tensor]:
+    """A public all-reduce entry point (``ring_allreduce``, ``pipesgd.comm.alltoall.alltoall_allreduce``): checks its
+    arguments, runs ``algorithm`` on a flat working copy (or the tensor itself) now or on the group's channel."""
     if op not in ("mean", "sum"):
         raise ValueError(f"op must be 'mean' or 'sum', got {op!r}")
     if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"ring_allreduce needs a torch.Tensor, got {type(tensor).__name__}")
+        raise TypeError(f"{caller} needs a torch.Tensor, got {type(tensor).__name__}")
     dtype = working_dtype(tensor.dtype)
     compressor = resolve_compressor(compression)
-    group = require_group(group, "ring_allreduce")
+    group = require_group(group, caller)
 
     def run(topology: RingTopology) -> torch.Tensor:
         in_place = tensor.is_contiguous() and tensor.dtype == dtype
         work = tensor.detach().view(-1) if in_place else tensor.detach().reshape(-1).to(dtype).contiguous()
-        ring_allreduce_(work, compressor, topology, op)
+        algorithm(work, compressor, topology, op)
         if not in_place:
             tensor.copy_(work.view(tensor.shape))
         return tensor

@@ -1,6 +1,6 @@
 """Who a rank sends to and receives from in a ring over one process group, and how one hop's bytes cross
 the wire: receives posted first on gloo, send/recv pairs batched on NCCL, gloo+CUDA staged through pinned host
-buffers that are reused from call to call.
+buffers that are reused from call to call (``wire_buffer`` lends such buffers to whole-group collectives too).
 """
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ class RingTopology:
     def __init__(self, group: dist.ProcessGroup | None, batched: bool | None = None) -> None:
         self.group = group
         self._scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+        self._wire: dict[tuple[str, torch.device], torch.Tensor] = {}
         self._staging = HostStaging()
         if group is None or not dist.is_initialized():
             self.rank, self.size = 0, 1
@@ -69,6 +70,22 @@ class RingTopology:
         if buf is None or buf.numel() < numel:
             buf = self._scratch[key] = torch.empty(numel, dtype=dtype, device=device)
         return buf[:numel]
+
+    def wire_buffer(self, name: str, n_bytes: int, device: torch.device) -> torch.Tensor:
+        """A uint8 buffer that a collective reads or writes, one per ``name``, reused from call to call (grown on
+        demand): in pinned host memory when gloo carries CUDA tensors (gloo reads host memory), else on ``device``.
+        ``stages(device)`` says which; a buffer is reused only after the collective that used it was waited for."""
+        if self.stages(device):
+            return self._staging.slot(name, 0, n_bytes, torch.uint8)
+        key = (name, device)
+        buf = self._wire.get(key)
+        if buf is None or buf.numel() < n_bytes:
+            buf = self._wire[key] = torch.empty(n_bytes, dtype=torch.uint8, device=device)
+        return buf[:n_bytes]
+
+    def stages(self, device: torch.device) -> bool:
+        """Whether bytes for tensors on ``device`` travel through host buffers (gloo with CUDA tensors)."""
+        return self._stage_on_host and device.type == "cuda"
 
     def exchange_pieces(
         self,
