@@ -20,10 +20,10 @@ import tempfile
 import torch
 import torch.distributed as dist
 
-from pipesgd.comm.alltoall import alltoall_allreduce_
-from pipesgd.runlog.atomic import write_text_atomic
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
 
+from pipesgd.comm.alltoall import alltoall_allreduce_
+from pipesgd.runlog.atomic import write_text_atomic
 from experiments.harness.provenance import markdown_header, provenance
 from pipesgd.compression import ErrorFeedback, build
 from pipesgd.launch import run_on_ranks
