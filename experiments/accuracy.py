@@ -1,5 +1,6 @@
 """Accuracy under staleness and compression (issue 12, item 3): final accuracy and loss curves of pipesgd-train
-runs on 4 local gloo ranks, per pipeline width and per codec, over several seeds. Logic in pipesgd/bench/accuracy.py.
+runs on 4 local gloo ranks, per pipeline width and per codec, over several seeds.
+Logic in experiments/harness/accuracy.py.
 
     python experiments/accuracy.py --config experiments/configs/accuracy.toml            # full study, ~25 min
     python experiments/accuracy.py --config experiments/configs/accuracy.toml --resume   # skip runs already done
@@ -13,8 +14,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pipesgd.bench.accuracy import load_config, run_study, summary_markdown  # noqa: E402
-from pipesgd.bench.one_line import OneLineParser  # noqa: E402
+from experiments.harness.accuracy import load_config, run_study, summary_markdown  # noqa: E402
+from experiments.harness.one_line import OneLineParser  # noqa: E402
 
 
 def _list(kind):

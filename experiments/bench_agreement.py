@@ -5,7 +5,8 @@ default) against ``check_uneven=False`` on the same job, interleaved over rounds
     python experiments/bench_agreement.py --loopback --rounds 2 --steps 5     # 4 local ranks, no root
 
 One process per node (one thread each), the 1.9 M-parameter MLP of ``bench_pipeline.py`` by default. The logic is
-in ``pipesgd/bench/agreement.py``. Writes ``<label>.jsonl`` (one record per variant) and ``<label>.md`` under --out,
+in ``experiments/harness/agreement.py``. Writes ``<label>.jsonl`` (one record per variant) and ``<label>.md`` under
+--out,
 and prints the table.
 """
 from __future__ import annotations
@@ -15,11 +16,13 @@ import os
 import sys
 import time
 
-from pipesgd.atomic import write_text_atomic
-from pipesgd.bench.agreement import AgreementSettings, markdown, run, settings_json
-from pipesgd.bench.one_line import OneLineParser, known_names
-from pipesgd.bench.pipeline import VARIANTS, WORKLOADS
-from pipesgd.bench.rank_launch import LaunchError, launch_ranks
+from pipesgd.runlog.atomic import write_text_atomic
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
+
+from experiments.harness.agreement import AgreementSettings, markdown, run, settings_json
+from experiments.harness.one_line import OneLineParser, known_names
+from experiments.harness.pipeline import VARIANTS, WORKLOADS
+from experiments.harness.rank_launch import LaunchError, launch_ranks
 from pipesgd.bandwidth import parse_bandwidth_bps
 
 
@@ -52,7 +55,8 @@ def main() -> int:
     write_text_atomic(records_path, "")
     start = time.perf_counter()
     try:
-        where_text = launch_ranks("pipesgd.bench.agreement", settings_json(settings), lambda: run(settings, args.nodes),
+        where_text = launch_ranks("experiments.harness.agreement", settings_json(settings),
+                                  lambda: run(settings, args.nodes),
                                   nodes=args.nodes, bandwidth=None if args.loopback else args.bandwidth,
                                   bandwidth_bps=bandwidth_bps, cluster_name="psgd-agree", timeout_s=args.timeout)
     except LaunchError as error:

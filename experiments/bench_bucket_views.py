@@ -9,6 +9,8 @@ outside them after the run, against DDP (1 x the gradient bytes with its gradien
 """
 from __future__ import annotations
 
+import sys
+import os
 import argparse
 import statistics
 import time
@@ -17,8 +19,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from pipesgd.bench.one_line import known_names
-from pipesgd.bench.pipeline import WORKLOADS
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
+
+from experiments.harness.one_line import known_names
+from experiments.harness.pipeline import WORKLOADS
 from pipesgd.optimizer import PipeSGD
 from pipesgd.train.models import build_mlp
 

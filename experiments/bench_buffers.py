@@ -17,11 +17,11 @@ import os
 import statistics
 import sys
 
-from pipesgd.buffers import BUFFER_MODES
+from pipesgd.grads.buffers import BUFFER_MODES
 from pipesgd.cluster.cluster import Cluster
 from pipesgd.cluster.netns import ClusterError
 from pipesgd.cluster.units import parse_link
-from pipesgd.results import load_run
+from pipesgd.runlog.results import load_run
 
 MODE_FLAGS = {"sync": ["--mode", "sync"], "pipe": ["--mode", "pipe", "--width", "2"]}
 

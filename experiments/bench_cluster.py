@@ -19,13 +19,15 @@ import os
 import sys
 import tempfile
 
-from pipesgd.atomic import write_text_atomic
-from pipesgd.bench.speed import run_variant, speed_table
-from pipesgd.bench.variants import ACCURACY_VARIANTS, SPEED_VARIANTS
+from pipesgd.runlog.atomic import write_text_atomic
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
+
+from experiments.harness.speed import run_variant, speed_table
+from experiments.harness.variants import ACCURACY_VARIANTS, SPEED_VARIANTS
 from pipesgd.cluster.cluster import Cluster
 from pipesgd.cluster.netns import ClusterError
 from pipesgd.bandwidth import parse_bandwidth_bps
-from pipesgd.results import load_run
+from pipesgd.runlog.results import load_run
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -7,7 +7,7 @@ implementation timed twice: its ratio shows the noise), in one process with one 
 
 Each repeat times new and old back to back, in alternating order; the table shows medians and new / old.
 6.3 MB is one ring chunk of the 6.3 M-parameter MLP over 4 ranks, and 1.05 MB one of the six pieces the ring encodes
-it in (``pipesgd.ring.piece_bounds``), which is what a codec sees there.
+it in (``pipesgd.comm.ring.piece_bounds``), which is what a codec sees there.
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import torch
 
 # The old codecs live in this checkout's tests/; the new ones must come from the same checkout, wherever it runs from.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from pipesgd.bench.codec_ab import CodecPair, markdown, measure_ab  # noqa: E402
-from pipesgd.bench.one_line import OneLineParser  # noqa: E402
+from experiments.harness.codec_ab import CodecPair, markdown, measure_ab  # noqa: E402
+from experiments.harness.one_line import OneLineParser  # noqa: E402
 from pipesgd.compression import build  # noqa: E402
 
 _UNITS = {"": 1, "B": 1, "KB": 1_000, "MB": 1_000_000, "GB": 1_000_000_000, "KIB": 1 << 10, "MIB": 1 << 20,

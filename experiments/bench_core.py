@@ -20,7 +20,7 @@ from pipesgd.compression import build
 from pipesgd.compression.throughput import measure_codec_gbps
 from pipesgd.launch import run_on_ranks
 from pipesgd.measure import time_collective
-from pipesgd.ring import RingTopology, ring_allreduce_
+from pipesgd.comm.ring import RingTopology, ring_allreduce_
 from pipesgd.train.step_timer import wait_for_compute
 
 CODECS = ("none", "fp16", "bf16", "q8", "q4", "sign")

@@ -16,6 +16,7 @@ iteration less ``plain``'s. The timing model calls the part of that outside the 
 """
 from __future__ import annotations
 
+import sys
 import argparse
 import os
 import statistics
@@ -27,7 +28,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from pipesgd.bench.one_line import OneLineParser, known_names
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
+
+from experiments.harness.one_line import OneLineParser, known_names
 from pipesgd.optimizer import PipeSGD
 from pipesgd.train.models import MODELS, build_model
 

@@ -6,7 +6,7 @@ then DDP and DDP with its fp16 hook on the same job: each variant's speed-up ove
     python experiments/bench_pipeline.py --loopback --quick           # 4 local ranks, no root, a minute or two
     python experiments/bench_pipeline.py --bandwidth 200mbit --cores-per-node 4   # each node on 4 cores of its own
 
-One process per node (one thread each). The logic is in ``pipesgd/bench/pipeline.py`` (per rank) and
+One process per node (one thread each). The logic is in ``experiments/harness/pipeline.py`` (per rank) and
 ``pipeline_report.py`` (tables). Writes ``<label>.jsonl`` (one record per workload and variant), ``<label>.md``
 and ``<label>.json`` under --out, and prints the tables.
 """
@@ -18,10 +18,12 @@ import os
 import sys
 import time
 
-from pipesgd.atomic import write_text_atomic
-from pipesgd.bench.pipeline import BASELINES, VARIANTS, WORKLOADS, PipelineSettings, run, settings_json
-from pipesgd.bench.pipeline_report import markdown, read_records
-from pipesgd.bench.rank_launch import LaunchError, launch_ranks
+from pipesgd.runlog.atomic import write_text_atomic
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
+
+from experiments.harness.pipeline import BASELINES, VARIANTS, WORKLOADS, PipelineSettings, run, settings_json
+from experiments.harness.pipeline_report import markdown, read_records
+from experiments.harness.rank_launch import LaunchError, launch_ranks
 from pipesgd.bandwidth import parse_bandwidth_bps
 
 QUICK = {"workloads": ("mlp1.9m",), "steps": 4, "warmup": 2, "ring_repeats": 2}
@@ -80,7 +82,8 @@ def main() -> int:
     write_text_atomic(records_path, "")
     start = time.perf_counter()
     try:
-        where_text = launch_ranks("pipesgd.bench.pipeline", settings_json(settings), lambda: run(settings, args.nodes),
+        where_text = launch_ranks("experiments.harness.pipeline", settings_json(settings),
+                                  lambda: run(settings, args.nodes),
                                   nodes=args.nodes, bandwidth=None if args.loopback else args.bandwidth,
                                   bandwidth_bps=bandwidth_bps, cluster_name="psgd-pipe", timeout_s=args.timeout,
                                   cores_per_node=args.cores_per_node)

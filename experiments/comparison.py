@@ -12,7 +12,7 @@ the speedup tables and the timing model against every run.
 
 Per cell: cluster up and TCP throughput, one calibration (``--no-model`` skips it), one ``pipesgd-train`` run per
 variant; runs.json (committed, ``experiments/results/comparison/``) is re-written after every run, raw metrics and
-logs go under ``results/comparison/<cell>/``. See ``pipesgd/bench/comparison.py`` for the steps.
+logs go under ``results/comparison/<cell>/``. See ``experiments/harness/comparison.py`` for the steps.
 """
 from __future__ import annotations
 
@@ -22,14 +22,16 @@ import signal
 import sys
 from dataclasses import replace
 
-from pipesgd.bench.comparison import calibrate_cell, rescore, run_grid
-from pipesgd.bench.comparison_config import load_config, select
-from pipesgd.bench.comparison_report import estimate_table, report
-from pipesgd.bench.comparison_store import ResultStore, estimate_wall
-from pipesgd.bench.loopback_cluster import LOOPBACK
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
+
+from experiments.harness.comparison import calibrate_cell, rescore, run_grid
+from experiments.harness.comparison_config import load_config, select
+from experiments.harness.comparison_report import estimate_table, report
+from experiments.harness.comparison_store import ResultStore, estimate_wall
+from experiments.harness.loopback_cluster import LOOPBACK
 from pipesgd.cluster.netns import ClusterError
 from timing_model.commands.calibrate import PROBES
-from pipesgd.bench.provenance import read_result
+from experiments.harness.provenance import read_result
 
 QUICK_STEPS = 20
 QUICK_OUT = os.path.join("results", "comparison-quick")

@@ -29,9 +29,11 @@ import os
 import sys
 import time
 
-from pipesgd.bench.fidelity import FidelitySettings, log, run_cell, summary, write_json_atomic
-from pipesgd.bench.fidelity_report import markdown, scatter
-from pipesgd.bench.variants import DEFAULT_FIDELITY_VARIANTS, FIDELITY_VARIANTS
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
+
+from experiments.harness.fidelity import FidelitySettings, log, run_cell, summary, write_json_atomic
+from experiments.harness.fidelity_report import markdown, scatter
+from experiments.harness.variants import DEFAULT_FIDELITY_VARIANTS, FIDELITY_VARIANTS
 from pipesgd.cluster.netns import ClusterError
 from pipesgd.bandwidth import parse_bandwidth_bps
 

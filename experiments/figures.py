@@ -13,8 +13,10 @@ import argparse
 import os
 import sys
 
-from pipesgd.atomic import write_text_atomic
-from pipesgd.bench.provenance import find_results, read_result
+from pipesgd.runlog.atomic import write_text_atomic
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
+
+from experiments.harness.provenance import find_results, read_result
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "figures")
 
@@ -23,7 +25,7 @@ def _comparison_panels(data: dict, fig_cells: list[str], panel: str):
     """One panel per cell (those of ``fig_cells`` the result has, else its first two), drawn by ``panel``."""
     import matplotlib.pyplot as plt
 
-    from pipesgd.bench import comparison_plot
+    from experiments.harness import comparison_plot
 
     draw = getattr(comparison_plot, panel)
     chosen = [c for c in fig_cells if c in comparison_plot.cells(data)] or comparison_plot.cells(data)[:2]
@@ -37,7 +39,7 @@ def _comparison_panels(data: dict, fig_cells: list[str], panel: str):
 def _model_scatter(data: dict):
     import matplotlib.pyplot as plt
 
-    from pipesgd.bench.comparison_plot import plot_model_scatter
+    from experiments.harness.comparison_plot import plot_model_scatter
 
     fig, ax = plt.subplots(figsize=(6.5, 6.5))
     plot_model_scatter(data, ax)
@@ -46,13 +48,13 @@ def _model_scatter(data: dict):
 
 
 def _accuracy(result: dict, which: str):
-    from pipesgd.bench import accuracy_plot
+    from experiments.harness import accuracy_plot
 
     return accuracy_plot.figure_widths(result) if which == "widths" else accuracy_plot.figure_codecs(result)
 
 
 def _timeline(result: dict):
-    from pipesgd.bench.timeline_plot import draw_timeline
+    from experiments.harness.timeline_plot import draw_timeline
 
     return draw_timeline(result)
 
@@ -64,7 +66,7 @@ FIGURES = {
     "comparison_accuracy": ("comparison/runs.json",
                             lambda d: _comparison_panels(d, ["resnet20-100mbit", "lenet-100mbit"],
                                                                    "plot_accuracy_vs_wall")),
-    "model_scatter": ("comparison-v2/runs.json", _model_scatter),
+    "model_scatter": ("fidelity/sitting-a.json", _model_scatter),
     "accuracy_widths": ("accuracy/accuracy.json", lambda d: _accuracy(d, "widths")),
     "accuracy_codecs": ("accuracy/accuracy.json", lambda d: _accuracy(d, "codecs")),
     "timeline": ("timeline/timeline.json", _timeline),

@@ -5,18 +5,19 @@
     torchrun --nproc-per-node 2 experiments/gpu_check.py --device cuda --backend nccl --out results/gpu-nccl2
     python experiments/gpu_check.py --device cpu --ranks 2 --hidden 32 --out /tmp/check   # CPU smoke run
 
-Checks: K = 1 against single-process SGD and K = 2 against the delayed reference (float64 reference on the
-CPU); replicas bitwise identical for every codec and with error feedback; the same results with the side
+Checks: K = 1 against single-process SGD and K = 2 against the delayed reference, plain and with look-ahead
+(float64 references on the CPU); replicas bitwise identical for every codec and with error feedback; the same results with the side
 stream and the compute stream stalled (``torch.cuda._sleep``: the stream order must hold); no host sync from
 ``step()`` on the caller's thread (``torch.cuda.set_sync_debug_mode("warn")``); codec kernels on CUDA against
 the CPU ones on random non-zero inputs; steady-state ``torch.cuda.memory_allocated()`` for DDP and PipeSGD
-K = 1, K = 2, K = 2 + error feedback, in gradient copies, and its growth over steps; a SyncBatchNorm model under K = 2
+K = 1, K = 2 plain and with look-ahead, K = 2 + error feedback, in gradient copies, and its growth over steps; a SyncBatchNorm model under K = 2
 keeps parameters and buffers identical on every rank (issue 10; GPU only).
 Writes ``gpu_check.md`` and ``gpu_check.json`` under ``--out``; exits 1 if a check fails.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -34,7 +35,7 @@ from gpu_common import check_backend, device_name, launch, markdown, rank_device
 
 from pipesgd import PipeSGD  # noqa: E402
 from pipesgd.compression import build  # noqa: E402
-from pipesgd.exchange import GradientExchange  # noqa: E402
+from pipesgd.comm.exchange import GradientExchange  # noqa: E402
 
 LOSSY = [("fp16", False), ("bf16", False), ("q8", False), ("q4", False), ("q8", True), ("sign", True)]
 EXACT_RTOL = 1e-4  # float32 on the device against a float64 reference on the CPU
@@ -57,18 +58,26 @@ def flat(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).double().cpu() for p in model.parameters()])
 
 
-def reference(world: int, width: int, steps: int, hidden: int) -> torch.Tensor:
-    """Single process, float64: the mean over ranks of each step's gradient, applied K-1 steps late."""
+def reference(world: int, width: int, steps: int, hidden: int, staleness: str = "none") -> torch.Tensor:
+    """Single process, float64: the mean over ranks of each step's gradient, applied K-1 steps late; with
+    ``staleness="lookahead"`` each rank's gradient is taken at the weights its own gradients of the steps in
+    flight lead to (a copy of the model stepped by a copy of the optimizer)."""
     model = make_model(hidden, torch.float64)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    grads = []
+    grads, local = [], {}
     for t in range(steps):
         per_rank = []
         for rank in range(world):
-            model.zero_grad()
+            ahead, ahead_opt = copy.deepcopy((model, opt))
+            for s in range(max(0, t - width + 1), t) if staleness == "lookahead" else ():
+                for p, g in zip(ahead.parameters(), local[(rank, s)]):
+                    p.grad = g.clone()
+                ahead_opt.step()
+            ahead.zero_grad()
             x, y = batch(t, rank, torch.float64)
-            nn.functional.mse_loss(model(x), y).backward()
-            per_rank.append([p.grad.clone() for p in model.parameters()])
+            nn.functional.mse_loss(ahead(x), y).backward()
+            local[(rank, t)] = [p.grad.clone() for p in ahead.parameters()]
+            per_rank.append(local[(rank, t)])
         grads.append([torch.stack(g).mean(0) for g in zip(*per_rank)])
         due = [t - width + 1] if t >= width - 1 else []
         for s in due + ([s for s in range(steps - width + 1, steps)] if t == steps - 1 else []):
@@ -79,12 +88,12 @@ def reference(world: int, width: int, steps: int, hidden: int) -> torch.Tensor:
 
 
 def train(rank: int, device: torch.device, hidden: int, steps: int, width: int, compression: str = "none",
-          feedback: bool = False, stall_compute: bool = False, count_syncs: bool = False):
+          feedback: bool = False, stall_compute: bool = False, count_syncs: bool = False, staleness: str = "lookahead"):
     """Final weights (float64, CPU) after ``steps`` steps and a flush; with ``count_syncs`` also where ``step()``
     synchronised on the calling thread (one ``file:line`` per sync warning)."""
     model = make_model(hidden).to(device)
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, width=width, warmup_steps=0,
-                  compression=compression, error_feedback=feedback, staleness="none")  # reference: plain delay
+                  compression=compression, error_feedback=feedback, staleness=staleness)
     main_thread_syncs: list[str] = []
     for t in range(steps):
         x, y = (v.to(device) for v in batch(t, rank))
@@ -149,13 +158,14 @@ def row(check: str, detail: str, value: str, ok: bool | None) -> dict:
 
 def check_training(rank: int, world: int, device: torch.device, args) -> list[dict]:
     rows = []
-    for width in (1, 2):
-        want = reference(world, width, args.steps, args.hidden)
-        got, _ = train(rank, device, args.hidden, args.steps, width)
+    for width, staleness in ((1, "none"), (2, "none"), (2, "lookahead")):
+        want = reference(world, width, args.steps, args.hidden, staleness)
+        got, _ = train(rank, device, args.hidden, args.steps, width, staleness=staleness)
         err = rel_error(got, want)
-        rows.append(row(f"K = {width} vs reference", "none, float64 reference on CPU", f"rel err {err:.1e}",
+        check = f"K = {width} vs reference" + (", look-ahead" if staleness == "lookahead" else "")
+        rows.append(row(check, "none, float64 reference on CPU", f"rel err {err:.1e}",
                         err <= EXACT_RTOL and identical_across_ranks(got)))
-    want = reference(world, 2, args.steps, args.hidden)
+    want = reference(world, 2, args.steps, args.hidden, "lookahead")
     for name, feedback in LOSSY:
         got, _ = train(rank, device, args.hidden, args.steps, 2, name, feedback)
         same = identical_across_ranks(got)
@@ -263,8 +273,10 @@ def check_memory(rank: int, world: int, device: torch.device, args) -> list[dict
     from torch.nn.parallel import DistributedDataParallel
 
     rows = []
-    for label, width, compression, feedback in (("DDP", 0, "", False), ("K = 1", 1, "none", False),
-                                                 ("K = 2", 2, "none", False), ("K = 2 + EF q8", 2, "q8", True)):
+    for label, width, compression, feedback, staleness in (
+            ("DDP", 0, "", False, "none"), ("K = 1", 1, "none", False, "none"),
+            ("K = 2, plain", 2, "none", False, "none"), ("K = 2, look-ahead", 2, "none", False, "lookahead"),
+            ("K = 2 + EF q8, look-ahead", 2, "q8", True, "lookahead")):
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated(device)
         model = make_model(args.memory_hidden).to(device)
@@ -275,7 +287,7 @@ def check_memory(rank: int, world: int, device: torch.device, args) -> list[dict
         else:
             forward = model
             opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=1e-3), model, width=width, warmup_steps=0,
-                          compression=compression, error_feedback=feedback)
+                          compression=compression, error_feedback=feedback, staleness=staleness)
         seen = {}
         for t in range(30):
             x, y = (v.to(device) for v in batch(t, rank))

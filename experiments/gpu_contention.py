@@ -29,10 +29,10 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_common import build, device_name, launch, markdown, rank_device, stall, write_results  # noqa: E402
 
-from pipesgd.channel import open_private_channel  # noqa: E402
+from pipesgd.comm.channel import open_private_channel  # noqa: E402
 from pipesgd.compression import build as build_codec  # noqa: E402
 from pipesgd.measure.timing import median_of_slowest  # noqa: E402
-from pipesgd.ring import backend_allreduce_, ring_allreduce_  # noqa: E402
+from pipesgd.comm.ring import backend_allreduce_, ring_allreduce_  # noqa: E402
 from pipesgd.train.step_timer import wait_for_compute  # noqa: E402
 
 LOADS = ("alone", "gpu-sleep", "python-spin", "training")

@@ -19,8 +19,10 @@ import os
 import sys
 import tempfile
 
-from pipesgd.bench.provenance import write_result
-from pipesgd.bench.timeline import SCHEMES, build_result, loopback_runner, run_scheme
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
+
+from experiments.harness.provenance import write_result
+from experiments.harness.timeline import SCHEMES, build_result, loopback_runner, run_scheme
 
 RESULT = os.path.join("experiments", "results", "timeline", "timeline.json")
 
@@ -72,7 +74,7 @@ def main() -> int:
     for scheme, data in result["schemes"].items():
         print(f"{scheme:9s} median ms per iteration {data['median_ms']}  ({len(data['spans'])} spans)")
     print(f"wrote {args.result}; raw traces in {out_dir} "
-          f"(merge for Perfetto: python -m pipesgd.trace merge OUT.json {out_dir}/pipe.rank*.json)")
+          f"(merge for Perfetto: python -m pipesgd.runlog.trace merge OUT.json {out_dir}/pipe.rank*.json)")
     return 0
 
 

@@ -1,12 +1,12 @@
 """pipesgd: Pipe-SGD (NeurIPS 2018) for PyTorch — compute iteration t while iteration t-1's gradients are
 ring-all-reduced (optionally compressed on every hop) in the background.
 
-Data path: gradients -> flat buckets (``buckets``) -> codec and error feedback (``compression``) -> ring on the
-background worker (``ring``, ``topology``; ``exchange`` runs one step's buckets on a ``channel``) -> which
-step is due (``pipeline``) -> delayed apply (``optimizer.PipeSGD``, options in ``options``) -> the wrapped
-torch optimizer. Every way of averaging gradients satisfies ``wrapper.OptimizerWrapper``.
+Data path: gradients -> flat buckets (``buckets``) -> codec and error feedback (``compression``) -> ring or
+all-to-all all-reduce on the background worker (``ring``, ``alltoall``, ``topology``; ``exchange`` runs one step's
+buckets on a ``channel``) -> which step is due (``pipeline``) -> delayed apply (``optimizer.PipeSGD``, options in
+``options``) -> the wrapped torch optimizer. Every way of averaging gradients satisfies ``wrapper.OptimizerWrapper``.
 
-The public names load on first use, so torch-free modules (``pipesgd.defaults``, ``pipesgd.run_files``)
+The public names load on first use, so torch-free modules (``pipesgd.defaults``, ``pipesgd.runlog.run_files``)
 can be imported by the analytic timing model without loading torch.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from pipesgd.defaults import WARMUP_STEPS as DEFAULT_WARMUP_STEPS
+from pipesgd.lazy_exports import load_export
 
 __version__ = "0.1.0"
 
@@ -22,11 +23,12 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "PipeSGD": "pipesgd.optimizer",
     "NonFiniteGradientError": "pipesgd.optimizer",
-    "ring_allreduce": "pipesgd.ring",
+    "ring_allreduce": "pipesgd.comm.ring",
+    "alltoall_allreduce": "pipesgd.comm.alltoall",
     "StepStats": "pipesgd.accounting",
-    "Work": "pipesgd.handles",
-    "CompletedWork": "pipesgd.handles",
-    "ReplicaDivergenceError": "pipesgd.replica_check",
+    "Work": "pipesgd.comm.handles",
+    "CompletedWork": "pipesgd.comm.handles",
+    "ReplicaDivergenceError": "pipesgd.grads.replica_check",
     "OptimizerWrapper": "pipesgd.wrapper",
 }
 
@@ -35,22 +37,18 @@ __all__ = [*_EXPORTS, "compression", "DEFAULT_WARMUP_STEPS"]
 if TYPE_CHECKING:
     from pipesgd import compression
     from pipesgd.accounting import StepStats
-    from pipesgd.handles import CompletedWork, Work
+    from pipesgd.comm.handles import CompletedWork, Work
     from pipesgd.optimizer import NonFiniteGradientError, PipeSGD
-    from pipesgd.replica_check import ReplicaDivergenceError
+    from pipesgd.grads.replica_check import ReplicaDivergenceError
     from pipesgd.wrapper import OptimizerWrapper
-    from pipesgd.ring import ring_allreduce
+    from pipesgd.comm.ring import ring_allreduce
+    from pipesgd.comm.alltoall import alltoall_allreduce
 
 
 def __getattr__(name: str) -> Any:
     if name == "compression":
         return importlib.import_module("pipesgd.compression")
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'pipesgd' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
+    return load_export(globals(), _EXPORTS, name)
 
 
 def __dir__() -> list[str]:

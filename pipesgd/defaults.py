@@ -16,16 +16,20 @@ WARMUP_STEPS = 10
 # Elements per fp32 scale in the q8/q4/sign payloads.
 QUANT_BLOCK_SIZE = 4096
 
-# Which all-reduce runs a bucket. "auto": the backend's own all_reduce for a lossless codec (its C++ ring
-# has no per-hop Python round trip, which dominates small buckets), our ring whenever a codec must run on
-# every hop. "ring" forces ours; "backend" cannot compress.
-ALLREDUCE_CHOICES = ("auto", "ring", "backend")
+# Which all-reduce runs a bucket. "ring": the paper's, the codec on every hop (a lossy codec re-encodes a growing
+# partial sum p-1 times); "alltoall": two collectives, every contribution and every chunk's sum encoded once
+# (pipesgd.comm.alltoall); "backend": the backend's own all_reduce, which cannot compress. "auto": the backend's for a
+# lossless codec (its C++ ring has no per-hop Python round trip, which dominates small buckets), "alltoall" for a
+# lossy one at every p: its error is the ring's at p = 2 and below it from p = 3 on (q8: flat in p, the ring's grows),
+# and 2 collective calls instead of 2(p-1) hops made it 1.2-7x faster for 0.25 MiB buckets on loopback and as fast
+# or faster for 25 MiB ones, but fp16 on 2-3 ranks (experiments/results/allreduce_choice/).
+ALLREDUCE_CHOICES = ("auto", "ring", "alltoall", "backend")
 
-# p.grad as views into the flat buckets (pipesgd.bucket_sets): no copy in or out of a step; K sets of
+# p.grad as views into the flat buckets (pipesgd.grads.bucket_sets): no copy in or out of a step; K sets of
 # gradient memory for width K instead of K + 1 (the K sets plus the gradients themselves).
 GRADIENT_AS_BUCKET_VIEW = True
 
-# What a pipeline of width K >= 2 does about its stale gradients (pipesgd.lookahead): "lookahead" computes each
+# What a pipeline of width K >= 2 does about its stale gradients (pipesgd.delay.lookahead): "lookahead" computes each
 # gradient at the weights the K-1 updates in flight will produce (this rank's own gradients standing in for their
 # averages), "none" is the paper's plain update, the gradient of weights K-1 updates old. One step of staleness
 # cost 21-27 accuracy points with momentum 0.9 in the plain update; look-ahead recovered them in simulation.
@@ -41,11 +45,12 @@ NEEDS_ERROR_FEEDBACK = ("sign",)
 
 
 def resolve_allreduce(choice: str, lossless: bool) -> str:
-    """"ring" or "backend" for an ``allreduce`` choice and whether the codec is lossless; ValueError if invalid."""
+    """"ring", "alltoall" or "backend" for an ``allreduce`` choice and whether the codec is lossless; ValueError if
+    invalid."""
     if choice not in ALLREDUCE_CHOICES:
         raise ValueError(f"allreduce must be one of {ALLREDUCE_CHOICES}, got {choice!r}")
     if choice == "auto":
-        return "backend" if lossless else "ring"
+        return "backend" if lossless else "alltoall"
     if choice == "backend" and not lossless:
-        raise ValueError("allreduce='backend' cannot compress on every hop; use 'ring' or 'auto' with a lossy codec")
+        raise ValueError("allreduce='backend' cannot compress; use 'alltoall', 'ring' or 'auto' with a lossy codec")
     return choice

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipesgd.buffers import copy_into
+from pipesgd.grads.buffers import copy_into
 
 
 def module_state(model_or_params) -> tuple[list[torch.Tensor], list[str]]:

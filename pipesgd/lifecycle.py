@@ -3,21 +3,21 @@
 A script that ends without ``flush()`` leaves rings running on the background thread. At interpreter exit
 Python stops such a daemon thread wherever it is; inside a gloo wait that unwinds C++ frames that may not be
 unwound, and the process aborts ("terminate called without an active exception", exit -6 on every rank, a
-torchrun ``ChildFailedError``). So every wrapper's ``Background`` is closed once: by ``close()``, or, through a
-``weakref.finalize``, when the wrapper is collected or at ``atexit`` (before daemon threads are stopped). Closing lets the rings in
-flight finish (every rank submitted the same ones, so they complete), stops the worker and destroys the private
-groups; the finalizer also warns how many steps were never applied (an explicit ``close()`` may be an error path,
-where that is no news).
+torchrun ``ChildFailedError``). So every wrapper's ``Background`` is closed once: by ``close()``, or, through
+a ``weakref.finalize``, when the wrapper is collected or at ``atexit`` (before daemon threads are stopped).
+Closing lets the rings in flight finish (every rank submitted the same ones, so they complete), stops the worker
+and destroys the private groups; the finalizer also warns how many steps were never applied (an explicit
+``close()`` may be an error path, where that is no news).
 """
 from __future__ import annotations
 
 import warnings
 import weakref
 
-from pipesgd.channel import RingChannel
+from pipesgd.comm.channel import RingChannel
 from pipesgd.defaults import EXIT_WAIT_S
-from pipesgd.pipeline import Pipeline
-from pipesgd.uneven import Participation
+from pipesgd.delay.pipeline import Pipeline
+from pipesgd.comm.uneven import Participation
 
 
 class Background:

@@ -8,30 +8,27 @@ Each ``step()``:
           stream too) and its handle to the pipeline (``pipeline``).
   Step 3: make the module buffers identical across ranks (``buffers``: forward t+1 sees them; under a delayed
           buffer mode a snapshot rode step t's job instead and is written back when step t is applied).
-  Step 4: if the pipeline says a step is due (K in flight, 1 during warm-up), wait for it, write its averaged
-          gradient into ``p.grad`` (views into its set, or a copy; unscaled with its own step's loss scale under ``amp``), clip it
-          (``clipping``) and run the wrapped optimizer on it (a non-finite one raises or is skipped).
+  Step 4: if the pipeline says a step is due (K in flight, 1 during warm-up), wait for it, write its averaged gradient
+          into ``p.grad`` (views into its set, or a copy; unscaled with its own step's loss scale under ``amp``), clip
+          it (``clipping``) and run the wrapped optimizer on it (a non-finite one raises or is skipped).
 So ``w_{t+1} = w_t - lr * mean_i(g^i_{t-K+1})``: K = 1 is synchronous AllReduce SGD, K = 2 is Pipe-SGD.
 Every gradient is applied exactly once: during the K-1 steps after warm-up the pipeline fills and
 ``step()`` applies nothing; ``flush()`` applies the last K-1 at the end.
 
-Data path, one module per stage: ``buckets`` (pack) -> ``compression`` (codec; error feedback) -> ``ring`` over
-``topology``, run per step by ``exchange`` on the ``channel``'s worker -> ``pipeline`` (which step is due)
--> this wrapper (apply) -> the wrapped torch optimizer. ``options`` validates what the wrapper is asked.
-Every ring job carries an agreement on which ranks still train (``uneven``; posted beside the ring, read after
+Data path, one module per stage: ``buckets`` (pack) -> ``compression`` (codec; error feedback) -> ``ring`` or
+``alltoall`` over ``topology``, run per step by ``exchange`` on the ``channel``'s worker -> ``pipeline`` (which step
+is due) -> this wrapper (apply) -> the wrapped torch optimizer. ``options`` validates what the wrapper is asked.
+Every job carries an agreement on which ranks still train (``uneven``; posted beside the all-reduce, read after
 it), so uneven data ends in an error naming the rank that ran out instead of a hang.
 
-Gradient accumulation (DDP's ``no_sync()``): call ``backward()`` several times, then ``step()`` once; the
-gradients accumulated in ``p.grad`` are what is handed off, so nothing is sent in between (scale the loss
-by 1/N for the mean, as DDP users do).
+Gradient accumulation (DDP's ``no_sync()``): call ``backward()`` several times, then ``step()`` once; the gradients
+accumulated in ``p.grad`` are handed off, so nothing is sent in between (scale the loss by 1/N, as DDP users do).
 
-Warm-up default (``pipesgd.defaults.WARMUP_STEPS``): a few synchronous steps first, where staleness hurts
-most; pass 0 for a pure pipeline from the first step. Options are validated by ``PipeSGDOptions``.
+Warm-up (``pipesgd.defaults.WARMUP_STEPS``): a few synchronous steps first, where staleness hurts most; 0: none.
 """
 from __future__ import annotations
 
 import time
-import warnings
 from functools import partial
 
 import torch
@@ -39,23 +36,23 @@ import torch.distributed as dist
 
 from pipesgd import lifecycle
 from pipesgd.accounting import StepStats
-from pipesgd.amp import DelayedLossScale
-from pipesgd.buffers import BufferSync
-from pipesgd.bucket_sets import BucketSets
-from pipesgd.buckets import build_buckets
-from pipesgd.channel import open_private_channel, private_group
-from pipesgd.clipping import clip_averaged_gradient
+from pipesgd.grads.amp import DelayedLossScale
+from pipesgd.grads.buffers import BufferSync
+from pipesgd.grads.bucket_sets import BucketSets
+from pipesgd.grads.buckets import build_buckets
+from pipesgd.comm.channel import open_private_channel, private_group
+from pipesgd.grads.clipping import clip_averaged_gradient
 from pipesgd.compression import ErrorFeedback
 from pipesgd.defaults import BUCKET_MB, GRADIENT_AS_BUCKET_VIEW, STALENESS, WARMUP_STEPS
-from pipesgd.exchange import ExchangeResult, GradientExchange
-from pipesgd.groups import require_group
+from pipesgd.comm.exchange import ExchangeResult, GradientExchange
+from pipesgd.comm.groups import require_group
 from pipesgd.init_sync import sync_initial_state
-from pipesgd.lookahead import Lookahead
+from pipesgd.delay.lookahead import Lookahead
 from pipesgd.options import PipeSGDOptions
 from pipesgd.params import FreshGradients, communicated_params
-from pipesgd.pipeline import InFlight, Pipeline
-from pipesgd.replica_check import check_replicas
-from pipesgd.uneven import Participation
+from pipesgd.delay.pipeline import InFlight, Pipeline
+from pipesgd.grads.replica_check import check_replicas
+from pipesgd.comm.uneven import Participation
 from pipesgd.wrapper_state import WrapperIdentity, WrapperState
 
 DEFAULT_WARMUP_STEPS = WARMUP_STEPS  # an alias: pipesgd.defaults owns the number
@@ -128,7 +125,7 @@ class PipeSGD:
         agreeing = self.options.check_uneven and self._channel.size > 1
         self._participation = Participation(self._channel.topology, device,
                                             private_group(process_group, timeout_s) if agreeing else None, agreeing)
-        # Buffers on the caller's group and thread (see pipesgd.buffers); loss scales per in-flight step.
+        # Buffers on the caller's group and thread (see pipesgd.grads.buffers); loss scales per in-flight step.
         self._buffer_sync = BufferSync(model_or_params, buffers, process_group)
         enabled = grad_scaler is not None and grad_scaler.is_enabled()
         self._loss_scale = DelayedLossScale(grad_scaler, optimizer) if enabled else None
@@ -142,12 +139,9 @@ class PipeSGD:
         # Staleness compensation: gradients computed at the weights the steps in flight will produce (lookahead).
         self._lookahead = None
         if staleness == "lookahead" and width > 1:
-            self._lookahead = Lookahead(optimizer, self._params, self.options.max_grad_norm,
+            self._lookahead = Lookahead(optimizer, self._params, width, self.options.max_grad_norm,
                                         skip_nonfinite=nonfinite == "skip")
-            if isinstance(model_or_params, torch.nn.Module):  # moved by the first differentiated forward
-                self._hooks.append(model_or_params.register_forward_pre_hook(self._lookahead.before_forward))
-        self._moves_at_step_end = not isinstance(model_or_params, torch.nn.Module)
-        self._warned_unhooked = False
+            self._hooks += self._lookahead.attach(model_or_params)
         self.last_stats = StepStats(step=-1, applied_step=None)
         # Rings still in flight when the script ends finish before the interpreter stops their thread (lifecycle).
         self._background = lifecycle.Background(self._channel, self._participation, self._pipeline, timeout_s)
@@ -175,7 +169,7 @@ class PipeSGD:
 
     @property
     def allreduce(self) -> str:
-        """The all-reduce that runs the buckets, "ring" or "backend" ("auto" resolved)."""
+        """The all-reduce that runs the buckets, "ring", "alltoall" or "backend" ("auto" resolved)."""
         return self._exchange.allreduce
 
     @property
@@ -196,7 +190,8 @@ class PipeSGD:
     @property
     def lookahead_memory_bytes(self) -> int:
         """Bytes that look-ahead holds beside plain width K (0 without it): a copy of the weights, this rank's
-        gradients of the K-1 steps in flight and the replay's copy of the optimizer state (``pipesgd.lookahead``)."""
+        gradients of the K-1 steps in flight and the replay's copy of the optimizer state
+        (``pipesgd.delay.lookahead``)."""
         return self._lookahead.memory_bytes if self._lookahead is not None else 0
 
     def step(self) -> StepStats:
@@ -205,8 +200,7 @@ class PipeSGD:
         t = self._step
         lookahead = self._lookahead
         if lookahead is not None:  # the master weights back before anything is applied to them
-            self._check_looked_ahead()
-            lookahead.restore()
+            lookahead.begin_step()
         # Step 1: the gradients' bucket set (p.grad no longer points into it once this returns).
         applies = len(self._pipeline) + 1 >= self._pipeline.depth(t)
         if lookahead is not None and applies and len(self._pipeline):  # the due step's stand-in is done with
@@ -230,9 +224,7 @@ class PipeSGD:
         stats = self._apply(due, t) if due is not None else StepStats(step=t, applied_step=None)
         stats.t_buffers_s = t_buffers
         if lookahead is not None:
-            if self._moves_at_step_end:  # no model to hook: the parameters look ahead from here
-                lookahead.advance()
-            stats.t_lookahead_s, lookahead.seconds = lookahead.seconds, 0.0
+            stats.t_lookahead_s = lookahead.end_step()
         self._step += 1
         self.last_stats = stats
         every = self.options.check_replicas_every
@@ -249,7 +241,7 @@ class PipeSGD:
                 "zero_grad() after backward() but before step() would discard this step's gradients; "
                 "call step() first (or the inner optimizer's zero_grad() to drop them on purpose)"
             )
-        # With views both modes keep them and zero them (pipesgd.bucket_sets): a None would make the next backward
+        # With views both modes keep them and zero them (pipesgd.grads.bucket_sets): a None would make the next backward
         # allocate fresh gradients that step() copies in again, which measures slower than a zero fill plus an
         # accumulating add (experiments/bench_bucket_views.py).
         self._sets.zero_grad(self.optimizer, set_to_none)
@@ -324,18 +316,6 @@ class PipeSGD:
                 "step() without a backward() since the last step(): the same gradients would be sent twice"
             )
 
-    def _check_looked_ahead(self) -> None:
-        """Warn once if steps were in flight but the forward pass never ran through the wrapped model (its forward
-        pre-hook): the gradients were then computed at the stale master weights, as with staleness="none"."""
-        if self._moves_at_step_end or self._warned_unhooked or self._lookahead.active:
-            return
-        if self._lookahead.pending_steps:
-            self._warned_unhooked = True
-            warnings.warn("PipeSGD(staleness='lookahead'): the forward pass did not call the wrapped model (whose "
-                          "forward pre-hook moves the parameters), so this gradient was computed at the stale "
-                          "weights; wrap the module you call, or pass staleness='none'", RuntimeWarning,
-                          stacklevel=3)
-
     def _apply(self, entry: InFlight[ExchangeResult], step: int) -> StepStats:
         """Wait for ``entry``'s averaged gradient and run the wrapped optimizer on it (or refuse a NaN/Inf)."""
         if self._lookahead is not None:
@@ -354,7 +334,7 @@ class PipeSGD:
             compression_ratio=result.compression_ratio,
             residual_norm=result.residual_norm,
         )
-        if self._loss_scale is not None:  # fp16: an inf/NaN is an overflow the scaler skips (pipesgd.amp)
+        if self._loss_scale is not None:  # fp16: an inf/NaN is an overflow the scaler skips (pipesgd.grads.amp)
             return self._apply_scaled(entry.step, result, stats)
         if not result.finite:
             self._sets.bind(result.buckets, copy=False)  # views leave the ring's set; the rest stay the caller's

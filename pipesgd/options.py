@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from pipesgd.buffers import BUFFER_MODES
-from pipesgd.clipping import resolve_max_grad_norm
+from pipesgd.grads.buffers import BUFFER_MODES
+from pipesgd.grads.clipping import resolve_max_grad_norm
 from pipesgd.compression import Compressor, build
 from pipesgd.defaults import (
     ALLREDUCE_CHOICES,
@@ -29,11 +29,11 @@ NONFINITE_POLICIES = ("raise", "skip")
 class PipeSGDOptions:
     """The keyword arguments of ``PipeSGD`` (same names, same defaults), checked on construction."""
 
-    # Pipeline: K steps in flight after ``warmup_steps`` synchronous ones (see pipesgd.pipeline).
+    # Pipeline: K steps in flight after ``warmup_steps`` synchronous ones (see pipesgd.delay.pipeline).
     width: int = 2
     warmup_steps: int = WARMUP_STEPS
     # Stale gradients (width >= 2): "lookahead" computes each at the weights the updates in flight will produce
-    # (pipesgd.lookahead), "none" is the paper's plain update.
+    # (pipesgd.delay.lookahead), "none" is the paper's plain update.
     staleness: str = STALENESS
     # Codec on every ring hop (pipesgd.compression registry name and its options).
     compression: str = "none"
@@ -47,16 +47,16 @@ class PipeSGDOptions:
     nonfinite: str = "raise"  # a NaN/Inf averaged gradient raises, or the step is skipped ("skip")
     check_replicas_every: int = 0  # compare the weights (and synced buffers) bitwise across ranks every N steps
     # Before every ring, agree (one small all-reduce on the background worker) on which ranks still train, so a
-    # rank that ran out of data is named instead of a hang (pipesgd.uneven). False when every rank runs the
+    # rank that ran out of data is named instead of a hang (pipesgd.comm.uneven). False when every rank runs the
     # same number of steps by construction: the agreement is a latency-bound collective per step.
     check_uneven: bool = True
-    # What DDP users expect (pipesgd.clipping, pipesgd.buffers, pipesgd.amp).
+    # What DDP users expect (pipesgd.grads.clipping, pipesgd.grads.buffers, pipesgd.grads.amp).
     max_grad_norm: float | None = None  # clip the averaged gradient to this global L2 norm; None or 0: no clipping
     # module buffers: rank 0's ("broadcast", as DDP), the mean ("average"), "none", or either "-delayed" (with the
-    # gradients, set when they are applied; pipesgd.buffers)
+    # gradients, set when they are applied; pipesgd.grads.buffers)
     buffers: str = "broadcast"
     grad_scaler: Any = None  # a torch.amp.GradScaler the wrapper drives (fp16 loss scaling); None: no scaling
-    # Memory layout (pipesgd.bucket_sets): p.grad as views into K bucket sets, so no step copies a gradient.
+    # Memory layout (pipesgd.grads.bucket_sets): p.grad as views into K bucket sets, so no step copies a gradient.
     gradient_as_bucket_view: bool = GRADIENT_AS_BUCKET_VIEW
     # Start every rank from rank 0's parameters and buffers (DDP's ``init_sync``); False only for a model already
     # identical on every rank by construction (it skips one broadcast of the model).
@@ -97,6 +97,9 @@ class PipeSGDOptions:
             raise ValueError(
                 f"compression={self.compression!r} needs error_feedback=True (1-bit SGD diverges without it)"
             )
+        if self.error_feedback and codec.lossless:
+            raise ValueError(f"error_feedback=True needs a lossy compression (compression={self.compression!r} "
+                             f"drops nothing to feed back)")
         self.allreduce_for(codec)  # "backend" with a lossy codec raises here
 
     @property
@@ -108,5 +111,5 @@ class PipeSGDOptions:
         return build(self.compression, rank=rank, **self.compression_options)
 
     def allreduce_for(self, compressor: Compressor) -> str:
-        """"ring" or "backend": which all-reduce runs a bucket with ``compressor`` (pipesgd.defaults)."""
+        """"ring", "alltoall" or "backend": which all-reduce runs a bucket with ``compressor`` (pipesgd.defaults)."""
         return resolve_allreduce(self.allreduce, compressor.lossless)

@@ -23,14 +23,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from pipesgd.amp import DelayedLossScale
-from pipesgd.bucket_sets import BucketSet
-from pipesgd.buckets import Bucket, layout_signature
+from pipesgd.grads.amp import DelayedLossScale
+from pipesgd.grads.bucket_sets import BucketSet
+from pipesgd.grads.buckets import Bucket, layout_signature
 from pipesgd.compression import codec_state, load_codec_state
-from pipesgd.exchange import GradientExchange
-from pipesgd.handles import CompletedWork
-from pipesgd.lookahead import Lookahead
-from pipesgd.pipeline import InFlight, Pipeline
+from pipesgd.comm.exchange import GradientExchange
+from pipesgd.comm.handles import CompletedWork
+from pipesgd.delay.lookahead import Lookahead
+from pipesgd.delay.pipeline import InFlight, Pipeline
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,10 +154,12 @@ class WrapperState:
             lost.append("codec random state")
         if self._lookahead is not None:
             self._lookahead.load_state_dict([])
+            step = int(state["step"])  # the next step; step s's average is applied at step s + K - 1
             for entry in restored:  # the averages stand in for the local gradients this rank no longer has
                 averaged = BucketSet(entry.handle.wait().buckets, self._buckets, self._params)
                 scale = self._loss_scale.scale_of(entry.step) if self._loss_scale is not None else None
-                self._lookahead.record(entry.step, averaged.slots, scale)
+                uses = entry.step + self.identity.width - step
+                self._lookahead.record(entry.step, averaged.slots, scale, uses)
             if restored:
                 lost.append("look-ahead stand-ins (the averaged gradients in flight stand in)")
         if lost:

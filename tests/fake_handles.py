@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from pipesgd.handles import Work
+from pipesgd.comm.handles import Work
 
 
 class ControllableWork(Work):

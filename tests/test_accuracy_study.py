@@ -1,4 +1,4 @@
-"""The accuracy study (pipesgd/bench/accuracy.py) without training: records and summary statistics from hand-made
+"""The accuracy study (experiments/harness/accuracy.py) without training: records and summary statistics from hand-made
 metrics files, resume skipping finished runs through a fake launcher, and one-line config errors."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from pipesgd.bench import accuracy
-from pipesgd.bench.accuracy import (AccuracyConfig, RunSpec, load_config, plan, run_record, run_study, summarise,
+from experiments.harness import accuracy
+from experiments.harness.accuracy import (AccuracyConfig, RunSpec, load_config, plan, run_record, run_study, summarise,
                                     trainer_flags)
-from pipesgd.bench.provenance import read_result
+from experiments.harness.provenance import read_result
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -129,7 +129,7 @@ def test_study_writes_result_and_resume_skips_done_runs(tmp_path):
 
     # Drop one run from the file: resume runs exactly that one.
     result["runs"] = [r for r in result["runs"] if r["key"] != "digits width=2 none staleness=none seed=1"]
-    from pipesgd.bench.provenance import write_result
+    from experiments.harness.provenance import write_result
     write_result(cfg.result, {k: v for k, v in result.items() if k != "provenance"}, origin=result["provenance"])
     third = FakeLauncher()
     run_study(cfg, resume=True, log=lines.append, launcher=third)
@@ -204,7 +204,7 @@ def test_driver_bad_input_is_one_line(args):
 def test_plots_and_readings_from_a_result(tmp_path):
     cfg = _cfg(tmp_path)
     result = run_study(cfg, log=lambda line: None, launcher=FakeLauncher())
-    from pipesgd.bench import accuracy_plot
+    from experiments.harness import accuracy_plot
     assert accuracy_plot.describe_widths(result) == (
         "digits: width 1 reaches 80.5 % (loss 1.0000); none, against it (points / loss): K=2 -10.0 / +0.0 %\n"
         "digits: width 1 reaches 80.5 % (loss 1.0000); lookahead, against it (points / loss): K=2 -5.0 / +0.0 %")

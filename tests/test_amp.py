@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from pipesgd import PipeSGD
-from pipesgd.amp import DelayedLossScale
+from pipesgd.grads.amp import DelayedLossScale
 from tests.distributed import run_ranks
 from tests.test_pipesgd import batch, make_model
 

@@ -1,16 +1,16 @@
-"""pipesgd.bench: the experiments' variant table, the issue-4 speed table and the fidelity summary, on synthetic
+"""experiments.harness: the experiments' variant table, the issue-4 speed table and the fidelity summary, on synthetic
 runs (no cluster, no root)."""
 from __future__ import annotations
 
 import pytest
 
-from pipesgd.bench.fidelity import summary
-from pipesgd.bench.fidelity_report import markdown
-from pipesgd.bench.speed import speed_table
-from pipesgd.bench.variants import (ACCURACY_VARIANTS, COMPARISON_VARIANTS, CONVENTIONAL_BASELINES, DDP_BASELINES,
-                                    DEFAULT_FIDELITY_VARIANTS, FIDELITY_VARIANTS, PIPE_VARIANTS, SPEED_VARIANTS,
-                                    TRAINER_FLAGS, trainer_flags)
-from pipesgd.results import Run
+from experiments.harness.fidelity import summary
+from experiments.harness.fidelity_report import markdown
+from experiments.harness.speed import speed_table
+from experiments.harness.variants import (ACCURACY_VARIANTS, COMPARISON_VARIANTS, CONVENTIONAL_BASELINES,
+                                         DDP_BASELINES, DEFAULT_FIDELITY_VARIANTS, FIDELITY_VARIANTS, PIPE_VARIANTS,
+                                         SPEED_VARIANTS, TIME_TO_ACCURACY_VARIANTS, TRAINER_FLAGS, trainer_flags)
+from pipesgd.runlog.results import Run
 
 
 def test_variants_are_the_flags_the_experiments_ran():
@@ -22,7 +22,7 @@ def test_variants_are_the_flags_the_experiments_ran():
                                  "ps-async")
     assert set(DEFAULT_FIDELITY_VARIANTS) <= set(FIDELITY_VARIANTS)
     # every variant of the table is run by some experiment (issue 12's grid added pipe+sign, pipe-w3, ddp+powersgd)
-    assert set(SPEED_VARIANTS) | set(FIDELITY_VARIANTS) | set(COMPARISON_VARIANTS) == set(TRAINER_FLAGS)
+    assert set(SPEED_VARIANTS) | set(FIDELITY_VARIANTS) | set(TIME_TO_ACCURACY_VARIANTS) == set(TRAINER_FLAGS)
     assert trainer_flags("pipe+sign") == ["--mode", "pipe", "--width", "2", "--compression", "sign", "--error-feedback"]
     assert trainer_flags("pipe-w3") == ["--mode", "pipe", "--width", "3"]
     assert trainer_flags("ddp+powersgd") == ["--mode", "ddp", "--ddp-hook", "powersgd"]

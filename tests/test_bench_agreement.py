@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from pipesgd.bench.agreement import AgreementSettings
+from experiments.harness.agreement import AgreementSettings
 from tests.test_bench_pipeline import ENV, ROOT
 
 

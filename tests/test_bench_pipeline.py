@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pipesgd import phases
-from pipesgd.bench.pipeline import VARIANTS, PipelineSettings, parse_variant
-from pipesgd.bench.pipeline_report import markdown, read_records
+from pipesgd.runlog import phases
+from experiments.harness.pipeline import VARIANTS, PipelineSettings, parse_variant
+from experiments.harness.pipeline_report import markdown, read_records
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}

@@ -1,4 +1,4 @@
-"""gradient_as_bucket_view: p.grad as views into K bucket sets (pipesgd.bucket_sets), bitwise the same training as
+"""gradient_as_bucket_view: p.grad as views into K bucket sets (pipesgd.grads.bucket_sets), bitwise the same training as
 the copying path, at world size 1 and on gloo processes, with the memory it holds."""
 from __future__ import annotations
 

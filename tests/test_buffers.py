@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from pipesgd import PipeSGD, ReplicaDivergenceError
-from pipesgd.buffers import BufferSync
+from pipesgd.grads.buffers import BufferSync
 from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
 from tests.test_pipesgd import batch, due

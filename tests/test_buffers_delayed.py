@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from pipesgd.buffers import BufferSync
+from pipesgd.grads.buffers import BufferSync
 from tests.distributed import run_ranks
 from tests.test_buffers import STEPS, make_bn_model, state, train
 from tests.test_pipesgd import batch

@@ -9,9 +9,9 @@ import torch
 import torch.distributed as dist
 
 import pipesgd
-from pipesgd.channel import RingChannel, channel_for
-from pipesgd.comm_worker import CommWorker
-from pipesgd.handles import CompletedWork
+from pipesgd.comm.channel import RingChannel, channel_for
+from pipesgd.comm.worker import CommWorker
+from pipesgd.comm.handles import CompletedWork
 from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
 

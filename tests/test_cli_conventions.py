@@ -9,7 +9,7 @@ import os
 import pytest
 
 from pipesgd.cli_conventions import finite_float, join_negative_values, positive_float
-from pipesgd.output_paths import check_output_dir, check_output_file
+from pipesgd.runlog.output_paths import check_output_dir, check_output_file
 
 
 def _one_line_error(capsys, prog: str) -> str:

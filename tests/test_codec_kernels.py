@@ -240,7 +240,7 @@ def test_bench_prints_new_and_old_side_by_side(capsys):
 
 
 def test_bench_notices_codecs_that_disagree():
-    from pipesgd.bench.codec_ab import CodecPair, measure_ab
+    from experiments.harness.codec_ab import CodecPair, measure_ab
 
     row = measure_ab(CodecPair("q8 vs q4", lambda: build("q8"), lambda: build("q4")), 5000, repeats=1)
     assert not row.same_bits and row.encode_new_gbps > 0 and row.decode_old_gbps > 0

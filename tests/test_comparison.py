@@ -7,14 +7,14 @@ import sys
 
 import pytest
 
-from pipesgd.bench.comparison import MODEL_FREE, predict
-from pipesgd.bench.comparison_config import GridConfig, Workload, cell_name, load_config, select, split_cell
-from pipesgd.bench.comparison_record import curve, run_record, step_split, time_to_target
-from pipesgd.bench.comparison_report import model_summary, report
-from pipesgd.bench.comparison_store import ResultStore, estimate_wall
-from pipesgd.bench.provenance import read_result
-from pipesgd.bench.speedup import cell_speedups, headline, markdown_tables
-from pipesgd.results import load_run
+from experiments.harness.comparison import MODEL_FREE, predict
+from experiments.harness.comparison_config import GridConfig, Workload, cell_name, load_config, select, split_cell
+from experiments.harness.comparison_record import curve, run_record, step_split, time_to_target
+from experiments.harness.comparison_report import model_summary, report
+from experiments.harness.comparison_store import ResultStore, estimate_wall
+from experiments.harness.provenance import read_result
+from experiments.harness.speedup import cell_speedups, headline, markdown_tables
+from pipesgd.runlog.results import load_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "experiments", "configs", "comparison.toml")
@@ -229,7 +229,7 @@ def test_report_from_hand_made_result(tmp_path):
 
 
 def test_rescore_remakes_records_from_raw_metrics_and_keeps_the_rest(tmp_path, monkeypatch):
-    from pipesgd.bench.comparison import rescore
+    from experiments.harness.comparison import rescore
 
     monkeypatch.chdir(tmp_path)  # records hold metrics paths relative to the repository root
     cfg = small_cfg(tmp_path)
@@ -266,7 +266,7 @@ def test_plots_draw_only_the_results_numbers(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pipesgd.bench import comparison_plot as cp
+    from experiments.harness import comparison_plot as cp
 
     base = run_record(load_run(write_metrics(tmp_path / "a.jsonl")), skip=2, target=0.9)
     data = {"config": {"variants": ["sync", "pipe"], "target_accuracy": 0.9}, "cells": {},
@@ -290,7 +290,7 @@ def test_plots_draw_only_the_results_numbers(tmp_path):
 
 
 def test_failure_hint_names_the_reason_not_the_traceback(tmp_path):
-    from pipesgd.bench.comparison import failure_hint
+    from experiments.harness.comparison import failure_hint
 
     log = tmp_path / "run.log"
     log.write_text('[node 0] step 3/33\n[node 2]   File "/x/errors/__init__.py", line 3, error: no\n'
@@ -300,7 +300,7 @@ def test_failure_hint_names_the_reason_not_the_traceback(tmp_path):
 
 
 def test_embedded_calibration_drops_samples_and_still_reads(tmp_path):
-    from pipesgd.bench.comparison import embeddable_calibration
+    from experiments.harness.comparison import embeddable_calibration
     from timing_model.calibration import read_calibration
 
     from timing_model.calibration import SCHEMA, Fit
@@ -320,14 +320,14 @@ def test_embedded_calibration_drops_samples_and_still_reads(tmp_path):
 
 
 def test_rounded_keeps_six_significant_digits_everywhere():
-    from pipesgd.bench.comparison_store import rounded
+    from experiments.harness.comparison_store import rounded
 
     out = rounded({"a": 0.123456789, "b": [1234567.891, {"c": 1e-9 / 3}], "d": 3, "e": None, "f": "x"})
     assert out == {"a": 0.123457, "b": [1234570.0, {"c": 3.33333e-10}], "d": 3, "e": None, "f": "x"}
 
 
 def test_model_ordering_counts_inversions_beyond_the_tie():
-    from pipesgd.bench.model_ordering import cell_orderings, ordering_table
+    from experiments.harness.model_ordering import cell_orderings, ordering_table
 
     def run(variant, measured, predicted, cell="c"):
         return {"cell": cell, "variant": variant, "status": "ok",
@@ -344,7 +344,7 @@ def test_model_ordering_counts_inversions_beyond_the_tie():
 
 
 def test_orders_kept_between_two_sittings_judge_the_first_sittings_pairs_by_the_second():
-    from pipesgd.bench.model_ordering import orders_kept_between
+    from experiments.harness.model_ordering import orders_kept_between
 
     def run(variant, measured, cell="c"):
         return {"cell": cell, "variant": variant, "status": "ok", "model": {"measured_s": measured, "predicted_s": 1.0}}
@@ -358,7 +358,7 @@ def test_orders_kept_between_two_sittings_judge_the_first_sittings_pairs_by_the_
 def test_model_curves_from_the_committed_result_keep_the_pipe_bounds():
     """Without host terms Pipe-SGD's speedup over sync lies in [1, 2] (max(W, T) against W + T); this machine's
     host terms (κ, κc >= 0) can only lower it."""
-    from pipesgd.bench.model_curves import BANDWIDTHS_BPS, NODES, speedup_curves
+    from experiments.harness.model_curves import BANDWIDTHS_BPS, NODES, speedup_curves
 
     data = read_result(os.path.join(ROOT, "experiments", "results", "comparison", "runs.json"))
     curves = speedup_curves(data)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from pipesgd.compression import ErrorFeedback, build, open_encoder
-from pipesgd.ring import ring_allreduce_
+from pipesgd.comm.ring import ring_allreduce_
 from tests.fake_topology import LoopbackTopology
 
 

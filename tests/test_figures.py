@@ -41,5 +41,5 @@ def test_one_figure_redrawn_replaces_only_its_line_in_the_index(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = (tmp_path / "README.md").read_text().splitlines()
     assert lines[0] == "# Figures" and lines[3] == stale  # the other figure's line stays where it was
-    assert lines[2].startswith("- `model_scatter.png` from `experiments/results/comparison-v2/runs.json`")
+    assert lines[2].startswith("- `model_scatter.png` from `experiments/results/fidelity/sitting-a.json`")
     assert "commit" in lines[2] and len(lines) == 4

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from pipesgd.finite import all_finite, l2_norm
+from pipesgd.grads.finite import all_finite, l2_norm
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])

@@ -11,12 +11,12 @@ import torch.distributed as dist
 from torch import nn
 
 from pipesgd import PipeSGD
-from pipesgd.channel import open_private_channel
+from pipesgd.comm.channel import open_private_channel
 from pipesgd.compression import ErrorFeedback, build
 from pipesgd.compression.sign import _bit_weights
-from pipesgd.exchange import GradientExchange
-from pipesgd.ring import RingTopology, ring_allreduce_
-from pipesgd.topology import HostStaging
+from pipesgd.comm.exchange import GradientExchange
+from pipesgd.comm.ring import RingTopology, ring_allreduce_
+from pipesgd.comm.topology import HostStaging
 from tests.distributed import run_ranks
 from tests.fake_topology import LoopbackTopology
 

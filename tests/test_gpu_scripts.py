@@ -43,10 +43,12 @@ def test_gpu_speed_runs_on_cpu_and_reports_overlap_efficiency(tmp_path):
     assert "device: CPU" in proc.stdout
     data = json.loads((tmp_path / "gpu_speed.json").read_text())
     variants = {r["variant"]: r for r in data["rows"]}
-    for name in ("compute only", "DDP", "DDP + fp16 hook", "sync (K = 1)", "Pipe-SGD K = 2, none",
-                 "Pipe-SGD K = 2, bf16", "Pipe-SGD K = 2, q8"):
+    for name in ("compute only", "DDP", "DDP + fp16 hook", "sync (K = 1)", "Pipe-SGD K = 2, lookahead, none",
+                 "Pipe-SGD K = 2, lookahead, bf16", "Pipe-SGD K = 2, lookahead, q8", "Pipe-SGD K = 2, none, q8"):
         assert name in variants, name
-    assert float(variants["Pipe-SGD K = 2, q8"]["overlap efficiency"]) > 0
+    assert float(variants["Pipe-SGD K = 2, lookahead, q8"]["overlap efficiency"]) > 0
+    assert float(variants["Pipe-SGD K = 2, lookahead, q8"]["look-ahead ms"]) > 0
+    assert "look-ahead ms" not in variants["Pipe-SGD K = 2, none, q8"]
     assert {r["codec"] for r in data["codecs"]} == {"bf16", "q8", "q4", "sign"}
 
 

@@ -9,7 +9,7 @@ from torch import nn
 
 import pipesgd
 from pipesgd import PipeSGD
-from pipesgd.groups import NoProcessGroupError
+from pipesgd.comm.groups import NoProcessGroupError
 from pipesgd.init_sync import layout_digest, module_state
 from tests.cpu_sync_batchnorm import cpu_sync_batchnorm
 from tests.distributed import run_ranks

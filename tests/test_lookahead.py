@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from pipesgd import PipeSGD
-from pipesgd.lookahead import Lookahead
-from pipesgd.replay import OptimizerReplay
+from pipesgd.delay.lookahead import Lookahead
+from pipesgd.delay.replay import OptimizerReplay
 from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
 from tests.test_pipesgd import CODECS, batch, due, make_model, make_optimizer, snapshot
@@ -117,7 +117,7 @@ def test_the_replay_moves_the_parameters_as_a_copy_of_the_optimizer_would_and_le
         oracle.step()
     replay = OptimizerReplay(inner, list(model.parameters()))
     with torch.no_grad():
-        assert replay.replay_([(g, None) for g in grads], skip_nonfinite=False) == 2
+        assert replay.replay_([(g, None, False) for g in grads], skip_nonfinite=False) == 2
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), oracle_model.parameters()))
     after = inner.state_dict()
     for key, state in state_before["state"].items():
@@ -360,4 +360,5 @@ def test_the_look_ahead_state_round_trips(process_group):
     other = Lookahead(torch.optim.SGD(model.parameters(), lr=0.1), list(model.parameters()))
     other.load_state_dict(lookahead.state_dict())
     (entry,) = other.state_dict()
-    assert entry["step"] == 4 and entry["scale"] == 8.0 and all(torch.equal(a, b) for a, b in zip(entry["grads"], grads))
+    assert entry["step"] == 4 and entry["scale"] == 8.0
+    assert all(torch.equal(a, b) for a, b in zip(entry["grads"], grads))

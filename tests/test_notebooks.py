@@ -1,11 +1,11 @@
 """Every notebook runs top to bottom on a clean clone from committed results, and its committed copy carries the
-outputs a reader sees (re-made by ``python -m pipesgd.bench.notebooks`` after results change)."""
+outputs a reader sees (re-made by ``python -m experiments.harness.notebooks`` after results change)."""
 import json
 import os
 
 import pytest
 
-from pipesgd.bench.notebooks import execute, notebook_paths
+from experiments.harness.notebooks import execute, notebook_paths
 
 NOTEBOOKS = notebook_paths()
 

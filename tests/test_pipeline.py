@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipesgd.handles import CompletedWork
-from pipesgd.pipeline import InFlight, Pipeline
+from pipesgd.comm.handles import CompletedWork
+from pipesgd.delay.pipeline import InFlight, Pipeline
 from tests.fake_handles import ControllableWork
 
 

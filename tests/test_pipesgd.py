@@ -35,7 +35,7 @@ def batch(step: int, rank: int, dtype=torch.float64):
 
 def due(t: int, width: int, warmup: int) -> int | None:
     """The step whose averaged gradient step t applies in a reference: its own during warm-up, none while the
-    pipeline fills, then step t-K+1's (what ``pipesgd.pipeline`` decides, written out independently)."""
+    pipeline fills, then step t-K+1's (what ``pipesgd.delay.pipeline`` decides, written out independently)."""
     if t < warmup:
         return t
     return t - width + 1 if t >= warmup + width - 1 else None
@@ -115,6 +115,8 @@ SCENARIOS = [  # (width, warmup_steps, optimizer, all-reduce implementation)
     (2, 0, "sgd", "auto"),
     (2, 3, "adam", "ring"),
     (3, 2, "sgd", "ring"),
+    (1, 0, "sgd", "alltoall"),
+    (3, 2, "sgd", "alltoall"),
 ]
 
 
@@ -154,19 +156,20 @@ CODECS = [  # (compression, error_feedback, options)
 ]
 
 
-def _replicas_stay_identical(rank: int, world: int):
+def _replicas_stay_identical(rank: int, world: int, allreduce: str):
     checksums = []
     for compression, feedback, options in CODECS:
         trajectory = train(rank, 2, 1, "sgd", steps=8, compression=compression, error_feedback=feedback,
-                           compression_options=options, check_replicas_every=1)
+                           compression_options=options, check_replicas_every=1, allreduce=allreduce)
         final = torch.cat([p.reshape(-1) for p in trajectory[-1]])
         assert torch.isfinite(final).all()
         checksums.append(final)
     return checksums
 
 
-def test_replicas_stay_bitwise_identical_for_every_codec():
-    per_rank = run_ranks(_replicas_stay_identical, 3)
+@pytest.mark.parametrize("allreduce", ["ring", "alltoall"])
+def test_replicas_stay_bitwise_identical_for_every_codec(allreduce):
+    per_rank = run_ranks(_replicas_stay_identical, 3, allreduce)
     for codec_index in range(len(CODECS)):
         for rank in range(1, 3):
             assert torch.equal(per_rank[rank][codec_index], per_rank[0][codec_index]), CODECS[codec_index]
@@ -176,12 +179,12 @@ RESUME_AT = 6
 RESUME_OPTIONS = dict(width=2, warmup=1, kind="sgd")
 
 
-def _resumable(rank: int, world: int, directory: str, resume: bool):
+def _resumable(rank: int, world: int, directory: str, resume: bool, allreduce: str):
     """Train STEPS steps with q8 + stochastic rounding + error feedback; save at RESUME_AT, or start there."""
     model = make_model()
     inner, sched = make_optimizer("sgd", model)
     opt = PipeSGD(inner, model, width=2, warmup_steps=1, compression="q8", error_feedback=True,
-                  compression_options={"stochastic": True})
+                  compression_options={"stochastic": True}, allreduce=allreduce)
     path = os.path.join(directory, f"rank{rank}.pt")
     start = 0
     if resume:
@@ -202,9 +205,10 @@ def _resumable(rank: int, world: int, directory: str, resume: bool):
     return snapshot(model), opt.in_flight
 
 
-def test_state_dict_resumes_the_identical_trajectory(tmp_path):
-    uninterrupted = run_ranks(_resumable, 2, str(tmp_path), False)
-    resumed = run_ranks(_resumable, 2, str(tmp_path), True)
+@pytest.mark.parametrize("allreduce", ["ring", "alltoall"])
+def test_state_dict_resumes_the_identical_trajectory(tmp_path, allreduce):
+    uninterrupted = run_ranks(_resumable, 2, str(tmp_path), False, allreduce)
+    resumed = run_ranks(_resumable, 2, str(tmp_path), True, allreduce)
     for (want, _), (got, in_flight) in zip(uninterrupted, resumed):
         assert in_flight == 0
         for g, w in zip(got, want):
@@ -330,5 +334,5 @@ def test_parameters_without_gradients_get_zeros_and_bf16_models_train():
 
 
 def test_public_api():
-    assert set(pipesgd.__all__) >= {"PipeSGD", "ring_allreduce", "compression"}
+    assert set(pipesgd.__all__) >= {"PipeSGD", "ring_allreduce", "alltoall_allreduce", "compression"}
     assert pipesgd.compression.available() == ["bf16", "fp16", "none", "q4", "q8", "sign"]

@@ -47,6 +47,9 @@ def test_options_keep_a_private_copy_of_the_codec_options():
         ({"check_replicas_every": -1}, "check_replicas_every"),
         ({"compression": "q8", "compression_options": {"block_size": 0}}, "block_size"),
         ({"compression": "none", "compression_options": {"seed": 1}}, "bad options"),
+        ({"compression": "none", "error_feedback": True}, "needs a lossy compression"),
+        ({"staleness": "predict"}, "staleness must be one of"),
+        ({"init_sync": 1}, "init_sync must be True or False"),
     ],
 )
 def test_options_refuse_what_the_wrapper_cannot_run(kwargs, match):
@@ -57,7 +60,10 @@ def test_options_refuse_what_the_wrapper_cannot_run(kwargs, match):
 def test_options_resolve_the_allreduce_and_seed_the_codec_per_rank():
     lossless, lossy = PipeSGDOptions(), PipeSGDOptions(compression="q8", compression_options={"stochastic": True})
     assert lossless.allreduce_for(lossless.build_compressor()) == "backend"
-    assert lossy.allreduce_for(lossy.build_compressor()) == "ring"
+    assert lossy.allreduce_for(lossy.build_compressor()) == "alltoall"  # "auto": each contribution encoded once
+    for choice in ("ring", "alltoall"):
+        forced = PipeSGDOptions(compression="q8", allreduce=choice)
+        assert forced.allreduce_for(forced.build_compressor()) == choice
     assert lossy.build_compressor(rank=0).seed != lossy.build_compressor(rank=1).seed
 
 

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from pipesgd.bench.provenance import find_results, provenance, read_result, write_result
+from experiments.harness.provenance import find_results, markdown_header, provenance, read_result, write_result
 
 
 def test_provenance_names_command_date_machine_commit():
@@ -13,6 +13,14 @@ def test_provenance_names_command_date_machine_commit():
     assert origin["date"].endswith("Z") and len(origin["date"]) == 20
     assert origin["machine"]["cores"] == os.cpu_count()
     assert origin["commit"]  # a hash (maybe +dirty) in a checkout, "unknown" elsewhere
+
+
+def test_a_markdown_result_opens_with_its_title_and_provenance():
+    origin = {"command": "python x.py --n 2", "date": "2026-01-02T03:04:05Z", "commit": "abc123+dirty",
+              "machine": {"cpu": "EPYC", "cores": 2}}
+    assert markdown_header("Reduction error", origin).splitlines() == [
+        "# Reduction error", "", "- command: `python x.py --n 2`", "- date: 2026-01-02T03:04:05Z",
+        "- machine: cpu EPYC, cores 2", "- commit: abc123+dirty"]
 
 
 def test_write_then_read_round_trip_and_refuses_foreign_files(tmp_path):
@@ -42,7 +50,7 @@ def test_a_result_being_rewritten_does_not_make_its_commit_dirty(tmp_path, monke
     import shutil
     import subprocess
 
-    from pipesgd.bench import provenance as module
+    from experiments.harness import provenance as module
 
     if shutil.which("git") is None:
         pytest.skip("git is not installed")

@@ -11,33 +11,33 @@ import pytest
 from pipesgd.measure.server import phase_means
 from tests.distributed import run_ranks
 from tests.test_timing_terms import calibration, write_run
-from timing_model import formulas
+from timing_model.empirical import server
 from timing_model.fitting import host_record
-from timing_model.host_terms import host_terms, ps_service_terms, service_from_timings
+from timing_model.empirical.host_terms import host_terms, ps_service_terms, service_from_timings
 from timing_model.predict import Scenario, predict
 from timing_model.validation import read_runs, scenario_for
 
 
 def test_closed_queue_response_at_its_limits_and_by_hand():
-    assert formulas.closed_queue_response(1, 0.7, 0.002) == pytest.approx(0.002)  # nobody to queue behind
-    assert formulas.closed_queue_response(3, 0.0, 0.002) == pytest.approx(0.006)  # saturated: one request per s
+    assert server.closed_queue_response(1, 0.7, 0.002) == pytest.approx(0.002)  # nobody to queue behind
+    assert server.closed_queue_response(3, 0.0, 0.002) == pytest.approx(0.006)  # saturated: one request per s
     # n = 2, Z = s = 1: R1 = 1, Q1 = 1/(1 + 1) = 0.5; R2 = 1·1.5, so 1.5
-    assert formulas.closed_queue_response(2, 1.0, 1.0) == pytest.approx(1.5)
-    assert formulas.closed_queue_response(3, 0.01, 0.0) == 0.0
-    rising = [formulas.closed_queue_response(3, 0.005, s) for s in (0.001, 0.002, 0.004)]
+    assert server.closed_queue_response(2, 1.0, 1.0) == pytest.approx(1.5)
+    assert server.closed_queue_response(3, 0.01, 0.0) == 0.0
+    rising = [server.closed_queue_response(3, 0.005, s) for s in (0.001, 0.002, 0.004)]
     assert rising == sorted(rising) and rising[0] > 0.001
 
 
 def test_the_colocated_worker_ahead_splits_the_job_into_two_phases():
     # it finishes after S·2 s; the remote workers have done S/2 steps at 4 s, the other S/2 take 3 s each
-    assert formulas.colocated_pace(2.0, 4.0, 3.0) == pytest.approx(3.5)
-    assert formulas.colocated_pace(5.0, 4.0, 3.0) == 4.0  # not ahead: the remote pace alone
-    assert formulas.colocated_pace(0.0, 4.0, 3.0) == pytest.approx(3.0)
+    assert server.colocated_pace(2.0, 4.0, 3.0) == pytest.approx(3.5)
+    assert server.colocated_pace(5.0, 4.0, 3.0) == 4.0  # not ahead: the remote pace alone
+    assert server.colocated_pace(0.0, 4.0, 3.0) == pytest.approx(3.0)
 
 
 def test_service_time_inverts_the_queue():
     for workers, think, service in ((3, 0.005, 0.003), (1, 0.02, 0.001), (7, 0.0, 0.004)):
-        response = formulas.closed_queue_response(workers, think, service)
+        response = server.closed_queue_response(workers, think, service)
         assert service_from_timings(workers, think, response) == pytest.approx(service, rel=1e-6)
     with pytest.raises(ValueError):
         service_from_timings(0, 0.01, 0.01)
@@ -73,16 +73,16 @@ def test_each_phase_is_summarised_by_its_mean_the_statistic_the_queue_is_solved_
 
 
 def test_the_colocated_workers_own_step_sets_how_long_the_slow_phase_lasts():
-    base = Scenario(nodes=4, grad_bytes=80e3, bandwidth_Bps=125e6, compute_s=0.004, update_s=0.0005,
-                    host_s=0.0005, ps_colocated=True, ps_service_s=0.004, ps_service_idle_s=0.002)
+    base = Scenario.of(nodes=4, grad_bytes=80e3, bandwidth_Bps=125e6, compute_s=0.004, update_s=0.0005,
+                       host_s=0.0005, ps_colocated=True, ps_service_s=0.004, ps_service_idle_s=0.002)
     think = 0.005
-    busy = think + formulas.closed_queue_response(3, think, 0.004)
-    idle = think + formulas.closed_queue_response(3, think, 0.002)
-    own = predict(replace(base, ps_colocated_step_s=0.008)).result("ps-async")
-    assert own.iteration_s == pytest.approx(formulas.colocated_pace(0.008, busy, idle))
+    busy = think + server.closed_queue_response(3, think, 0.004)
+    idle = think + server.closed_queue_response(3, think, 0.002)
+    own = predict(base.with_changes(ps_colocated_step_s=0.008)).result("ps-async")
+    assert own.iteration_s == pytest.approx(server.colocated_pace(0.008, busy, idle))
     assert own.iteration_s > predict(base).result("ps-async").iteration_s  # it trains longer beside the server
     with pytest.raises(ValueError, match="colocated_step_s"):
-        predict(replace(base, ps_colocated_step_s=-1.0))
+        predict(base.with_changes(ps_colocated_step_s=-1.0))
 
 
 def test_a_colocated_ps_async_run_is_predicted_from_rank_0s_steps_and_mean_think(tmp_path):
@@ -93,52 +93,52 @@ def test_a_colocated_ps_async_run_is_predicted_from_rank_0s_steps_and_mean_think
     (run,) = read_runs(paths, skip=0)
     assert run.t_rank0 == pytest.approx((0.006,) * 8)
     colocated = scenario_for(replace(run, config={**run.config, "servers": 0}), calibration())
-    assert colocated.ps_colocated and colocated.ps_colocated_step_s == pytest.approx(0.006)
+    assert colocated.ps_colocated and colocated.empirical.ps_colocated_step_s == pytest.approx(0.006)
     assert colocated.compute_s == pytest.approx(0.0045)  # the mean, as the pace it predicts
     dedicated = scenario_for(replace(run, config={**run.config, "servers": 1}), calibration())
-    assert dedicated.ps_colocated_step_s == 0.0
+    assert dedicated.empirical.ps_colocated_step_s == 0.0
     (sync,) = read_runs(write_run(tmp_path, "s", "sync", {0: rank0, 1: remote}), skip=0)
     assert sync.t_rank0 == () and scenario_for(sync, calibration()).compute_s == pytest.approx(0.005)  # the median
 
 
 def test_ps_async_with_a_service_time_queues_at_the_server_in_two_phases():
-    base = Scenario(nodes=4, grad_bytes=80e3, bandwidth_Bps=125e6, compute_s=0.004, update_s=0.0005,
-                    host_s=0.0005, ps_colocated=True)
+    base = Scenario.of(nodes=4, grad_bytes=80e3, bandwidth_Bps=125e6, compute_s=0.004, update_s=0.0005,
+                       host_s=0.0005, ps_colocated=True)
     plain = predict(base).result("ps-async")
     assert plain.server_s == 0.0  # not calibrated: the link alone, as before
-    served = predict(replace(base, ps_service_s=0.004, ps_service_idle_s=0.002)).result("ps-async")
+    served = predict(base.with_changes(ps_service_s=0.004, ps_service_idle_s=0.002)).result("ps-async")
     think = 0.005
-    busy = think + formulas.closed_queue_response(3, think, 0.004)
-    idle = think + formulas.closed_queue_response(3, think, 0.002)
-    assert served.iteration_s == pytest.approx(formulas.colocated_pace(think, busy, idle))
+    busy = think + server.closed_queue_response(3, think, 0.004)
+    idle = think + server.closed_queue_response(3, think, 0.002)
+    assert served.iteration_s == pytest.approx(server.colocated_pace(think, busy, idle))
     assert served.iteration_s > plain.iteration_s
     terms = ("compute_s", "straggler_s", "interference_s", "update_s", "handoff_s", "buffers_s", "host_s",
              "lockstep_s", "server_s", "exposed_comm_s", "codec_s")
     assert sum(getattr(served, t) for t in terms) == pytest.approx(served.iteration_s)
     assert served.server_s == pytest.approx(served.iteration_s - think - served.exposed_comm_s) and served.server_s > 0
-    same = predict(replace(base, ps_service_s=0.004)).result("ps-async")  # no idle figure: the busy one throughout
+    same = predict(base.with_changes(ps_service_s=0.004)).result("ps-async")  # no idle figure: the busy one throughout
     assert same.iteration_s == pytest.approx(busy)
-    dedicated = predict(replace(base, ps_colocated=False, ps_service_s=0.004)).result("ps-async")
+    dedicated = predict(base.with_changes(ps_colocated=False, ps_service_s=0.004)).result("ps-async")
     assert dedicated.server_s == 0.0  # the probe measures a co-located server only
-    assert predict(replace(base, ps_service_s=0.004)).result("sync") == predict(base).result("sync")
+    assert predict(base.with_changes(ps_service_s=0.004)).result("sync") == predict(base).result("sync")
 
 
 def test_ps_sync_with_a_colocated_server_pays_its_service_per_remote_worker():
     """A synchronous round serves every remote worker in turn: p' = p − 1 requests at the idle service time less
     the update (the round applies once, and the step already counts that update), unless the link takes longer."""
-    base = Scenario(nodes=4, grad_bytes=80e3, bandwidth_Bps=1e9, compute_s=0.002, update_s=0.0003,
-                    host_s=0.0004, ps_colocated=True)
+    base = Scenario.of(nodes=4, grad_bytes=80e3, bandwidth_Bps=1e9, compute_s=0.002, update_s=0.0003,
+                       host_s=0.0004, ps_colocated=True)
     plain = predict(base).result("ps-sync")
     assert plain.server_s == 0.0  # not calibrated: the link alone
-    served = predict(replace(base, ps_service_s=0.004, ps_service_idle_s=0.0019)).result("ps-sync")
+    served = predict(base.with_changes(ps_service_s=0.004, ps_service_idle_s=0.0019)).result("ps-sync")
     assert served.iteration_s == pytest.approx(0.002 + 0.0003 + 0.0004 + 3 * (0.0019 - 0.0003))
     assert served.server_s == pytest.approx(served.iteration_s - plain.iteration_s) and served.server_s > 0
     terms = ("compute_s", "straggler_s", "interference_s", "update_s", "handoff_s", "buffers_s", "host_s",
              "lockstep_s", "server_s", "exposed_comm_s", "codec_s")
     assert sum(getattr(served, t) for t in terms) == pytest.approx(served.iteration_s)
-    slow_link = replace(base, bandwidth_Bps=12.5e6, ps_service_s=0.004, ps_service_idle_s=0.0019)
+    slow_link = base.with_changes(bandwidth_Bps=12.5e6, ps_service_s=0.004, ps_service_idle_s=0.0019)
     assert predict(slow_link).result("ps-sync").server_s == 0.0  # 6 × 80 kB at 100 Mbit/s outlast the service
-    dedicated = predict(replace(base, ps_colocated=False, ps_service_idle_s=0.0019)).result("ps-sync")
+    dedicated = predict(base.with_changes(ps_colocated=False, ps_service_idle_s=0.0019)).result("ps-sync")
     assert dedicated.server_s == 0.0  # the probe measures a co-located server only
 
 

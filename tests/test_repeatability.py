@@ -1,9 +1,9 @@
-"""The comparison grid's runs in two sittings side by side (``pipesgd.bench.repeatability``)."""
+"""The comparison grid's runs in two sittings side by side (``experiments.harness.repeatability``)."""
 import json
 
 import pytest
 
-from pipesgd.bench import repeatability
+from experiments.harness import repeatability
 
 
 def _run(cell, variant, t_iter_s, error=None, status="ok"):
@@ -77,7 +77,7 @@ def test_the_sitting_figure_draws_each_run_predicted_in_both_where_it_belongs():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pipesgd.bench.comparison_plot import plot_sitting_errors
+    from experiments.harness.comparison_plot import plot_sitting_errors
 
     fig, axes = plt.subplots(1, 2)
     assert plot_sitting_errors(FIRST, SECOND, axes) == 2  # resnet20 sync lacks the second prediction

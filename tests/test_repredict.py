@@ -1,4 +1,4 @@
-"""Re-making committed predictions from a runs.json's stored inputs (``pipesgd.bench.repredict``)."""
+"""Re-making committed predictions from a runs.json's stored inputs (``experiments.harness.repredict``)."""
 from __future__ import annotations
 
 import json
@@ -6,17 +6,17 @@ import os
 
 import pytest
 
-from pipesgd.bench.provenance import find_results
-from pipesgd.bench.repredict import main, remake_all
+from experiments.harness.repredict import main, remake_all
 from timing_model.calibration import read_calibration
 from timing_model.predict import Scenario, predict
 from timing_model.validation import calibrated_scenario
 
-COMMITTED = os.path.join(find_results("comparison-v3"), "runs.json")
+# One cell of an earlier sitting of the comparison grid (its calibration and runs with stored inputs), kept as a fixture
+COMMITTED = os.path.join(os.path.dirname(__file__), "data", "comparison-cell.json")
 
 
 def _grid(tmp_path, stored_factor: float) -> tuple[dict, str]:
-    """A one-cell runs.json: the committed v3 lenet-100mbit calibration and a ps-async run on it whose stored
+    """A one-cell runs.json: the fixture's lenet-100mbit calibration and a ps-async run on it whose stored
     prediction is the model's times ``stored_factor``."""
     with open(COMMITTED) as handle:
         cell = json.load(handle)["cells"]["lenet-100mbit"]
@@ -26,8 +26,8 @@ def _grid(tmp_path, stored_factor: float) -> tuple[dict, str]:
     path = tmp_path / "calib.json"
     path.write_text(json.dumps(cell["calibration"]))
     cal = read_calibration(str(path))
-    scenario = Scenario(nodes=4, grad_bytes=79016.0, bandwidth_Bps=1.0, compute_s=0.002, update_s=3e-4,
-                        host_s=4e-4, width=1, servers=1, ps_colocated=True, ps_colocated_step_s=0.0031)
+    scenario = Scenario.of(nodes=4, grad_bytes=79016.0, bandwidth_Bps=1.0, compute_s=0.002, update_s=3e-4,
+                           host_s=4e-4, width=1, servers=1, ps_colocated=True, ps_colocated_step_s=0.0031)
     expected = predict(calibrated_scenario(scenario, cal, "ps-async"), ("ps-async",)).result("ps-async").iteration_s
     run = {"cell": "lenet-100mbit", "variant": "ps-async",
            "model": {"predicted_s": expected * stored_factor, "measured_s": 0.02, "error": 0.0, "inputs": inputs}}
@@ -57,7 +57,7 @@ def test_the_command_lists_the_runs_that_moved_and_both_summaries(tmp_path, caps
     assert len(err) == 2 and all(line.startswith("repredict: ") for line in err)
 
 
-def test_every_committed_v3_prediction_can_be_made_again():
+def test_every_stored_prediction_of_a_grid_can_be_made_again():
     with open(COMMITTED) as handle:
         data = json.load(handle)
     rows = remake_all(data)

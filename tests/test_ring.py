@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 import pipesgd
 from pipesgd.compression import ErrorFeedback, build
-from pipesgd.ring import MAX_PIECES, PIECE_ELEMENTS, RingTopology, chunk_bounds, piece_bounds, ring_allreduce_
+from pipesgd.comm.ring import MAX_PIECES, PIECE_ELEMENTS, RingTopology, chunk_bounds, piece_bounds, ring_allreduce_
 from tests.distributed import run_ranks
 
 SIZES = [0, 1, 2, 3, 5, 17, 1000, 4097, 10_001]

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from tests.distributed import run_ranks
-from timing_model import formulas
+from timing_model.core import equations
+from timing_model.empirical import overlap
 from timing_model.calibration import Fit
 from timing_model.cli import main
 from timing_model.fitting import host_record, overlap_sizes
@@ -97,12 +98,12 @@ def test_predict_with_options(capsys):
     assert rows["sync"]["codec_s"] > 0 and rows["sync"]["straggler_s"] > 0 and rows["pipe"]["samples_per_s"] > 0
     # every flag reaches its scenario field: the rows are the model's own prediction of that scenario
     from timing_model.predict import Scenario, predict
-    from timing_model.straggler import expected_max_normal_factor
+    from timing_model.core.straggler import expected_max_normal_factor
 
-    scenario = Scenario(nodes=4, bandwidth_Bps=1.25e9, latency_s=50e-6, grad_bytes=4 * 61e6, compute_s=0.120,
-                        compute_std_s=0.005, update_s=0.005, compression="q8", encode_Bps=4e9, decode_Bps=6e9,
-                        width=2, overlap_fraction=0.5, servers=2, slowdown=0.1, overhead_s=100e-6,
-                        collective="tree", batch_size=32)
+    scenario = Scenario.of(nodes=4, bandwidth_Bps=1.25e9, latency_s=50e-6, grad_bytes=4 * 61e6, compute_s=0.120,
+                           compute_std_s=0.005, update_s=0.005, compression="q8", encode_Bps=4e9, decode_Bps=6e9,
+                           width=2, overlap_fraction=0.5, servers=2, slowdown=0.1, overhead_s=100e-6,
+                           collective="tree", batch_size=32)
     for expected in predict(scenario).results:
         row = rows[expected.mode]
         for key, value in expected.as_dict().items():
@@ -234,7 +235,7 @@ def _known_seconds(sample: dict, codecs: dict) -> float:
     wire = Fit(0.0, KNOWN.latency_s, KNOWN.bandwidth_Bps * ratio, KNOWN.reduce_Bps, 0, 0.0, 0.0)
     encode, decode = codecs[sample["compression"]]
     return (wire.predict(sample["nodes"], sample["n_bytes"])
-            + BF16_RING_FACTOR * formulas.codec_time(sample["nodes"], sample["n_bytes"], encode, decode, True))
+            + BF16_RING_FACTOR * equations.codec_time(sample["nodes"], sample["n_bytes"], encode, decode, True))
 
 
 def _fit_on_known_timings(measured: dict, compressions=("none",), compute=None):
@@ -318,7 +319,7 @@ def test_calibrate_with_a_model_probes_interference_with_its_own_step_per_codec(
     none = host["overlap"][0]
     alone, window, ring = none["ring_alone_s"], none["load_window_s"], none["ring_window_s"]
     # the inverse, where the ring lost at most the window (λ ≤ 1)
-    assert formulas.window_comm(alone, window, host["window_loss"]) == pytest.approx(
+    assert overlap.window_comm(alone, window, host["window_loss"]) == pytest.approx(
         max(alone, min(ring, alone + window)), rel=1e-9)
     # the lockstep probe: synchronous steps of the same model, its period at least the slowest compute
     lockstep = host["lockstep"]

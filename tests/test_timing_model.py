@@ -10,7 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from timing_model import collectives, formulas, straggler
+from timing_model.core import collectives, equations, straggler
+from timing_model.empirical import overlap, server
+from timing_model.empirical.server import KERNEL_SEND_BUFFER_BYTES
 from timing_model.calibration import (Calibration, Fit, Sample, fit_codec_in_ring, fit_collective, read_calibration,
                                       residual_table, write_calibration)
 from timing_model.modes import MODES
@@ -51,7 +53,7 @@ def test_full_model_sync_is_pure_formula_without_latency():
 
 
 def test_single_parameter_server_2pM_over_B():
-    assert formulas.ps_transfer(4, 100 * MB, 0.0, gbe(10), gbe(10), 1, 2.0) == pytest.approx(0.640, rel=1e-12)
+    assert equations.ps_transfer(4, 100 * MB, 0.0, gbe(10), gbe(10), 1, 2.0) == pytest.approx(0.640, rel=1e-12)
     s = Scenario(nodes=4, grad_bytes=100 * MB, bandwidth_Bps=gbe(10))
     assert predict(s).result("ps-sync").iteration_s == pytest.approx(0.640, rel=1e-12)
 
@@ -89,10 +91,10 @@ def test_straggler_tables():
 
 
 def test_pipe_vs_sync_exactly_two_when_compute_equals_comm():
-    assert formulas.pipe_speedup_vs_sync(0.12, 0.12, 0.0) == 2.0
+    assert equations.pipe_speedup_vs_sync(0.12, 0.12) == 2.0
     s = Scenario(nodes=4, grad_bytes=100 * MB, bandwidth_Bps=gbe(10), compute_s=0.120)
     assert predict(s).speedup("pipe", "sync") == pytest.approx(2.0, rel=1e-12)
-    assert predict(replace(s, slowdown=0.1)).speedup("pipe", "sync") < 2.0
+    assert predict(s.with_changes(slowdown=0.1)).speedup("pipe", "sync") < 2.0
 
 
 def test_codec_ratios_and_passes():
@@ -100,13 +102,13 @@ def test_codec_ratios_and_passes():
     assert CODEC_RATIOS["q4"] == 8 * 4096 / 4104
     assert CODEC_RATIOS["sign"] == 32 * 4096 / 4128
     assert CODEC_RATIOS["bf16"] == CODEC_RATIOS["fp16"] == 2.0
-    assert formulas.codec_passes(4, per_hop=True) == (4, 7)  # E = p, D = 2p − 1 (REFERENCES §2)
-    assert formulas.codec_passes(4, per_hop=False) == (1, 1)
-    assert formulas.codec_passes(1, per_hop=True) == (0, 0)
+    assert equations.codec_passes(4, per_hop=True) == (4, 7)  # E = p, D = 2p − 1 (REFERENCES §2)
+    assert equations.codec_passes(4, per_hop=False) == (1, 1)
+    assert equations.codec_passes(1, per_hop=True) == (0, 0)
     # per hop: (E + D)·(M/p)/rate = (3p − 1)/p·M/rate
-    assert formulas.codec_time(4, 100 * MB, 1e9, 1e9, True) == pytest.approx(2.75 * 0.1)
+    assert equations.codec_time(4, 100 * MB, 1e9, 1e9, True) == pytest.approx(2.75 * 0.1)
     # error feedback decodes and accumulates every encode's error: E·(M/p)/feedback_Bps more
-    assert formulas.codec_time(4, 100 * MB, 1e9, 1e9, True, 2e9) == pytest.approx(2.75 * 0.1 + 4 * 0.025 / 2)
+    assert equations.codec_time(4, 100 * MB, 1e9, 1e9, True, 2e9) == pytest.approx(2.75 * 0.1 + 4 * 0.025 / 2)
 
 
 # ---------------------------------------------------------------- invariants
@@ -117,7 +119,7 @@ def _random_scenario(rng: random.Random, **overrides) -> Scenario:
                   compute_std_s=rng.uniform(0, 0.02), update_s=rng.uniform(0, 0.01),
                   overlap_fraction=rng.uniform(0, 1), collective=rng.choice(["ring", "rabenseifner", "tree"]))
     fields.update(overrides)
-    return Scenario(**fields)
+    return Scenario.of(**fields)
 
 
 def test_one_worker_has_no_communication():
@@ -175,8 +177,8 @@ def test_compression_helps_only_when_saved_transfer_exceeds_codec_time():
         base = Scenario(nodes=p, grad_bytes=M, bandwidth_Bps=B, compute_s=0.05)
         plain = predict(base, ("sync",)).result("sync").iteration_s
         packed = predict(replace(base, compression=name, encode_Bps=enc, decode_Bps=dec), ("sync",))
-        saved = formulas.saved_transfer(p, M, B, CODEC_RATIOS[name])
-        cost = formulas.codec_time(p, M, enc, dec, True)
+        saved = equations.saved_transfer(p, M, B, CODEC_RATIOS[name])
+        cost = equations.codec_time(p, M, enc, dec, True)
         helps = packed.result("sync").iteration_s < plain
         assert helps == (saved > cost)
         seen.add(helps)
@@ -208,7 +210,8 @@ def test_straggler_only_in_synchronous_modes():
 
 
 def test_ps_async_is_bounded_by_the_full_duplex_server_link():
-    s = Scenario(nodes=8, grad_bytes=2 * MB, bandwidth_Bps=gbe(1), compute_s=0.01)
+    s = Scenario.of(nodes=8, grad_bytes=2 * MB, bandwidth_Bps=gbe(1), compute_s=0.01,
+                    send_buffer_bytes=KERNEL_SEND_BUFFER_BYTES)
     res = predict(s).result("ps-async")
     # between two of a worker's updates the server's link carries the 8 workers' updates, M each direction
     assert res.iteration_s == pytest.approx(8 * 2 * MB / gbe(1))
@@ -219,13 +222,15 @@ def test_ps_async_is_bounded_by_the_full_duplex_server_link():
 
 def test_ps_async_replies_beyond_the_socket_buffer_take_the_link_in_turn():
     """The server waits for each reply's send: what exceeds the kernel's socket buffers (4 MiB) is serial."""
-    s = Scenario(nodes=8, grad_bytes=100 * MB, bandwidth_Bps=gbe(10), compute_s=0.01)
+    s = Scenario.of(nodes=8, grad_bytes=100 * MB, bandwidth_Bps=gbe(10), compute_s=0.01,
+                    send_buffer_bytes=KERNEL_SEND_BUFFER_BYTES)
     assert predict(s).result("ps-async").iteration_s == pytest.approx(8 * (200 * MB - 4 * 2**20) / gbe(10))
     # bf16 halves the reply's wire bytes: the buffer holds twice the fp32-equivalent bytes
     bf16 = predict(replace(s, compression="bf16")).result("ps-async").iteration_s
     assert bf16 == pytest.approx(8 * (200 * MB - 8 * 2**20) / (2 * gbe(10)))
-    assert formulas.ps_async_iteration(3, 0.0, 0.0, 0.0, 1e6, 1, 1e6, send_buffer=4e6) == pytest.approx(3.0)
-    assert formulas.ps_async_iteration(3, 0.0, 0.0, 0.0, 1e6, 1, 1e6, send_buffer=0.0) == pytest.approx(6.0)
+    link = {buffer: server.buffered_server_link(3, 1e6, 1, 1e6, buffer) for buffer in (4e6, 0.0)}
+    assert equations.ps_async_iteration(0.0, 0.0, 0.0, link[4e6]) == pytest.approx(3.0)
+    assert equations.ps_async_iteration(0.0, 0.0, 0.0, link[0.0]) == pytest.approx(6.0)
 
 
 def test_ps_async_is_the_workers_own_cycle_when_the_link_keeps_up():
@@ -350,7 +355,7 @@ def test_codec_ring_factor_recovers_the_in_ring_codec_cost_per_cluster_size_and_
             for k in range(20, 26):
                 n = float(2**k)
                 wire = Fit(0.0, 20e-6, 1e8 * CODEC_RATIOS[name], math.inf, 0, 0.0, 0.0).predict(p, n)
-                codec = formulas.codec_time(p, n, *codecs[name], True)
+                codec = equations.codec_time(p, n, *codecs[name], True)
                 samples.append(Sample("allreduce", "ring", name, p, n,
                                       (wire + factor * codec) * (1 + rng.uniform(-0.01, 0.01))))
     factors = fit_codec_in_ring(samples, fit, codecs, CODEC_RATIOS)
@@ -469,9 +474,9 @@ def test_validate_rejects_bad_metrics(tmp_path):
 # ---------------------------------------------------------------- interference (κ, κc) and hand-off terms
 def test_new_terms_at_defaults_reproduce_the_old_numbers_exactly():
     """κc = 0, copy rate ∞, hand-off 0: the old equations, bit for bit."""
-    s = Scenario(nodes=4, grad_bytes=100 * MB, bandwidth_Bps=gbe(10), compute_s=0.05, update_s=0.01, slowdown=0.1,
-                 overlap_fraction=0.5, bucket_bytes=0)
-    explicit = replace(s, comm_slowdown=0.0, copy_Bps=math.inf, handoff_s=0.0)
+    s = Scenario.of(nodes=4, grad_bytes=100 * MB, bandwidth_Bps=gbe(10), compute_s=0.05, update_s=0.01, slowdown=0.1,
+                    overlap_fraction=0.5, bucket_bytes=0)
+    explicit = s.with_changes(comm_slowdown=0.0, copy_Bps=math.inf, handoff_s=0.0)
     T_cu, T_AR = 0.05 + 0.01, collectives.allreduce_ring(4, 100 * MB, 0.0, 1 / gbe(10))
     for scenario in (s, explicit):
         pred = predict(scenario)
@@ -479,13 +484,13 @@ def test_new_terms_at_defaults_reproduce_the_old_numbers_exactly():
         assert pred.result("pipe").iteration_s == max(T_cu * 1.1, T_AR)
         assert pred.result("ddp").iteration_s == max(0.05 * (1 + 0.1 * 0.5), 0.5 * 0.05 + T_AR, 0.05 + T_AR) + 0.01
         assert all(r.handoff_s == 0.0 for r in pred.results)
-    assert formulas.pipe_iteration(0.3, 0.2, 0.1, 2) == max(0.3 * 1.1, 0.2)
-    assert formulas.overlapped_comm(0.2, 5.0, 0.0) == 0.2
+    assert overlap.pipe_iteration_with(0.3, 0.2, 0.1, 2) == max(0.3 * 1.1, 0.2)
+    assert overlap.overlapped_comm(0.2, 5.0, 0.0) == 0.2
 
 
 def test_comm_slowdown_pipe_slows_the_ring_while_the_compute_side_runs():
     T_AR = collectives.allreduce_ring(4, 100 * MB, 0.0, 1 / gbe(10))  # 0.12 s
-    s = Scenario(nodes=4, grad_bytes=100 * MB, bandwidth_Bps=gbe(10), compute_s=0.2, comm_slowdown=0.1)
+    s = Scenario.of(nodes=4, grad_bytes=100 * MB, bandwidth_Bps=gbe(10), compute_s=0.2, comm_slowdown=0.1)
     # compute-bound: the ring runs beside compute all along and still finishes first: max(T_cu, 1.1·T_AR)
     assert predict(s).result("pipe").iteration_s == pytest.approx(max(0.2, 1.1 * T_AR), rel=1e-12)
     at_edge = replace(s, compute_s=1.1 * T_AR)
@@ -493,15 +498,15 @@ def test_comm_slowdown_pipe_slows_the_ring_while_the_compute_side_runs():
     # ring-bound: slowed by κc during the 50 ms of compute only, at full rate afterwards
     short = replace(s, compute_s=0.05)
     assert predict(short).result("pipe").iteration_s == pytest.approx(T_AR + 0.1 * 0.05 / 1.1, rel=1e-12)
-    assert formulas.pipe_iteration(0.05, T_AR, 0.0, 2, 0.1) == formulas.overlapped_comm(T_AR, 0.05, 0.1)
-    assert formulas.overlapped_comm(0.12, math.inf, 0.1) == pytest.approx(0.132, rel=1e-12)
+    assert overlap.pipe_iteration_with(0.05, T_AR, 0.0, 2, 0.1) == overlap.overlapped_comm(T_AR, 0.05, 0.1)
+    assert overlap.overlapped_comm(0.12, math.inf, 0.1) == pytest.approx(0.132, rel=1e-12)
     # sync never overlaps: κc does not touch it
     assert predict(s).result("sync").iteration_s == pytest.approx(0.2 + T_AR, rel=1e-12)
 
 
 def test_comm_slowdown_ddp_only_on_the_overlapped_part():
-    s = Scenario(nodes=4, grad_bytes=100 * MB, bandwidth_Bps=gbe(10), compute_s=0.1, bucket_bytes=10 * MB,
-                 overlap_fraction=0.5, comm_slowdown=0.2)  # 10 buckets: the last one (12 ms) is not the limit
+    s = Scenario.of(nodes=4, grad_bytes=100 * MB, bandwidth_Bps=gbe(10), compute_s=0.1, bucket_bytes=10 * MB,
+                    overlap_fraction=0.5, comm_slowdown=0.2)  # 10 buckets: the last one (12 ms) is not the limit
     T_AR = 0.12
     # ring outlasts the overlap window φ·T̂_c = 0.05: slowed by κc inside it only
     assert predict(s).result("ddp").iteration_s == pytest.approx(0.05 + T_AR + 0.2 * 0.05 / 1.2, rel=1e-12)
@@ -512,10 +517,10 @@ def test_comm_slowdown_ddp_only_on_the_overlapped_part():
 def test_handoff_term_two_copies_plus_fixed_cost():
     M, copy, hand = 5 * MB, 2e9, 1e-3
     H = 2 * M / copy + hand  # 6 ms
-    assert formulas.handoff_time(M, copy, hand) == pytest.approx(H, rel=1e-12)
-    assert formulas.handoff_time(M, math.inf, 0.0) == 0.0
-    s = Scenario(nodes=2, grad_bytes=M, bandwidth_Bps=gbe(1), compute_s=0.02, update_s=0.002, copy_Bps=copy,
-                 handoff_s=hand, bucket_bytes=0)
+    assert overlap.handoff_time(M, copy, hand) == pytest.approx(H, rel=1e-12)
+    assert overlap.handoff_time(M, math.inf, 0.0) == 0.0
+    s = Scenario.of(nodes=2, grad_bytes=M, bandwidth_Bps=gbe(1), compute_s=0.02, update_s=0.002, copy_Bps=copy,
+                    handoff_s=hand, bucket_bytes=0)
     T_AR = M / gbe(1)  # p = 2: factor 1.0 → 40 ms
     pred = predict(s)
     assert pred.result("sync").iteration_s == pytest.approx(0.022 + H + T_AR, rel=1e-12)
@@ -529,7 +534,7 @@ def test_handoff_term_two_copies_plus_fixed_cost():
 
 
 def test_calibration_recovers_known_slowdowns_and_copy_rate():
-    from timing_model.host_terms import copy_rate_from_timings, host_terms, slowdown_from_timings
+    from timing_model.empirical.host_terms import copy_rate_from_timings, host_terms, slowdown_from_timings
 
     rng = random.Random(3)
     alone = [rng.uniform(0.01, 0.5) for _ in range(9)]
@@ -566,10 +571,10 @@ def test_calibration_host_round_trip_and_validate_uses_it(tmp_path):
     from timing_model.validation import scenario_for
 
     sc = scenario_for(run, back)
-    assert (sc.comm_slowdown, sc.copy_Bps, sc.handoff_s) == (0.1, 2e9, 5e-4)
-    assert sc.slowdown == 0.0  # pipe's measured compute already ran next to the ring
+    assert (sc.empirical.comm_slowdown, sc.empirical.copy_Bps, sc.empirical.handoff_s) == (0.1, 2e9, 5e-4)
+    assert sc.empirical.slowdown == 0.0  # pipe's measured compute already ran next to the ring
     (sync,) = read_runs(write_run(tmp_path, "sync2", "sync", 2, 8e6, 0.05, 0.004), skip=3)
-    assert scenario_for(sync, back).slowdown == 0.3
+    assert scenario_for(sync, back).empirical.slowdown == 0.3
     (check,) = validate_runs([sync], back)
     T_AR = FIT.predict(2, 8e6)
     assert check.predicted_s == pytest.approx(0.054 + 2 * 8e6 / 2e9 + 5e-4 + T_AR, rel=1e-9)
@@ -602,7 +607,7 @@ def test_error_feedback_adds_its_calibrated_cost_only_when_the_run_uses_it():
                     encode_Bps=1e9, decode_Bps=1e9, feedback_Bps=2e9)
     plain = predict(base, ("sync",)).result("sync")
     kept = predict(replace(base, error_feedback=True), ("sync",)).result("sync")
-    assert plain.codec_s == pytest.approx(formulas.codec_time(4, 100 * MB, 1e9, 1e9, True))
+    assert plain.codec_s == pytest.approx(equations.codec_time(4, 100 * MB, 1e9, 1e9, True))
     assert kept.codec_s - plain.codec_s == pytest.approx(4 * 25 * MB / 2e9)  # E = p encodes of M/p, each decoded
     assert kept.iteration_s - plain.iteration_s == pytest.approx(4 * 25 * MB / 2e9)
 

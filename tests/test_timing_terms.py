@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 
 from timing_model.calibration import Calibration, Fit
-from timing_model.modes import allreduce_cost
+from timing_model.core.costs import allreduce_cost
+from timing_model.empirical.anchor import anchored
 from timing_model.predict import Scenario, predict
 from timing_model.validation import calibrated_scenario, read_runs
 
@@ -18,13 +19,13 @@ GBIT = 1.25e8
 
 
 def scenario(**kw) -> Scenario:
-    return Scenario(**{"nodes": 4, "grad_bytes": 1 * MB, "bandwidth_Bps": GBIT, "latency_s": 1e-4,
+    return Scenario.of(**{"nodes": 4, "grad_bytes": 1 * MB, "bandwidth_Bps": GBIT, "latency_s": 1e-4,
                        "compute_s": 0.02, "update_s": 0.001, **kw})
 
 
 def comm(s: Scenario):
     cluster, _, codec, schedule, _ = s.records()
-    return allreduce_cost(cluster, codec, schedule, per_hop=True)
+    return anchored(allreduce_cost(cluster, codec, schedule, per_hop=True), s.empirical.ring_anchor_s)
 
 
 # ---------------------------------------------------------------- the anchor
@@ -83,8 +84,8 @@ def test_calibration_anchor_only_where_the_probe_measured_that_collective(mode, 
 
 def test_calibrated_scenario_takes_the_anchor_unless_given():
     s = scenario(grad_bytes=1e6, compression="q8")
-    assert calibrated_scenario(s, calibration(), "pipe").ring_anchor_s == 0.03
-    assert calibrated_scenario(replace(s, ring_anchor_s=0.5), calibration(), "pipe").ring_anchor_s == 0.5
+    assert calibrated_scenario(s, calibration(), "pipe").empirical.ring_anchor_s == 0.03
+    assert calibrated_scenario(s.with_changes(ring_anchor_s=0.5), calibration(), "pipe").empirical.ring_anchor_s == 0.5
 
 
 # ---------------------------------------------------------------- the buffer sync
@@ -94,16 +95,16 @@ def test_buffer_sync_sits_in_pipes_window_and_beside_a_synchronous_ring():
     assert wire == pytest.approx(2 * 3 / 4 * 1e3 / GBIT)  # the ring's β·bytes, no latency
     for mode, width, added in (("pipe", 2, 0.005), ("pipe", 1, 0.005 - wire), ("sync", 1, 0.005 - wire)):
         before = predict(replace(s, width=width), (mode,)).result(mode)
-        after = predict(replace(s, width=width, buffers_s=0.005), (mode,)).result(mode)
+        after = predict(s.with_changes(width=width, buffers_s=0.005), (mode,)).result(mode)
         assert after.iteration_s == pytest.approx(before.iteration_s + added), (mode, width)
         assert after.buffers_s == pytest.approx(added)
     # a slow link: the sync's messages wait behind the ring's 120 ms on the wire, inside the ring's time
     slow = scenario(bandwidth_Bps=12.5e6)
     assert comm(slow).wire_s == pytest.approx(0.12)
-    plain, synced = (predict(replace(slow, buffers_s=b), ("sync",)).result("sync") for b in (0.0, 0.02))
+    plain, synced = (predict(slow.with_changes(buffers_s=b), ("sync",)).result("sync") for b in (0.0, 0.02))
     assert synced.iteration_s == plain.iteration_s and synced.buffers_s == 0.0
-    assert predict(replace(slow, buffers_s=0.13), ("sync",)).result("sync").buffers_s == pytest.approx(0.01)
-    ddp = predict(replace(s, buffers_s=0.005), ("ddp",)).result("ddp")
+    assert predict(slow.with_changes(buffers_s=0.13), ("sync",)).result("sync").buffers_s == pytest.approx(0.01)
+    ddp = predict(s.with_changes(buffers_s=0.005), ("ddp",)).result("ddp")
     assert ddp.buffers_s == 0.0  # DDP broadcasts in its forward: inside its compute
 
 
@@ -119,15 +120,15 @@ def test_host_work_adds_beyond_the_hand_off_estimate_in_every_mode():
     s = scenario(grad_bytes=1e3, handoff_s=0.001)  # a tiny gradient: pipe is compute-bound
     for mode in ("sync", "pipe", "ddp", "ps-sync"):
         before = predict(s, (mode,)).result(mode)
-        covered = predict(replace(s, host_s=0.0005), (mode,)).result(mode)  # less than pipe/sync's hand-off
-        after = predict(replace(s, host_s=0.004), (mode,)).result(mode)
+        covered = predict(s.with_changes(host_s=0.0005), (mode,)).result(mode)  # less than pipe/sync's hand-off
+        after = predict(s.with_changes(host_s=0.004), (mode,)).result(mode)
         extra = 0.004 - before.handoff_s
         assert after.iteration_s == pytest.approx(before.iteration_s + extra), mode
         assert after.host_s == pytest.approx(extra)
         if mode in ("sync", "pipe"):
             assert covered.iteration_s == pytest.approx(before.iteration_s) and covered.host_s == 0.0
     with pytest.raises(ValueError, match="host_s"):
-        predict(replace(s, host_s=-1.0), ("sync",))
+        predict(s.with_changes(host_s=-1.0), ("sync",))
 
 
 def test_read_runs_takes_the_slowest_ranks_host_work(tmp_path):
@@ -176,7 +177,7 @@ def test_ps_async_is_measured_at_the_slowest_workers_pace(tmp_path):
 
 # ---------------------------------------------------------------- the lockstep term
 def test_lockstep_is_the_synchronous_step_beyond_its_parts_and_signed():
-    from timing_model.host_terms import host_terms, lockstep_from_timings
+    from timing_model.empirical.host_terms import host_terms, lockstep_from_timings
     from timing_model.fitting import host_record
 
     assert lockstep_from_timings(0.013, 0.009) == pytest.approx(0.004)
@@ -203,7 +204,7 @@ def test_lockstep_adds_to_every_step_that_ends_in_a_blocking_allreduce():
     for mode, width, adds in (("sync", 1, True), ("ddp", 1, True), ("pipe", 1, True), ("pipe", 2, False),
                               ("ps-sync", 1, False), ("ps-async", 1, False)):
         before = predict(replace(s, width=width), (mode,)).result(mode)
-        after = predict(replace(s, width=width, lockstep_s=0.003), (mode,)).result(mode)
+        after = predict(s.with_changes(width=width, lockstep_s=0.003), (mode,)).result(mode)
         assert after.iteration_s == pytest.approx(before.iteration_s + (0.003 if adds else 0.0)), (mode, width)
         assert after.lockstep_s == (0.003 if adds else 0.0)
         terms = ("compute_s", "straggler_s", "interference_s", "update_s", "handoff_s", "buffers_s", "host_s",
@@ -216,28 +217,28 @@ def test_a_negative_lockstep_hides_at_most_the_compute():
     s = scenario(grad_bytes=1e3)
     for mode in ("sync", "ddp"):
         before = predict(s, (mode,)).result(mode)
-        quicker = predict(replace(s, lockstep_s=-0.004), (mode,)).result(mode)
+        quicker = predict(s.with_changes(lockstep_s=-0.004), (mode,)).result(mode)
         assert quicker.iteration_s == pytest.approx(before.iteration_s - 0.004) and quicker.lockstep_s == -0.004
-        floor = predict(replace(s, lockstep_s=-1.0), (mode,)).result(mode)
+        floor = predict(s.with_changes(lockstep_s=-1.0), (mode,)).result(mode)
         assert floor.lockstep_s == pytest.approx(-0.02)  # −compute: nothing hides more than the bucket refilled
     with pytest.raises(ValueError, match="lockstep_s"):
-        predict(replace(s, lockstep_s=float("nan")), ("sync",))
+        predict(s.with_changes(lockstep_s=float("nan")), ("sync",))
 
 
 def test_calibrated_scenario_takes_the_lockstep_beyond_the_anchor():
     cal = calibration()
     cal.host = {**cal.host, "lockstep_s": 0.0, "lockstep": {"excess_s": 0.025, "ring_alone_s": 0.03}}
     s = scenario()  # 1 MB on 4 nodes: the anchor is 20 ms
-    assert calibrated_scenario(s, cal, "sync").lockstep_s == pytest.approx(0.005)
-    assert calibrated_scenario(replace(s, grad_bytes=3e6), cal, "sync").lockstep_s == pytest.approx(-0.005)
+    assert calibrated_scenario(s, cal, "sync").empirical.lockstep_s == pytest.approx(0.005)
+    assert calibrated_scenario(replace(s, grad_bytes=3e6), cal, "sync").empirical.lockstep_s == pytest.approx(-0.005)
 
 
 def test_calibrated_scenario_takes_the_lockstep_term_unless_given():
     cal = calibration()
     cal.host = {"lockstep_s": 0.004}
     s = scenario()
-    assert calibrated_scenario(s, cal, "sync").lockstep_s == 0.004
-    assert calibrated_scenario(replace(s, lockstep_s=0.001), cal, "sync").lockstep_s == 0.001
+    assert calibrated_scenario(s, cal, "sync").empirical.lockstep_s == 0.004
+    assert calibrated_scenario(s.with_changes(lockstep_s=0.001), cal, "sync").empirical.lockstep_s == 0.001
 
 
 # ---------------------------------------------------------------- DDP with one bucket
@@ -259,14 +260,14 @@ def test_ddp_takes_what_the_probe_step_took_beyond_the_model_for_its_own_compute
     at exactly the probe's step (plus the run's update), and the lockstep term no longer counts for ddp."""
     s = scenario(grad_bytes=4 * MB, ring_anchor_s=0.010, lockstep_s=0.002, copy_Bps=1e9)
     without = predict(s, ("ddp", "sync"))
-    probed = replace(s, ddp_step_s=0.045, ddp_compute_s=0.025)
+    probed = s.with_changes(ddp_step_s=0.045, ddp_compute_s=0.025)
     ddp, sync = predict(probed, ("ddp",)).result("ddp"), predict(probed, ("sync",)).result("sync")
     hand = 2 * 4 * MB / 1e9  # DDP's bucket copies, in its step and in the probe's
     assert ddp.lockstep_s == pytest.approx(0.045 - (0.025 + 0.010 + hand))
     assert ddp.iteration_s == pytest.approx(0.045 - 0.025 + s.compute_s + s.update_s)
     assert without.result("ddp").lockstep_s == 0.002  # not probed: the lockstep term, as before
     assert sync.iteration_s == without.result("sync").iteration_s  # sync keeps the lockstep term
-    quick = predict(replace(probed, ddp_step_s=0.001), ("ddp",)).result("ddp")
+    quick = predict(probed.with_changes(ddp_step_s=0.001), ("ddp",)).result("ddp")
     assert quick.lockstep_s == pytest.approx(-s.compute_s)  # at least −compute
 
 
@@ -287,7 +288,7 @@ def test_the_ddp_probe_needs_its_step_and_its_compute():
 
 def test_the_ddp_probe_flows_from_the_raw_record_to_the_scenario():
     from timing_model.fitting import host_record
-    from timing_model.host_terms import host_terms
+    from timing_model.empirical.host_terms import host_terms
     raw = {"ddp_step": {"load": "lenet forward+backward, batch 32", "steps": 900, "period_s": 0.013,
                         "compute_s": 0.002}}
     host = host_record(raw)
@@ -298,4 +299,4 @@ def test_the_ddp_probe_flows_from_the_raw_record_to_the_scenario():
     cal = calibration()
     cal.host = {**cal.host, **host}
     calibrated = calibrated_scenario(scenario(), cal, "ddp")
-    assert (calibrated.ddp_step_s, calibrated.ddp_compute_s) == (0.013, 0.002)
+    assert (calibrated.empirical.ddp_step_s, calibrated.empirical.ddp_compute_s) == (0.013, 0.002)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from pipesgd import trace
+from pipesgd.runlog import trace
 from pipesgd.train.cli import main
 from tests.test_train_e2e import launch
 
@@ -109,8 +109,8 @@ def test_merge_of_a_bad_file_is_one_line(tmp_path, capsys):
     assert trace.main(["merge", str(tmp_path / "o.json"), str(bad)]) == 2
     assert trace.main(["merge", str(tmp_path / "o.json"), str(tmp_path / "missing.json")]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err == [f"pipesgd.trace: error: {bad} is not a Chrome trace (no traceEvents list)",
-                   f"pipesgd.trace: error: trace file not found: {tmp_path / 'missing.json'}"]
+    assert err == [f"pipesgd.runlog.trace: error: {bad} is not a Chrome trace (no traceEvents list)",
+                   f"pipesgd.runlog.trace: error: trace file not found: {tmp_path / 'missing.json'}"]
     assert not os.path.exists(tmp_path / "o.json")
 
 
@@ -224,7 +224,7 @@ def _rank_file(path, rank, spans):
 
 
 def test_timeline_trim_keeps_a_common_interval(tmp_path):
-    from pipesgd.bench.timeline import overlap_summary, trim
+    from experiments.harness.timeline import overlap_summary, trim
 
     path = str(tmp_path / "pipe.json")
     # rank 0 computes steps 0-3 every 100 us from t=1000; rank 1 is 30 us late; comm of step t runs 60 us from the

@@ -14,7 +14,7 @@ from pipesgd.train.config import ConfigError, TrainConfig, resolve
 from pipesgd.train.data import Dataset, build_dataset
 from pipesgd.train.loop import cross_entropy, evaluate, forward_backward
 from pipesgd.train.models import build_model
-from pipesgd.train.strategy import ADAMW_BETAS, build_inner_optimizer
+from pipesgd.train.optimizers import ADAMW_BETAS, build_inner_optimizer
 from tests.single_process import process_group  # noqa: F401 - a fixture
 
 
@@ -59,14 +59,15 @@ def test_evaluate_counts_every_position():
 
 def test_adamw_decays_matrices_only_with_nanogpt_betas():
     model = build_model("gpt", (8,), 13)
-    opt = build_inner_optimizer(resolve(["--optimizer", "adamw", "--weight-decay", "0.1"]), model)
+    cfg = resolve(["--optimizer", "adamw", "--weight-decay", "0.1"])
+    opt = build_inner_optimizer(cfg.optimizer, model, cfg.lr, cfg.momentum, cfg.weight_decay)
     assert isinstance(opt, torch.optim.AdamW) and ADAMW_BETAS == (0.9, 0.99)
     decayed, kept = opt.param_groups
     assert decayed["weight_decay"] == 0.1 and kept["weight_decay"] == 0.0
     assert all(p.dim() >= 2 for p in decayed["params"]) and all(p.dim() == 1 for p in kept["params"])
     assert len(decayed["params"]) + len(kept["params"]) == len(list(model.parameters()))
     assert {g["betas"] for g in opt.param_groups} == {ADAMW_BETAS} and {g["lr"] for g in opt.param_groups} == {0.02}
-    no_vectors = build_inner_optimizer(resolve(["--optimizer", "adamw"]), nn.Linear(3, 2, bias=False))
+    no_vectors = build_inner_optimizer("adamw", nn.Linear(3, 2, bias=False), 0.02, 0.9, 0.0)
     assert len(no_vectors.param_groups) == 1  # no empty group
 
 

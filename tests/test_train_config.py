@@ -122,7 +122,7 @@ def test_help_shows_every_flag_with_its_default_and_its_valid_names(monkeypatch)
     from dataclasses import fields
 
     from pipesgd.train.config import build_parser
-    from pipesgd.train.strategy import MODES
+    from pipesgd.train.modes import MODES
 
     monkeypatch.setenv("COLUMNS", "400")  # argparse wraps at the terminal width, hyphenated words too
     options = build_parser().format_help().split("options:", 1)[1]

@@ -9,7 +9,8 @@ from torch.nn.parallel import DistributedDataParallel
 from pipesgd import PipeSGD
 from pipesgd.baselines import DDPOptimizer, ParameterServer
 from pipesgd.train.config import TrainConfig
-from pipesgd.train.strategy import MODES, build_strategy, num_workers_for
+from pipesgd.train.modes import MODES, num_workers_for
+from pipesgd.train.strategy import build_strategy
 from pipesgd.wrapper import OptimizerWrapper
 from tests.single_process import RecordingWrapper, process_group  # noqa: F401 - a fixture
 
@@ -52,6 +53,6 @@ def test_a_class_without_flush_is_not_a_wrapper():
 
 
 def test_workers_leave_out_dedicated_servers():
-    assert num_workers_for(TrainConfig(mode="ps-sync", servers=1), 4) == 3
-    assert num_workers_for(TrainConfig(mode="ps-async"), 4) == 4
-    assert num_workers_for(TrainConfig(mode="pipe"), 4) == 4
+    assert num_workers_for("ps-sync", 1, 4) == 3
+    assert num_workers_for("ps-async", 0, 4) == 4
+    assert num_workers_for("pipe", 0, 4) == 4

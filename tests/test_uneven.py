@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 from pipesgd import PipeSGD
-from pipesgd.uneven import UnevenInputsError
+from pipesgd.comm.uneven import UnevenInputsError
 from tests.distributed import run_ranks
 from tests.fake_topology import LoopbackTopology
 from tests.test_pipesgd import batch, make_model
@@ -67,7 +67,7 @@ def test_even_ranks_finish_quietly_and_flush_twice():
 
 def _agreements(rank: int, world: int, check_uneven: bool):
     """How many agreements a 4-step even run made, and its final weights."""
-    from pipesgd import uneven
+    from pipesgd.comm import uneven
 
     calls = []
     post = uneven.Participation._post
@@ -120,7 +120,7 @@ def test_the_ring_starts_before_the_agreement_is_answered(monkeypatch):
     """The agreement is posted and the ring runs at once; its answer is read after the ring. (A ring that waited
     for it started a compute time late on shared cores: the latency-bound collective finished only when the
     slowest rank's compute did.) No process group: ``dist.all_reduce`` is replaced by the recording one."""
-    from pipesgd import uneven
+    from pipesgd.comm import uneven
 
     events: list[str] = []
 
@@ -139,8 +139,8 @@ def test_the_ring_starts_before_the_agreement_is_answered(monkeypatch):
 
 
 def _agreement_word_device(rank: int, world: int) -> str:
-    from pipesgd.topology import RingTopology
-    from pipesgd.uneven import Participation
+    from pipesgd.comm.topology import RingTopology
+    from pipesgd.comm.uneven import Participation
 
     topology = RingTopology(dist.group.WORLD)
     part = Participation(topology, torch.device("cuda"), dist.new_group(list(range(world))))

@@ -8,11 +8,11 @@ from dataclasses import replace
 
 import pytest
 
-from timing_model import formulas
+from timing_model.empirical import overlap
 from timing_model.calibration import Calibration, Fit
 from timing_model.cli import main
 from timing_model.fitting import host_record
-from timing_model.host_terms import host_terms
+from timing_model.empirical.host_terms import host_terms
 from timing_model.predict import Scenario, predict
 from timing_model.validation import calibrated_scenario
 
@@ -21,18 +21,18 @@ MB = 1e6
 
 def test_window_comm_is_overlapped_comm_with_kappa_c_as_a_share_of_the_window():
     for t_ar, window, kc in [(0.01, 0.004, 12.8), (0.14, 0.08, 0.83), (0.005, 0.04, 0.5), (0.02, 0.01, 0.0)]:
-        assert formulas.window_comm(t_ar, window, kc / (1 + kc)) == pytest.approx(
-            formulas.overlapped_comm(t_ar, window, kc), rel=1e-12)
+        assert overlap.window_comm(t_ar, window, kc / (1 + kc)) == pytest.approx(
+            overlap.overlapped_comm(t_ar, window, kc), rel=1e-12)
 
 
 def test_window_comm_inside_the_window_past_it_and_beyond_a_whole_window():
-    assert formulas.window_comm(0.005, 0.04, 0.5) == pytest.approx(0.010)  # ends inside: at half pace
-    assert formulas.window_comm(0.010, 0.004, 0.25) == pytest.approx(0.011)  # loses a quarter of the window
-    assert formulas.window_comm(0.010, 0.004, 1.0) == pytest.approx(0.014)  # no progress inside the window
-    assert formulas.window_comm(0.010, 0.004, 0.0) == 0.010
+    assert overlap.window_comm(0.005, 0.04, 0.5) == pytest.approx(0.010)  # ends inside: at half pace
+    assert overlap.window_comm(0.010, 0.004, 0.25) == pytest.approx(0.011)  # loses a quarter of the window
+    assert overlap.window_comm(0.010, 0.004, 1.0) == pytest.approx(0.014)  # no progress inside the window
+    assert overlap.window_comm(0.010, 0.004, 0.0) == 0.010
     for bad in (-0.1, 1.5, math.inf, math.nan):
         with pytest.raises(ValueError):
-            formulas.window_comm(0.01, 0.004, bad)
+            overlap.window_comm(0.01, 0.004, bad)
 
 
 @pytest.mark.parametrize("t_ar,window,measured", [
@@ -42,17 +42,17 @@ def test_window_comm_inside_the_window_past_it_and_beyond_a_whole_window():
     (0.0100, 0.0100, 0.0200),  # the boundary: both branches agree
 ])
 def test_window_loss_is_the_exact_inverse(t_ar, window, measured):
-    loss = formulas.window_loss(t_ar, window, measured)
+    loss = overlap.window_loss(t_ar, window, measured)
     assert loss > 0
-    assert formulas.window_comm(t_ar, window, loss) == pytest.approx(measured, rel=1e-12)
+    assert overlap.window_comm(t_ar, window, loss) == pytest.approx(measured, rel=1e-12)
 
 
 def test_window_loss_is_zero_when_the_ring_kept_its_pace_one_at_most_and_refuses_bad_timings():
-    assert formulas.window_loss(0.010, 0.004, 0.009) == 0.0
-    assert formulas.window_loss(0.0075, 0.0037, 0.0142) == 1.0  # lost more than the window: the alone timing's noise
+    assert overlap.window_loss(0.010, 0.004, 0.009) == 0.0
+    assert overlap.window_loss(0.0075, 0.0037, 0.0142) == 1.0  # lost more than the window: the alone timing's noise
     for args in [(0.0, 0.004, 0.01), (0.01, 0.0, 0.01), (0.01, 0.004, math.nan), (0.01, 0.004, -1.0)]:
         with pytest.raises(ValueError):
-            formulas.window_loss(*args)
+            overlap.window_loss(*args)
 
 
 def _row(compression, alone, together, load_window, ring_window):
@@ -76,15 +76,15 @@ def test_host_record_takes_lambda_per_codec_only_where_the_window_probe_ran():
 
 
 def _scenario(**kw) -> Scenario:
-    return Scenario(**{"nodes": 4, "grad_bytes": 0.079 * MB, "bandwidth_Bps": 1.2e7, "compute_s": 0.0025,
-                       "update_s": 0.0003, "ring_anchor_s": 0.0103, "comm_slowdown": 12.8, **kw})
+    return Scenario.of(**{"nodes": 4, "grad_bytes": 0.079 * MB, "bandwidth_Bps": 1.2e7, "compute_s": 0.0025,
+                          "update_s": 0.0003, "ring_anchor_s": 0.0103, "comm_slowdown": 12.8, **kw})
 
 
 def test_pipe_takes_lambda_in_place_of_kappa_c_and_ddp_keeps_kappa_c():
     old = predict(_scenario(), ("pipe", "ddp", "sync"))
     new = predict(_scenario(window_loss=0.25), ("pipe", "ddp", "sync"))
     window = 0.0025 + 0.0003
-    assert old.result("pipe").iteration_s == pytest.approx(formulas.overlapped_comm(0.0103, window, 12.8))
+    assert old.result("pipe").iteration_s == pytest.approx(overlap.overlapped_comm(0.0103, window, 12.8))
     assert new.result("pipe").iteration_s == pytest.approx(0.0103 + 0.25 * window)
     assert new.result("ddp").iteration_s == old.result("ddp").iteration_s
     assert new.result("sync").iteration_s == old.result("sync").iteration_s
@@ -101,9 +101,9 @@ def test_calibrated_scenario_takes_lambda_of_the_runs_codec_unless_given():
     fits = {"ring": Fit(overhead_s=0.0, latency_s=1e-4, bandwidth_Bps=1.2e7, reduce_Bps=1e10, n_samples=5,
                         median_abs_rel_err=0.0, max_abs_rel_err=0.0)}
     cal = Calibration(fits, host={"window_loss": 0.25, "window_loss_by_codec": {"none": 0.25, "q8": 1.0}})
-    assert calibrated_scenario(_scenario(compression="q8"), cal, "pipe").window_loss == pytest.approx(1.0)
-    assert calibrated_scenario(_scenario(window_loss=0.0), cal, "pipe").window_loss == 0.0
-    assert calibrated_scenario(_scenario(), Calibration(fits), "pipe").window_loss is None
+    assert calibrated_scenario(_scenario(compression="q8"), cal, "pipe").empirical.window_loss == pytest.approx(1.0)
+    assert calibrated_scenario(_scenario(window_loss=0.0), cal, "pipe").empirical.window_loss == 0.0
+    assert calibrated_scenario(_scenario(), Calibration(fits), "pipe").empirical.window_loss is None
 
 
 def test_predict_cli_takes_window_loss(capsys):

@@ -28,7 +28,7 @@ Calibration file (``schema`` = ``pipesgd-timing/calibration/1``), written atomic
               "feedback_rings": [{"compression", "n_bytes", "pairs", "ring_alone_s", "ring_feedback_s",
               "feedback_s"}, ...] (with a model, per lossy codec: ``pipesgd.measure.feedback``),
               "copy_Bps" (null = free), "handoff_s", "overlap": [...], "copy": [...]} | {},
-                                                 # interference and hand-off terms (see ``host_terms.host_terms``)
+                                                 # interference and hand-off terms (see ``empirical.host_terms``)
      "samples": [SAMPLE, ...], "residuals": [RESIDUAL, ...], "notes": [...]}
     FIT = {"overhead_s", "latency_s", "bandwidth_Bps", "reduce_Bps" (null = free), "n_samples",
            "median_abs_rel_err", "max_abs_rel_err", "notes"}
@@ -42,12 +42,12 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from pipesgd.atomic import atomic_open
+from pipesgd.runlog.atomic import atomic_open
 from pipesgd.defaults import resolve_allreduce
 
-from . import collectives
-from .formulas import codec_passes
-from .host_terms import host_terms
+from .core import collectives
+from .core.equations import codec_passes, codec_time
+from .empirical.host_terms import host_terms
 
 __all__ = ["SCHEMA", "Sample", "Fit", "Calibration", "fit_collective", "fit_codec_in_ring", "residual_table",
            "write_calibration", "read_calibration", "calibration_from_json", "BURST_BYTES"]
@@ -183,8 +183,6 @@ def fit_collective(samples: list[Sample], collective: str = "ring", algorithm: s
 def _compressed_parts(s: Sample, fit: Fit, algorithm: str, codecs: dict[str, tuple[float, float]] | None,
                       ratios: dict[str, float] | None) -> tuple[float, float]:
     """(wire seconds, isolated codec seconds) the per-hop model gives a compressed ring sample."""
-    from .formulas import codec_time  # symbols stay in the formula modules
-
     ratio = (ratios or {}).get(s.compression, 1.0)
     enc, dec = (codecs or {}).get(s.compression, (math.inf, math.inf))
     wire = Fit(fit.overhead_s, fit.latency_s, fit.bandwidth_Bps * ratio, fit.reduce_Bps, 0, 0.0, 0.0)
@@ -286,7 +284,7 @@ class Calibration:
         return rate / factor if rate is not None and factor > 0 else math.inf
 
     def ring_anchor_s(self, mode: str, compression: str, grad_bytes: float, nodes: int) -> float:
-        """The anchor of ``modes.allreduce_cost``: seconds of the trainer's allreduce of ``compression`` alone at
+        """The anchor of ``empirical.anchor.anchored``: seconds of the trainer's allreduce of ``compression`` alone at
         ``grad_bytes`` on ``nodes`` ranks, as the interference probe (``host['overlap']``, run at the model's
         gradient size by ``calibrate --model``) measured it; 0 when it did not (another size, world size or
         codec) or the mode runs another collective (parameter server; DDP with a comm hook)."""
@@ -298,7 +296,7 @@ class Calibration:
     def ring_feedback_speed(self, mode: str, compression: str, grad_bytes: float, nodes: int) -> float | None:
         """Error-feedback bytes/s of our ring of ``compression`` at ``grad_bytes`` on ``nodes`` ranks as the
         feedback probe (``host['feedback_rings']``, ``pipesgd.measure.feedback``) measured it: the rate at which
-        ``formulas.codec_time``'s feedback term gives the probe's paired difference F (ring with feedback − without),
+        ``equations.codec_time``'s feedback term gives the probe's paired difference F (ring with feedback − without),
         E·(M/p)/F; inf when F <= 0 (within the noise); None when not probed (sync and pipe only: our ring)."""
         row = self._probed("feedback_rings", compression, grad_bytes, nodes) if mode in ("sync", "pipe") else None
         if row is None or row.get("feedback_s") is None:
@@ -322,7 +320,9 @@ class Calibration:
         """Our ring serves sync and pipe with a codec on every hop; the backend's all_reduce serves
         uncompressed sync and pipe (PipeSGD's default fast path, ``allreduce="auto"``), ddp and the
         parameter server."""
-        ours = mode in ("sync", "pipe") and resolve_allreduce("auto", lossless=compression == "none") == "ring"
+        # Our ring's fit also stands in for our all-to-all all-reduce (what "auto" runs for a codec) until the model
+        # knows the latter's cost.
+        ours = mode in ("sync", "pipe") and resolve_allreduce("auto", lossless=compression == "none") != "backend"
         order = ("ring", "backend") if ours else ("backend", "ring")
         for name in order:
             if name in self.fits:
@@ -331,13 +331,16 @@ class Calibration:
 
 
 def write_calibration(path: str, cal: Calibration) -> None:
-    """Write the calibration JSON atomically (``pipesgd.atomic``: a temporary file in the same folder, then rename)."""
+    """Write the calibration JSON atomically (``pipesgd.runlog.atomic``: a temporary file in the same folder, then
+    rename)."""
     data = {"schema": SCHEMA, **cal.meta,
             "fits": {name: fit.as_json() for name, fit in cal.fits.items()},
             "codecs": {name: {"encode_Bps": e, "decode_Bps": d, "feedback_Bps": cal.codec_feedback.get(name),
-                              "ring_factor_by_nodes": {str(p): f for p, f in cal.codec_ring_factors.get(name, {}).items()}}
+                              "ring_factor_by_nodes": {str(p): f
+                                                       for p, f in cal.codec_ring_factors.get(name, {}).items()}}
                        for name, (e, d) in cal.codecs.items()},
-            "compute": cal.compute, "host": cal.host, "samples": [asdict(s) for s in cal.samples], "residuals": cal.residuals}
+            "compute": cal.compute, "host": cal.host, "samples": [asdict(s) for s in cal.samples],
+            "residuals": cal.residuals}
     with atomic_open(path, "w") as out:
         json.dump(data, out, indent=2, allow_nan=False, default=lambda v: None)
         out.write("\n")

@@ -12,8 +12,9 @@ from __future__ import annotations
 import statistics
 
 from .calibration import BURST_BYTES, Calibration, Sample, fit_codec_in_ring, fit_collective, residual_table
-from .formulas import window_loss
-from .host_terms import copy_rate_from_timings, lockstep_from_timings, ps_service_terms, slowdown_from_timings
+from .empirical.host_terms import (copy_rate_from_timings, lockstep_from_timings, ps_service_terms,
+                                   slowdown_from_timings)
+from .empirical.overlap import window_loss
 from .params import CODEC_RATIOS
 
 __all__ = ["overlap_sizes", "host_record", "fit_calibration"]
@@ -32,7 +33,7 @@ def overlap_sizes(sizes_bytes: list[int], count: int = 3) -> list[int]:
 def host_record(raw: dict) -> dict:
     """The calibration's ``host`` record from the raw host timings of ``pipesgd.measure.host.measure_host``:
     κc per codec = median over sizes of ring together/alone − 1 (``comm_slowdown``: the uncompressed one, else the
-    first measured), λ per codec = median over sizes of ``formulas.window_loss`` of the window probe's rows
+    first measured), λ per codec = median over sizes of ``overlap.window_loss`` of the window probe's rows
     (``window_loss``, the same way; when that probe ran), κ = median over all rows of load together/alone − 1, the
     lockstep term (``lockstep_from_timings``, when the probe ran the model's synchronous steps), the DDP probe's step
     and compute (raw, when it ran), what error feedback
@@ -84,7 +85,8 @@ def host_record(raw: dict) -> dict:
 def fit_calibration(samples: list[Sample], codecs: dict[str, tuple[float, float]], feedback: dict[str, float],
                     compute: dict | None, host: dict, meta: dict, min_fit_bytes: float = 0.0) -> Calibration:
     """Fit the measured ``samples`` (Steps 1-3) into a ``Calibration`` carrying the other measurements as given.
-    Fit failures are appended to ``meta['notes']``; all fits failing raises ``ValueError('calibration failed: ...')``."""
+    Fit failures are appended to ``meta['notes']``; all fits failing raises
+    ``ValueError('calibration failed: ...')``."""
     notes = meta.setdefault("notes", [])
     fits, residuals, factors = {}, [], {}
     for collective in ("ring", "backend"):

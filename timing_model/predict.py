@@ -1,8 +1,10 @@
 """Predictions for every mode at once, speedups between modes, and sweeps over a grid of scenarios.
 
-A ``Scenario`` holds the inputs as a user gives them (SI units) and builds the parameter records;
-``predict(scenario)`` returns a ``Prediction`` with one ``ModeResult`` per mode and the speedup
-tables; ``sweep(base, axes)`` varies any scenario fields over lists of values.
+A ``Scenario`` holds the inputs as a user gives them (SI units): the plain ones of the analytic core as flat
+fields, and what ``calibrate`` measured in one nested ``EmpiricalTerms`` record (``empirical``; neutral by
+default, the plain model). ``predict(scenario)`` returns a ``Prediction`` with one ``ModeResult`` per mode and
+the speedup tables; ``sweep(base, axes)`` varies any scenario fields (plain or empirical, by name) over lists of
+values.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import itertools
 import math
 from dataclasses import dataclass, fields, replace
 
+from .empirical.terms import EMPIRICAL_FIELDS, NEUTRAL, EmpiricalTerms
 from .modes import MODES, ModeResult, predict_mode
 from .params import (BUCKET_BYTES, ClusterParams, CodecParams, ComputeParams, ScheduleParams, ServerParams,
                      build_codec)
@@ -19,7 +22,8 @@ __all__ = ["Scenario", "Prediction", "predict", "sweep", "SWEEP_AXES"]
 
 @dataclass(frozen=True, slots=True)
 class Scenario:
-    """Everything one prediction needs, as flat SI-unit fields (the CLI's flags map one to one)."""
+    """Everything one prediction needs: the plain inputs as flat SI-unit fields (the CLI's flags map one to one),
+    the measured terms in ``empirical``."""
 
     # cluster and network
     nodes: int  # workers
@@ -29,22 +33,11 @@ class Scenario:
     overhead_s: float = 0.0  # fixed cost per collective call
     reduce_Bps: float = math.inf  # local reduction rate
     collective: str = "ring"  # allreduce algorithm of sync/ddp
-    ring_anchor_s: float = 0.0  # measured allreduce alone at grad_bytes (calibration); 0: the fit alone
     # compute
     compute_s: float = 0.0  # mean forward+backward
     compute_std_s: float = 0.0  # spread across workers
     update_s: float = 0.0  # optimizer step
-    slowdown: float = 0.0  # relative compute slow-down while communication overlaps
     batch_size: int = 0  # samples per worker per iteration (0: unknown)
-    comm_slowdown: float = 0.0  # κc: relative communication slow-down while compute overlaps it
-    copy_Bps: float = math.inf  # gradient pack/unpack memory-copy rate (inf: free)
-    handoff_s: float = 0.0  # fixed per-step thread hand-off cost
-    buffers_s: float = 0.0  # blocking per-step buffer sync (sync and pipe on our optimizer)
-    host_s: float = 0.0  # measured per-step host work outside compute, update, buffers and the wait (ComputeParams)
-    lockstep_s: float = 0.0  # a blocking all-reduce right after compute beyond the two apart (ComputeParams)
-    window_loss: float | None = None  # λ: the share of a compute window the pipe's ring loses (ComputeParams)
-    ddp_step_s: float = 0.0  # the DDP probe's step (calibrate; ComputeParams), 0: not probed
-    ddp_compute_s: float = 0.0  # the DDP probe's forward + backward alone (calibrate; ComputeParams)
     # codec
     compression: str = "none"  # none | fp16 | bf16 | q8 | q4 | sign
     encode_Bps: float = math.inf  # codec encode throughput (fp32 bytes/s)
@@ -61,28 +54,37 @@ class Scenario:
     server_bandwidth_Bps: float = 0.0  # 0: same as the worker link
     ps_serialised: bool = True  # push and pull one after the other
     ps_colocated: bool = False  # server on a worker machine
-    ps_service_s: float = 0.0  # ps-async, co-located server: seconds per remote request while its worker trains
-    ps_service_idle_s: float = 0.0  # the same after the co-located worker finished (0: as ps_service_s)
-    ps_colocated_step_s: float = 0.0  # ps-async: the co-located worker's own step (0: the remote workers' think)
-    ps_round_s: float = 0.0  # ps-sync, co-located server: the probe's round (calibrate; ServerParams.round_s)
+    # what calibrate measured (``timing_model.empirical.terms``); neutral: the plain model
+    empirical: EmpiricalTerms = NEUTRAL
+
+    @classmethod
+    def of(cls, **values) -> "Scenario":
+        """A scenario from flat fields, plain ones and empirical terms alike, each by its own name."""
+        terms = {name: values.pop(name) for name in list(values) if name in EMPIRICAL_FIELDS}
+        scenario = cls(**values)
+        return scenario.with_changes(**terms) if terms else scenario
+
+    def with_changes(self, **changes) -> "Scenario":
+        """A copy with plain fields and empirical terms changed, each by its own name (the terms go into a copy of
+        ``empirical``)."""
+        terms = {name: changes.pop(name) for name in list(changes) if name in EMPIRICAL_FIELDS}
+        out = replace(self, **changes) if changes else self
+        return replace(out, empirical=replace(out.empirical, **terms)) if terms else out
 
     def records(self) -> tuple[ClusterParams, ComputeParams, CodecParams, ScheduleParams, ServerParams]:
-        """Build (and thereby validate) the frozen parameter records."""
+        """Build (and thereby validate) the frozen plain parameter records of the core."""
         cluster = ClusterParams(self.nodes, self.grad_bytes, self.bandwidth_Bps, self.latency_s, self.overhead_s,
-                                self.reduce_Bps, self.collective, self.ring_anchor_s)
-        compute = ComputeParams(self.compute_s, self.compute_std_s, self.update_s, self.slowdown, self.batch_size,
-                                self.comm_slowdown, self.copy_Bps, self.handoff_s, self.buffers_s, self.host_s,
-                                self.lockstep_s, self.window_loss, self.ddp_step_s, self.ddp_compute_s)
+                                self.reduce_Bps, self.collective)
+        compute = ComputeParams(self.compute_s, self.compute_std_s, self.update_s, self.batch_size)
         codec = build_codec(self.compression, self.encode_Bps, self.decode_Bps, self.compression_ratio,
                             self.feedback_Bps if self.error_feedback else math.inf)
         schedule = ScheduleParams(self.width, self.overlap_fraction, self.bucket_bytes)
-        server = ServerParams(self.servers, self.server_bandwidth_Bps, self.ps_serialised, self.ps_colocated,
-                              service_s=self.ps_service_s, service_idle_s=self.ps_service_idle_s,
-                              colocated_step_s=self.ps_colocated_step_s, round_s=self.ps_round_s)
+        server = ServerParams(self.servers, self.server_bandwidth_Bps, self.ps_serialised, self.ps_colocated)
         return cluster, compute, codec, schedule, server
 
 
-SWEEP_AXES = tuple(f.name for f in fields(Scenario))
+# what ``sweep`` may vary: every plain field and every empirical term, by name
+SWEEP_AXES = tuple(f.name for f in fields(Scenario) if f.name != "empirical") + EMPIRICAL_FIELDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +135,7 @@ class Prediction:
 def predict(scenario: Scenario, modes: tuple[str, ...] = MODES) -> Prediction:
     """Predict every mode in ``modes`` for one scenario."""
     records = scenario.records()
-    return Prediction(scenario, tuple(predict_mode(mode, *records) for mode in modes))
+    return Prediction(scenario, tuple(predict_mode(mode, *records, scenario.empirical) for mode in modes))
 
 
 def sweep(base: Scenario, axes: dict[str, list], modes: tuple[str, ...] = MODES) -> list[Prediction]:
@@ -142,5 +144,5 @@ def sweep(base: Scenario, axes: dict[str, list], modes: tuple[str, ...] = MODES)
         if name not in SWEEP_AXES:
             raise ValueError(f"cannot sweep {name!r}; valid: {', '.join(SWEEP_AXES)}")
     names = list(axes)
-    return [predict(replace(base, **dict(zip(names, values))), modes)
+    return [predict(base.with_changes(**dict(zip(names, values))), modes)
             for values in itertools.product(*(axes[n] for n in names))]

@@ -5,30 +5,30 @@ or ``RUN.rankN.jsonl`` per rank; files that differ only in ``.rankN`` form one r
 
 - ``{"type": "config", ...}`` — run settings, once per run (rank 0's file, first line). Fields read:
   ``mode`` (ps-sync | ps-async | sync | ddp | pipe), ``world_size``, ``num_workers`` (ranks that compute;
-  default world_size), ``width``, ``compression``, ``error_feedback``, ``grad_bytes`` or ``params`` (fp32: 4 bytes each),
+  default world_size), ``width``, ``compression``, ``error_feedback``, ``grad_bytes`` or ``params`` (fp32: 4 bytes
+  each),
   ``bucket_mb`` (MiB per bucket), ``overlap_fraction`` (DDP φ), ``servers``, ``ps_colocated``. All optional
   except the gradient size, which may instead come from ``bytes_sent`` of uncompressed ring steps.
 - ``{"type": "step", "step", "rank", "mode", "t_iter", "t_compute", "t_wait", "t_update", "bytes_sent"}``.
   Other record types are skipped.
 
-Per run: the first ``skip`` steps are dropped (for pipe, at least the config's ``warmup_steps``). Measured =
-the median over steps of the **mean over ranks** of t_iter: in lockstep training every rank's step times add up
-to the same wall-clock, so the mean is the step's period, while the per-step maximum adds each step's jitter
-(it overstated the comparison grid's iteration times by 5-25 %); for asynchronous workers (ps-async), which
-are not in lockstep, every per-step figure is the slowest worker's own and measured is its **mean** t_iter, the
-job's pace (``pipesgd.results.Run.pace_s``; the module docstring there says why). The model's inputs count
-each step's slowest rank (max over ranks of t_compute + t_data and of t_update: the straggler gates a
-synchronous step, so it is inside the prediction; ``t_data``, batch loading, is local work like compute) and,
-for sync and pipe, each step's *fastest* rank's ``t_buffers`` (the blocking buffer sync, ``--buffers``: the rank
-that arrives last waits least, so its time is the sync's own cost, while the others' wait there is the straggler
-already counted in the slowest compute), and each step's slowest rank's host work outside all of these
-(``t_host`` = t_iter − t_data − t_compute − t_wait − t_update − t_buffers, floored at 0: the optimizer wrapper's
-packing, hand-off and bookkeeping and zero_grad, 0.1-0.9 ms per LeNet step and 2-7 ms per ResNet-20 step on the
-comparison grid, of which the calibrated hand-off covered a fraction). Like compute and update, the buffer sync
-and the host work are the run's own measurements: the model predicts the gradient communication and its overlap
-around them.
-Config ``servers`` follows ``pipesgd-train``: 0 = rank 0 serves and trains (co-located), k > 0 dedicated. The prediction uses the calibrated network terms, the codec speeds of the calibration and the
-run's own median compute and update times, so it tests the communication and overlap model only.
+Per run: the first ``skip`` steps are dropped (for pipe, at least the config's ``warmup_steps``). Measured = the
+median over steps of the **mean over ranks** of t_iter: in lockstep training every rank's step times add up to the
+same wall-clock, so the mean is the step's period, while the per-step maximum adds each step's jitter
+(experiments/RESULTS.md, issue 37); for asynchronous workers (ps-async), which are not in lockstep, every per-step
+figure is the slowest worker's own and measured is its **mean** t_iter, the job's pace
+(``pipesgd.runlog.results.Run.pace_s``; the module docstring there says why). The model's inputs count each step's
+slowest rank (max over ranks of t_compute + t_data and of t_update: the straggler gates a synchronous step, so it is
+inside the prediction; ``t_data``, batch loading, is local work like compute) and, for sync and pipe, each step's
+*fastest* rank's ``t_buffers`` (the blocking buffer sync, ``--buffers``: the rank that arrives last waits least, so
+its time is the sync's own cost, while the others' wait there is the straggler already counted in the slowest
+compute), and each step's slowest rank's host work outside all of these (``t_host`` = t_iter − t_data − t_compute −
+t_wait − t_update − t_buffers, floored at 0: the optimizer wrapper's packing, hand-off and bookkeeping and
+zero_grad, of which the calibrated hand-off covers a fraction). Like compute and update, the buffer sync and the
+host work are the run's own measurements: the model predicts the gradient communication and its overlap around them.
+Config ``servers`` follows ``pipesgd-train``: 0 = rank 0 serves and trains (co-located), k > 0 dedicated. The
+prediction uses the calibrated network terms, the codec speeds of the calibration and the run's own median compute
+and update times, so it tests the communication and overlap model only.
 
 Host terms of the calibration (``host``): κc (comm slow-down next to compute), the copy rate and hand-off
 cost apply to every run; the lockstep term (a blocking all-reduce right after compute beyond the two apart) to
@@ -46,11 +46,12 @@ import os
 import statistics
 from dataclasses import dataclass, replace
 
-from pipesgd.results import ASYNC_MODES, iteration_over_ranks, slowest_rank, t_iter_by_rank
-from pipesgd.run_files import run_name
+from pipesgd.runlog.results import ASYNC_MODES, iteration_over_ranks, slowest_rank, t_iter_by_rank
+from pipesgd.runlog.run_files import run_name
 
 from .calibration import Calibration
-from .host_terms import host_terms
+from .empirical.host_terms import host_terms
+from .empirical.server import KERNEL_SEND_BUFFER_BYTES
 from .errors import error_summary
 from .modes import MODES, ModeResult
 from .params import CODEC_RATIOS
@@ -168,7 +169,7 @@ def read_runs(paths: list[str], skip: int = 3) -> list[RunRecord]:
         # synchronous warm-up steps of pipe mode are not steady state either
         first = max(skip, int(config.get("warmup_steps") or 0) if config.get("mode") == "pipe" else skip)
         mode = config.get("mode") or (steps[0].get("mode") if steps else None)
-        # asynchronous workers are not in lockstep: the slowest worker's own steps (``pipesgd.results``)
+        # asynchronous workers are not in lockstep: the slowest worker's own steps (``pipesgd.runlog.results``)
         only = slowest_rank(steps, first) if mode in ASYNC_MODES else None
         by_step: dict[int, list[dict]] = {}
         for record in steps:
@@ -197,11 +198,12 @@ def read_runs(paths: list[str], skip: int = 3) -> list[RunRecord]:
 
 
 def calibrated_scenario(scenario: Scenario, cal: Calibration, mode: str) -> Scenario:
-    """``scenario`` with the network terms of the fit that serves ``mode``, the anchor of that allreduce at the
-    scenario's gradient size (``Calibration.ring_anchor_s``), the calibrated in-ring codec speeds and error-feedback
-    rate (the feedback probe's at this size when it ran, ``Calibration.ring_feedback_speed``) and the calibrated
-    host terms κ, κc, λ, lockstep, the DDP probe's step, the ps-sync probe's round (at the scenario's ranks and
-    gradient only), copy rate and hand-off (codec speeds and host terms given in the scenario win)."""
+    """``scenario`` with the network terms of the fit that serves ``mode``, the calibrated in-ring codec speeds and
+    error-feedback rate (the feedback probe's at this size when it ran, ``Calibration.ring_feedback_speed``), and
+    the empirical terms: the anchor of that allreduce at the scenario's gradient size
+    (``Calibration.ring_anchor_s``), the calibrated host terms κ, κc, λ, lockstep, the DDP probe's step, the ps-sync
+    probe's round (at the scenario's ranks and gradient only), copy rate, hand-off and the server's service time,
+    and the kernel's socket buffer of a Linux host (codec speeds and terms given in the scenario win)."""
     fit = cal.fit_for(mode, scenario.compression)
     encode, decode = cal.codec_speeds(scenario.compression, scenario.nodes)
     # what feedback added to the ring in the calibration's paired probe, else the isolated rate scaled to the ring
@@ -212,24 +214,28 @@ def calibrated_scenario(scenario: Scenario, cal: Calibration, mode: str) -> Scen
     host = host_terms(cal.host, scenario.compression,
                       cal.ring_anchor_s(mode, "none", scenario.grad_bytes, scenario.nodes), scenario.nodes,
                       scenario.grad_bytes)
-    anchor = scenario.ring_anchor_s or cal.ring_anchor_s(mode, scenario.compression, scenario.grad_bytes,
-                                                         scenario.nodes)
+    given = scenario.empirical
+    anchor = given.ring_anchor_s or cal.ring_anchor_s(mode, scenario.compression, scenario.grad_bytes,
+                                                      scenario.nodes)
+    terms = replace(given, ring_anchor_s=anchor,
+                    slowdown=given.slowdown or host["slowdown"],
+                    lockstep_s=given.lockstep_s or host["lockstep_s"],
+                    comm_slowdown=given.comm_slowdown or host["comm_slowdown"],
+                    window_loss=host["window_loss"] if given.window_loss is None else given.window_loss,
+                    ddp_step_s=given.ddp_step_s or host["ddp_step_s"],
+                    ddp_compute_s=given.ddp_compute_s or host["ddp_compute_s"],
+                    copy_Bps=host["copy_Bps"] if math.isinf(given.copy_Bps) else given.copy_Bps,
+                    handoff_s=given.handoff_s or host["handoff_s"],
+                    ps_service_s=given.ps_service_s or host["ps_service_s"],
+                    ps_service_idle_s=given.ps_service_idle_s or host["ps_service_idle_s"],
+                    ps_round_s=given.ps_round_s or host["ps_round_s"],
+                    send_buffer_bytes=given.send_buffer_bytes or KERNEL_SEND_BUFFER_BYTES)
     return replace(scenario, bandwidth_Bps=fit.bandwidth_Bps, latency_s=fit.latency_s, overhead_s=fit.overhead_s,
-                   reduce_Bps=fit.reduce_Bps, ring_anchor_s=anchor,
+                   reduce_Bps=fit.reduce_Bps,
                    encode_Bps=encode if math.isinf(scenario.encode_Bps) else scenario.encode_Bps,
                    decode_Bps=decode if math.isinf(scenario.decode_Bps) else scenario.decode_Bps,
                    feedback_Bps=feedback if math.isinf(scenario.feedback_Bps) else scenario.feedback_Bps,
-                   slowdown=scenario.slowdown or host["slowdown"],
-                   lockstep_s=scenario.lockstep_s or host["lockstep_s"],
-                   comm_slowdown=scenario.comm_slowdown or host["comm_slowdown"],
-                   window_loss=host["window_loss"] if scenario.window_loss is None else scenario.window_loss,
-                   ddp_step_s=scenario.ddp_step_s or host["ddp_step_s"],
-                   ddp_compute_s=scenario.ddp_compute_s or host["ddp_compute_s"],
-                   copy_Bps=host["copy_Bps"] if math.isinf(scenario.copy_Bps) else scenario.copy_Bps,
-                   handoff_s=scenario.handoff_s or host["handoff_s"],
-                   ps_service_s=scenario.ps_service_s or host["ps_service_s"],
-                   ps_service_idle_s=scenario.ps_service_idle_s or host["ps_service_idle_s"],
-                   ps_round_s=scenario.ps_round_s or host["ps_round_s"])
+                   empirical=terms)
 
 
 def scenario_for(run: RunRecord, cal: Calibration, base: Scenario | None = None,
@@ -243,15 +249,16 @@ def scenario_for(run: RunRecord, cal: Calibration, base: Scenario | None = None,
     scenario = base or Scenario(nodes=1, grad_bytes=0.0, bandwidth_Bps=1.0)
     width = int(cfg.get("width") or 2) if run.mode == "pipe" else 1
     # the statistic of ``measured_s``: a lockstep step's median, an asynchronous job's mean pace (whose queue,
-    # ``formulas.closed_queue_response``, is a mean-value analysis: its think time is a mean too)
+    # ``server.closed_queue_response``, is a mean-value analysis: its think time is a mean too)
     typical = statistics.fmean if run.mode in ASYNC_MODES else statistics.median
     changes = dict(
         nodes=run.nodes, grad_bytes=run.grad_bytes,
         compute_s=typical(run.t_compute) if compute_s is None else compute_s,
         compute_std_s=0.0, update_s=typical(run.t_update), compression=compression, width=width,
+        error_feedback=bool(cfg.get("error_feedback")),
+        # the run's own per-step work beside compute, measured like compute (empirical terms)
         buffers_s=statistics.median(run.t_buffers) if run.t_buffers and run.mode in ("sync", "pipe") else 0.0,
         host_s=typical(run.t_host) if run.t_host else 0.0,
-        error_feedback=bool(cfg.get("error_feedback")),
     )
     if cfg.get("bucket_mb"):
         changes["bucket_bytes"] = float(cfg["bucket_mb"]) * 2**20
@@ -266,9 +273,9 @@ def scenario_for(run: RunRecord, cal: Calibration, base: Scenario | None = None,
     if run.mode == "ps-async" and run.t_rank0 and changes.get("ps_colocated", scenario.ps_colocated):
         # the co-located worker never waits on the link: its whole step is local work, measured like compute
         changes["ps_colocated_step_s"] = statistics.fmean(run.t_rank0)
-    out = calibrated_scenario(replace(scenario, **changes), cal, run.mode)
+    out = calibrated_scenario(scenario.with_changes(**changes), cal, run.mode)
     if run.mode == "pipe" and compute_s is None:  # its t_compute already ran next to the ring: κ is inside it
-        out = replace(out, slowdown=scenario.slowdown)
+        out = out.with_changes(slowdown=scenario.empirical.slowdown)
     return out
 
 

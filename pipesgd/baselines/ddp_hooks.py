@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from pipesgd import trace
+from pipesgd.runlog import trace
 
 DDP_HOOKS = ("none", "fp16", "powersgd")  # the hooks the DDP adapter registers (the trainer's --ddp-hook choices)
 MIN_COMPRESSION_RATE = 2  # PowerSGDState's default: compress a matrix only where it saves more than half

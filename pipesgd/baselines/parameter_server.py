@@ -39,7 +39,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from pipesgd import trace
+from pipesgd.runlog import trace
 from pipesgd.accounting import StepStats
 from pipesgd.baselines.ps_protocol import (
     DONE, HEADER_FIXED, PULL, PUSH, REPLY_LEN, TAG_GRAD, TAG_REPLY, TAG_REQUEST, TAG_WEIGHTS,

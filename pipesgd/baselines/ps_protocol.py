@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from pipesgd import trace
+from pipesgd.runlog import trace
 
 # Step 0: request flags (a bit set, carried as a float64 in the header).
 PUSH = 1
@@ -134,7 +134,7 @@ class HyperSchema:
 
 def wait_all(works: list, what: str, traced: str = "") -> None:
     """Wait for gloo work handles; on failure say what was awaited (a dead or silent peer, a timeout).
-    ``traced``: mark the wait as a span of that name (category "wait") while ``pipesgd.trace`` records."""
+    ``traced``: mark the wait as a span of that name (category "wait") while ``pipesgd.runlog.trace`` records."""
     with trace.span(traced, "wait") if traced else contextlib.nullcontext():
         _wait_each(works, what)
 

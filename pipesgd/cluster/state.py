@@ -11,7 +11,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from pipesgd.atomic import write_text_atomic
+from pipesgd.runlog.atomic import write_text_atomic
 
 DEFAULT_NAME = "psgd"
 DEFAULT_STATE_DIR = "/run/pipesgd-cluster"

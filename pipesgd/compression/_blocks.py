@@ -21,11 +21,6 @@ _CPU_TILE_ELEMENTS = 1 << 18
 BlockMatrix = tuple[int, torch.Tensor]  # (index of its first block, an (rows, block_size) matrix)
 
 
-def n_blocks(numel: int, block_size: int) -> int:
-    """How many blocks of ``block_size`` cover ``numel`` elements (the last one may be short)."""
-    return -(-numel // block_size)
-
-
 def _pads_all(numel: int, whole: int, device: torch.device) -> bool:
     """Whether a chunk with a short last block becomes one zero-padded matrix (a copy of all of it) rather than its
     whole blocks plus the short one: on CUDA, and for CPU chunks of at most one tile, the copy costs less than the
@@ -135,9 +130,3 @@ def check_payload(payload: torch.Tensor, expected_bytes: int, codec: str) -> Non
             f"{codec}: expected a 1-D uint8 payload of {expected_bytes} bytes, "
             f"got {payload.dtype} of shape {tuple(payload.shape)}"
         )
-
-
-def check_numel(numel: int) -> int:
-    if numel < 0:
-        raise ValueError(f"numel must be >= 0, got {numel}")
-    return int(numel)

@@ -10,8 +10,9 @@ import sys
 
 import torch
 
-from pipesgd.compression._blocks import check_numel, check_payload, view_bytes_as
+from pipesgd.compression._blocks import check_payload, view_bytes_as
 from pipesgd.compression.base import ChunkContext, context_of
+from pipesgd.compression.sizes import payload_bytes
 
 
 _LITTLE_ENDIAN = sys.byteorder == "little"
@@ -37,7 +38,7 @@ class Float16Cast:
         return view_bytes_as(payload, torch.float16).to(ctx.dtype)
 
     def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
-        return 2 * check_numel(numel)
+        return payload_bytes(self.name, numel)
 
     def __repr__(self) -> str:
         return "Float16Cast()"
@@ -70,7 +71,7 @@ class BFloat16Truncation:
         return view_bytes_as(payload, torch.bfloat16).to(ctx.dtype)
 
     def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
-        return 2 * check_numel(numel)
+        return payload_bytes(self.name, numel)
 
     def __repr__(self) -> str:
         return "BFloat16Truncation()"

@@ -16,9 +16,9 @@ from typing import Any, Callable, Hashable
 
 import torch
 
-from pipesgd import phases
+from pipesgd.runlog import phases
 from pipesgd.compression.base import ChunkContext, Compressor, codec_state, load_codec_state
-from pipesgd.finite import all_finite, l2_norm
+from pipesgd.grads.finite import all_finite, l2_norm
 
 _WORKING_DTYPES = (torch.float32, torch.float64)
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from pipesgd.compression._blocks import check_numel, check_payload, view_bytes_as
+from pipesgd.compression._blocks import check_payload, view_bytes_as
 from pipesgd.compression.base import ChunkContext, context_of
+from pipesgd.compression.sizes import payload_bytes
 
 
 class NoCompression:
@@ -25,7 +26,7 @@ class NoCompression:
         return view_bytes_as(payload, ctx.dtype)
 
     def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
-        return check_numel(numel) * torch.empty((), dtype=dtype).element_size()
+        return payload_bytes(self.name, numel, element_bytes=torch.empty((), dtype=dtype).element_size())
 
     def __repr__(self) -> str:
         return "NoCompression()"

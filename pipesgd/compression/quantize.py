@@ -24,12 +24,10 @@ from typing import Any
 import torch
 
 from pipesgd.compression._blocks import (
-    check_numel,
     check_payload,
     decode_buffer,
     into_scratch,
     may_be_non_finite,
-    n_blocks,
     rows_of,
     scratch,
     split_blocks,
@@ -38,6 +36,7 @@ from pipesgd.compression._blocks import (
     view_bytes_as,
 )
 from pipesgd.compression.base import ChunkContext, context_of
+from pipesgd.compression.sizes import n_blocks, payload_bytes
 from pipesgd.defaults import QUANT_BLOCK_SIZE
 
 DEFAULT_BLOCK_SIZE = QUANT_BLOCK_SIZE  # an alias: pipesgd.defaults owns the number
@@ -93,8 +92,7 @@ class ScalarQuantizer:
         return (1 << (self.bits - 1)) - 1
 
     def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
-        numel = check_numel(numel)
-        return 4 * n_blocks(numel, self.block_size) + (numel * self.bits + 7) // 8
+        return payload_bytes(self.name, numel, self.block_size)
 
     # -- encode ---------------------------------------------------------------------------------------
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, ChunkContext]:

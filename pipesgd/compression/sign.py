@@ -17,12 +17,10 @@ import numpy as np
 import torch
 
 from pipesgd.compression._blocks import (
-    check_numel,
     check_payload,
     decode_buffer,
     into_scratch,
     may_be_non_finite,
-    n_blocks,
     rows_of,
     scratch,
     split_blocks,
@@ -32,6 +30,7 @@ from pipesgd.compression._blocks import (
 )
 from pipesgd.compression.base import ChunkContext, context_of
 from pipesgd.compression.quantize import check_block_size
+from pipesgd.compression.sizes import n_blocks, payload_bytes
 from pipesgd.defaults import QUANT_BLOCK_SIZE
 
 
@@ -70,8 +69,7 @@ class SignCompressor:
         check_block_size(self.block_size)
 
     def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
-        numel = check_numel(numel)
-        return 4 * n_blocks(numel, self.block_size) + (numel + 7) // 8
+        return payload_bytes(self.name, numel, self.block_size)
 
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, ChunkContext]:
         ctx = context_of(tensor)

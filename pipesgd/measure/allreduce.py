@@ -12,9 +12,10 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from pipesgd.comm.alltoall import alltoall_allreduce
 from pipesgd.defaults import resolve_allreduce
 from pipesgd.measure.timing import time_collective, time_local
-from pipesgd.ring import ring_allreduce
+from pipesgd.comm.ring import ring_allreduce
 
 __all__ = ["cluster_sizes", "sample", "collect_samples", "measure_reduce", "trainer_collective"]
 
@@ -38,10 +39,12 @@ def sample(kind: str, collective: str, compression: str, nodes: int, n_bytes: fl
 
 def trainer_collective(compression: str) -> Callable[[torch.Tensor], object]:
     """The all-reduce a PipeSGD step runs for ``compression`` with ``allreduce="auto"``
-    (``pipesgd.defaults.resolve_allreduce``): the backend's for the lossless codec, our ring otherwise."""
-    if resolve_allreduce("auto", lossless=compression == "none") == "backend":
+    (``pipesgd.defaults.resolve_allreduce``): the backend's for the lossless codec, our all-to-all otherwise."""
+    chosen = resolve_allreduce("auto", lossless=compression == "none")
+    if chosen == "backend":
         return lambda tensor: dist.all_reduce(tensor)
-    return lambda tensor: ring_allreduce(tensor, compression=compression, op="mean")
+    ours = alltoall_allreduce if chosen == "alltoall" else ring_allreduce
+    return lambda tensor: ours(tensor, compression=compression, op="mean")
 
 
 def collect_samples(sizes_bytes: list[int], repeats: int = 20, warmup: int = 5,

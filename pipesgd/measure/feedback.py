@@ -18,13 +18,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from pipesgd.comm_worker import CommWorker
+from pipesgd.comm.worker import CommWorker
 from pipesgd.compression import build
 from pipesgd.compression.error_feedback import ErrorFeedback
 from pipesgd.measure.compute import model_load
 from pipesgd.measure.timing import calls_within, median_of_slowest, time_calls
-from pipesgd.ring import ring_allreduce_
-from pipesgd.topology import RingTopology
+from pipesgd.comm.ring import ring_allreduce_
+from pipesgd.comm.topology import RingTopology
 
 __all__ = ["FEEDBACK_BUDGET_S", "TrainerRing", "measure_feedback_rings"]
 

@@ -14,7 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from pipesgd.comm_worker import CommWorker
+from pipesgd.comm.worker import CommWorker
 from pipesgd.measure.allreduce import trainer_collective
 from pipesgd.measure.compute import Load, matmul_load, model_load
 from pipesgd.measure.feedback import measure_feedback_rings
@@ -23,7 +23,7 @@ from pipesgd.measure.ps_round import measure_ps_round
 from pipesgd.measure.ddp_step import measure_ddp_step
 from pipesgd.measure.timing import (STEP_PROBE_MAX_STEPS, STEP_PROBE_MIN_STEPS, calls_within, gathered_rows,
                                    median_of_slowest, time_calls)
-from pipesgd.ring import ring_allreduce
+from pipesgd.comm.ring import ring_allreduce
 
 __all__ = ["measure_overlap", "measure_lockstep", "measure_copy", "measure_handoff", "measure_host"]
 

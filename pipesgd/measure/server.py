@@ -5,9 +5,9 @@ Why a probe: a remote worker's push and pull wait for the server, which answers 
 thread of rank 0's process. Each answer is more than the bytes on the wire (the receive handshake, the update,
 the reply's send, the thread's turn on cores the nodes share), and while rank 0 also trains it is slower still.
 Rank 0's own updates never cross the link, so it finishes its steps first and the job has two phases: the
-remote workers' steps while rank 0 trains, and after. The model (``timing_model.formulas``) needs the server's
+remote workers' steps while rank 0 trains, and after. The model (``timing_model.empirical.server``) needs the server's
 time per request in each phase; this probe measures what the workers see, the fitting inverts the queue
-(``timing_model.host_terms.service_from_timings``).
+(``timing_model.empirical.host_terms.service_from_timings``).
 
 Every rank must call ``measure_ps_service``; the phases are told apart by wall clock (``time.time``): exact on
 one machine (the emulated cluster), off by the clocks' offset across machines, which moves only the steps at
@@ -37,7 +37,7 @@ def phase_means(rows: list[tuple[float, float, float]], boundary: float) -> dict
     push + pull)): the steps that ended before ``boundary`` (rank 0 still training) and after; each phase's
     {'steps', 'think_s' (mean of step − push/pull: compute and host work), 'response_s' (mean push + pull)}.
 
-    Means, not medians: the queue the fitting inverts (``timing_model.formulas.closed_queue_response``) is a
+    Means, not medians: the queue the fitting inverts (``timing_model.empirical.server.closed_queue_response``) is a
     mean-value analysis, and the job's pace it predicts is a mean step. Medians drop the tail of slow steps
     that cores shared with the server give: on 4 loopback ranks of LeNet the remote workers' median response
     while rank 0 trained was 8.3 ms against a mean of 9.4 ms, and the pace predicted from medians was 13 % short

@@ -1,6 +1,6 @@
 """Where a run stands and how it is saved and resumed: ``Position``, the checkpoint layout, ``--resume``.
 
-Each rank saves its own file (``DIR/rankN.pt``, named by ``pipesgd.run_files``) because Pipe-SGD state
+Each rank saves its own file (``DIR/rankN.pt``, named by ``pipesgd.runlog.run_files``) because Pipe-SGD state
 differs per rank (error-feedback residuals, in-flight gradients). A file holds the model, the optimizer
 wrapper's state, the RNG states (torch, numpy, python; as tensors and lists) and the position, so
 ``--resume`` continues the exact trajectory of an uninterrupted run. Files are written atomically and
@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipesgd.atomic import atomic_open
-from pipesgd.run_files import checkpoint_path, checkpoint_ranks
+from pipesgd.runlog.atomic import atomic_open
+from pipesgd.runlog.run_files import checkpoint_path, checkpoint_ranks
 from pipesgd.wrapper import OptimizerWrapper
 
 FORMAT_VERSION = 1

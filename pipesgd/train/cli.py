@@ -17,11 +17,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pipesgd import trace
+from pipesgd.runlog import trace
 from pipesgd.cli_conventions import EXIT_FAILURE, EXIT_USAGE, join_negative_values, print_error
 from pipesgd.launch import exit_process, gpu_sharing_problem, rank_gpu
-from pipesgd.replica_check import ReplicaDivergenceError
-from pipesgd.uneven import UnevenInputsError
+from pipesgd.grads.replica_check import ReplicaDivergenceError
+from pipesgd.comm.uneven import UnevenInputsError
 
 from . import checkpoint, faults
 from .checkpoint import CheckpointError, Position, RunIdentity
@@ -31,7 +31,8 @@ from .loop import train
 from .metrics import MetricsWriter, format_summary, pipe_staleness, write_config_files
 from .models import build_model, count_params, grad_bytes
 from .outputs import check_outputs
-from .strategy import build_strategy, num_workers_for
+from .modes import num_workers_for
+from .strategy import build_strategy
 
 PROG = "pipesgd-train"
 
@@ -49,7 +50,7 @@ def _launch_env() -> tuple[int, int, int]:
 
 def check_shapes(cfg: TrainConfig, n_train: int, world_size: int) -> None:
     """Checks that need the data set and the world size, before the process group exists."""
-    workers = num_workers_for(cfg, world_size)
+    workers = num_workers_for(cfg.mode, cfg.servers, world_size)
     if workers < 1:
         raise ConfigError(f"--servers {cfg.servers} leaves no training worker among {world_size} processes")
     shard = shard_size(n_train, workers)

@@ -17,17 +17,18 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from pipesgd import compression
-from pipesgd.atomic import write_text_atomic
+from pipesgd.runlog.atomic import write_text_atomic
 from pipesgd.baselines.ddp import DDP_HOOKS
-from pipesgd.buffers import BUFFER_MODES
+from pipesgd.grads.buffers import BUFFER_MODES
 from pipesgd.defaults import BUCKET_MB, NEEDS_ERROR_FEEDBACK, STALENESS, STALENESS_MODES, WARMUP_STEPS
-from pipesgd.trace import parse_steps
+from pipesgd.runlog.trace import parse_steps
 
 from .data import DATASETS, DATASETS_WITH_DIR, TOKEN_DATASETS
 from .models import MODELS, TOKEN_MODELS
 from .precision import AMP_MODES, SCALED_AMP_MODES
 from .schedule import FINAL_LR_FRACTION, SCHEDULES
-from .strategy import MODES, OPTIMIZERS, PS_TRAIN_MODES, RING_MODES
+from .modes import MODES, PS_TRAIN_MODES, RING_MODES
+from .optimizers import OPTIMIZERS
 
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("gloo", "nccl")
@@ -129,7 +130,7 @@ class TrainConfig:
     resume: bool = _field(False, "continue from the checkpoint in --checkpoint; with none there yet, say so and start "
                           "fresh (so one command line serves the first launch and torchrun's restarts)")
     trace: str = _field("", "write a Chrome/Perfetto trace of each rank's threads to FILE (FILE.rankN.json with "
-                        "world size > 1); merge with: python -m pipesgd.trace merge OUT.json FILE.rank*.json")
+                        "world size > 1); merge with: python -m pipesgd.runlog.trace merge OUT.json FILE.rank*.json")
     trace_steps: str = _field("", "with --trace: the steps A:B traced (A included, B not); empty = the 6 steps "
                               "from --warmup-steps + 2")
 

@@ -15,15 +15,25 @@ import os
 import pickle
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from . import text
 
-if TYPE_CHECKING:  # the config validates against DATASETS below, so it imports this module
-    from .config import TrainConfig
+
+
+class DataSource(Protocol):
+    """What a loader reads of the run's settings (``TrainConfig`` has it; the config imports this module, so this
+    module names the settings it needs instead of importing the config)."""
+
+    seed: int
+    dataset_name: str
+    dataset_dir: str
+    synthetic_samples: int
+    synthetic_features: int
+    synthetic_classes: int
 
 
 class DataError(ValueError):
@@ -210,7 +220,7 @@ def load_pysrc(root: str = "", context: int = PYSRC_CONTEXT, max_chars: int = te
 
 # The data-set registry, by --dataset name (the config validates against it). Each loader gets the
 # resolved config; the names in DATASETS_WITH_DIR read local files and are given as NAME:DIR.
-DATASETS: dict[str, Callable[[TrainConfig], Dataset]] = {
+DATASETS: dict[str, Callable[[DataSource], Dataset]] = {
     "digits": lambda cfg: load_digits(cfg.seed),
     "synthetic": lambda cfg: make_synthetic(cfg.synthetic_samples, cfg.synthetic_features, cfg.synthetic_classes,
                                             cfg.seed),
@@ -224,7 +234,7 @@ DATASETS_WITH_DIR = ("mnist", "cifar10")
 TOKEN_DATASETS = ("pysrc",)
 
 
-def build_dataset(cfg: TrainConfig) -> Dataset:
+def build_dataset(cfg: DataSource) -> Dataset:
     """The data set named by ``cfg.dataset`` (identical on every rank: same files, same seeds)."""
     loader = DATASETS.get(cfg.dataset_name)
     if loader is None:

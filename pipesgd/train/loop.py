@@ -10,7 +10,7 @@ from the end of the step before (its loss read) to this step's loss read, so the
 progress line and the batch fetch are in it, and consecutive steps' ``t_iter`` add up to the wall clock of the run
 less evaluation and checkpoints (which have their own records); ``t_data`` is the batch fetch and its copy to the
 device, ``t_cpu`` the process's CPU seconds over the same span as ``t_iter``.
-With ``--trace`` the loop marks its spans on the "main" row (``pipesgd.trace``): data, compute, opt.step (inside
+With ``--trace`` the loop marks its spans on the "main" row (``pipesgd.runlog.trace``): data, compute, opt.step (inside
 it the wrappers mark wait and update), eval; no span adds a synchronisation.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipesgd import trace
+from pipesgd.runlog import trace
 
 from . import checkpoint, faults
 from .checkpoint import Position, RunIdentity

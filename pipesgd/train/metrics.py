@@ -1,7 +1,7 @@
 """What one run writes: the JSONL records (config, step, eval, summary), the config copies and the summary text.
 
 Records are one JSON object per line, flushed per line, read directly by ``pandas.read_json(lines=True)``
-and by ``pipesgd.results``. File layout (named by ``pipesgd.run_files``): with world size 1 the records go
+and by ``pipesgd.runlog.results``. File layout (named by ``pipesgd.runlog.run_files``): with world size 1 the records go
 to ``FILE.jsonl`` itself; with world size > 1 each rank writes ``FILE.rankN.jsonl`` (its own step
 records), and the reporting rank also writes the ``config``, ``eval`` and ``summary`` records into its
 file. The reporting rank is worker 0: global rank 0, except with dedicated parameter servers
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, fields
 from typing import IO, Any
 
 from pipesgd.accounting import StepStats
-from pipesgd.run_files import metrics_path
+from pipesgd.runlog.run_files import metrics_path
 
 from .checkpoint import Position
 from .config import TrainConfig

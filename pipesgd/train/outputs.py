@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 
-from pipesgd import trace
-from pipesgd.output_paths import check_output_dir, check_output_file
-from pipesgd.run_files import metrics_path
+from pipesgd.runlog import trace
+from pipesgd.runlog.output_paths import check_output_dir, check_output_file
+from pipesgd.runlog.run_files import metrics_path
 
 from .config import ConfigError, TrainConfig
 from .metrics import config_file_paths

@@ -3,8 +3,7 @@
 Every wrapper satisfies ``pipesgd.wrapper.OptimizerWrapper``. ``Strategy`` adds what the loop needs around
 it: the module to run forward through (DDP's wrapper in ``ddp`` mode) and this process's role
 (parameter-server modes may dedicate ranks to serving; workers shard the data by ``worker_rank`` /
-``num_workers``). ``MODES`` and ``OPTIMIZERS`` are the registries ``--mode`` and ``--optimizer`` are
-validated against.
+``num_workers``). One builder per name of ``modes.MODES``; the inner optimizer comes from ``optimizers``.
 """
 from __future__ import annotations
 
@@ -18,16 +17,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipesgd import trace
+from pipesgd.runlog import trace
 from pipesgd.baselines.ddp import DDPOptimizer
-from pipesgd.baselines.parameter_server import MODES as PS_MODES
 from pipesgd.baselines.parameter_server import ParameterServer
 from pipesgd.optimizer import PipeSGD
 from pipesgd.wrapper import OptimizerWrapper
 
+from .modes import DDP_MODE, MODES, PS_TRAIN_MODES, RING_MODES
+from .optimizers import build_inner_optimizer
 from .precision import Precision, build_precision
 
-if TYPE_CHECKING:  # the config validates against MODES and OPTIMIZERS, so it imports this module
+if TYPE_CHECKING:  # a type only: the config imports modes and optimizers, never this module
     from .config import TrainConfig
 
 
@@ -52,38 +52,6 @@ class Strategy:
     def is_leader(self) -> bool:
         """The process that evaluates, prints and writes the config/summary records: worker 0."""
         return not self.is_server_only and self.worker_rank == 0
-
-
-# -- the inner (torch) optimizers, by --optimizer name ----------------------------------------------
-def _sgd(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-
-
-def _adam(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-
-
-# nanoGPT's character-level setting: beta2 0.99 rather than its 0.95 for GPT-2, because few tokens per step
-# make each gradient noisy and the second moment needs a longer memory.
-ADAMW_BETAS = (0.9, 0.99)
-
-
-def _adamw(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
-    """AdamW with --weight-decay as its decoupled decay, applied (as nanoGPT does) to the weight matrices and
-    embeddings only: biases and normalisation gains (tensors of fewer than 2 dimensions) are not decayed."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=ADAMW_BETAS)
-
-
-OPTIMIZERS: dict[str, Callable[[TrainConfig, nn.Module], torch.optim.Optimizer]] = {
-    "sgd": _sgd, "adam": _adam, "adamw": _adamw,
-}
-
-
-def build_inner_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
-    return OPTIMIZERS[cfg.optimizer](cfg, model)
 
 
 def trace_updates(optimizer: torch.optim.Optimizer) -> None:
@@ -133,25 +101,17 @@ def _parameter_server(cfg: TrainConfig, inner: torch.optim.Optimizer, model: nn.
     return Strategy(opt, model, opt.worker_rank, opt.num_workers, precision=precision)
 
 
-# Modes whose gradients travel our ring: only they take --compression, --error-feedback, --check-replicas.
-RING_MODES = ("pipe", "sync")
-PS_TRAIN_MODES = tuple(f"ps-{mode}" for mode in PS_MODES)
 _BUILDERS: dict[str, Callable[..., Strategy]] = {
-    **dict.fromkeys(RING_MODES, _ring), "ddp": _ddp, **dict.fromkeys(PS_TRAIN_MODES, _parameter_server),
+    **dict.fromkeys(RING_MODES, _ring), DDP_MODE: _ddp, **dict.fromkeys(PS_TRAIN_MODES, _parameter_server),
 }
-MODES = tuple(_BUILDERS)
-
-
-def num_workers_for(cfg: TrainConfig, world_size: int) -> int:
-    """How many ranks train (and share the data) before any wrapper exists, for validation."""
-    return world_size - cfg.servers if cfg.mode in PS_TRAIN_MODES else world_size
+assert tuple(_BUILDERS) == MODES, "a mode without a wrapper, or a wrapper without a mode"
 
 
 def build_strategy(cfg: TrainConfig, model: nn.Module, device: torch.device) -> Strategy:
     """The wrapper of ``cfg.mode`` around a fresh inner optimizer (a collective: every rank calls it), with the
     run's precision (``--amp``) and, with ``--compile``, the forward compiled (the wrapper stays outside it)."""
     precision = build_precision(cfg.amp, device)
-    inner = build_inner_optimizer(cfg, model)
+    inner = build_inner_optimizer(cfg.optimizer, model, cfg.lr, cfg.momentum, cfg.weight_decay)
     if trace.enabled():
         trace_updates(inner)
     strategy = _BUILDERS[cfg.mode](cfg, inner, model, device, precision)

@@ -10,11 +10,11 @@ import datetime
 import os
 
 from pipesgd.cli_conventions import RunFailure, UsageError, first_line
-from pipesgd.output_paths import check_output_file
+from pipesgd.runlog.output_paths import check_output_file
 
 from .. import tables
 from ..calibration import Calibration, Sample, read_calibration, write_calibration
-from ..host_terms import host_terms
+from ..empirical.host_terms import host_terms
 from ..fitting import fit_calibration, host_record, overlap_sizes
 from ..params import CODEC_RATIOS
 from ..units import format_bandwidth, parse_bytes, parse_list, parse_size_range

@@ -16,11 +16,12 @@ from ..predict import Prediction, Scenario, predict
 from ..units import parse_bandwidth, parse_bytes, parse_count, parse_fraction, parse_list, parse_time
 from ..validation import calibrated_scenario
 
-__all__ = ["FORMAT_FLAG", "SCENARIO_FLAGS", "SWEEPABLE", "add_scenario_flags", "parse_flag",
-           "scenario_fields", "parse_modes", "predict_modes", "load_calibration"]
+__all__ = ["FORMAT_FLAG", "SCENARIO_FLAGS", "SWEEPABLE", "MEASURED_HEADING", "help_formatter", "add_scenario_flags",
+           "parse_flag", "scenario_fields", "parse_modes", "predict_modes", "load_calibration"]
 
 # --format of predict, sweep and validate
-FORMAT_FLAG = dict(choices=tables.FORMATS, default="markdown", help="output format (default markdown)")
+FORMAT_FLAG = dict(choices=tables.FORMATS, default="markdown", metavar="FORMAT",
+                   help=f"{'|'.join(tables.FORMATS)} (default markdown)")
 BUCKET_DEFAULT = f"{BUCKET_MB:g}MiB"  # the trainer's bucket size (pipesgd.defaults)
 
 
@@ -54,6 +55,7 @@ SCENARIO_FLAGS = {
     "ps_service_idle": ("ps_service_idle_s", parse_time),
     "ps_colocated_step": ("ps_colocated_step_s", parse_time),
     "ps_round": ("ps_round_s", parse_time),
+    "send_buffer": ("send_buffer_bytes", lambda s: parse_bytes(s, allow_zero=True)),
     "reduce_rate": ("reduce_Bps", parse_bandwidth),
     "collective": ("collective", lambda s: _choice(s, "collective", COLLECTIVES)),
     "width": ("width", lambda s: _int_at_least(s, "width", 1)),
@@ -94,65 +96,64 @@ def _codec_speeds(text: str) -> tuple[float, float]:
     return values[0], values[-1]
 
 
+# the heading of the flags that set the empirical terms (``timing_model.empirical.terms``)
+MEASURED_HEADING = "terms measured by calibrate (usually from --calibration FILE)"
+
+
+def help_formatter(prog: str) -> argparse.HelpFormatter:
+    """argparse's formatter with a flag column wide enough for ``--ps-colocated-step TIME`` on one line."""
+    return argparse.HelpFormatter(prog, max_help_position=30)
+
+
 def add_scenario_flags(parser: argparse.ArgumentParser, sweep: bool) -> None:
-    many = " (comma list to sweep)" if sweep else ""
+    """The plain inputs first (under argparse's options, the ones a user knows), then the empirical terms under
+    ``MEASURED_HEADING``, each with a one-line help."""
+    many = " (a list)" if sweep else ""
     add = parser.add_argument
-    add("--nodes", required=True, help="workers p, e.g. 4" + many)
-    add("--bandwidth", required=True, help="link bandwidth: 1gbit, 10GbE, 1.25GB/s, 100Mbit/s" + many)
-    add("--latency", default="0", help="per-message latency α: 50us, 2ms (default 0)" + many)
+    # the cluster and the model: what "how much faster on my cluster" needs
+    add("--nodes", required=True, metavar="N", help="workers, e.g. 4" + many)
+    add("--bandwidth", required=True, metavar="RATE", help="link bandwidth: 1gbit, 10GbE, 1.25GB/s" + many)
     size = parser.add_mutually_exclusive_group(required=True)
-    size.add_argument("--params", help="parameter count (fp32): 25M, 61M" + many)
-    size.add_argument("--bytes", help="gradient bytes: 100MB, 256MiB" + many)
-    add("--compute", default="0", help="mean forward+backward per iteration: 120ms" + many)
-    add("--compute-std", default="0", help="spread of compute across workers (straggler term)")
-    add("--update", default="0", help="optimizer update time: 5ms")
-    add("--overhead", default="0", help="fixed cost c0 per collective call" + many)
-    add("--slowdown", default="0", help="κ: compute slow-down while communication overlaps it (0.2 or 20%%)")
-    add("--comm-slowdown", default="0",
-        help="κc: communication slow-down while compute overlaps it (0.15 or 15%%; default 0)")
-    add("--window-loss",
-        help="λ: pipe only, the share of each compute window that the ring beside it loses (0.3 or 30%%, at "
-             "most 1); replaces κc for pipe; calibrate measures it (default: κc)")
-    add("--copy-rate", help="gradient pack/unpack copy rate, e.g. 5GB/s (adds 2·M/rate per step; default: free)")
-    add("--handoff", default="0", help="fixed per-step hand-off cost to the comm thread, e.g. 200us (default 0)")
-    add("--buffers", default="0",
-        help="blocking per-step buffer sync (BatchNorm statistics; sync and pipe), e.g. 5ms (default 0)")
-    add("--host", default="0",
-        help="per-step host work outside compute, update, buffer sync and the wait (the optimizer wrapper, "
-             "zero_grad), e.g. 1ms; only what exceeds the hand-off adds (default 0)")
-    add("--lockstep", default="0",
-        help="what a blocking all-reduce right after compute costs beyond the two apart, on every step that ends "
-             "in one (sync, ddp, width 1), e.g. 3ms, or --lockstep=-2ms where it beats them (a shaped link's "
-             "bucket refilled during compute); calibrate measures it with --model (default 0)")
-    add("--reduce-rate", help="local reduction rate (bytes/s, e.g. 10GB/s); default: free")
-    add("--collective", default="ring", help=f"allreduce algorithm of sync/ddp: {'|'.join(COLLECTIVES)}")
-    add("--compression", default="none", help=f"{'|'.join(CODEC_RATIOS)}" + many)
-    add("--compression-ratio", help="override the compressor's raw/payload ratio")
-    add("--codec-gbps", help="codec throughput ENCODE[,DECODE] in GB/s of fp32 input (default: infinite)")
-    add("--error-feedback", action="store_true",
-        help="the codec keeps its error (pipesgd-train --error-feedback): adds the calibrated feedback cost")
-    add("--width", default="2", help="Pipe-SGD pipeline width K (default 2)" + many)
-    add("--overlap-fraction", default="0.5", help="DDP: fraction φ of backward that may overlap (default 0.5)")
-    add("--bucket", default=BUCKET_DEFAULT, help=f"bytes per collective call (default {BUCKET_DEFAULT}; 0 = one bucket)")
-    add("--servers", default="1", help="parameter servers k (default 1)")
-    add("--server-bandwidth", help="bandwidth of each server (default: the worker link)")
-    add("--ps-pipelined", action="store_true", help="PS push and pull overlap (d = 1 instead of 2)")
-    add("--ps-colocated", action="store_true", help="the server shares a machine with a worker")
-    add("--ps-service", default="0",
-        help="ps-async with --ps-colocated: the server's time per remote request while its co-located worker "
-             "trains, e.g. 2ms (queueing model; calibrate measures it with --model; default 0: the link alone)")
-    add("--ps-service-idle", default="0",
-        help="the same after the co-located worker finished its steps (default 0: as --ps-service); ps-sync with "
-             "--ps-colocated serves each remote worker in this time less --update")
-    add("--ps-round", default="0",
-        help="ps-sync with --ps-colocated: the round (pushes, the server's update, replies) less the update, e.g. "
-             "30ms, in place of the link's push + pull (calibrate measures it with --model; default 0: the link)")
-    add("--ps-colocated-step", default="0",
-        help="ps-async with --ps-colocated: the co-located worker's own mean step, e.g. 3ms (a run's rank 0; "
-             "default 0: the remote workers' compute + update + host)")
-    add("--batch-size", help="samples per worker per iteration (adds samples/s)")
-    add("--calibration", help="calibration JSON: network terms and codec speeds from `calibrate`")
-    add("--modes", default=",".join(MODES), help="modes to predict (default: all)")
+    size.add_argument("--params", metavar="COUNT", help="model parameters (fp32): 25M, 61M" + many)
+    size.add_argument("--bytes", metavar="SIZE", help="or the gradient size: 100MB, 256MiB" + many)
+    add("--latency", default="0", metavar="TIME", help="per-message latency: 50us (default 0)" + many)
+    add("--compute", default="0", metavar="TIME", help="forward + backward per step: 120ms" + many)
+    add("--update", default="0", metavar="TIME", help="optimizer step: 5ms (default 0)")
+    add("--compression", default="none", metavar="NAME", help=f"{'|'.join(CODEC_RATIOS)} (default none)" + many)
+    add("--width", default="2", metavar="K", help="Pipe-SGD pipeline width (default 2)" + many)
+    add("--calibration", metavar="FILE", help="network fit and measured terms from `calibrate`")
+    # more plain inputs
+    add("--compute-std", default="0", metavar="TIME", help="spread of compute across workers (default 0)")
+    add("--overhead", default="0", metavar="TIME", help="fixed cost per collective call (default 0)" + many)
+    add("--reduce-rate", metavar="RATE", help="local reduction rate: 10GB/s (default: free)")
+    add("--collective", default="ring", metavar="NAME", help="sync/ddp all-reduce algorithm (default ring)")
+    add("--codec-gbps", metavar="E[,D]", help="codec encode[,decode] GB/s of fp32 (default: free)")
+    add("--compression-ratio", metavar="R", help="override the codec's raw/payload size ratio")
+    add("--error-feedback", action="store_true", help="the codec keeps its error (adds its measured cost)")
+    add("--overlap-fraction", default="0.5", metavar="F", help="DDP: share of backward that overlaps (0.5)")
+    add("--bucket", default=BUCKET_DEFAULT, metavar="SIZE",
+        help=f"bytes per collective call ({BUCKET_DEFAULT}; 0: one)")
+    add("--servers", default="1", metavar="K", help="parameter servers (default 1)")
+    add("--server-bandwidth", metavar="RATE", help="each server's bandwidth (default: the link's)")
+    add("--ps-pipelined", action="store_true", help="parameter server: push and pull overlap")
+    add("--ps-colocated", action="store_true", help="parameter server on a worker's machine")
+    add("--batch-size", metavar="N", help="samples per worker per step (adds samples/s)")
+    add("--modes", default=",".join(MODES), metavar="LIST", help="modes to predict (default: all)")
+    # what calibrate measures: one line each, written into the scenario's empirical terms
+    measured = parser.add_argument_group(MEASURED_HEADING).add_argument
+    measured("--slowdown", default="0", metavar="F", help="extra compute time while communication runs")
+    measured("--comm-slowdown", default="0", metavar="F", help="extra communication time while compute runs")
+    measured("--window-loss", metavar="F", help="pipe: share of a compute window its ring loses")
+    measured("--copy-rate", metavar="RATE", help="copying gradients into buckets and back: 5GB/s")
+    measured("--handoff", default="0", metavar="TIME", help="per-step hand-off to the communication thread")
+    measured("--buffers", default="0", metavar="TIME", help="per-step buffer sync (BatchNorm statistics)")
+    measured("--host", default="0", metavar="TIME", help="per-step host work beyond the hand-off")
+    measured("--lockstep", default="0", metavar="TIME", help="extra cost of an all-reduce right after compute")
+    measured("--ps-service", default="0", metavar="TIME", help="co-located server: time per request")
+    measured("--ps-service-idle", default="0", metavar="TIME", help="the same once its own worker has finished")
+    measured("--ps-round", default="0", metavar="TIME", help="co-located server: a ps-sync round less the update")
+    measured("--ps-colocated-step", default="0", metavar="TIME", help="the co-located worker's own step")
+    measured("--send-buffer", metavar="SIZE", help="bytes of a server reply the kernel takes at once")
 
 
 def parse_flag(flag: str, text: str):

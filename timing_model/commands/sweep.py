@@ -4,19 +4,21 @@ from __future__ import annotations
 import argparse
 import copy
 import itertools
-from dataclasses import replace
 
 from .. import tables
 from ..predict import Scenario
 from ..units import parse_list
-from .flags import (FORMAT_FLAG, SCENARIO_FLAGS, SWEEPABLE, add_scenario_flags, load_calibration, parse_flag,
-                    parse_modes, predict_modes, scenario_fields)
+from .flags import (FORMAT_FLAG, SCENARIO_FLAGS, SWEEPABLE, add_scenario_flags, help_formatter, load_calibration,
+                    parse_flag, parse_modes, predict_modes, scenario_fields)
 
 __all__ = ["add_parser", "run"]
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("sweep", help="Pipe-SGD speedup tables and the winning mode over a grid")
+    p = sub.add_parser("sweep", help="Pipe-SGD speedup tables and the winning mode over a grid",
+                       formatter_class=help_formatter, usage="%(prog)s --nodes N,... --bandwidth RATE,... [...]",
+                       description="Pipe-SGD's speedup over each baseline and the winning mode over a grid: give "
+                                   "comma lists, e.g. --nodes 2,4,8 --bandwidth 1gbit,10gbit.")
     add_scenario_flags(p, sweep=True)
     p.add_argument("--format", **FORMAT_FLAG)
     p.set_defaults(run=run)
@@ -28,7 +30,7 @@ def run(args: argparse.Namespace) -> str:
     first = copy.copy(args)
     for flag, values in raw.items():
         setattr(first, flag, values[0])
-    base = Scenario(**scenario_fields(first))
+    base = Scenario.of(**scenario_fields(first))
     axes = {flag: values for flag, values in raw.items() if len(values) > 1}
     parsed = {flag: [parse_flag(flag, v) for v in values] for flag, values in axes.items()}
     modes = parse_modes(args.modes)
@@ -37,7 +39,7 @@ def run(args: argparse.Namespace) -> str:
     rows = []
     for combo in itertools.product(*(range(len(v)) for v in axes.values())):
         changes = {SCENARIO_FLAGS[flag][0]: parsed[flag][i] for flag, i in zip(axes, combo)}
-        prediction = predict_modes(replace(base, **changes), modes, calibration)
+        prediction = predict_modes(base.with_changes(**changes), modes, calibration)
         row = {flag.replace("_", "-"): axes[flag][i] for flag, i in zip(axes, combo)}
         for res in prediction.results:
             row[f"{res.mode}_s"] = res.iteration_s

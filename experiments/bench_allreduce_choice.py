@@ -1,0 +1,92 @@
+"""Which compressed all-reduce ``allreduce="auto"`` should pick: the paper's per-hop ring against the two-collective
+all-to-all all-reduce (``pipesgd.comm.alltoall``), per codec, world size and bucket size, side by side in one run.
+
+    nice -n 15 python experiments/bench_allreduce_choice.py                  # p = 2,3,4; 0.25 and 25 MiB; ~10 min
+
+Local gloo processes over loopback, one thread each. Each round times both, in alternating order; a cell is the
+median over rounds of the slowest rank's median over ``--repeats`` calls. Error feedback is on (the trainer's case
+for sign; for the others it adds the same booking work to both). Prints a markdown table and writes it, provenance
+first, to ``allreduce_choice.md`` under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import statistics
+import tempfile
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
+
+from pipesgd.comm.alltoall import alltoall_allreduce_
+from pipesgd.runlog.atomic import write_text_atomic
+from experiments.harness.provenance import markdown_header, provenance
+from pipesgd.compression import ErrorFeedback, build
+from pipesgd.launch import run_on_ranks
+from pipesgd.measure import time_collective
+from pipesgd.comm.ring import RingTopology, ring_allreduce_
+
+ALGORITHMS = {"ring": ring_allreduce_, "alltoall": alltoall_allreduce_}
+
+
+def bench(rank: int, world: int, codecs: list[str], sizes_mib: list[float], rounds: int, repeats: int,
+          out_path: str) -> None:
+    """Every (size, codec) cell on this group; rank 0 writes the table rows to ``out_path``."""
+    topology = RingTopology(dist.group.WORLD)
+    rows = []
+    for size_mib in sizes_mib:
+        numel = int(size_mib * 2**20 / 4)
+        x = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
+        for name in codecs:
+            feedback = {algorithm: ErrorFeedback(build(name)) for algorithm in ALGORITHMS}
+            times: dict[str, list[float]] = {algorithm: [] for algorithm in ALGORITHMS}
+            for round_index in range(rounds):
+                order = list(ALGORITHMS) if round_index % 2 == 0 else list(reversed(ALGORITHMS))
+                for algorithm in order:
+                    flat = x.clone()
+                    residual = feedback[algorithm].residual(0, flat)
+
+                    def call(algorithm=algorithm, flat=flat, residual=residual) -> None:
+                        ALGORITHMS[algorithm](flat, feedback[algorithm].compressor, topology, "mean", residual)
+
+                    times[algorithm].append(time_collective(call, repeats, warmup=1))
+            ring, alltoall = (statistics.median(times[a]) for a in ALGORITHMS)
+            rows.append(f"| {world} | {size_mib:g} | {name} | {ring * 1e3:.1f} | {alltoall * 1e3:.1f} | "
+                        f"{alltoall / ring:.2f} |")
+    if rank == 0:
+        write_text_atomic(out_path, json.dumps(rows))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", default="2,3,4", help="world sizes, comma-separated")
+    parser.add_argument("--sizes-mib", default="0.25,25", help="bucket sizes in MiB of fp32, comma-separated")
+    parser.add_argument("--codecs", default="fp16,q8,q4,sign")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of both, alternating their order")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per algorithm and round")
+    parser.add_argument("--out", default="experiments/results/allreduce_choice")
+    args = parser.parse_args()
+    origin = provenance()  # before the runs: the code they run, not what the tree holds when they end
+    lines = [f"ring vs alltoall, loopback gloo, one thread per rank on {os.cpu_count()} cores; median over "
+             f"{args.rounds} rounds of the slowest rank's median over {args.repeats} calls, error feedback on", "",
+             "| p | MiB | codec | ring ms | alltoall ms | alltoall / ring |", "|---|---|---|---|---|---|"]
+    with tempfile.TemporaryDirectory() as scratch:
+        for world in (int(p) for p in args.ranks.split(",")):
+            path = os.path.join(scratch, f"p{world}.json")
+            run_on_ranks(bench, world, args.codecs.split(","), [float(s) for s in args.sizes_mib.split(",")],
+                         args.rounds, args.repeats, path)
+            with open(path) as f:
+                lines += json.load(f)
+    table = "\n".join(lines)
+    print(table)
+    os.makedirs(args.out, exist_ok=True)
+    header = markdown_header("Which compressed all-reduce: ring vs alltoall time", origin)
+    write_text_atomic(os.path.join(args.out, "allreduce_choice.md"), header + "\n" + table + "\n")
+
+
+if __name__ == "__main__":
+    main()

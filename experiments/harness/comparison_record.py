@@ -1,0 +1,105 @@
+"""One tidy record per run of the comparison grid, from the run's per-rank metrics (``pipesgd.runlog.results.Run``).
+
+Every step counts the mean over its ranks (the average rank's step: in lockstep training every rank's step
+times add up to the same wall-clock, so the mean is the step's period, where the slowest rank per step would add
+the step's jitter); medians are over the steps from ``skip`` on (after the warm-up). Asynchronous workers are not in
+lockstep: their split is the slowest worker's own steps (``pipesgd.runlog.results.slowest_rank``), and their t_iter the
+job's pace, that worker's mean (``Run.pace_s``). The
+split: compute = forward + backward + batch loading (for ddp this holds DDP's allreduce, which runs inside
+backward), update = the optimizer step, exposed communication = t_iter - compute - update (for ddp only what DDP
+leaves after backward; for every mode it includes waiting for a slower rank). Accuracy against wall-clock time comes from the evaluation records (``wall``: seconds
+since the reporting rank's trainer started); time to target is the ``wall`` of the first evaluation at or above
+the target, None when no evaluation reached it.
+"""
+from __future__ import annotations
+
+import statistics
+
+from pipesgd.runlog.results import ASYNC_MODES, Run, iteration_over_ranks, slowest_rank
+
+__all__ = ["MAX_CURVE_POINTS", "step_split", "curve", "time_to_target", "run_record"]
+
+MAX_CURVE_POINTS = 60  # evaluations kept per run in the committed file (evenly thinned, last one always kept)
+
+
+def _by_step(run: Run, skip: int) -> dict[int, dict]:
+    """step -> rank -> its record (the last one when a resumed run wrote a step twice), steps from ``skip``."""
+    out: dict[int, dict] = {}
+    for record in run.steps:
+        if record["step"] >= skip:
+            out.setdefault(record["step"], {})[record.get("rank")] = record
+    return out
+
+
+def _num(record: dict, key: str) -> float:
+    value = record.get(key)
+    return float(value) if isinstance(value, (int, float)) else 0.0
+
+
+def step_split(run: Run, skip: int) -> dict:
+    """Medians over the kept steps (mean over ranks per step) of t_iter, compute, update and exposed communication,
+    and of the bytes all ranks sent per step (asynchronous: the slowest worker's steps, and its mean t_iter); raises ``ValueError`` when no step is left after ``skip``."""
+    steps = _by_step(run, skip)
+    if not steps:
+        raise ValueError(f"{run.path}: no step records after step {skip}")
+    iters, computes, updates, exposed, sent = [], [], [], [], []
+    asynchronous = run.config.get("mode") in ASYNC_MODES
+    slowest = slowest_rank(run.steps, skip) if asynchronous else None
+    for step in sorted(steps):
+        if asynchronous and slowest not in steps[step]:
+            continue
+        ranks = [steps[step][slowest]] if asynchronous else steps[step].values()
+        mean = iteration_over_ranks(run.config.get("mode"))
+        t_iter = mean(_num(r, "t_iter") for r in ranks)
+        compute = mean(_num(r, "t_compute") + _num(r, "t_data") for r in ranks)
+        update = mean(_num(r, "t_update") for r in ranks)
+        iters.append(t_iter)
+        computes.append(compute)
+        updates.append(update)
+        exposed.append(max(0.0, t_iter - compute - update))
+        every = steps[step].values()  # bytes: what all ranks sent in this step
+        if any(r.get("bytes_sent") is not None for r in every):
+            sent.append(sum(_num(r, "bytes_sent") for r in every))
+    med = statistics.median
+    return {"steps_kept": len(iters), "t_iter_s": statistics.fmean(iters) if asynchronous else med(iters), "compute_s": med(computes), "update_s": med(updates),
+            "exposed_comm_s": med(exposed), "t_iter_min_s": min(iters), "t_iter_max_s": max(iters),
+            "bytes_per_iter": med(sent) if sent else None}
+
+
+def curve(run: Run, max_points: int = MAX_CURVE_POINTS) -> list[dict]:
+    """The evaluations as ``{step, wall_s, accuracy, loss}``, thinned evenly to ``max_points`` (last kept)."""
+    points = [{"step": e.get("step"), "wall_s": e.get("wall"), "accuracy": e.get("accuracy"), "loss": e.get("loss")}
+              for e in sorted(run.evals, key=lambda e: (e.get("wall") or 0.0))]
+    if len(points) <= max_points:
+        return points
+    stride = len(points) / max_points
+    kept = [points[int(i * stride)] for i in range(max_points - 1)]
+    return kept + [points[-1]]
+
+
+def time_to_target(points: list[dict], target: float) -> float | None:
+    """``wall_s`` of the first evaluation with accuracy >= ``target``; None when none reached it."""
+    for p in points:
+        if p["accuracy"] is not None and p["accuracy"] >= target and p["wall_s"] is not None:
+            return float(p["wall_s"])
+    return None
+
+
+def run_record(run: Run, *, skip: int, target: float) -> dict:
+    """The tidy figures of one finished run (the caller adds the cell, variant, flags and paths)."""
+    cfg = run.config
+    split = step_split(run, skip)
+    workers = int(cfg.get("num_workers") or cfg.get("world_size") or len({r.get("rank") for r in run.steps}))
+    batch = int(cfg.get("batch_size") or 0)
+    points = curve(run)
+    final = points[-1] if points else {}
+    accuracy = run.final_accuracy
+    steps_run = max(r["step"] for r in run.steps) + 1 if run.steps else 0
+    return {"params": cfg.get("params"), "grad_bytes": cfg.get("grad_bytes"), "workers": workers,
+            "world_size": cfg.get("world_size"), "batch_size": batch, "steps": steps_run, **split,
+            "throughput_sps": workers * batch / split["t_iter_s"] if split["t_iter_s"] > 0 else None,
+            "final_accuracy": accuracy, "final_loss": final.get("loss"),
+            "target_accuracy": target, "time_to_target_s": time_to_target(points, target),
+            "reached_target": accuracy is not None and time_to_target(points, target) is not None,
+            "train_wall_s": run.summary.get("wall") or (final.get("wall_s") if final else None),
+            "curve": points}

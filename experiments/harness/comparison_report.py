@@ -1,0 +1,91 @@
+"""The comparison grid's printed report, from runs.json alone: per cell the iteration split, throughput, bytes
+on the wire, accuracy and time to target of every variant with the timing model's prediction; the speedup tables
+(``speedup``); the model's error summary and whether it keeps the measured order of the modes (``model_ordering``); and the whole grid's wall-time estimate (``comparison_store``)."""
+from __future__ import annotations
+
+from experiments.harness.model_ordering import ordering_table
+from experiments.harness.speedup import markdown_tables
+from timing_model.errors import error_summary, summary_line
+
+__all__ = ["ms", "cell_tables", "model_errors", "model_summary", "estimate_table", "report"]
+
+
+def ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1e3 * seconds:.1f}"
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def cell_tables(data: dict) -> str:
+    """One table per cell: every run's split (ms), throughput, MB per iteration, accuracy, time to target, model."""
+    lines = []
+    cells: dict[str, list[dict]] = {}
+    for r in data["runs"]:
+        cells.setdefault(r["cell"], []).append(r)
+    for cell, runs in cells.items():
+        info = data["cells"].get(cell, {})
+        params = next((r.get("params") for r in runs if r.get("params")), None)
+        tcp_mbps = info.get("tcp_bps") and info["tcp_bps"] / 1e6
+        lines += [f"### {cell}: {_fmt(params, ',')} params, TCP {_fmt(tcp_mbps, '.0f')} Mbit/s measured, "
+                  f"target accuracy {data['config'].get('target_accuracy')}", "",
+                  "| variant | ms / iter | compute | exposed comm | update | samples/s | MB on wire / iter | "
+                  "final acc | to target s | steps | model ms | model error |", "|---" * 12 + "|"]
+        for r in runs:
+            if r.get("status") != "ok":
+                lines.append(f"| {r['variant']} | FAILED: {r.get('reason')} (log {r.get('log', '-')}) |" + " |" * 10)
+                continue
+            m = r.get("model") or {}
+            mb = r.get("bytes_per_iter")
+            lines.append(f"| {r['variant']} | {ms(r['t_iter_s'])} | {ms(r['compute_s'])} | {ms(r['exposed_comm_s'])} "
+                         f"| {ms(r['update_s'])} | {_fmt(r.get('throughput_sps'), '.0f')} "
+                         f"| {_fmt(mb and mb / 1e6, '.3f')} | {_fmt(r.get('final_accuracy'), '.3f')} "
+                         f"| {_fmt(r.get('time_to_target_s'), '.1f')} | {r.get('steps')} "
+                         f"| {ms(m.get('predicted_s'))} | {_fmt(m.get('error') and 100 * m['error'], '+.1f')}"
+                         f"{' %' if m else (' ' + r.get('model_note', '')) } |")
+        lines.append("")
+    lines += ["compute = forward + backward + batch loading (for ddp it holds DDP's allreduce, which runs inside "
+              "backward); exposed comm = iteration - compute - update; medians over the steps after the warm-up of "
+              "each step's mean over ranks (for the iteration: the period the ranks step at). To target: seconds since the trainer started until the first evaluation at "
+              "or above the target ('-': not reached within the run's steps).", ""]
+    return "\n".join(lines)
+
+
+def model_errors(data: dict) -> list[dict]:
+    """The runs the model predicted: ``{cell, variant, measured_s, predicted_s, error}``."""
+    return [{"cell": r["cell"], "variant": r["variant"], "bandwidth": r["bandwidth"], "workload": r["workload"],
+             "measured_s": r["model"]["measured_s"], "predicted_s": r["model"]["predicted_s"],
+             "error": r["model"]["error"]} for r in data["runs"] if r.get("status") == "ok" and r.get("model")]
+
+
+def model_summary(data: dict, flag: float = 0.10) -> dict:
+    """``timing_model.errors.error_summary`` of the model's predictions, with how many lie over ``flag``."""
+    return error_summary([p["error"] for p in model_errors(data)], flag)
+
+
+def estimate_table(total_s: float, rows: list[dict]) -> str:
+    """The estimate's summary and the runs nothing measured."""
+    unknown = [r for r in rows if r["seconds"] is None]
+    by_source: dict[str, int] = {}
+    for r in rows:
+        by_source[r["source"]] = by_source.get(r["source"], 0) + 1
+    lines = [f"Estimated wall time of the grid: {total_s / 3600:.1f} h ({total_s / 60:.0f} min) for {len(rows)} runs; "
+             "sources: " + ", ".join(f"{n} {s}" for s, n in by_source.items())]
+    if unknown:
+        cells = dict.fromkeys(r["cell"] for r in unknown)
+        lines.append(f"not counted ({len(unknown)} runs; nothing of their workload measured): cells {', '.join(cells)}")
+    return "\n".join(lines) + "\n"
+
+
+def report(data: dict) -> str:
+    """The whole printed report of a runs.json."""
+    stats = model_summary(data)
+    failed = [r for r in data["runs"] if r.get("status") != "ok"]
+    lines = [f"# 4-node comparison: {len(data['runs']) - len(failed)} runs ok, {len(failed)} failed "
+             f"(provenance: {data['provenance']['command']}, {data['provenance']['date']})", "",
+             cell_tables(data), markdown_tables(data["runs"])]
+    if stats["runs"]:
+        lines.append(f"Timing model, {summary_line(stats)}\n{stats['over_flag']} runs over {100 * stats['flag']:.0f} %\n")
+        lines.append(ordering_table(data["runs"]))
+    return "\n".join(lines)

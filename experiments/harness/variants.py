@@ -1,0 +1,51 @@
+"""The training variants the experiments compare, as ``pipesgd-train`` flags: one table, so a variant means the
+same run in every experiment."""
+from __future__ import annotations
+
+__all__ = ["TRAINER_FLAGS", "SPEED_VARIANTS", "ACCURACY_VARIANTS", "FIDELITY_VARIANTS", "DEFAULT_FIDELITY_VARIANTS",
+           "COMPARISON_VARIANTS", "PLAIN_VARIANTS", "TIME_TO_ACCURACY_VARIANTS", "PIPE_VARIANTS",
+           "CONVENTIONAL_BASELINES", "DDP_BASELINES", "trainer_flags"]
+
+TRAINER_FLAGS: dict[str, list[str]] = {  # variant name: pipesgd-train flags
+    "sync": ["--mode", "sync"],
+    "pipe": ["--mode", "pipe", "--width", "2"],
+    "pipe+bf16": ["--mode", "pipe", "--width", "2", "--compression", "bf16"],
+    "pipe+q8": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback"],
+    "pipe+sign": ["--mode", "pipe", "--width", "2", "--compression", "sign", "--error-feedback"],
+    "pipe-w3": ["--mode", "pipe", "--width", "3"],  # more width: more staleness, no more overlap to win
+    # The paper's plain delayed update, beside the look-ahead default above (issue 36)
+    "pipe-plain": ["--mode", "pipe", "--width", "2", "--staleness", "none"],
+    "pipe+q8-plain": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback",
+                      "--staleness", "none"],
+    "sync+bf16": ["--mode", "sync", "--compression", "bf16"],
+    "sync+q8": ["--mode", "sync", "--compression", "q8", "--error-feedback"],
+    "ddp": ["--mode", "ddp"],
+    "ddp+fp16": ["--mode", "ddp", "--ddp-hook", "fp16"],
+    "ddp+powersgd": ["--mode", "ddp", "--ddp-hook", "powersgd"],  # PyTorch's powerSGD_hook (its error feedback)
+    "ps-sync": ["--mode", "ps-sync"],
+    "ps-async": ["--mode", "ps-async"],
+}
+
+# issue 4 (bench_cluster.py): Pipe-SGD against sync AllReduce and DDP, in table order
+SPEED_VARIANTS = ("sync", "pipe", "pipe+bf16", "pipe+q8", "ddp", "ddp+fp16")
+ACCURACY_VARIANTS = ("sync", "pipe", "pipe+bf16", "pipe+q8", "ddp", "ddp+fp16")
+# issue 5 (fidelity.py): every mode the timing model predicts
+FIDELITY_VARIANTS = ("sync", "pipe", "pipe+bf16", "pipe+q8", "sync+bf16", "sync+q8", "ddp", "ps-sync", "ps-async")
+DEFAULT_FIDELITY_VARIANTS = ("sync", "pipe", "pipe+bf16", "pipe+q8", "ddp", "ps-sync")
+# issue 12 (comparison.py): the 4-node grid, baselines first; sync runs before ddp so the timing model can lend
+# the sync run's compute to the ddp runs of the same cell
+COMPARISON_VARIANTS = ("ps-sync", "ps-async", "sync", "ddp", "ddp+fp16", "ddp+powersgd", "pipe", "pipe+bf16",
+                       "pipe+q8", "pipe+sign", "pipe-w3")
+# issue 36 (configs/time_to_accuracy.toml): the grid's variants and the plain update beside the look-ahead default
+PLAIN_VARIANTS = ("pipe-plain", "pipe+q8-plain")
+TIME_TO_ACCURACY_VARIANTS = COMPARISON_VARIANTS + PLAIN_VARIANTS
+PIPE_VARIANTS = ("pipe", "pipe+bf16", "pipe+q8", "pipe+sign", "pipe-w3")  # the Pipe-SGD side of the speedup tables
+CONVENTIONAL_BASELINES = ("ps-sync", "ps-async", "sync")  # the paper's "conventional approaches"
+DDP_BASELINES = ("ddp", "ddp+fp16", "ddp+powersgd")  # the peers users would pick today
+
+
+def trainer_flags(variant: str) -> list[str]:
+    """The ``pipesgd-train`` flags of ``variant``; an unknown name raises with the valid list."""
+    if variant not in TRAINER_FLAGS:
+        raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(TRAINER_FLAGS)}")
+    return list(TRAINER_FLAGS[variant])

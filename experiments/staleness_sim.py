@@ -1,0 +1,76 @@
+"""Look-ahead with many workers, simulated in one process with the library's own look-ahead and optimizer code
+(issue 36, item 3): LeNet, global batch 128 split over 4, 16 and 64 workers, width 1 / plain width 2 / look-ahead
+width 2, five seeds. Logic in experiments/harness/staleness_sim.py.
+
+    python experiments/staleness_sim.py                                   # the whole study (~15 min on 2 cores)
+    python experiments/staleness_sim.py --workers 4 --seeds 0 --result /tmp/sim.json   # a quick look
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from experiments.harness.one_line import OneLineParser  # noqa: E402
+from experiments.harness.provenance import read_result, write_result  # noqa: E402
+from experiments.harness.staleness_sim import TASKS, plan, simulate, summarise, summary_markdown  # noqa: E402
+
+RESULT = os.path.join("experiments", "results", "staleness_sim", "staleness_sim.json")
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"need non-negative integers: {text!r}")
+    return values
+
+
+def _tasks(text: str) -> list[str]:
+    names = [x for x in text.split(",") if x]
+    unknown = [n for n in names if n not in TASKS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"unknown task(s) {', '.join(unknown) or text!r}; valid: {', '.join(TASKS)}")
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = OneLineParser(prog="staleness_sim", description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=_tasks, default=["digits"], help="digits,mnist1d (default digits)")
+    parser.add_argument("--workers", type=_ints, default=[4, 16, 64], help="worker counts (default 4,16,64)")
+    parser.add_argument("--seeds", type=_ints, default=[0, 1, 2, 3, 4], help="seeds (default 0-4)")
+    parser.add_argument("--width", type=int, default=2, help="the pipelined width (default 2)")
+    parser.add_argument("--result", default=RESULT, help=f"result JSON (default {RESULT})")
+    parser.add_argument("--resume", action="store_true", help="skip runs already in the result")
+    args = parser.parse_args(argv)
+    try:
+        specs = plan(args.tasks, args.workers, args.seeds, args.width)
+    except ValueError as exc:
+        print(f"staleness_sim: error: {exc}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)
+    runs = read_result(args.result).get("runs", []) if args.resume and os.path.exists(args.result) else []
+    done = {r["key"] for r in runs}
+    todo = [s for s in specs if s.key not in done]
+    started = time.monotonic()
+    for i, spec in enumerate(todo, 1):
+        run = simulate(spec)
+        runs.append(run)
+        eta = (time.monotonic() - started) / i * (len(todo) - i)
+        print(f"[{i}/{len(todo)}] {spec.key}: {100 * run['final_accuracy']:.1f} % (ETA {eta / 60:.1f} min)",
+              flush=True)
+        write_result(args.result, {"experiment": "staleness_sim", "summary": summarise(runs), "runs": runs})
+    print(summary_markdown(summarise(runs)))
+    print(f"result: {args.result}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""A compressed all-reduce in two collectives (an all-to-all, then an all-gather), beside the paper's per-hop ring.
+
+The ring re-encodes a growing partial sum at each of its p-1 reduce-scatter hops, so a lossy codec's error grows
+with p. Here every contribution is encoded once and the sum once, as in DeepSpeed's ``compressed_allreduce``,
+torchft's ``allreduce_quantized`` and CGX, with the ring's bytes on the wire (2(p-1)/p of the payload per rank) in 2
+collective calls instead of 2(p-1) hops. Rank r of p owns chunk r (the r-th of p near-equal slices):
+  Step 1: encode each chunk c != r once; its owner's own chunk never needs encoding (it has the exact values).
+  Step 2 (all-to-all): send chunk c's payload to rank c; receive every other rank's payload of chunk r.
+  Step 3: sum chunk r in the working dtype (fp32/fp64): the exact own chunk first, then the decoded payloads in
+          rank order; divide by p for a mean.
+  Step 4: encode the sum once and replace chunk r by decode(encode(sum)), so the owner applies exactly the bits
+          every other rank decodes (replicas stay bitwise identical, stochastic rounding included).
+  Step 5 (all-gather): every rank's payload of its chunk reaches every rank.
+  Step 6: decode each chunk c != r in place.
+Error feedback (``open_encoder``, one residual buffer per bucket as for the ring): the worker residual, what
+Step 1's encodes dropped, is booked at the chunks other ranks own; the owner residual, what Step 4's encode dropped
+(in sum units), at chunk r, where no worker error ever lands since the own chunk is never encoded. Both are folded
+into the next call's input: chunk r then goes exactly into the next sum, so the owner's error is added to that
+chunk's next sum, as DeepSpeed's server error buffer is. The sum over ranks of the next inputs carries this call's
+total compression error, and one buffer per bucket checkpoints both residuals.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from pipesgd.compression import Compressor
+from pipesgd.compression.error_feedback import open_encoder
+from pipesgd.comm.handles import Work
+from pipesgd.comm.payload_collectives import all_gather_payload, all_to_all_payloads
+from pipesgd.comm.ring import RingReport, chunk_bounds, run_allreduce
+from pipesgd.comm.topology import RingTopology
+
+__all__ = ["alltoall_allreduce", "alltoall_allreduce_"]
+
+
+def alltoall_allreduce_(
+    flat: torch.Tensor,
+    compressor: Compressor,
+    topology: RingTopology,
+    op: str = "mean",
+    residual: torch.Tensor | None = None,
+) -> RingReport:
+    """``ring_allreduce_``'s contract (``flat`` reduced in place, ``residual`` this rank's error-feedback buffer or
+    None, a ``RingReport`` back), in the two collectives of the module doc."""
+    p, r = topology.size, topology.rank
+    start, report = time.perf_counter(), RingReport()
+    # Deferred: the error of each encode is booked while the collective that carries it is on the wire.
+    encoder = open_encoder(compressor, flat, residual, mean_over=p if op == "mean" else 1, deferred=True)
+    encoder.fold_(flat, 0)  # last call's residuals (worker's and owner's) travel in this one
+    if p == 1 or flat.numel() == 0:  # the same on every rank
+        return RingReport(busy_s=time.perf_counter() - start)  # exact: nothing to encode, nothing to send
+    bounds = chunk_bounds(flat.numel(), p)
+    chunk = [flat[bounds[c] : bounds[c + 1]] for c in range(p)]
+    sizes = [compressor.payload_bytes(x.numel(), flat.dtype) for x in chunk]
+    no_bytes = torch.empty(0, dtype=torch.uint8, device=flat.device)
+    item = flat.element_size()
+
+    # Step 1: each chunk that another rank owns, encoded once.
+    outgoing = [encoder.encode(chunk[c], bounds[c]) if c != r else no_bytes for c in range(p)]
+    # Step 2: all-to-all; the encodes' errors are booked meanwhile.
+    incoming = all_to_all_payloads(topology, outgoing, [sizes[r] if q != r else 0 for q in range(p)], flat.device,
+                                   encoder.drain)
+    report.bytes_sent += sum(payload.numel() for payload in outgoing)
+    report.raw_bytes += (flat.numel() - chunk[r].numel()) * item
+
+    # Step 3: the owned chunk's sum, in a fixed order (own exact values first, then by rank).
+    own = chunk[r]
+    for q in range(p):
+        if q != r:
+            own.add_(encoder.decode(incoming[q], own))
+    if op == "mean":
+        own.div_(p)
+
+    # Step 4: encoded once; a lossy codec's owner settles on the decoded bits (at the drain below, on the wire).
+    payload = encoder.encode(own, bounds[r]) if compressor.lossless else encoder.settle_(own, bounds[r])
+
+    # Step 5: all-gather.
+    gathered = all_gather_payload(topology, payload, sizes, flat.device, encoder.drain)
+    report.bytes_sent += (p - 1) * max(sizes)  # a rank forwards p-1 slots in gloo's and NCCL's ring all-gather
+    report.raw_bytes += (p - 1) * own.numel() * item
+
+    # Step 6: every other chunk decoded in place.
+    for q in range(p):
+        if q != r:
+            chunk[q].copy_(encoder.decode(gathered[q], chunk[q]))
+    encoder.drain()  # nothing is left (Step 5 drained); kept so no path can skip it
+    report.busy_s = time.perf_counter() - start
+    return report
+
+
+def alltoall_allreduce(
+    tensor: torch.Tensor,
+    compression: str | Compressor = "none",
+    op: str = "mean",
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+) -> torch.Tensor | Work[torch.Tensor]:
+    """All-reduce ``tensor`` in place with the two-collective exchange (see module doc); the same contract as
+    ``pipesgd.ring_allreduce`` (dtypes, ``op``, ``async_op`` on the group's shared channel). Returns ``tensor``."""
+    return run_allreduce(alltoall_allreduce_, "alltoall_allreduce", tensor, compression, op, group, async_op)

@@ -1,0 +1,76 @@
+"""fp16 loss scaling under a delayed update: PipeSGD drives a ``torch.amp.GradScaler`` for the gradient it applies.
+
+The one way to use it::
+
+    scaler = torch.amp.GradScaler(device)
+    opt = PipeSGD(inner, model, grad_scaler=scaler, max_grad_norm=1.0)   # clipping optional
+    with torch.autocast(device, dtype=torch.float16):
+        loss = loss_fn(model(x), y)
+    scaler.scale(loss).backward()
+    opt.step()            # never call scaler.unscale_/step/update yourself: the wrapper does, for the due step
+    opt.zero_grad()
+
+A gradient applied at step t was produced at step t-K+1 under that step's scale, not today's, so:
+  Step 1: ``record(t)`` notes the scale each step's backward used (every rank uses the same scale).
+  Step 2: when step u is due, its averaged gradient is multiplied by scale_now / scale_u (a power of two, so
+          exact; this is what the BytePS fork of Pipe-SGD does when the scale changed in between), then
+          ``scaler.unscale_`` divides by scale_now: the gradient is unscaled with the scale of its own step.
+  Step 3: ``scaler.step`` skips the update if the unscaled gradient holds an inf/NaN and ``scaler.update``
+          lowers the scale. Every rank holds the same averaged bits, so every rank skips the same step and
+          its scaler follows the same sequence of scales without a collective.
+An overflow produced under a scale that has already been lowered since (the K-1 steps computed before the
+first overflow was applied) skips its step without lowering the scale again.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from pipesgd.grads.finite import all_finite
+
+
+class DelayedLossScale:
+    """The scale of every in-flight step, and the apply of a due step through the user's GradScaler."""
+
+    def __init__(self, scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
+        self.scaler = scaler
+        self.optimizer = optimizer
+        self._scales: dict[int, float] = {}  # step -> the scale its backward used
+
+    def record(self, step: int) -> None:
+        """Step 1: the scale that step ``step``'s backward used (the scaler's current one)."""
+        self._scales[step] = float(self.scaler.get_scale())
+
+    def scale_of(self, step: int) -> float:
+        """The scale step ``step``'s backward used (recorded, not yet applied)."""
+        return self._scales[step]
+
+    def apply(self, step: int, finite: bool, params: list[torch.Tensor],
+              clip: Callable[[], float | None]) -> tuple[bool, float | None]:
+        """Steps 2-3 for step ``step``, whose averaged (scaled) gradient is in ``params``' ``.grad``.
+
+        Returns (skipped, norm): whether the update was skipped for an inf/NaN, and ``clip()``'s result
+        (the unscaled gradient's norm before clipping) when it ran.
+        """
+        own = self._scales.pop(step)
+        now = float(self.scaler.get_scale())
+        if not finite and own > now:
+            return True, None  # an overflow of a scale already lowered since: skip, do not lower again
+        if own != now:
+            with torch.no_grad():
+                torch._foreach_mul_([p.grad for p in params if p.grad is not None], now / own)
+        self.scaler.unscale_(self.optimizer)
+        # The scaler's own test (any inf/NaN after unscaling), made here too because it does not report it.
+        skipped = not all(all_finite(p.grad) for p in params if p.grad is not None)
+        norm = None if skipped else clip()
+        self.scaler.step(self.optimizer)  # runs the optimizer unless unscale_ found an inf/NaN
+        self.scaler.update()
+        return skipped, norm
+
+    def state_dict(self) -> dict[int, float]:
+        return dict(self._scales)
+
+    def load_state_dict(self, scales: dict | None) -> None:
+        self._scales = {int(step): float(scale) for step, scale in (scales or {}).items()}
+

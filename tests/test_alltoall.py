@@ -1,0 +1,150 @@
+"""The two-collective all-reduce (pipesgd.comm.alltoall) against a single-process reference of its algorithm, on p = 1..4
+gloo processes on CPU: every codec, sizes that p does not divide and sizes where some chunks are empty."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from pipesgd.comm.alltoall import alltoall_allreduce, alltoall_allreduce_
+from pipesgd.compression import ErrorFeedback, build
+from pipesgd.comm.topology import RingTopology
+from tests.distributed import run_ranks
+from tests.single_process import process_group  # noqa: F401 - a fixture
+from tests.test_ring import UNIT_ERROR, rank_data
+
+CODECS = ("none", "fp16", "bf16", "q8", "q4", "sign")
+SIZES = (0, 1, 2, 3, 5, 17, 4097, 10_001)  # p never divides 4097 or 10_001; 1 and 2 leave chunks empty
+
+
+def round_trip(codec, x: torch.Tensor) -> torch.Tensor:
+    payload, ctx = codec.compress(x)
+    return codec.decompress(payload, ctx)
+
+
+def reference_mean(inputs: list[torch.Tensor], codec) -> torch.Tensor:
+    """The algorithm written out in one process: chunk c is rank c's exact values plus every other rank's
+    decode(encode(values)), in rank order, divided by p, then decode(encode(.)) of that mean."""
+    p, numel = len(inputs), inputs[0].numel()
+    out = torch.empty_like(inputs[0])
+    for c in range(p):
+        lo, hi = c * numel // p, (c + 1) * numel // p
+        total = inputs[c][lo:hi].clone()
+        for q in range(p):
+            if q != c:
+                total += round_trip(codec, inputs[q][lo:hi].clone())
+        total /= p
+        out[lo:hi] = total if codec.lossless else round_trip(codec, total)
+    return out
+
+
+def _every_codec_and_size(rank: int, world: int):
+    """This rank's results, whether every rank got the same bits, and (for `none`) the backend's mean."""
+    results = {}
+    for name in CODECS:
+        for numel in SIZES:
+            got = alltoall_allreduce(rank_data(rank, numel), compression=name)
+            gathered = [torch.empty_like(got) for _ in range(world)]
+            dist.all_gather(gathered, got)
+            results[name, numel] = (got, all(torch.equal(g, got) for g in gathered))
+    backend = {numel: rank_data(rank, numel) for numel in SIZES}
+    for x in backend.values():
+        dist.all_reduce(x)
+        x /= world
+    return results, backend
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_matches_the_reference_bit_for_bit_on_every_rank(world):
+    per_rank = run_ranks(_every_codec_and_size, world)
+    for name in CODECS:
+        codec = build(name)
+        for numel in SIZES:
+            want = reference_mean([rank_data(q, numel) for q in range(world)], codec)
+            for rank, (results, _) in enumerate(per_rank):
+                got, identical = results[name, numel]
+                assert identical, (name, numel, rank)
+                assert torch.equal(got, want), (name, numel, rank, float((got - want).abs().max()))
+    for numel, want in per_rank[0][1].items():  # and the lossless exchange is the backend's mean
+        torch.testing.assert_close(per_rank[0][0]["none", numel][0], want, rtol=1e-5, atol=1e-5)
+
+
+def _stochastic_and_public_api(rank: int, world: int):
+    out = {}
+    for name in ("q8", "q4"):
+        x = rank_data(rank, 5_000)
+        exact = x.double().clone()
+        dist.all_reduce(exact)
+        exact /= world
+        bound = x.abs().amax().double()
+        dist.all_reduce(bound)  # S = sum_i max|x_i|
+        got = alltoall_allreduce(x.clone(), compression=build(name, rank=rank, stochastic=True))
+        gathered = [torch.empty_like(got) for _ in range(world)]
+        dist.all_gather(gathered, got)
+        identical = all(torch.equal(g, got) for g in gathered)
+        out[name] = (identical, float((got.double() - exact).abs().max()), float(bound))
+    # The public entry point: async as sync, a non-contiguous 2-D input keeps its shape, bf16 is summed in fp32.
+    y = rank_data(rank, 777)
+    out["async"] = torch.equal(alltoall_allreduce(y.clone(), async_op=True).wait(), alltoall_allreduce(y.clone()))
+    z = rank_data(rank, 24).view(6, 4).t()
+    expected = z.clone()
+    dist.all_reduce(expected)
+    got = alltoall_allreduce(z, op="sum")
+    out["non-contiguous"] = got.shape == (4, 6) and torch.allclose(got, expected, rtol=1e-5, atol=1e-5)
+    b = rank_data(rank, 1000, torch.bfloat16)
+    expected = b.float()
+    dist.all_reduce(expected)
+    got = alltoall_allreduce(b.clone(), op="sum")
+    out["bf16"] = got.dtype == torch.bfloat16 and torch.allclose(got.float(), expected, rtol=2**-7, atol=1e-2)
+    return out
+
+
+def test_stochastic_rounding_is_identical_on_every_rank_and_the_entry_point_keeps_its_contract():
+    for out in run_ranks(_stochastic_and_public_api, 3):
+        for name in ("q8", "q4"):
+            identical, max_err, s = out[name]
+            # Each contribution and the mean are encoded once: |error| <= u * S / p * (p - 1) + u * S / p <= u * S
+            # for round to nearest (see test_ring.UNIT_ERROR), twice that for stochastic rounding.
+            assert identical and max_err <= 2 * UNIT_ERROR[name] * s, (name, max_err, s)
+        assert out["async"] and out["non-contiguous"] and out["bf16"]
+
+
+def _feedback_conserves_the_sum(rank: int, world: int, name: str):
+    """Two calls: sum_i x_i + sum_i r_i(before) == p * mean + sum_i r_i(after), worker and owner residuals alike."""
+    feedback = ErrorFeedback(build(name))
+    topology = RingTopology(dist.group.WORLD)
+    gaps, owner_parts, worker_parts = [], [], []
+    for call in range(2):
+        x = rank_data(rank + 10 * call, 100_003, torch.float64)
+        residual = feedback.residual("bucket", x)
+        lhs = x + residual
+        dist.all_reduce(lhs)
+        flat = x.clone()
+        alltoall_allreduce_(flat, feedback.compressor, topology, "mean", residual)
+        rhs = residual.clone()
+        dist.all_reduce(rhs)
+        rhs += world * flat
+        gaps.append(float((lhs - rhs).abs().max()))
+        lo, hi = rank * x.numel() // world, (rank + 1) * x.numel() // world
+        owner_parts.append(float(residual[lo:hi].abs().max()))
+        worker_parts.append(float(torch.cat([residual[:lo], residual[hi:]]).abs().max()))
+    return gaps, owner_parts, worker_parts
+
+
+def _feedback_for_each(rank: int, world: int):
+    return [_feedback_conserves_the_sum(rank, world, name) for name in ("q4", "sign", "bf16")]
+
+
+def test_error_feedback_conserves_the_sum():
+    for per_codec in run_ranks(_feedback_for_each, 3):
+        for gaps, owner_parts, worker_parts in per_codec:
+            assert max(gaps) < 1e-9
+            assert min(owner_parts) > 0 and min(worker_parts) > 0  # both encodes really dropped something
+
+
+def test_world_size_one_is_exact_sends_nothing_and_folds_the_residual(process_group):
+    x, r = torch.randn(100), torch.randn(100)
+    flat, residual = x.clone(), r.clone()
+    report = alltoall_allreduce_(flat, build("q4"), RingTopology(dist.group.WORLD), "mean", residual)
+    assert torch.equal(flat, x + r) and torch.equal(residual, torch.zeros(100)) and report.bytes_sent == 0
+    assert torch.equal(alltoall_allreduce(x.clone(), compression="sign"), x)
