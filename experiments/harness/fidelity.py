@@ -24,7 +24,7 @@ from pipesgd.cluster.cluster import Cluster
 from pipesgd.runlog.results import load_run
 from pipesgd.runlog.run_files import metrics_files
 from timing_model.calibration import read_calibration
-from timing_model.host_terms import host_terms
+from timing_model.empirical.host_terms import host_terms
 from timing_model.errors import error_summary
 from timing_model.validation import predict_run, read_runs, validate_runs
 
