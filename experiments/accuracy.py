@@ -5,6 +5,7 @@ Logic in experiments/harness/accuracy.py.
     python experiments/accuracy.py --config experiments/configs/accuracy.toml            # full study, ~25 min
     python experiments/accuracy.py --config experiments/configs/accuracy.toml --resume   # skip runs already done
     python experiments/accuracy.py --tasks digits --seeds 0 --codecs q8+ef --epochs 3    # a quick look
+    python experiments/accuracy.py --report                  # the committed result's table, nothing run
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments.harness.accuracy import load_config, run_study, summary_markdown  # noqa: E402
 from experiments.harness.one_line import OneLineParser  # noqa: E402
+from experiments.harness.provenance import read_result  # noqa: E402
 
 
 def _list(kind):
@@ -31,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="accuracy", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="TOML file of AccuracyConfig fields (flags override it)")
     parser.add_argument("--resume", action="store_true", help="skip runs already in the result file")
+    parser.add_argument("--report", action="store_true", help="print the table of the result file (--result) and stop")
     parser.add_argument("--tasks", type=_list(str), help="digits,mnist1d[,cifar10:DIR]")
     parser.add_argument("--widths", type=_list(int), help="widths without compression, e.g. 1,2,3,4")
     parser.add_argument("--stalenesses", type=_list(str), help="each width above 1 with each: none,lookahead")
@@ -47,7 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--raw-dir", dest="raw_dir", help="per-rank metrics (default results/accuracy)")
     parser.add_argument("--result", help="committed result (default experiments/results/accuracy/accuracy.json)")
     args = vars(parser.parse_args(argv))
-    path, resume = args.pop("config"), args.pop("resume")
+    path, resume, report = args.pop("config"), args.pop("resume"), args.pop("report")
+    if report:
+        try:
+            print(summary_markdown(read_result(load_config(path, args).result)))
+        except (OSError, ValueError) as exc:
+            print(f"accuracy: error: {exc}", file=sys.stderr)
+            return 2
+        return 0
     try:
         cfg = load_config(path, args)
         result = run_study(cfg, resume=resume, log=lambda line: print(line, flush=True))

@@ -12,8 +12,10 @@ stderr, not the current test's capture; failures come back through the queue wit
 """
 from __future__ import annotations
 
+import faulthandler
 import io
 import os
+import signal
 import tempfile
 import time
 from queue import Empty
@@ -37,7 +39,15 @@ def _context():
     return ctx
 
 
-def _entry(rank, world_size, store_path, fn, args, queue, environ):
+def _stack_path(store_path: str, rank: int) -> str:
+    return f"{store_path}.rank{rank}.stacks"
+
+
+def _entry(rank, world_size, store_path, fn, args, queue, environ, timeout_s):
+    # A rank that hangs is asked for its threads' Python stacks (SIGUSR1) before it is killed, so that a timeout
+    # names where it stood rather than only that it did not finish.
+    stacks = open(_stack_path(store_path, rank), "w")  # noqa: SIM115 - open for the life of the process
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     try:
         os.environ.clear()  # the caller's, not the fork server's (started by an earlier test)
         os.environ.update(environ)
@@ -47,10 +57,14 @@ def _entry(rank, world_size, store_path, fn, args, queue, environ):
             init_method=f"file://{store_path}",
             rank=rank,
             world_size=world_size,
-            timeout=timedelta(seconds=DEFAULT_TIMEOUT_S),
+            # Shorter than the caller's deadline: a rank left waiting in a collective raises gloo's timeout, whose
+            # traceback says which collective, before the caller gives up on it.
+            timeout=timedelta(seconds=max(5.0, 0.8 * timeout_s)),
         )
         try:
             result = fn(rank, world_size, *args)
+            # No rank tears its connections down while a peer may still be reading from them.
+            dist.barrier()
         finally:
             dist.destroy_process_group()
         # Tensors go back as bytes: torch's queue sharing would point at memory that dies with this process.
@@ -68,7 +82,7 @@ def run_ranks(fn, world_size: int, *args, timeout_s: float = DEFAULT_TIMEOUT_S):
     with tempfile.TemporaryDirectory() as tmp:
         store_path = os.path.join(tmp, "store")
         procs = [
-            ctx.Process(target=_entry, args=(r, world_size, store_path, fn, args, queue, dict(os.environ)),
+            ctx.Process(target=_entry, args=(r, world_size, store_path, fn, args, queue, dict(os.environ), timeout_s),
                         daemon=True)
             for r in range(world_size)
         ]
@@ -86,12 +100,15 @@ def run_ranks(fn, world_size: int, *args, timeout_s: float = DEFAULT_TIMEOUT_S):
                     if dead:
                         failures.append(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode}")
                     elif time.monotonic() > deadline:
-                        failures.append(f"ranks did not finish within {timeout_s} s")
+                        reported = sorted(results) or "none"
+                        failures.append(f"ranks did not finish within {timeout_s} s (reported: {reported})")
                     continue
                 if ok:
                     results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
                 else:
                     failures.append(f"rank {rank} failed:\n{payload}")
+            if failures:
+                failures.append(_stacks_of_live(procs, store_path))
         finally:
             for p in procs:
                 p.join(timeout=5 if not failures else 0.5)
@@ -101,3 +118,20 @@ def run_ranks(fn, world_size: int, *args, timeout_s: float = DEFAULT_TIMEOUT_S):
         if failures:
             raise AssertionError("\n".join(failures))
         return [results[r] for r in range(world_size)]
+
+
+def _stacks_of_live(procs, store_path: str) -> str:
+    """The Python stacks of the ranks still running (a failure elsewhere may have left them waiting on it), dumped by
+    their SIGUSR1 handler."""
+    live = [r for r, p in enumerate(procs) if p.is_alive()]
+    for r in live:
+        os.kill(procs[r].pid, signal.SIGUSR1)
+    time.sleep(1.0)
+    parts = []
+    for r in live:
+        try:
+            with open(_stack_path(store_path, r)) as f:
+                parts.append(f"\n--- rank {r} (still running) ---\n{f.read()}")
+        except OSError as exc:
+            parts.append(f"\n--- rank {r}: no stacks ({exc}) ---")
+    return "".join(parts)

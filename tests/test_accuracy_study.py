@@ -193,12 +193,24 @@ def test_every_task_is_a_valid_trainer_run(task):
         assert (train.steps, train.optimizer, train.lr_schedule, train.model) == (300, "adamw", "cosine", "gpt")
 
 
-@pytest.mark.parametrize("args", [["--codecs", "sign"], ["--config", "/nonexistent.toml"], ["--widths", "a,b"]])
+@pytest.mark.parametrize("args", [["--codecs", "sign"], ["--config", "/nonexistent.toml"], ["--widths", "a,b"],
+                                  ["--report", "--result", "/nonexistent.json"]])
 def test_driver_bad_input_is_one_line(args):
     done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "accuracy.py"), *args],
                           capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("accuracy: error: ")
+
+
+def test_driver_report_prints_the_table_of_a_result_without_running(tmp_path):
+    cfg = _cfg(tmp_path)
+    run_study(cfg, log=lambda line: None, launcher=FakeLauncher())
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "accuracy.py"), "--report",
+                           "--result", cfg.result], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == accuracy.summary_markdown(read_result(cfg.result)).strip()
+    assert "| digits | 1 |" in done.stdout
 
 
 def test_plots_and_readings_from_a_result(tmp_path):
