@@ -13,6 +13,7 @@ stderr, not the current test's capture; failures come back through the queue wit
 from __future__ import annotations
 
 import faulthandler
+import gc
 import io
 import os
 import signal
@@ -63,6 +64,9 @@ def _entry(rank, world_size, store_path, fn, args, queue, environ, timeout_s):
         )
         try:
             result = fn(rank, world_size, *args)
+            # The run's objects go while their process group lives: a DDP module in a reference cycle (its hooks
+            # point back at their owner) would otherwise be collected at any later allocation, after the teardown.
+            gc.collect()
             # No rank tears its connections down while a peer may still be reading from them.
             dist.barrier()
         finally:
