@@ -32,7 +32,8 @@ GRADIENT_AS_BUCKET_VIEW = True
 # What a pipeline of width K >= 2 does about its stale gradients (pipesgd.delay.lookahead): "lookahead" computes each
 # gradient at the weights the K-1 updates in flight will produce (this rank's own gradients standing in for their
 # averages), "none" is the paper's plain update, the gradient of weights K-1 updates old. One step of staleness
-# cost 21-27 accuracy points with momentum 0.9 in the plain update; look-ahead recovered them in simulation.
+# cost 20-27 accuracy points with momentum 0.9 in the plain update; look-ahead kept widths 2-4 within a seed spread
+# of width 1 (experiments/results/accuracy/report.md).
 STALENESS_MODES = ("lookahead", "none")
 STALENESS = "lookahead"
 

@@ -17,7 +17,7 @@ from timing_model.core import equations
 from timing_model.empirical import overlap
 from timing_model.calibration import Fit
 from timing_model.cli import main
-from timing_model.fitting import host_record, overlap_sizes
+from timing_model.fitting import ALGORITHM_OF, host_record, overlap_sizes
 from timing_model.modes import MODES
 from timing_model.params import CODEC_RATIOS
 
@@ -230,7 +230,7 @@ def _known_seconds(sample: dict, codecs: dict) -> float:
     if sample["kind"] == "reduce":
         return sample["n_bytes"] / KNOWN.reduce_Bps + REDUCE_CALL_S
     if sample["compression"] == "none":
-        return KNOWN.predict(sample["nodes"], sample["n_bytes"])
+        return KNOWN.predict(sample["nodes"], sample["n_bytes"], ALGORITHM_OF.get(sample["collective"], "ring"))
     ratio = CODEC_RATIOS[sample["compression"]]
     wire = Fit(0.0, KNOWN.latency_s, KNOWN.bandwidth_Bps * ratio, KNOWN.reduce_Bps, 0, 0.0, 0.0)
     encode, decode = codecs[sample["compression"]]
@@ -257,6 +257,7 @@ def test_calibrate_two_ranks_small_grid():
     measured = results[0]
     kinds = [(s["kind"], s["collective"]) for s in measured["samples"]]
     assert kinds.count(("allreduce", "ring")) == kinds.count(("allreduce", "backend")) == 3
+    assert kinds.count(("allreduce", "alltoall")) == 3  # the exchange, uncompressed
     assert kinds.count(("reduce", "local")) == 3
     assert all(s["seconds"] > 0 for s in measured["samples"])
     assert [s["n_bytes"] for s in measured["samples"] if s["collective"] == "backend"] == [float(n) for n in GRID]
@@ -267,7 +268,7 @@ def test_calibrate_two_ranks_small_grid():
     assert [r["n_bytes"] for r in host["overlap"]] == [float(1 << 20), float(4 << 20)]  # the sizes >= BURST_BYTES
     assert host["copy_Bps"] > 0 and host["handoff_s"] > 0 and len(host["copy"]) == 3
     cal = _fit_on_known_timings(measured)
-    for name in ("ring", "backend"):
+    for name in ("ring", "backend", "alltoall"):
         fit = cal.fits[name]
         assert fit.latency_s == pytest.approx(KNOWN.latency_s, rel=1e-6)
         assert fit.bandwidth_Bps == pytest.approx(KNOWN.bandwidth_Bps, rel=1e-6)
@@ -276,7 +277,7 @@ def test_calibrate_two_ranks_small_grid():
     assert "one cluster size only: overhead fixed at 0, latency absorbs it" in cal.fits["ring"].notes
     assert cal.meta["grid"] == {"nodes": [2], "sizes_bytes": GRID, "repeats": 3, "warmup": 1,
                                 "compressions": ["none"], "min_fit_bytes": 0.0}
-    assert cal.host == host and cal.compute is None and len(cal.residuals) == 6
+    assert cal.host == host and cal.compute is None and len(cal.residuals) == 9
 
 
 # The step probes' time budgets for the test below, which checks what they record, not their values (a full

@@ -13,8 +13,8 @@ import pytest
 from timing_model.core import collectives, equations, straggler
 from timing_model.empirical import overlap, server
 from timing_model.empirical.server import KERNEL_SEND_BUFFER_BYTES
-from timing_model.calibration import (Calibration, Fit, Sample, fit_codec_in_ring, fit_collective, read_calibration,
-                                      residual_table, write_calibration)
+from timing_model.calibration import Calibration, Fit, Sample, read_calibration, residual_table, write_calibration
+from timing_model.fitting import fit_codec_in_ring, fit_collective
 from timing_model.modes import MODES
 from timing_model.params import (CODEC_RATIOS, ClusterParams, CodecParams, ComputeParams, ScheduleParams,
                                  ServerParams, build_codec)

@@ -138,6 +138,8 @@ def test_mode_learns_digits(mode, mode_runs):
     config = records(rank0)[0]
     assert config["type"] == "config" and config["world_size"] == WORLD and config["mode"] == mode
     assert config["params"] > 0 and config["grad_bytes"] == 4 * config["params"]
+    # what averaged the buckets ("auto" without a codec: the backend's all_reduce); the other modes have none
+    assert config["allreduce"] == ("backend" if mode in ("sync", "pipe") else None)
     assert final_accuracy(rank0) >= MIN_ACCURACY
     summary = records(rank0)[-1]
     assert summary["type"] == "summary" and summary["iters_per_s"] > 0

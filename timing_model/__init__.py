@@ -8,9 +8,10 @@ it in ``modes``, and with every one of them neutral the modes are the core exact
 breakdowns per mode; ``calibration`` and ``fitting`` fit measured timings (taken by ``pipesgd.measure``); ``cli``
 and ``commands`` are the command line. Nothing here imports torch.
 """
-from timing_model.calibration import Calibration, Fit, Sample, fit_collective, read_calibration, write_calibration
+from timing_model.calibration import Calibration, Fit, Sample, read_calibration, write_calibration
 from timing_model.core.straggler import expected_max_exponential, expected_max_normal, expected_max_normal_factor
 from timing_model.empirical.terms import NEUTRAL, EmpiricalTerms
+from timing_model.fitting import fit_collective
 from timing_model.modes import MODES, ModeResult, predict_mode
 from timing_model.params import (CODEC_RATIOS, ClusterParams, CodecParams, ComputeParams, ScheduleParams,
                                  ServerParams, build_codec)

@@ -37,10 +37,7 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from dataclasses import asdict, dataclass, field
-
-import numpy as np
 
 from pipesgd.runlog.atomic import atomic_open
 from pipesgd.defaults import resolve_allreduce
@@ -49,7 +46,7 @@ from .core import collectives
 from .core.equations import codec_passes, codec_time
 from .empirical.host_terms import host_terms
 
-__all__ = ["SCHEMA", "Sample", "Fit", "Calibration", "fit_collective", "fit_codec_in_ring", "residual_table",
+__all__ = ["SCHEMA", "Sample", "Fit", "Calibration", "compressed_parts", "residual_table",
            "write_calibration", "read_calibration", "calibration_from_json", "BURST_BYTES"]
 
 # Below this message size a tc-tbf shaped link (burst ≈ 500 KB at 1gbit) may send the whole message at
@@ -57,7 +54,6 @@ __all__ = ["SCHEMA", "Sample", "Fit", "Calibration", "fit_collective", "fit_code
 BURST_BYTES = 2**20
 
 SCHEMA = "pipesgd-timing/calibration/1"
-_PARAMS = ("overhead_s", "latency_s", "sec_per_byte", "reduce_sec_per_byte", "reduce_call_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +61,7 @@ class Sample:
     """One measured point: the slowest rank's median seconds for one call."""
 
     kind: str  # 'allreduce' (a collective over `nodes` ranks) or 'reduce' (local add_ of n_bytes)
-    collective: str  # 'ring' (our ring), 'backend' (all_reduce of the process group) or 'local'
+    collective: str  # 'ring' (our ring), 'alltoall' (our exchange), 'backend' (the group's all_reduce) or 'local'
     compression: str  # codec on the ring ('none' for the fit)
     nodes: int  # ranks taking part
     n_bytes: float  # fp32 bytes of the tensor
@@ -114,107 +110,13 @@ class Fit:
                    tuple(data.get("notes", ())))
 
 
-def _features(sample: Sample, algorithm: str) -> list[float]:
-    """The sample's model row: coefficient of each unknown in ``_PARAMS`` order."""
-    if sample.kind == "reduce":
-        return [0.0, 0.0, 0.0, sample.n_bytes, 1.0]
-    fn = collectives.ALLREDUCE[algorithm]
-    workers, n_bytes = sample.nodes, sample.n_bytes
-    return [fn(workers, n_bytes, 0.0, 0.0, 0.0, 1.0), fn(workers, n_bytes, 1.0, 0.0, 0.0, 0.0),
-            fn(workers, n_bytes, 0.0, 1.0, 0.0, 0.0), fn(workers, n_bytes, 0.0, 0.0, 1.0, 0.0), 0.0]
-
-
-def _solve_nonnegative(A: np.ndarray, b: np.ndarray, active: list[int]) -> np.ndarray:
-    """Non-negative least squares over the columns in ``active`` (scipy's NNLS, Lawson-Hanson); the others stay 0.
-    The columns are scaled to unit norm first: seconds-per-byte and per-call terms differ by ~10 orders."""
-    from scipy.optimize import nnls  # only when fitting: predict and sweep start without scipy
-
-    x = np.zeros(A.shape[1])
-    if active:
-        columns = A[:, active]
-        norms = np.linalg.norm(columns, axis=0)
-        norms[norms == 0] = 1.0
-        x[active] = nnls(columns / norms, b)[0] / norms
-    return x
-
-
-def fit_collective(samples: list[Sample], collective: str = "ring", algorithm: str = "ring",
-                   min_bytes: float = 0.0) -> Fit:
-    """Fit c0, α, β (and γ when ``reduce`` samples exist) to the uncompressed samples of ``collective``.
-
-    Allreduce samples below ``min_bytes`` are left out of the fit (e.g. ``BURST_BYTES`` on a tc-tbf shaped
-    link, whose burst lets small messages leave at line rate); if samples below ``BURST_BYTES`` remain, a note
-    says so. The overhead c0 is fitted whenever the samples span ≥ 2 cluster sizes.
-    """
-    # Step 1: keep the samples this fit may use.
-    use = [s for s in samples if (s.kind == "allreduce" and s.collective == collective and s.compression == "none"
-                                  and s.nodes >= 2 and s.n_bytes >= min_bytes) or s.kind == "reduce"]
-    coll = [s for s in use if s.kind == "allreduce"]
-    if len(coll) < 2:
-        raise ValueError(f"need at least 2 uncompressed allreduce samples of {collective!r} over >= 2 ranks"
-                         f"{f' of >= {min_bytes:.0f} bytes' if min_bytes else ''}, got {len(coll)}")
-    notes, active = [], [0, 1, 2, 3, 4]
-    small = sum(s.n_bytes < BURST_BYTES for s in coll)
-    if small:
-        notes.append(f"{small} samples below {BURST_BYTES} bytes: on a tc-tbf shaped link they may leave at burst "
-                     f"(line) rate and bias latency/bandwidth; fit with min_bytes (calibrate --fit-min-bytes) to drop")
-    # Step 2: drop the unknowns the grid cannot identify.
-    if len({s.nodes for s in coll}) < 2:
-        active.remove(0)
-        notes.append("one cluster size only: overhead fixed at 0, latency absorbs it")
-    if not any(s.kind == "reduce" for s in use):
-        active.remove(3)
-        active.remove(4)
-        notes.append("no local reduce samples: reduction folded into bandwidth")
-    # Step 3: weighted least squares on relative error, non-negative.
-    A = np.array([_features(s, algorithm) for s in use]) / np.array([[s.seconds] for s in use])
-    x = _solve_nonnegative(A, np.ones(len(use)), active)
-    labels = {0: "overhead", 1: "latency", 3: "reduction"}
-    notes += [f"{labels[j]} fitted below zero: fixed at 0" for j in labels if j in active and x[j] == 0.0]
-    if x[2] <= 0:
-        raise ValueError("fit gave no bandwidth term: add larger message sizes to the grid")
-    fit = Fit(float(x[0]), float(x[1]), float(1.0 / x[2]), math.inf if x[3] <= 0 else float(1.0 / x[3]),
-              len(coll), 0.0, 0.0, tuple(notes))
-    errors = [abs(row["rel_err"]) for row in residual_table(coll, fit, algorithm)]
-    return Fit(fit.overhead_s, fit.latency_s, fit.bandwidth_Bps, fit.reduce_Bps, len(coll),
-               statistics.median(errors), max(errors), tuple(notes))
-
-
-def _compressed_parts(s: Sample, fit: Fit, algorithm: str, codecs: dict[str, tuple[float, float]] | None,
+def compressed_parts(s: Sample, fit: Fit, algorithm: str, codecs: dict[str, tuple[float, float]] | None,
                       ratios: dict[str, float] | None) -> tuple[float, float]:
     """(wire seconds, isolated codec seconds) the per-hop model gives a compressed ring sample."""
     ratio = (ratios or {}).get(s.compression, 1.0)
     enc, dec = (codecs or {}).get(s.compression, (math.inf, math.inf))
     wire = Fit(fit.overhead_s, fit.latency_s, fit.bandwidth_Bps * ratio, fit.reduce_Bps, 0, 0.0, 0.0)
     return wire.predict(s.nodes, s.n_bytes, algorithm), codec_time(s.nodes, s.n_bytes, enc, dec, True)
-
-
-def fit_codec_in_ring(samples: list[Sample], fit: Fit, codecs: dict[str, tuple[float, float]],
-                      ratios: dict[str, float], algorithm: str = "ring", min_bytes: float = 0.0
-                      ) -> dict[str, dict[int, float]]:
-    """Per compressor and cluster size p, the factor f >= 0 that scales its isolated codec time to explain our
-    compressed rings (our reconstruction): measured_i ≈ wire_i + f·codec_i, with wire_i the uncompressed ring
-    ``fit`` at ratio× the bandwidth and codec_i the per-hop codec time at the isolated throughput of ``codecs``.
-
-    One unknown per (codec, p), least squares on relative error, closed form: f = Σ a_i(1 − wire_i/t_i) /
-    Σ a_i², a_i = codec_i/t_i, floored at 0. Per p because the codec is CPU work: where p ranks share fewer
-    than p cores (the emulated cluster) each rank's codec runs at a share of a core, so f grows with p.
-    f > 1: the codec costs more inside the ring than alone; f < 1: the piecewise hops hide part of it behind
-    the wire. Samples below ``min_bytes`` and codecs without a throughput or without ring samples are left out
-    (no factor: the model uses f = 1).
-    """
-    factors: dict[str, dict[int, float]] = {}
-    for name, speeds in codecs.items():
-        rows = [s for s in samples if s.kind == "allreduce" and s.collective == "ring" and s.compression == name
-                and s.nodes >= 2 and s.n_bytes >= min_bytes]
-        for nodes in sorted({s.nodes for s in rows}):
-            parts = [(s.seconds, *_compressed_parts(s, fit, algorithm, {name: speeds}, ratios))
-                     for s in rows if s.nodes == nodes]
-            denominator = sum((codec / t) ** 2 for t, _, codec in parts)
-            if denominator > 0:
-                f = sum(codec / t * (1 - wire / t) for t, wire, codec in parts) / denominator
-                factors.setdefault(name, {})[nodes] = max(0.0, f)
-    return factors
 
 
 def _ring_factor(factors: dict[str, dict[int, float]] | None, name: str, nodes: int) -> float:
@@ -248,7 +150,7 @@ def residual_table(samples: list[Sample], fit: Fit, algorithm: str = "ring",
             predicted = fit.predict(s.nodes, s.n_bytes, algorithm)
         else:
             speeds = _in_ring((codecs or {}).get(s.compression), _ring_factor(factors, s.compression, s.nodes))
-            predicted = sum(_compressed_parts(s, fit, algorithm, {s.compression: speeds} if speeds else {}, ratios))
+            predicted = sum(compressed_parts(s, fit, algorithm, {s.compression: speeds} if speeds else {}, ratios))
         rows.append({"collective": s.collective, "compression": s.compression, "nodes": s.nodes,
                      "n_bytes": s.n_bytes, "measured_s": s.seconds, "predicted_s": predicted,
                      "rel_err": (predicted - s.seconds) / s.seconds})
@@ -259,7 +161,7 @@ def residual_table(samples: list[Sample], fit: Fit, algorithm: str = "ring",
 class Calibration:
     """Everything ``calibrate`` measured and fitted; ``validate`` and ``predict --calibration`` read it."""
 
-    fits: dict[str, Fit]  # 'ring' and/or 'backend'
+    fits: dict[str, Fit]  # 'ring', 'backend' and/or 'alltoall' (its α-β with ``collectives.allreduce_exchange``)
     codecs: dict[str, tuple[float, float]] = field(default_factory=dict)  # name → (encode_Bps, decode_Bps)
     compute: dict | None = None  # {'model', 'batch_size', 'compute_s'} when measured
     samples: list[Sample] = field(default_factory=list)
@@ -269,19 +171,27 @@ class Calibration:
     codec_ring_factors: dict[str, dict[int, float]] = field(default_factory=dict)  # name → {p: f}, see
     # ``fit_codec_in_ring``
     codec_feedback: dict[str, float] = field(default_factory=dict)  # name → error-feedback bytes/s (isolated)
+    codec_exchange_factors: dict[str, dict[int, float]] = field(default_factory=dict)  # the same for the exchange
 
-    def codec_speeds(self, name: str, nodes: int = 2) -> tuple[float, float]:
-        """(encode_Bps, decode_Bps) of ``name`` inside our ring of ``nodes`` ranks: the isolated throughput divided
-        by the calibrated ring factor (``_ring_factor``); (inf, inf) for an uncalibrated codec (the pure formula)."""
-        speeds = _in_ring(self.codecs.get(name), _ring_factor(self.codec_ring_factors, name, nodes))
+    def codec_speeds(self, name: str, nodes: int = 2, allreduce: str = "ring") -> tuple[float, float]:
+        """(encode_Bps, decode_Bps) of ``name`` inside our ``allreduce`` ("ring" or "alltoall") of ``nodes`` ranks:
+        the isolated throughput divided by its calibrated factor (``_ring_factor``; the exchange lends the ring's
+        when it has none); (inf, inf) for an uncalibrated codec (the pure formula)."""
+        speeds = _in_ring(self.codecs.get(name), _ring_factor(self._factors(name, allreduce), name, nodes))
         return speeds or (math.inf, math.inf)
 
-    def feedback_speed(self, name: str, nodes: int = 2) -> float:
-        """Error-feedback bytes/s of ``name`` inside our ring of ``nodes`` ranks (scaled like ``codec_speeds``);
-        inf when not measured."""
+    def feedback_speed(self, name: str, nodes: int = 2, allreduce: str = "ring") -> float:
+        """Error-feedback bytes/s of ``name`` inside our ``allreduce`` of ``nodes`` ranks (scaled like
+        ``codec_speeds``); inf when not measured."""
         rate = self.codec_feedback.get(name)
-        factor = _ring_factor(self.codec_ring_factors, name, nodes)
+        factor = _ring_factor(self._factors(name, allreduce), name, nodes)
         return rate / factor if rate is not None and factor > 0 else math.inf
+
+    def _factors(self, name: str, allreduce: str) -> dict[str, dict[int, float]]:
+        """The codec factors of ``allreduce``: the exchange's where it has one for ``name``, else the ring's."""
+        if allreduce == "alltoall" and name in self.codec_exchange_factors:
+            return self.codec_exchange_factors
+        return self.codec_ring_factors
 
     def ring_anchor_s(self, mode: str, compression: str, grad_bytes: float, nodes: int) -> float:
         """The anchor of ``empirical.anchor.anchored``: seconds of the trainer's allreduce of ``compression`` alone at
@@ -316,14 +226,15 @@ class Calibration:
                 return row
         return None
 
-    def fit_for(self, mode: str, compression: str = "none") -> Fit:
-        """Our ring serves sync and pipe with a codec on every hop; the backend's all_reduce serves
-        uncompressed sync and pipe (PipeSGD's default fast path, ``allreduce="auto"``), ddp and the
-        parameter server."""
-        # Our ring's fit also stands in for our all-to-all all-reduce (what "auto" runs for a codec) until the model
-        # knows the latter's cost.
-        ours = mode in ("sync", "pipe") and resolve_allreduce("auto", lossless=compression == "none") != "backend"
-        order = ("ring", "backend") if ours else ("backend", "ring")
+    def fit_for(self, mode: str, compression: str = "none", allreduce: str = "auto") -> Fit:
+        """The fit of the all-reduce that runs ``mode``'s buckets: for sync and pipe the one ``allreduce`` resolves
+        to (``pipesgd.defaults.resolve_allreduce``: with "auto", the backend's all_reduce for the lossless codec and
+        our two-collective exchange, ``'alltoall'``, for a lossy one); the backend's for ddp and the parameter
+        server. A calibration made before the exchange was timed lends it the ring's fit."""
+        chosen = resolve_allreduce(allreduce, lossless=compression == "none") if mode in ("sync", "pipe") \
+            else "backend"
+        order = {"alltoall": ("alltoall", "ring", "backend"), "ring": ("ring", "backend")}.get(chosen,
+                                                                                                ("backend", "ring"))
         for name in order:
             if name in self.fits:
                 return self.fits[name]
@@ -337,7 +248,9 @@ def write_calibration(path: str, cal: Calibration) -> None:
             "fits": {name: fit.as_json() for name, fit in cal.fits.items()},
             "codecs": {name: {"encode_Bps": e, "decode_Bps": d, "feedback_Bps": cal.codec_feedback.get(name),
                               "ring_factor_by_nodes": {str(p): f
-                                                       for p, f in cal.codec_ring_factors.get(name, {}).items()}}
+                                                       for p, f in cal.codec_ring_factors.get(name, {}).items()},
+                              "exchange_factor_by_nodes": {str(p): f for p, f in
+                                                           cal.codec_exchange_factors.get(name, {}).items()}}
                        for name, (e, d) in cal.codecs.items()},
             "compute": cal.compute, "host": cal.host, "samples": [asdict(s) for s in cal.samples],
             "residuals": cal.residuals}
@@ -370,6 +283,8 @@ def calibration_from_json(data, where: str = "calibration") -> Calibration:
                     if c.get("feedback_Bps") is not None}
         factors = {name: {int(p): float(f) for p, f in c["ring_factor_by_nodes"].items()}
                    for name, c in data.get("codecs", {}).items() if c.get("ring_factor_by_nodes")}
+        exchange = {name: {int(p): float(f) for p, f in c["exchange_factor_by_nodes"].items()}
+                    for name, c in data.get("codecs", {}).items() if c.get("exchange_factor_by_nodes")}
         samples = [Sample(**s) for s in data.get("samples", [])]
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"{where}: malformed ({err})") from None
@@ -385,9 +300,11 @@ def calibration_from_json(data, where: str = "calibration") -> Calibration:
         raise ValueError(f"{where}: malformed host record ({err})") from None
     meta = {k: v for k, v in data.items()
             if k not in ("schema", "fits", "codecs", "compute", "host", "samples", "residuals")}
-    if any(not (f >= 0 and math.isfinite(f)) for by_nodes in factors.values() for f in by_nodes.values()):
-        raise ValueError(f"{where}: codec ring_factor_by_nodes must hold finite numbers >= 0")
+    if any(not (f >= 0 and math.isfinite(f)) for table in (factors, exchange) for by_nodes in table.values()
+           for f in by_nodes.values()):
+        raise ValueError(f"{where}: codec ring_factor_by_nodes and exchange_factor_by_nodes must hold finite "
+                         f"numbers >= 0")
     if any(not rate > 0 for rate in feedback.values()):
         raise ValueError(f"{where}: codec feedback_Bps must be > 0")
     return Calibration(fits, codecs, data.get("compute"), samples, data.get("residuals", []), meta, host, factors,
-                       feedback)
+                       feedback, exchange)

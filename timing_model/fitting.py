@@ -1,23 +1,129 @@
-"""From one calibration run's measurements to a ``Calibration``: the fits of both all-reduces, the in-ring codec
+"""From one calibration run's measurements to a ``Calibration``: the fits of the all-reduces, the in-ring codec
 factors, the residuals and the host terms. Pure: the measurements come from ``pipesgd.measure`` (torch).
 
 Steps of ``fit_calibration`` (rank 0, after every rank measured):
-  Step 1: per all-reduce ('ring', 'backend') with samples: ``fit_collective``; a fit that fails leaves a note
-          and the other fit stands.
-  Step 2: from the compressed ring samples, the codec cost inside our ring (``fit_codec_in_ring``).
+  Step 1: per all-reduce ('ring', 'backend', 'alltoall') with samples: ``fit_collective`` with its formula
+          (``ALGORITHM_OF``); a fit that fails leaves a note and the others stand.
+  Step 2: from the compressed samples, the codec cost inside our ring and inside our exchange
+          (``fit_codec_in_ring``).
   Step 3: residuals of every sample against its fit; no fit at all raises ``ValueError``.
 """
 from __future__ import annotations
 
+import math
 import statistics
 
-from .calibration import BURST_BYTES, Calibration, Sample, fit_codec_in_ring, fit_collective, residual_table
+import numpy as np
+
+from .calibration import BURST_BYTES, Calibration, Fit, Sample, compressed_parts, residual_table
+from .core import collectives
 from .empirical.host_terms import (copy_rate_from_timings, lockstep_from_timings, ps_service_terms,
                                    slowdown_from_timings)
 from .empirical.overlap import window_loss
 from .params import CODEC_RATIOS
 
-__all__ = ["overlap_sizes", "host_record", "fit_calibration"]
+__all__ = ["overlap_sizes", "host_record", "fit_calibration", "fit_collective", "fit_codec_in_ring", "ALGORITHM_OF"]
+
+# The α-β-γ formula (``core.collectives.ALLREDUCE``) each timed all-reduce is fitted with; the others: the ring's.
+ALGORITHM_OF = {"alltoall": "exchange"}
+# The unknowns of ``fit_collective``, in the order of ``_features``' columns.
+_PARAMS = ("overhead_s", "latency_s", "sec_per_byte", "reduce_sec_per_byte", "reduce_call_s")
+
+
+def _features(sample: Sample, algorithm: str) -> list[float]:
+    """The sample's model row: coefficient of each unknown in ``_PARAMS`` order."""
+    if sample.kind == "reduce":
+        return [0.0, 0.0, 0.0, sample.n_bytes, 1.0]
+    fn = collectives.ALLREDUCE[algorithm]
+    workers, n_bytes = sample.nodes, sample.n_bytes
+    return [fn(workers, n_bytes, 0.0, 0.0, 0.0, 1.0), fn(workers, n_bytes, 1.0, 0.0, 0.0, 0.0),
+            fn(workers, n_bytes, 0.0, 1.0, 0.0, 0.0), fn(workers, n_bytes, 0.0, 0.0, 1.0, 0.0), 0.0]
+
+
+def _solve_nonnegative(A: np.ndarray, b: np.ndarray, active: list[int]) -> np.ndarray:
+    """Non-negative least squares over the columns in ``active`` (scipy's NNLS, Lawson-Hanson); the others stay 0.
+    The columns are scaled to unit norm first: seconds-per-byte and per-call terms differ by ~10 orders."""
+    from scipy.optimize import nnls  # only when fitting: predict and sweep start without scipy
+
+    x = np.zeros(A.shape[1])
+    if active:
+        columns = A[:, active]
+        norms = np.linalg.norm(columns, axis=0)
+        norms[norms == 0] = 1.0
+        x[active] = nnls(columns / norms, b)[0] / norms
+    return x
+
+
+def fit_collective(samples: list[Sample], collective: str = "ring", algorithm: str = "ring",
+                   min_bytes: float = 0.0) -> Fit:
+    """Fit c0, α, β (and γ when ``reduce`` samples exist) to the uncompressed samples of ``collective``.
+
+    Allreduce samples below ``min_bytes`` are left out of the fit (e.g. ``BURST_BYTES`` on a tc-tbf shaped
+    link, whose burst lets small messages leave at line rate); if samples below ``BURST_BYTES`` remain, a note
+    says so. The overhead c0 is fitted whenever the samples span ≥ 2 cluster sizes.
+    """
+    # Step 1: keep the samples this fit may use.
+    use = [s for s in samples if (s.kind == "allreduce" and s.collective == collective and s.compression == "none"
+                                  and s.nodes >= 2 and s.n_bytes >= min_bytes) or s.kind == "reduce"]
+    coll = [s for s in use if s.kind == "allreduce"]
+    if len(coll) < 2:
+        raise ValueError(f"need at least 2 uncompressed allreduce samples of {collective!r} over >= 2 ranks"
+                         f"{f' of >= {min_bytes:.0f} bytes' if min_bytes else ''}, got {len(coll)}")
+    notes, active = [], [0, 1, 2, 3, 4]
+    small = sum(s.n_bytes < BURST_BYTES for s in coll)
+    if small:
+        notes.append(f"{small} samples below {BURST_BYTES} bytes: on a tc-tbf shaped link they may leave at burst "
+                     f"(line) rate and bias latency/bandwidth; fit with min_bytes (calibrate --fit-min-bytes) to drop")
+    # Step 2: drop the unknowns the grid cannot identify.
+    if len({s.nodes for s in coll}) < 2:
+        active.remove(0)
+        notes.append("one cluster size only: overhead fixed at 0, latency absorbs it")
+    if not any(s.kind == "reduce" for s in use):
+        active.remove(3)
+        active.remove(4)
+        notes.append("no local reduce samples: reduction folded into bandwidth")
+    # Step 3: weighted least squares on relative error, non-negative.
+    A = np.array([_features(s, algorithm) for s in use]) / np.array([[s.seconds] for s in use])
+    x = _solve_nonnegative(A, np.ones(len(use)), active)
+    labels = {0: "overhead", 1: "latency", 3: "reduction"}
+    notes += [f"{labels[j]} fitted below zero: fixed at 0" for j in labels if j in active and x[j] == 0.0]
+    if x[2] <= 0:
+        raise ValueError("fit gave no bandwidth term: add larger message sizes to the grid")
+    fit = Fit(float(x[0]), float(x[1]), float(1.0 / x[2]), math.inf if x[3] <= 0 else float(1.0 / x[3]),
+              len(coll), 0.0, 0.0, tuple(notes))
+    errors = [abs(row["rel_err"]) for row in residual_table(coll, fit, algorithm)]
+    return Fit(fit.overhead_s, fit.latency_s, fit.bandwidth_Bps, fit.reduce_Bps, len(coll),
+               statistics.median(errors), max(errors), tuple(notes))
+
+
+def fit_codec_in_ring(samples: list[Sample], fit: Fit, codecs: dict[str, tuple[float, float]],
+                      ratios: dict[str, float], algorithm: str = "ring", min_bytes: float = 0.0,
+                      collective: str = "ring") -> dict[str, dict[int, float]]:
+    """Per compressor and cluster size p, the factor f >= 0 that scales its isolated codec time to explain our
+    compressed rings (our reconstruction): measured_i ≈ wire_i + f·codec_i, with wire_i the uncompressed ring
+    ``fit`` at ratio× the bandwidth and codec_i the per-hop codec time at the isolated throughput of ``codecs``.
+
+    One unknown per (codec, p), least squares on relative error, closed form: f = Σ a_i(1 − wire_i/t_i) /
+    Σ a_i², a_i = codec_i/t_i, floored at 0. Per p because the codec is CPU work: where p ranks share fewer
+    than p cores (the emulated cluster) each rank's codec runs at a share of a core, so f grows with p.
+    f > 1: the codec costs more inside the ring than alone; f < 1: the piecewise hops hide part of it behind
+    the wire. Samples below ``min_bytes`` and codecs without a throughput or without ring samples are left out
+    (no factor: the model uses f = 1). ``collective`` = "alltoall" (with ``algorithm`` "exchange") fits the
+    two-collective exchange's own factors, which its codec work (the ring's passes, no Python hop between them)
+    does not share with the ring's.
+    """
+    factors: dict[str, dict[int, float]] = {}
+    for name, speeds in codecs.items():
+        rows = [s for s in samples if s.kind == "allreduce" and s.collective == collective and s.compression == name
+                and s.nodes >= 2 and s.n_bytes >= min_bytes]
+        for nodes in sorted({s.nodes for s in rows}):
+            parts = [(s.seconds, *compressed_parts(s, fit, algorithm, {name: speeds}, ratios))
+                     for s in rows if s.nodes == nodes]
+            denominator = sum((codec / t) ** 2 for t, _, codec in parts)
+            if denominator > 0:
+                f = sum(codec / t * (1 - wire / t) for t, wire, codec in parts) / denominator
+                factors.setdefault(name, {})[nodes] = max(0.0, f)
+    return factors
 
 
 def overlap_sizes(sizes_bytes: list[int], count: int = 3) -> list[int]:
@@ -88,19 +194,23 @@ def fit_calibration(samples: list[Sample], codecs: dict[str, tuple[float, float]
     Fit failures are appended to ``meta['notes']``; all fits failing raises
     ``ValueError('calibration failed: ...')``."""
     notes = meta.setdefault("notes", [])
-    fits, residuals, factors = {}, [], {}
-    for collective in ("ring", "backend"):
+    fits, residuals, factors = {}, [], {"ring": {}, "alltoall": {}}
+    for collective in ("ring", "backend", "alltoall"):
         if not any(s.collective == collective for s in samples):
             continue
+        algorithm = ALGORITHM_OF.get(collective, "ring")
         try:  # Step 1
-            fits[collective] = fit_collective(samples, collective, min_bytes=min_fit_bytes)
+            fits[collective] = fit_collective(samples, collective, algorithm, min_bytes=min_fit_bytes)
         except ValueError as err:  # noisy timings on a busy machine: keep the other fit, say why
             notes.append(f"{collective}: {err}")
             continue
-        if collective == "ring":  # Step 2: the codec as it runs inside our ring
-            factors = fit_codec_in_ring(samples, fits["ring"], codecs, CODEC_RATIOS, min_bytes=min_fit_bytes)
+        if collective in factors:  # Step 2: the codec as it runs inside our ring, or our exchange
+            factors[collective] = fit_codec_in_ring(samples, fits[collective], codecs, CODEC_RATIOS, algorithm,
+                                                    min_fit_bytes, collective)
         residuals += residual_table([s for s in samples if s.collective == collective], fits[collective],  # Step 3
-                                    codecs=codecs, ratios=CODEC_RATIOS, factors=factors)
+                                    algorithm, codecs=codecs, ratios=CODEC_RATIOS,
+                                    factors=factors.get(collective) or factors["ring"])
     if not fits:
         raise ValueError("calibration failed: " + "; ".join(notes))
-    return Calibration(fits, codecs, compute, list(samples), residuals, meta, host, factors, feedback)
+    return Calibration(fits, codecs, compute, list(samples), residuals, meta, host, factors["ring"], feedback,
+                       factors["alltoall"])

@@ -15,7 +15,7 @@ iteration), so throughputs and speedups compare like for like.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from .core import equations
 from .core.costs import CommCost, allreduce_cost, bucket_count, ps_cost, regime_of
@@ -55,6 +55,7 @@ class ModeResult:
     samples_per_s: float  # workers × batch per worker / iteration_s (0 when the batch is unknown)
     staleness: float  # how many iterations old an applied gradient is
     regime: str  # 'latency-bound', 'bandwidth-bound' or 'no-communication'
+    allreduce: str = ""  # what averages the gradient: sync/pipe "ring", "alltoall" or "backend", ddp "backend"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -259,8 +260,9 @@ def predict_mode(mode: str, cluster: ClusterParams, compute: ComputeParams, code
     """Dispatch on the mode name used by ``pipesgd-train --mode``."""
     if mode in ("ps-sync", "ps-async"):
         fn = predict_ps_sync if mode == "ps-sync" else predict_ps_async
-        return fn(cluster, compute, codec, schedule, server, terms)
+        return replace(fn(cluster, compute, codec, schedule, server, terms), allreduce="-")
     table = {"sync": predict_sync, "ddp": predict_ddp, "pipe": predict_pipe}
     if mode not in table:
         raise ValueError(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
-    return table[mode](cluster, compute, codec, schedule, terms)
+    return replace(table[mode](cluster, compute, codec, schedule, terms),
+                   allreduce="backend" if mode == "ddp" else schedule.allreduce)

@@ -12,10 +12,12 @@ import itertools
 import math
 from dataclasses import dataclass, fields, replace
 
+from pipesgd.defaults import resolve_allreduce
+
 from .empirical.terms import EMPIRICAL_FIELDS, NEUTRAL, EmpiricalTerms
 from .modes import MODES, ModeResult, predict_mode
-from .params import (BUCKET_BYTES, ClusterParams, CodecParams, ComputeParams, ScheduleParams, ServerParams,
-                     build_codec)
+from .params import (ALLREDUCES, BUCKET_BYTES, ClusterParams, CodecParams, ComputeParams, ScheduleParams,
+                     ServerParams, build_codec)
 
 __all__ = ["Scenario", "Prediction", "predict", "sweep", "SWEEP_AXES"]
 
@@ -49,6 +51,7 @@ class Scenario:
     width: int = 2  # Pipe-SGD pipeline width
     overlap_fraction: float = 0.5  # DDP: fraction of backward that buckets overlap
     bucket_bytes: float = BUCKET_BYTES  # bytes per collective call
+    allreduce: str = "auto"  # sync's and pipe's all-reduce: auto | ring | alltoall (``params.ALLREDUCES``)
     # parameter server
     servers: int = 1  # parameter-server shards
     server_bandwidth_Bps: float = 0.0  # 0: same as the worker link
@@ -71,6 +74,15 @@ class Scenario:
         out = replace(self, **changes) if changes else self
         return replace(out, empirical=replace(out.empirical, **terms)) if terms else out
 
+    @property
+    def resolved_allreduce(self) -> str:
+        """"ring", "alltoall" or "backend": ``allreduce`` resolved as the trainer resolves it
+        (``pipesgd.defaults.resolve_allreduce``: with "auto", the two collectives for a lossy codec and the
+        backend's all_reduce, whose cost the ring's formula gives, for a lossless one)."""
+        if self.allreduce not in ALLREDUCES:
+            raise ValueError(f"unknown allreduce {self.allreduce!r}; valid: {', '.join(ALLREDUCES)}")
+        return resolve_allreduce(self.allreduce, lossless=self.compression == "none")
+
     def records(self) -> tuple[ClusterParams, ComputeParams, CodecParams, ScheduleParams, ServerParams]:
         """Build (and thereby validate) the frozen plain parameter records of the core."""
         cluster = ClusterParams(self.nodes, self.grad_bytes, self.bandwidth_Bps, self.latency_s, self.overhead_s,
@@ -78,7 +90,7 @@ class Scenario:
         compute = ComputeParams(self.compute_s, self.compute_std_s, self.update_s, self.batch_size)
         codec = build_codec(self.compression, self.encode_Bps, self.decode_Bps, self.compression_ratio,
                             self.feedback_Bps if self.error_feedback else math.inf)
-        schedule = ScheduleParams(self.width, self.overlap_fraction, self.bucket_bytes)
+        schedule = ScheduleParams(self.width, self.overlap_fraction, self.bucket_bytes, self.resolved_allreduce)
         server = ServerParams(self.servers, self.server_bandwidth_Bps, self.ps_serialised, self.ps_colocated)
         return cluster, compute, codec, schedule, server
 

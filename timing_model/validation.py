@@ -198,25 +198,29 @@ def read_runs(paths: list[str], skip: int = 3) -> list[RunRecord]:
 
 
 def calibrated_scenario(scenario: Scenario, cal: Calibration, mode: str) -> Scenario:
-    """``scenario`` with the network terms of the fit that serves ``mode``, the calibrated in-ring codec speeds and
-    error-feedback rate (the feedback probe's at this size when it ran, ``Calibration.ring_feedback_speed``), and
-    the empirical terms: the anchor of that allreduce at the scenario's gradient size
-    (``Calibration.ring_anchor_s``), the calibrated host terms κ, κc, λ, lockstep, the DDP probe's step, the ps-sync
-    probe's round (at the scenario's ranks and gradient only), copy rate, hand-off and the server's service time,
-    and the kernel's socket buffer of a Linux host (codec speeds and terms given in the scenario win)."""
-    fit = cal.fit_for(mode, scenario.compression)
-    encode, decode = cal.codec_speeds(scenario.compression, scenario.nodes)
+    """``scenario`` with the network terms of the fit that serves ``mode`` (with ``scenario.allreduce``), the
+    calibrated in-ring codec speeds and error-feedback rate (the feedback probe's at this size when it ran,
+    ``Calibration.ring_feedback_speed``), and the empirical terms: the anchor of that allreduce at the scenario's
+    gradient size (``Calibration.ring_anchor_s``, when the scenario runs the trainer's own choice), the calibrated
+    host terms κ, κc, λ, lockstep, the DDP probe's step, the ps-sync probe's round (at the scenario's ranks and
+    gradient only), copy rate, hand-off and the server's service time, and the kernel's socket buffer of a Linux
+    host (codec speeds and terms given in the scenario win)."""
+    fit = cal.fit_for(mode, scenario.compression, scenario.allreduce)
+    ours = scenario.resolved_allreduce if mode in ("sync", "pipe") else "ring"  # what the codec runs inside
+    encode, decode = cal.codec_speeds(scenario.compression, scenario.nodes, ours)
     # what feedback added to the ring in the calibration's paired probe, else the isolated rate scaled to the ring
     feedback = cal.ring_feedback_speed(mode, scenario.compression, scenario.grad_bytes, scenario.nodes)
     if feedback is None:
-        feedback = cal.feedback_speed(scenario.compression, scenario.nodes)
+        feedback = cal.feedback_speed(scenario.compression, scenario.nodes, ours)
     # the lockstep term beyond the uncompressed all-reduce that its probe ran, as the anchor measured it
     host = host_terms(cal.host, scenario.compression,
                       cal.ring_anchor_s(mode, "none", scenario.grad_bytes, scenario.nodes), scenario.nodes,
                       scenario.grad_bytes)
     given = scenario.empirical
-    anchor = given.ring_anchor_s or cal.ring_anchor_s(mode, scenario.compression, scenario.grad_bytes,
-                                                      scenario.nodes)
+    # the probe timed the trainer's own all-reduce ("auto"): it anchors no other choice
+    as_trainer = scenario.resolved_allreduce == replace(scenario, allreduce="auto").resolved_allreduce
+    anchor = given.ring_anchor_s or (cal.ring_anchor_s(mode, scenario.compression, scenario.grad_bytes,
+                                                       scenario.nodes) if as_trainer else 0.0)
     terms = replace(given, ring_anchor_s=anchor,
                     slowdown=given.slowdown or host["slowdown"],
                     lockstep_s=given.lockstep_s or host["lockstep_s"],
@@ -260,6 +264,11 @@ def scenario_for(run: RunRecord, cal: Calibration, base: Scenario | None = None,
         buffers_s=statistics.median(run.t_buffers) if run.t_buffers and run.mode in ("sync", "pipe") else 0.0,
         host_s=typical(run.t_host) if run.t_host else 0.0,
     )
+    if run.mode in ("sync", "pipe"):
+        # what ran the buckets, as the trainer records it (since issue 38: "backend" is what "auto" runs lossless);
+        # a run without it predates the two-collective exchange, when every lossy codec ran on our ring
+        ran = cfg.get("allreduce") or ("backend" if compression == "none" else "ring")
+        changes["allreduce"] = "auto" if ran == "backend" else ran
     if cfg.get("bucket_mb"):
         changes["bucket_bytes"] = float(cfg["bucket_mb"]) * 2**20
     if cfg.get("overlap_fraction") is not None:

@@ -50,7 +50,8 @@ def trainer_collective(compression: str) -> Callable[[torch.Tensor], object]:
 def collect_samples(sizes_bytes: list[int], repeats: int = 20, warmup: int = 5,
                     compressions: tuple[str, ...] = ("none",), include_ring: bool = True,
                     device: str = "cpu") -> list[dict]:
-    """Time the backend all_reduce and our ring (per codec) over sub-groups × sizes; every rank must call it.
+    """Time the backend all_reduce, our ring and our all-to-all exchange (each per codec) over sub-groups × sizes;
+    every rank must call it.
     Rank 0 (a member of every sub-group) returns all samples, other ranks those of the sub-groups they are in."""
     world, rank = dist.get_world_size(), dist.get_rank()
     samples: list[dict] = []
@@ -62,6 +63,10 @@ def collect_samples(sizes_bytes: list[int], repeats: int = 20, warmup: int = 5,
             if include_ring:
                 calls += [("ring", c, lambda t=tensor, c=c, g=group: ring_allreduce(t, compression=c, op="mean",
                                                                                    group=g))
+                          for c in compressions]
+                # the two-collective exchange: its own α-β (uncompressed) and codec factors (per codec)
+                calls += [("alltoall", c, lambda t=tensor, c=c, g=group: alltoall_allreduce(t, compression=c,
+                                                                                           op="mean", group=g))
                           for c in compressions]
             if rank >= p:  # not in this sub-group: it times nothing
                 continue

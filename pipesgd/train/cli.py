@@ -138,7 +138,8 @@ def run(cfg: TrainConfig, ds, rank: int, world_size: int, local_rank: int, debug
             metrics.write_config(cfg, world_size=world_size, num_workers=strategy.num_workers, params=n_params,
                                  grad_bytes=n_bytes, steps_per_epoch=spe, input_shape=list(ds.input_shape),
                                  num_classes=ds.num_classes, dataset_source=ds.source,
-                                 resumed_at_step=start.step if resumed_at is not None else None)
+                                 resumed_at_step=start.step if resumed_at is not None else None,
+                                 allreduce=getattr(strategy.opt, "allreduce", None))
             write_config_files(cfg)
         summary = train(cfg, ds, model, strategy, device, metrics, rank, world_size, start, watchdog)
         if summary is not None:  # before the trace: a trace that cannot be written must not cost the summary

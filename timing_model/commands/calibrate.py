@@ -272,8 +272,9 @@ def report(cal: Calibration, out_path: str) -> str:
         out += "error feedback adds to the ring at the model's size: " + ", ".join(
             f"{r['compression']} {1e3 * r['feedback_s']:+.2f} ms ({1e3 * r['ring_alone_s']:.2f} ms without)"
             for r in rings) + f" at {rings[0]['n_bytes'] / 1e6:.2f} MB\n"
-    if cal.codec_ring_factors:
-        out += "codec cost inside the ring / alone: " + ", ".join(
-            f"{name} {factor:.2f} at {p} ranks" for name, by_nodes in cal.codec_ring_factors.items()
-            for p, factor in by_nodes.items()) + "\n"
+    for where, factors in (("the ring", cal.codec_ring_factors), ("the exchange", cal.codec_exchange_factors)):
+        if factors:
+            out += f"codec cost inside {where} / alone: " + ", ".join(
+                f"{name} {factor:.2f} at {p} ranks" for name, by_nodes in factors.items()
+                for p, factor in by_nodes.items()) + "\n"
     return out

@@ -11,7 +11,7 @@ from pipesgd.defaults import BUCKET_MB
 from .. import tables
 from ..calibration import Calibration, read_calibration
 from ..modes import MODES
-from ..params import CODEC_RATIOS, COLLECTIVES
+from ..params import ALLREDUCES, CODEC_RATIOS, COLLECTIVES
 from ..predict import Prediction, Scenario, predict
 from ..units import parse_bandwidth, parse_bytes, parse_count, parse_fraction, parse_list, parse_time
 from ..validation import calibrated_scenario
@@ -58,6 +58,7 @@ SCENARIO_FLAGS = {
     "send_buffer": ("send_buffer_bytes", lambda s: parse_bytes(s, allow_zero=True)),
     "reduce_rate": ("reduce_Bps", parse_bandwidth),
     "collective": ("collective", lambda s: _choice(s, "collective", COLLECTIVES)),
+    "allreduce": ("allreduce", lambda s: _choice(s, "allreduce", ALLREDUCES)),
     "width": ("width", lambda s: _int_at_least(s, "width", 1)),
     "overlap_fraction": ("overlap_fraction", lambda s: parse_fraction(s, "overlap fraction")),
     "bucket": ("bucket_bytes", lambda s: parse_bytes(s, allow_zero=True)),
@@ -66,7 +67,8 @@ SCENARIO_FLAGS = {
     "batch_size": ("batch_size", lambda s: _int_at_least(s, "batch size", 1)),
     "compression_ratio": ("compression_ratio", lambda s: parse_fraction(s, "compression ratio", None)),
 }
-SWEEPABLE = ("nodes", "bandwidth", "latency", "params", "bytes", "compression", "compute", "width", "overhead")
+SWEEPABLE = ("nodes", "bandwidth", "latency", "params", "bytes", "compression", "compute", "width", "overhead",
+             "allreduce")
 
 
 def _int_at_least(text: str, what: str, low: int) -> int:
@@ -127,6 +129,8 @@ def add_scenario_flags(parser: argparse.ArgumentParser, sweep: bool) -> None:
     add("--overhead", default="0", metavar="TIME", help="fixed cost per collective call (default 0)" + many)
     add("--reduce-rate", metavar="RATE", help="local reduction rate: 10GB/s (default: free)")
     add("--collective", default="ring", metavar="NAME", help="sync/ddp all-reduce algorithm (default ring)")
+    add("--allreduce", default="auto", metavar="NAME",
+        help="pipe/sync: ring|alltoall|auto (default auto: alltoall for a lossy codec, as the trainer)" + many)
     add("--codec-gbps", metavar="E[,D]", help="codec encode[,decode] GB/s of fp32 (default: free)")
     add("--compression-ratio", metavar="R", help="override the codec's raw/payload size ratio")
     add("--error-feedback", action="store_true", help="the codec keeps its error (adds its measured cost)")

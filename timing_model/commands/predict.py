@@ -18,7 +18,8 @@ DESCRIPTION = ("How long one training step takes on your cluster with each way o
 # markdown columns, in reading order (csv and json carry every field of ModeResult)
 PREDICT_COLUMNS = ["mode", "iteration_s", "compute_s", "straggler_s", "interference_s", "update_s",
                    "handoff_s", "buffers_s", "host_s", "lockstep_s", "server_s", "exposed_comm_s", "codec_s",
-                   "hidden_comm_s", "throughput_it_s", "speedup_vs_sync", "speedup_vs_one", "staleness", "regime"]
+                   "hidden_comm_s", "throughput_it_s", "speedup_vs_sync", "speedup_vs_one", "staleness", "regime",
+                   "allreduce"]
 
 
 def add_parser(sub) -> None:

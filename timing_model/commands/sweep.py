@@ -65,4 +65,19 @@ def run(args: argparse.Namespace) -> str:
         out += "\n" + tables.render(list(pivot.values()), "markdown", win_cols, "Which mode wins here")
     else:
         out += "\n" + tables.render(rows, "markdown", keys + ["winner"], "Which mode wins here")
+    if "allreduce" in keys and "pipe" in modes:
+        out += "\n" + _allreduce_table(rows, [k for k in keys if k != "allreduce"])
     return out
+
+
+def _allreduce_table(rows: list[dict], others: list[str]) -> str:
+    """Pipe-SGD's iteration with each swept all-reduce side by side, per point of the other axes, and the faster."""
+    points: dict[tuple, dict] = {}
+    for r in rows:
+        point = points.setdefault(tuple(r[k] for k in others), {k: r[k] for k in others})
+        point[f"pipe ms, {r['allreduce']}"] = r["pipe_s"] * 1e3
+        best = point.get("faster")
+        if best is None or r["pipe_s"] * 1e3 < point[f"pipe ms, {best}"]:
+            point["faster"] = r["allreduce"]
+    columns = others + list(dict.fromkeys(f"pipe ms, {r['allreduce']}" for r in rows)) + ["faster"]
+    return tables.render(list(points.values()), "markdown", columns, "Pipe-SGD's iteration with each all-reduce")

@@ -29,6 +29,7 @@ __all__ = [
     "allreduce_rabenseifner",
     "allreduce_recursive_doubling",
     "allreduce_tree",
+    "allreduce_exchange",
     "allgather_ring",
     "reduce_scatter_ring",
     "broadcast_tree",
@@ -86,6 +87,21 @@ def allreduce_tree(p: int, M: float, α: float, β: float, γ: float = 0.0, c0: 
     return c0 + 2 * lg(p) * (α + M * β) + lg(p) * M * γ
 
 
+def allreduce_exchange(p: int, M: float, α: float, β: float, γ: float = 0.0, c0: float = 0.0) -> float:
+    """Two-collective allreduce (``pipesgd.comm.alltoall``): a pairwise-exchange all-to-all of M/p-byte chunks, each
+    owner reduces its chunk, then a ring all-gather of the reduced chunks; two calls, each with its c0.
+
+    T = 2c0 + 2(p−1)α + 2(p−1)/p·Mβ + (p−1)/p·Mγ      (Thakur et al. 2005: all-to-all by pairwise exchange,
+    (p−1)α + (p−1)/p·Mβ, plus ``allgather_ring``)
+
+    The same steps and bytes as ``allreduce_ring``, one call more: in the textbook the two differ by c0 alone. What
+    sets them apart in practice is the implementation (our ring makes a Python round trip per step, the exchange
+    two backend calls), so ``calibrate`` fits each its own α and β."""
+    if p <= 1:
+        return 0.0
+    return 2 * c0 + 2 * (p - 1) * α + 2 * (p - 1) / p * M * β + (p - 1) / p * M * γ
+
+
 def allgather_ring(p: int, M: float, α: float, β: float) -> float:
     """Ring all-gather of a total of M bytes: T = (p−1)α + (p−1)/p·Mβ   (Thakur et al. 2005)."""
     if p <= 1:
@@ -119,6 +135,7 @@ ALLREDUCE = {
     "rabenseifner": allreduce_rabenseifner,
     "recursive-doubling": allreduce_recursive_doubling,
     "tree": allreduce_tree,
+    "exchange": allreduce_exchange,  # our all-to-all allreduce, not a backend algorithm (params.COLLECTIVES)
 }
 
 # nccl-tests doc/PERFORMANCE.md: busbw = algbw × factor(n).
