@@ -7,6 +7,13 @@ Local gloo processes over loopback, one thread each. Each round times both, in a
 median over rounds of the slowest rank's median over ``--repeats`` calls. Error feedback is on (the trainer's case
 for sign; for the others it adds the same booking work to both). Prints a markdown table and writes it, provenance
 first, to ``allreduce_choice.md`` under --out.
+
+With ``--calibration FILE`` (``pipesgd-timing calibrate`` on the same ranks, made beforehand and never shown these
+timings) each row also gets the timing model's seconds for both all-reduces of that bucket and whether the model
+picks the one that measured faster: a held-out check of the model's ring-or-exchange verdict.
+
+    torchrun --nproc-per-node 4 -m timing_model calibrate --sizes 64KB:8MB --compressions none,q8,sign --out c.json
+    python experiments/bench_allreduce_choice.py --ranks 2,4 --codecs q8,sign --sizes-mib 0.25,4,25 --calibration c.json
 """
 from __future__ import annotations
 
@@ -29,6 +36,10 @@ from pipesgd.compression import ErrorFeedback, build
 from pipesgd.launch import run_on_ranks
 from pipesgd.measure import time_collective
 from pipesgd.comm.ring import RingTopology, ring_allreduce_
+from timing_model.calibration import read_calibration
+from timing_model.core.costs import allreduce_cost
+from timing_model.predict import Scenario
+from timing_model.validation import calibrated_scenario
 
 ALGORITHMS = {"ring": ring_allreduce_, "alltoall": alltoall_allreduce_}
 
@@ -55,10 +66,30 @@ def bench(rank: int, world: int, codecs: list[str], sizes_mib: list[float], roun
 
                     times[algorithm].append(time_collective(call, repeats, warmup=1))
             ring, alltoall = (statistics.median(times[a]) for a in ALGORITHMS)
-            rows.append(f"| {world} | {size_mib:g} | {name} | {ring * 1e3:.1f} | {alltoall * 1e3:.1f} | "
-                        f"{alltoall / ring:.2f} |")
+            rows.append({"p": world, "mib": size_mib, "codec": name, "ring_s": ring, "alltoall_s": alltoall})
     if rank == 0:
         write_text_atomic(out_path, json.dumps(rows))
+
+
+def predicted_s(calibration, nodes: int, n_bytes: float, codec: str, allreduce: str) -> float:
+    """The timing model's seconds for one all-reduce of an ``n_bytes`` bucket (error feedback on, as measured here)
+    with ``allreduce`` ("ring" or "alltoall"), from ``calibration``'s fits and codec factors."""
+    scenario = Scenario(nodes=nodes, grad_bytes=float(n_bytes), bandwidth_Bps=1.0, compression=codec,
+                        error_feedback=True, bucket_bytes=0.0, allreduce=allreduce)
+    cluster, _, codec_params, schedule, _ = calibrated_scenario(scenario, calibration, "pipe").records()
+    return allreduce_cost(cluster, codec_params, schedule).total_s
+
+
+def _row(row: dict, calibration) -> str:
+    ring, alltoall = row["ring_s"], row["alltoall_s"]
+    line = (f"| {row['p']} | {row['mib']:g} | {row['codec']} | {ring * 1e3:.1f} | {alltoall * 1e3:.1f} | "
+            f"{alltoall / ring:.2f} |")
+    if calibration is None:
+        return line
+    n_bytes = int(row["mib"] * 2**20 / 4) * 4
+    model = {a: predicted_s(calibration, row["p"], n_bytes, row["codec"], a) for a in ("ring", "alltoall")}
+    agrees = (model["alltoall"] < model["ring"]) == (alltoall < ring)
+    return line + f" {model['ring'] * 1e3:.1f} | {model['alltoall'] * 1e3:.1f} | {'yes' if agrees else 'no'} |"
 
 
 def main() -> None:
@@ -69,18 +100,25 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="rounds of both, alternating their order")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per algorithm and round")
     parser.add_argument("--out", default="experiments/results/allreduce_choice")
+    parser.add_argument("--calibration", help="a calibrate file: add the timing model's verdict to every row")
     args = parser.parse_args()
+    try:
+        calibration = read_calibration(args.calibration) if args.calibration else None
+    except ValueError as err:
+        parser.error(str(err))
     origin = provenance()  # before the runs: the code they run, not what the tree holds when they end
     lines = [f"ring vs alltoall, loopback gloo, one thread per rank on {os.cpu_count()} cores; median over "
-             f"{args.rounds} rounds of the slowest rank's median over {args.repeats} calls, error feedback on", "",
-             "| p | MiB | codec | ring ms | alltoall ms | alltoall / ring |", "|---|---|---|---|---|---|"]
+             f"{args.rounds} rounds of the slowest rank's median over {args.repeats} calls, error feedback on", ""]
+    model = " model ring ms | model alltoall ms | model picks the faster |" if calibration else ""
+    lines += ["| p | MiB | codec | ring ms | alltoall ms | alltoall / ring |" + model,
+              "|---|---|---|---|---|---|" + ("---|---|---|" if calibration else "")]
     with tempfile.TemporaryDirectory() as scratch:
         for world in (int(p) for p in args.ranks.split(",")):
             path = os.path.join(scratch, f"p{world}.json")
             run_on_ranks(bench, world, args.codecs.split(","), [float(s) for s in args.sizes_mib.split(",")],
                          args.rounds, args.repeats, path)
             with open(path) as f:
-                lines += json.load(f)
+                lines += [_row(row, calibration) for row in json.load(f)]
     table = "\n".join(lines)
     print(table)
     os.makedirs(args.out, exist_ok=True)

@@ -6,12 +6,13 @@
     python experiments/gpu_check.py --device cpu --ranks 2 --hidden 32 --out /tmp/check   # CPU smoke run
 
 Checks: K = 1 against single-process SGD and K = 2 against the delayed reference, plain and with look-ahead
-(float64 references on the CPU); replicas bitwise identical for every codec and with error feedback; the same results with the side
+(float64 references on the CPU); replicas bitwise identical for every codec and with error feedback, on the
+two-collective exchange and on the per-hop ring; the same results with the side
 stream and the compute stream stalled (``torch.cuda._sleep``: the stream order must hold); no host sync from
 ``step()`` on the caller's thread (``torch.cuda.set_sync_debug_mode("warn")``); codec kernels on CUDA against
 the CPU ones on random non-zero inputs; steady-state ``torch.cuda.memory_allocated()`` for DDP and PipeSGD
-K = 1, K = 2 plain and with look-ahead, K = 2 + error feedback, in gradient copies, and its growth over steps; a SyncBatchNorm model under K = 2
-keeps parameters and buffers identical on every rank (issue 10; GPU only).
+K = 1, K = 2 plain and with look-ahead, K = 2 + error feedback, in gradient copies, and its growth over steps; a
+SyncBatchNorm model under K = 2 keeps parameters and buffers identical on every rank (issue 10; GPU only).
 Writes ``gpu_check.md`` and ``gpu_check.json`` under ``--out``; exits 1 if a check fails.
 """
 from __future__ import annotations
@@ -88,12 +89,13 @@ def reference(world: int, width: int, steps: int, hidden: int, staleness: str = 
 
 
 def train(rank: int, device: torch.device, hidden: int, steps: int, width: int, compression: str = "none",
-          feedback: bool = False, stall_compute: bool = False, count_syncs: bool = False, staleness: str = "lookahead"):
+          feedback: bool = False, stall_compute: bool = False, count_syncs: bool = False, staleness: str = "lookahead",
+          allreduce: str = "auto"):
     """Final weights (float64, CPU) after ``steps`` steps and a flush; with ``count_syncs`` also where ``step()``
     synchronised on the calling thread (one ``file:line`` per sync warning)."""
     model = make_model(hidden).to(device)
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, width=width, warmup_steps=0,
-                  compression=compression, error_feedback=feedback, staleness=staleness)
+                  compression=compression, error_feedback=feedback, staleness=staleness, allreduce=allreduce)
     main_thread_syncs: list[str] = []
     for t in range(steps):
         x, y = (v.to(device) for v in batch(t, rank))
@@ -166,13 +168,14 @@ def check_training(rank: int, world: int, device: torch.device, args) -> list[di
         rows.append(row(check, "none, float64 reference on CPU", f"rel err {err:.1e}",
                         err <= EXACT_RTOL and identical_across_ranks(got)))
     want = reference(world, 2, args.steps, args.hidden, "lookahead")
-    for name, feedback in LOSSY:
-        got, _ = train(rank, device, args.hidden, args.steps, 2, name, feedback)
-        same = identical_across_ranks(got)
-        label = name + (" + EF" if feedback else "")
-        rows.append(row(f"K = 2, {label}", "replicas bitwise identical, finite",
-                        f"identical {same}, rel dev from exact {rel_error(got, want):.1e}",
-                        same and bool(torch.isfinite(got).all())))
+    for allreduce in ("alltoall", "ring"):  # the two-collective exchange ("auto" for a codec) and the per-hop ring
+        for name, feedback in LOSSY:
+            got, _ = train(rank, device, args.hidden, args.steps, 2, name, feedback, allreduce=allreduce)
+            same = identical_across_ranks(got)
+            label = name + (" + EF" if feedback else "") + f", {allreduce}"
+            rows.append(row(f"K = 2, {label}", "replicas bitwise identical, finite",
+                            f"identical {same}, rel dev from exact {rel_error(got, want):.1e}",
+                            same and bool(torch.isfinite(got).all())))
     return rows
 
 
@@ -185,15 +188,16 @@ def check_ordering(rank: int, world: int, device: torch.device, args) -> list[di
         stall(device, STALL_S)  # on the worker's side stream (CUDA) or thread (CPU)
         return original(self, buffers)
 
-    for name, feedback in (("none", False), ("q8", True)):
-        plain, _ = train(rank, device, args.hidden, args.steps, 2, name, feedback)
+    for name, feedback, allreduce in (("none", False, "auto"), ("q8", True, "alltoall"), ("q8", True, "ring")):
+        plain, _ = train(rank, device, args.hidden, args.steps, 2, name, feedback, allreduce=allreduce)
         GradientExchange.__call__ = stalled
         try:
-            side, _ = train(rank, device, args.hidden, args.steps, 2, name, feedback)
+            side, _ = train(rank, device, args.hidden, args.steps, 2, name, feedback, allreduce=allreduce)
         finally:
             GradientExchange.__call__ = original
-        compute, _ = train(rank, device, args.hidden, args.steps, 2, name, feedback, stall_compute=True)
-        label = name + (" + EF" if feedback else "")
+        compute, _ = train(rank, device, args.hidden, args.steps, 2, name, feedback, stall_compute=True,
+                           allreduce=allreduce)
+        label = name + (" + EF" if feedback else "") + ("" if allreduce == "auto" else f", {allreduce}")
         rows.append(row("stalled side stream", f"K = 2, {label}", f"same bits {torch.equal(side, plain)}",
                         torch.equal(side, plain)))
         rows.append(row("stalled compute stream", f"K = 2, {label}", f"same bits {torch.equal(compute, plain)}",

@@ -10,7 +10,8 @@ Each load lasts about one forward + backward of the model (timed first):
   python-spin  a pure-Python loop on the caller's thread: the GIL held, the GPU idle
   training     the model's forward + backward: both, as in Pipe-SGD
 The ring runs on a private channel's worker (a thread and, on CUDA, a side stream), as in PipeSGD: none is the
-backend's all-reduce (C++, off the GIL), bf16 and q8 our ring, whose hops run from Python. If a codec ring beside
+backend's all-reduce (C++, off the GIL); bf16 and q8 run on our two-collective exchange (two backend calls, the
+codec between them) and on our per-hop ring, whose hops run from Python. If a codec ring beside
 python-spin is as slow as beside training while beside gpu-sleep it is not, its loss of overlap is on the host (the
 GIL it shares with the training thread); the other way round, on the GPU. Every time is the slowest rank's median.
 Writes ``gpu_contention.md`` and ``gpu_contention.json`` under ``--out``.
@@ -32,11 +33,17 @@ from gpu_common import build, device_name, launch, markdown, rank_device, stall,
 from pipesgd.comm.channel import open_private_channel  # noqa: E402
 from pipesgd.compression import build as build_codec  # noqa: E402
 from pipesgd.measure.timing import median_of_slowest  # noqa: E402
+from pipesgd.comm.alltoall import alltoall_allreduce_  # noqa: E402
 from pipesgd.comm.ring import backend_allreduce_, ring_allreduce_  # noqa: E402
 from pipesgd.train.step_timer import wait_for_compute  # noqa: E402
 
 LOADS = ("alone", "gpu-sleep", "python-spin", "training")
 CODECS = ("none", "bf16", "q8")
+# per codec, the all-reduces timed: the backend's (none); the two-collective exchange ("auto") and the per-hop ring
+ALLREDUCES = {"none": ("backend",), "bf16": ("alltoall", "ring"), "q8": ("alltoall", "ring")}
+RUNS = {"backend": lambda flat, codec, topology: backend_allreduce_(flat, topology),
+        "alltoall": lambda flat, codec, topology: alltoall_allreduce_(flat, codec, topology, "mean"),
+        "ring": lambda flat, codec, topology: ring_allreduce_(flat, codec, topology, "mean")}
 
 
 def spin(seconds: float) -> None:
@@ -74,10 +81,9 @@ def main_rank(rank: int, world: int, args) -> None:
     channel = open_private_channel(None, device)
     rows = [{"codec": "-", "load": "training alone", "load ms": f"{compute_s * 1e3:.2f}"}]
     try:
-        for codec_name in CODECS:
+        for codec_name, allreduce in [(c, a) for c in CODECS for a in ALLREDUCES[c]]:
             codec = build_codec(codec_name)
-            ring = ((lambda: backend_allreduce_(flat, channel.topology)) if codec_name == "none"
-                    else (lambda: ring_allreduce_(flat, codec, channel.topology, "mean")))
+            ring = (lambda run=RUNS[allreduce], codec=codec: run(flat, codec, channel.topology))
             alone_s = None
             for load in LOADS:
                 ring_times, load_times = [], []
@@ -91,7 +97,8 @@ def main_rank(rank: int, world: int, args) -> None:
                         load_times.append(load_s)
                 ring_s, load_s = median_of_slowest(ring_times), median_of_slowest(load_times)
                 alone_s = ring_s if load == "alone" else alone_s
-                rows.append({"codec": codec_name, "load": load, "ring ms": f"{ring_s * 1e3:.2f}",
+                rows.append({"codec": codec_name, "all-reduce": allreduce, "load": load,
+                             "ring ms": f"{ring_s * 1e3:.2f}",
                              "load ms": "" if load == "alone" else f"{load_s * 1e3:.2f}",
                              "ring vs alone": f"{ring_s / alone_s:.2f}x"})
     finally:
@@ -100,7 +107,7 @@ def main_rank(rank: int, world: int, args) -> None:
         header = (f"# The ring beside loads on the caller's thread\n\ndevice: {device_name(device)}; gloo, {world} "
                   f"rank(s); {args.model} ({n_params / 1e6:.2f} M parameters), batch {args.batch} per rank; "
                   f"slowest rank's median of {args.repeats}")
-        table = markdown(rows, ["codec", "load", "ring ms", "load ms", "ring vs alone"])
+        table = markdown(rows, ["codec", "all-reduce", "load", "ring ms", "load ms", "ring vs alone"])
         print(header + "\n\n" + table, flush=True)
         write_results(args.out, "gpu_contention", header, table, {"device": device_name(device), "world": world,
                                                                   "model": args.model, "rows": rows})

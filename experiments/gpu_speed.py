@@ -5,10 +5,10 @@
     python experiments/gpu_speed.py --device cpu --ranks 2 --models lenet --batch 8 --repeats 3 --out /tmp/s
 
 Per model (synthetic CIFAR-shaped data, ``--batch`` per rank): compute only (forward + backward), the
-all-reduce alone on a gradient-sized buffer (the backend's for none, our ring for bf16 / q8), and the
-iteration of sync SGD (PipeSGD K = 1), DDP, DDP + fp16 hook and Pipe-SGD K = 2 with none / bf16 / q8 (look-ahead,
-the default, with its own work per step in "look-ahead ms"; the plain update beside it for none and q8), all with
-SGD and momentum 0.9.
+all-reduce alone on a gradient-sized buffer (the backend's for none; for bf16 / q8 our two-collective exchange,
+what ``allreduce="auto"`` runs, and the paper's per-hop ring), and the iteration of sync SGD (PipeSGD K = 1), DDP,
+DDP + fp16 hook and Pipe-SGD K = 2 with none / bf16 / q8 on each all-reduce (look-ahead, the default, with its own
+work per step in "look-ahead ms"; the plain update beside it for none and q8), all with SGD and momentum 0.9.
 Overlap efficiency = max(compute, that codec's all-reduce) / the measured Pipe-SGD iteration (1.0: the
 communication is hidden entirely; target >= 0.90). Every time is the slowest rank's median; an iteration is
 timed up to the end of its compute-stream work, never a device-wide synchronize (that would wait for the
@@ -33,6 +33,7 @@ from pipesgd import PipeSGD  # noqa: E402
 from pipesgd.compression import build as build_codec  # noqa: E402
 from pipesgd.compression.throughput import measure_codec_gbps  # noqa: E402
 from pipesgd.measure import time_collective  # noqa: E402
+from pipesgd.comm.alltoall import alltoall_allreduce_  # noqa: E402
 from pipesgd.comm.ring import RingTopology, ring_allreduce_  # noqa: E402
 from pipesgd.train.step_timer import wait_for_compute  # noqa: E402
 
@@ -68,11 +69,14 @@ def bench_model(rank: int, world: int, device: torch.device, name: str, args) ->
     compute_s = iteration_time(compute_only, device, args.repeats)
     grads = torch.randn(n_params, device=device)
     topology = RingTopology(dist.group.WORLD)
-    comm_s = {"none": time_collective(lambda: dist.all_reduce(grads), args.repeats, 2, device=device)}
+    # keyed (codec, all-reduce): the backend's for none; for a codec the two-collective exchange (what "auto" runs)
+    # and the paper's per-hop ring
+    comm_s = {("none", "backend"): time_collective(lambda: dist.all_reduce(grads), args.repeats, 2, device=device)}
     for codec_name in PIPE_CODECS[1:]:
         codec = build_codec(codec_name)
-        comm_s[codec_name] = time_collective(lambda: ring_allreduce_(grads, codec, topology, "mean"),
-                                             args.repeats, 2, device=device)
+        for allreduce, run in (("alltoall", alltoall_allreduce_), ("ring", ring_allreduce_)):
+            comm_s[(codec_name, allreduce)] = time_collective(lambda: run(grads, codec, topology, "mean"),
+                                                              args.repeats, 2, device=device)
 
     def sgd(net: nn.Module) -> torch.optim.Optimizer:  # momentum: the look-ahead replay carries state, as in training
         return torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
@@ -98,6 +102,7 @@ def bench_model(rank: int, world: int, device: torch.device, name: str, args) ->
         return seconds
 
     iters: dict[str, float] = {}
+    pipe_comm: dict[str, tuple[str, str]] = {}  # Pipe-SGD variant -> the (codec, all-reduce) it ran
     for hook in ("none", "fp16"):
         net = fresh()
         ddp = DistributedDataParallel(net, device_ids=[device.index] if dist.get_backend() == "nccl" else None)
@@ -108,24 +113,27 @@ def bench_model(rank: int, world: int, device: torch.device, name: str, args) ->
         iters["DDP" if hook == "none" else "DDP + fp16 hook"] = timed_training(ddp, sgd(net))
     net = fresh()
     iters["sync (K = 1)"] = timed_training(net, PipeSGD(sgd(net), net, width=1))
-    # Look-ahead (the default) in every codec's row; the paper's plain update beside it for none and q8.
-    for codec_name, staleness in [(c, "lookahead") for c in PIPE_CODECS] + [("none", "none"), ("q8", "none")]:
+    # Look-ahead (the default) in every codec's row, each lossy codec with the exchange ("auto") and the per-hop
+    # ring; the paper's plain update beside them for none and q8.
+    runs = [(c, "lookahead", "auto") for c in PIPE_CODECS] + [(c, "lookahead", "ring") for c in PIPE_CODECS[1:]]
+    for codec_name, staleness, allreduce in runs + [("none", "none", "auto"), ("q8", "none", "auto")]:
         net = fresh()
-        opt = PipeSGD(sgd(net), net, width=2, warmup_steps=0,
-                      compression=codec_name, staleness=staleness)
-        variant = f"Pipe-SGD K = 2, {staleness}, {codec_name}"
+        opt = PipeSGD(sgd(net), net, width=2, warmup_steps=0, compression=codec_name, staleness=staleness,
+                      allreduce=allreduce)
+        variant = f"Pipe-SGD K = 2, {staleness}, {codec_name}, {opt.allreduce}"
+        pipe_comm[variant] = (codec_name, opt.allreduce)
         iters[variant] = timed_training(net, opt, variant)
 
     ms = lambda s: f"{s * 1e3:.2f}"  # noqa: E731
     base = {"model": name, "params": f"{n_params / 1e6:.2f} M"}
     rows = [base | {"variant": "compute only", "ms / iter": ms(compute_s)}]
-    rows += [base | {"variant": f"all-reduce only, {c}", "comm ms": ms(s)} for c, s in comm_s.items()]
+    rows += [base | {"variant": f"all-reduce only, {c}, {a}", "comm ms": ms(s)} for (c, a), s in comm_s.items()]
     for variant, seconds in iters.items():
         entry = base | {"variant": variant, "ms / iter": ms(seconds), "vs DDP": f"{iters['DDP'] / seconds:.2f}x"}
-        if variant.startswith("Pipe-SGD"):
-            codec_name = variant.rsplit(" ", 1)[-1]
-            entry["comm ms"] = ms(comm_s[codec_name])
-            entry["overlap efficiency"] = f"{max(compute_s, comm_s[codec_name]) / seconds:.2f}"
+        if variant in pipe_comm:
+            comm = comm_s[pipe_comm[variant]]
+            entry["comm ms"] = ms(comm)
+            entry["overlap efficiency"] = f"{max(compute_s, comm) / seconds:.2f}"
             if variant in lookahead_s:
                 entry["look-ahead ms"] = ms(lookahead_s[variant])
         rows.append(entry)

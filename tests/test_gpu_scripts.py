@@ -43,12 +43,17 @@ def test_gpu_speed_runs_on_cpu_and_reports_overlap_efficiency(tmp_path):
     assert "device: CPU" in proc.stdout
     data = json.loads((tmp_path / "gpu_speed.json").read_text())
     variants = {r["variant"]: r for r in data["rows"]}
-    for name in ("compute only", "DDP", "DDP + fp16 hook", "sync (K = 1)", "Pipe-SGD K = 2, lookahead, none",
-                 "Pipe-SGD K = 2, lookahead, bf16", "Pipe-SGD K = 2, lookahead, q8", "Pipe-SGD K = 2, none, q8"):
+    for name in ("compute only", "DDP", "DDP + fp16 hook", "sync (K = 1)", "Pipe-SGD K = 2, lookahead, none, backend",
+                 "Pipe-SGD K = 2, lookahead, bf16, alltoall", "Pipe-SGD K = 2, lookahead, q8, alltoall",
+                 "Pipe-SGD K = 2, lookahead, q8, ring", "Pipe-SGD K = 2, none, q8, alltoall",
+                 "all-reduce only, q8, alltoall", "all-reduce only, q8, ring", "all-reduce only, none, backend"):
         assert name in variants, name
-    assert float(variants["Pipe-SGD K = 2, lookahead, q8"]["overlap efficiency"]) > 0
-    assert float(variants["Pipe-SGD K = 2, lookahead, q8"]["look-ahead ms"]) > 0
-    assert "look-ahead ms" not in variants["Pipe-SGD K = 2, none, q8"]
+    for allreduce in ("alltoall", "ring"):  # each against its own all-reduce's time
+        q8 = variants[f"Pipe-SGD K = 2, lookahead, q8, {allreduce}"]
+        assert float(q8["overlap efficiency"]) > 0 and q8["comm ms"] == variants[f"all-reduce only, q8, {allreduce}"][
+            "comm ms"]
+    assert float(variants["Pipe-SGD K = 2, lookahead, q8, alltoall"]["look-ahead ms"]) > 0
+    assert "look-ahead ms" not in variants["Pipe-SGD K = 2, none, q8, alltoall"]
     assert {r["codec"] for r in data["codecs"]} == {"bf16", "q8", "q4", "sign"}
 
 
@@ -59,9 +64,9 @@ def test_gpu_contention_runs_on_cpu_and_times_every_codec_beside_every_load(tmp_
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "device: CPU" in proc.stdout
     rows = json.loads((tmp_path / "gpu_contention.json").read_text())["rows"]
-    timed = {(r["codec"], r["load"]) for r in rows if r.get("ring ms")}
-    assert timed == {(c, load) for c in ("none", "bf16", "q8") for load in ("alone", "gpu-sleep", "python-spin",
-                                                                             "training")}
+    timed = {(r["codec"], r["all-reduce"], r["load"]) for r in rows if r.get("ring ms")}
+    runs = [("none", "backend")] + [(c, a) for c in ("bf16", "q8") for a in ("alltoall", "ring")]
+    assert timed == {(c, a, load) for c, a in runs for load in ("alone", "gpu-sleep", "python-spin", "training")}
     assert all(float(r["ring ms"]) > 0 for r in rows if r.get("ring ms"))
 
 

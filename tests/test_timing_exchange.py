@@ -125,3 +125,18 @@ def test_a_run_is_predicted_with_the_allreduce_it_recorded(config, expected):
 
     run = RunRecord("r", config, "pipe", 4, 100.0 * MB, (0.2,), (0.1,), (0.01,))
     assert scenario_for(run, _calibration()).allreduce == expected
+
+
+def test_the_held_out_benchmark_row_carries_the_model_verdict():
+    """experiments/bench_allreduce_choice.py --calibration: each measured cell gets both predictions and whether
+    the model picks the all-reduce that measured faster."""
+    from experiments.bench_allreduce_choice import _row, predicted_s
+
+    cal = _calibration()
+    ring, exchange = (predicted_s(cal, 4, 4 * MB, "q8", a) for a in ("ring", "alltoall"))
+    assert exchange < ring  # its fit: a fifth of the ring's latency, a little less bandwidth
+    measured = {"p": 4, "mib": 4.0, "codec": "q8", "ring_s": 0.030, "alltoall_s": 0.020}
+    line = _row(measured, cal)
+    assert line.startswith("| 4 | 4 | q8 | 30.0 | 20.0 | 0.67 |") and line.endswith(" yes |")
+    assert _row(dict(measured, alltoall_s=0.040), cal).endswith(" no |")
+    assert _row(measured, None) == "| 4 | 4 | q8 | 30.0 | 20.0 | 0.67 |"
