@@ -37,8 +37,7 @@ from pipesgd.launch import run_on_ranks
 from pipesgd.measure import time_collective
 from pipesgd.comm.ring import RingTopology, ring_allreduce_
 from timing_model.calibration import read_calibration
-from timing_model.core.costs import allreduce_cost
-from timing_model.predict import Scenario
+from timing_model.predict import Scenario, predict
 from timing_model.validation import calibrated_scenario
 
 ALGORITHMS = {"ring": ring_allreduce_, "alltoall": alltoall_allreduce_}
@@ -76,8 +75,7 @@ def predicted_s(calibration, nodes: int, n_bytes: float, codec: str, allreduce: 
     with ``allreduce`` ("ring" or "alltoall"), from ``calibration``'s fits and codec factors."""
     scenario = Scenario(nodes=nodes, grad_bytes=float(n_bytes), bandwidth_Bps=1.0, compression=codec,
                         error_feedback=True, bucket_bytes=0.0, allreduce=allreduce)
-    cluster, _, codec_params, schedule, _ = calibrated_scenario(scenario, calibration, "pipe").records()
-    return allreduce_cost(cluster, codec_params, schedule).total_s
+    return predict(calibrated_scenario(scenario, calibration, "sync"), ("sync",)).result("sync").comm_total_s
 
 
 def _row(row: dict, calibration) -> str:

@@ -140,3 +140,35 @@ def test_the_held_out_benchmark_row_carries_the_model_verdict():
     assert line.startswith("| 4 | 4 | q8 | 30.0 | 20.0 | 0.67 |") and line.endswith(" yes |")
     assert _row(dict(measured, alltoall_s=0.040), cal).endswith(" no |")
     assert _row(measured, None) == "| 4 | 4 | q8 | 30.0 | 20.0 | 0.67 |"
+
+
+def test_a_compressed_all_reduce_fits_a_codec_factor_and_a_fixed_cost_per_call(tmp_path):
+    from timing_model.calibration import compressed_parts, read_calibration, write_calibration
+    from timing_model.fitting import fit_codec_costs
+    from timing_model.params import CODEC_RATIOS
+
+    fit = fit_collective(_samples("alltoall", "exchange", 3e-4, 0.9e8), "alltoall", "exchange")
+    codecs = {"q8": (2e9, 3e9)}
+    truth = {2: (1.5, 0.004), 4: (6.0, 0.011)}  # (factor, seconds per call) per cluster size
+    samples = []
+    for p, (f, h) in truth.items():
+        for n in (MB, 4 * MB, 16 * MB):
+            probe = Sample("allreduce", "alltoall", "q8", p, float(n), 1.0)
+            wire, codec = compressed_parts(probe, fit, "exchange", codecs, CODEC_RATIOS)
+            samples.append(Sample("allreduce", "alltoall", "q8", p, float(n), wire + f * codec + h))
+    factors, call_s = fit_codec_costs(samples, fit, codecs, CODEC_RATIOS, "exchange", collective="alltoall")
+    for p, (f, h) in truth.items():
+        assert factors["q8"][p] == pytest.approx(f, rel=1e-6) and call_s["q8"][p] == pytest.approx(h, rel=1e-6)
+    cal = Calibration({"alltoall": fit}, codecs, codec_exchange_factors=factors, codec_exchange_call_s=call_s)
+    assert cal.codec_call_s("q8", 4, "alltoall") == pytest.approx(0.011)
+    assert cal.codec_call_s("q8", 8, "alltoall") == pytest.approx(0.011)  # the nearest calibrated size
+    assert cal.codec_call_s("q8", 4, "ring") == 0.0 and cal.codec_call_s("sign", 4, "alltoall") == 0.0
+    write_calibration(str(tmp_path / "c.json"), cal)
+    back = read_calibration(str(tmp_path / "c.json"))
+    assert back.codec_exchange_call_s == cal.codec_exchange_call_s
+    # in a prediction: once per bucket, as codec time, for sync and pipe with a codec
+    scenario = calibrated_scenario(_scenario(allreduce="alltoall"), back, "pipe")
+    assert scenario.empirical.codec_call_s == pytest.approx(0.011)
+    plain = predict(scenario.with_changes(codec_call_s=0.0), ("sync",)).result("sync")
+    timed = predict(scenario, ("sync",)).result("sync")
+    assert timed.comm_total_s - plain.comm_total_s == pytest.approx(4 * 0.011)  # 4 buckets

@@ -182,7 +182,7 @@ def test_neutral_terms_compose_to_the_core_equations_exactly():
 
 
 # one non-neutral value per empirical term, and a scenario where it acts (co-located server, several buckets)
-TURNED_ON = {"ring_anchor_s": 0.5, "slowdown": 0.3, "comm_slowdown": 0.5, "window_loss": 0.5, "copy_Bps": 1e8,
+TURNED_ON = {"ring_anchor_s": 0.5, "codec_call_s": 0.05, "slowdown": 0.3, "comm_slowdown": 0.5, "window_loss": 0.5, "copy_Bps": 1e8,
              "handoff_s": 0.01, "buffers_s": 0.2, "host_s": 0.05, "lockstep_s": 0.01, "ddp_step_s": 1.0,
              "ddp_compute_s": 0.1, "ps_service_s": 0.5, "ps_service_idle_s": 0.2, "ps_colocated_step_s": 0.001,
              "ps_round_s": 2.0, "send_buffer_bytes": 4 * 2**20}
@@ -204,10 +204,11 @@ def test_every_empirical_term_turned_on_alone_moves_some_mode():
         if name in ("ddp_step_s", "ddp_compute_s"):  # the DDP probe gives both or neither
             on = {"ddp_step_s": TURNED_ON["ddp_step_s"], "ddp_compute_s": TURNED_ON["ddp_compute_s"]}
         before = refines.get(name, {})
+        plain = {"compression": "q8"} if name == "codec_call_s" else {}  # a compressed all-reduce's own cost
         moved = False
         for bandwidth_Bps in (1.25e8, 1.25e9):
             base = Scenario.of(nodes=4, grad_bytes=20e6, bandwidth_Bps=bandwidth_Bps, compute_s=0.1, update_s=0.01,
-                               bucket_bytes=5e6, ps_colocated=True, **before)
+                               bucket_bytes=5e6, ps_colocated=True, **before, **plain)
             changed = base.with_changes(empirical=EmpiricalTerms(**{**before, **on}))
             moved |= _iterations(changed) != pytest.approx(_iterations(base), rel=1e-9)
         assert moved, name

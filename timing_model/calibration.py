@@ -138,8 +138,8 @@ def _in_ring(speeds: tuple[float, float] | None, factor: float) -> tuple[float, 
 
 def residual_table(samples: list[Sample], fit: Fit, algorithm: str = "ring",
                    codecs: dict[str, tuple[float, float]] | None = None,
-                   ratios: dict[str, float] | None = None, factors: dict[str, dict[int, float]] | None = None
-                   ) -> list[dict]:
+                   ratios: dict[str, float] | None = None, factors: dict[str, dict[int, float]] | None = None,
+                   call_s: dict[str, dict[int, float]] | None = None) -> list[dict]:
     """Measured vs predicted per allreduce sample; compressed ring samples use the per-hop codec model at the
     isolated codec speeds scaled by the ring ``factors`` of their cluster size (``fit_codec_in_ring``; none: 1)."""
     rows = []
@@ -151,6 +151,7 @@ def residual_table(samples: list[Sample], fit: Fit, algorithm: str = "ring",
         else:
             speeds = _in_ring((codecs or {}).get(s.compression), _ring_factor(factors, s.compression, s.nodes))
             predicted = sum(compressed_parts(s, fit, algorithm, {s.compression: speeds} if speeds else {}, ratios))
+            predicted += ((call_s or {}).get(s.compression) or {}).get(s.nodes, 0.0)
         rows.append({"collective": s.collective, "compression": s.compression, "nodes": s.nodes,
                      "n_bytes": s.n_bytes, "measured_s": s.seconds, "predicted_s": predicted,
                      "rel_err": (predicted - s.seconds) / s.seconds})
@@ -172,6 +173,8 @@ class Calibration:
     # ``fit_codec_in_ring``
     codec_feedback: dict[str, float] = field(default_factory=dict)  # name → error-feedback bytes/s (isolated)
     codec_exchange_factors: dict[str, dict[int, float]] = field(default_factory=dict)  # the same for the exchange
+    codec_ring_call_s: dict[str, dict[int, float]] = field(default_factory=dict)  # name → {p: seconds per call}
+    codec_exchange_call_s: dict[str, dict[int, float]] = field(default_factory=dict)  # (``fit_codec_costs``)
 
     def codec_speeds(self, name: str, nodes: int = 2, allreduce: str = "ring") -> tuple[float, float]:
         """(encode_Bps, decode_Bps) of ``name`` inside our ``allreduce`` ("ring" or "alltoall") of ``nodes`` ranks:
@@ -186,6 +189,15 @@ class Calibration:
         rate = self.codec_feedback.get(name)
         factor = _ring_factor(self._factors(name, allreduce), name, nodes)
         return rate / factor if rate is not None and factor > 0 else math.inf
+
+    def codec_call_s(self, name: str, nodes: int = 2, allreduce: str = "ring") -> float:
+        """Seconds one call of our ``allreduce`` with ``name`` costs beyond its wire and codec bytes, at the nearest
+        calibrated cluster size (``fit_codec_costs``; the exchange lends the ring's when it has none); 0 when not
+        fitted."""
+        table = self.codec_exchange_call_s if allreduce == "alltoall" and name in self.codec_exchange_call_s \
+            else self.codec_ring_call_s
+        by_nodes = table.get(name) or {}
+        return by_nodes[min(by_nodes, key=lambda p: (abs(p - nodes), -p))] if by_nodes else 0.0
 
     def _factors(self, name: str, allreduce: str) -> dict[str, dict[int, float]]:
         """The codec factors of ``allreduce``: the exchange's where it has one for ``name``, else the ring's."""
@@ -250,7 +262,11 @@ def write_calibration(path: str, cal: Calibration) -> None:
                               "ring_factor_by_nodes": {str(p): f
                                                        for p, f in cal.codec_ring_factors.get(name, {}).items()},
                               "exchange_factor_by_nodes": {str(p): f for p, f in
-                                                           cal.codec_exchange_factors.get(name, {}).items()}}
+                                                           cal.codec_exchange_factors.get(name, {}).items()},
+                              "ring_call_s_by_nodes": {str(p): h for p, h in
+                                                       cal.codec_ring_call_s.get(name, {}).items()},
+                              "exchange_call_s_by_nodes": {str(p): h for p, h in
+                                                           cal.codec_exchange_call_s.get(name, {}).items()}}
                        for name, (e, d) in cal.codecs.items()},
             "compute": cal.compute, "host": cal.host, "samples": [asdict(s) for s in cal.samples],
             "residuals": cal.residuals}
@@ -283,8 +299,10 @@ def calibration_from_json(data, where: str = "calibration") -> Calibration:
                     if c.get("feedback_Bps") is not None}
         factors = {name: {int(p): float(f) for p, f in c["ring_factor_by_nodes"].items()}
                    for name, c in data.get("codecs", {}).items() if c.get("ring_factor_by_nodes")}
-        exchange = {name: {int(p): float(f) for p, f in c["exchange_factor_by_nodes"].items()}
-                    for name, c in data.get("codecs", {}).items() if c.get("exchange_factor_by_nodes")}
+        exchange, ring_call, exchange_call = ({name: {int(p): float(f) for p, f in c[key].items()}
+                                               for name, c in data.get("codecs", {}).items() if c.get(key)}
+                                              for key in ("exchange_factor_by_nodes", "ring_call_s_by_nodes",
+                                                          "exchange_call_s_by_nodes"))
         samples = [Sample(**s) for s in data.get("samples", [])]
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"{where}: malformed ({err})") from None
@@ -300,11 +318,11 @@ def calibration_from_json(data, where: str = "calibration") -> Calibration:
         raise ValueError(f"{where}: malformed host record ({err})") from None
     meta = {k: v for k, v in data.items()
             if k not in ("schema", "fits", "codecs", "compute", "host", "samples", "residuals")}
-    if any(not (f >= 0 and math.isfinite(f)) for table in (factors, exchange) for by_nodes in table.values()
-           for f in by_nodes.values()):
-        raise ValueError(f"{where}: codec ring_factor_by_nodes and exchange_factor_by_nodes must hold finite "
-                         f"numbers >= 0")
+    if any(not (f >= 0 and math.isfinite(f)) for table in (factors, exchange, ring_call, exchange_call)
+           for by_nodes in table.values() for f in by_nodes.values()):
+        raise ValueError(f"{where}: a codec's ring_factor_by_nodes, exchange_factor_by_nodes and call_s_by_nodes "
+                         f"must hold finite numbers >= 0")
     if any(not rate > 0 for rate in feedback.values()):
         raise ValueError(f"{where}: codec feedback_Bps must be > 0")
     return Calibration(fits, codecs, data.get("compute"), samples, data.get("residuals", []), meta, host, factors,
-                       feedback, exchange)
+                       feedback, exchange, ring_call, exchange_call)

@@ -4,8 +4,8 @@ factors, the residuals and the host terms. Pure: the measurements come from ``pi
 Steps of ``fit_calibration`` (rank 0, after every rank measured):
   Step 1: per all-reduce ('ring', 'backend', 'alltoall') with samples: ``fit_collective`` with its formula
           (``ALGORITHM_OF``); a fit that fails leaves a note and the others stand.
-  Step 2: from the compressed samples, the codec cost inside our ring and inside our exchange
-          (``fit_codec_in_ring``).
+  Step 2: from the compressed samples, the codec cost inside our ring and inside our exchange: a factor on its
+          isolated time and a fixed cost per call (``fit_codec_costs``).
   Step 3: residuals of every sample against its fit; no fit at all raises ``ValueError``.
 """
 from __future__ import annotations
@@ -22,7 +22,8 @@ from .empirical.host_terms import (copy_rate_from_timings, lockstep_from_timings
 from .empirical.overlap import window_loss
 from .params import CODEC_RATIOS
 
-__all__ = ["overlap_sizes", "host_record", "fit_calibration", "fit_collective", "fit_codec_in_ring", "ALGORITHM_OF"]
+__all__ = ["overlap_sizes", "host_record", "fit_calibration", "fit_collective", "fit_codec_in_ring", "fit_codec_costs",
+           "ALGORITHM_OF"]
 
 # The α-β-γ formula (``core.collectives.ALLREDUCE``) each timed all-reduce is fitted with; the others: the ring's.
 ALGORITHM_OF = {"alltoall": "exchange"}
@@ -99,31 +100,45 @@ def fit_collective(samples: list[Sample], collective: str = "ring", algorithm: s
 def fit_codec_in_ring(samples: list[Sample], fit: Fit, codecs: dict[str, tuple[float, float]],
                       ratios: dict[str, float], algorithm: str = "ring", min_bytes: float = 0.0,
                       collective: str = "ring") -> dict[str, dict[int, float]]:
-    """Per compressor and cluster size p, the factor f >= 0 that scales its isolated codec time to explain our
-    compressed rings (our reconstruction): measured_i ≈ wire_i + f·codec_i, with wire_i the uncompressed ring
-    ``fit`` at ratio× the bandwidth and codec_i the per-hop codec time at the isolated throughput of ``codecs``.
+    """The factors f of ``fit_codec_costs`` alone."""
+    return fit_codec_costs(samples, fit, codecs, ratios, algorithm, min_bytes, collective)[0]
 
-    One unknown per (codec, p), least squares on relative error, closed form: f = Σ a_i(1 − wire_i/t_i) /
-    Σ a_i², a_i = codec_i/t_i, floored at 0. Per p because the codec is CPU work: where p ranks share fewer
-    than p cores (the emulated cluster) each rank's codec runs at a share of a core, so f grows with p.
-    f > 1: the codec costs more inside the ring than alone; f < 1: the piecewise hops hide part of it behind
-    the wire. Samples below ``min_bytes`` and codecs without a throughput or without ring samples are left out
-    (no factor: the model uses f = 1). ``collective`` = "alltoall" (with ``algorithm`` "exchange") fits the
-    two-collective exchange's own factors, which its codec work (the ring's passes, no Python hop between them)
-    does not share with the ring's.
+
+def fit_codec_costs(samples: list[Sample], fit: Fit, codecs: dict[str, tuple[float, float]],
+                    ratios: dict[str, float], algorithm: str = "ring", min_bytes: float = 0.0,
+                    collective: str = "ring") -> tuple[dict[str, dict[int, float]], dict[str, dict[int, float]]]:
+    """Per compressor and cluster size p, the factor f >= 0 that scales its isolated codec time and the fixed
+    seconds h >= 0 per call that together explain our compressed all-reduces (our reconstruction):
+    measured_i ≈ wire_i + f·codec_i + h, with wire_i the uncompressed ``fit`` at ratio× the bandwidth and codec_i
+    the per-hop codec time at the isolated throughput of ``codecs``. Returns (factors, call seconds).
+
+    Two unknowns per (codec, p), non-negative least squares on relative error over the sizes. Per p because the
+    codec is CPU work: where p ranks share fewer than p cores (the emulated cluster) each rank's codec runs at a
+    share of a core, so f grows with p. f > 1: the codec costs more inside the all-reduce than alone; f < 1: the
+    piecewise hops hide part of it behind the wire. h is what a compressed call costs whatever its size beyond
+    the uncompressed one's latency: the bookkeeping of its pieces, a Python round trip per hop (the ring's LeNet
+    q8 all-reduce took 7.5 ms where the uncompressed one took 1.3 ms, issue 38). With one size only h is not
+    identified and stays 0. Samples below ``min_bytes`` and codecs without a throughput or without samples are
+    left out (no factor: the model uses f = 1, h = 0). ``collective`` = "alltoall" (with ``algorithm``
+    "exchange") fits the two-collective exchange's own terms, which its codec work (the ring's passes, no Python
+    hop between them) does not share with the ring's.
     """
     factors: dict[str, dict[int, float]] = {}
+    call_s: dict[str, dict[int, float]] = {}
     for name, speeds in codecs.items():
         rows = [s for s in samples if s.kind == "allreduce" and s.collective == collective and s.compression == name
                 and s.nodes >= 2 and s.n_bytes >= min_bytes]
         for nodes in sorted({s.nodes for s in rows}):
-            parts = [(s.seconds, *compressed_parts(s, fit, algorithm, {name: speeds}, ratios))
-                     for s in rows if s.nodes == nodes]
-            denominator = sum((codec / t) ** 2 for t, _, codec in parts)
-            if denominator > 0:
-                f = sum(codec / t * (1 - wire / t) for t, wire, codec in parts) / denominator
-                factors.setdefault(name, {})[nodes] = max(0.0, f)
-    return factors
+            at = [s for s in rows if s.nodes == nodes]
+            parts = [(s.seconds, *compressed_parts(s, fit, algorithm, {name: speeds}, ratios)) for s in at]
+            if not any(codec > 0 for _, _, codec in parts):
+                continue
+            A = np.array([[codec / t, 1.0 / t] for t, _, codec in parts])
+            b = np.array([1.0 - wire / t for t, wire, _ in parts])
+            f, h = _solve_nonnegative(A, b, [0, 1] if len({s.n_bytes for s in at}) > 1 else [0])
+            factors.setdefault(name, {})[nodes] = float(f)
+            call_s.setdefault(name, {})[nodes] = float(h)
+    return factors, call_s
 
 
 def overlap_sizes(sizes_bytes: list[int], count: int = 3) -> list[int]:
@@ -194,7 +209,7 @@ def fit_calibration(samples: list[Sample], codecs: dict[str, tuple[float, float]
     Fit failures are appended to ``meta['notes']``; all fits failing raises
     ``ValueError('calibration failed: ...')``."""
     notes = meta.setdefault("notes", [])
-    fits, residuals, factors = {}, [], {"ring": {}, "alltoall": {}}
+    fits, residuals, factors, call_s = {}, [], {"ring": {}, "alltoall": {}}, {"ring": {}, "alltoall": {}}
     for collective in ("ring", "backend", "alltoall"):
         if not any(s.collective == collective for s in samples):
             continue
@@ -205,12 +220,13 @@ def fit_calibration(samples: list[Sample], codecs: dict[str, tuple[float, float]
             notes.append(f"{collective}: {err}")
             continue
         if collective in factors:  # Step 2: the codec as it runs inside our ring, or our exchange
-            factors[collective] = fit_codec_in_ring(samples, fits[collective], codecs, CODEC_RATIOS, algorithm,
-                                                    min_fit_bytes, collective)
+            factors[collective], call_s[collective] = fit_codec_costs(samples, fits[collective], codecs, CODEC_RATIOS,
+                                                                      algorithm, min_fit_bytes, collective)
         residuals += residual_table([s for s in samples if s.collective == collective], fits[collective],  # Step 3
                                     algorithm, codecs=codecs, ratios=CODEC_RATIOS,
-                                    factors=factors.get(collective) or factors["ring"])
+                                    factors=factors.get(collective) or factors["ring"],
+                                    call_s=call_s.get(collective) or call_s["ring"])
     if not fits:
         raise ValueError("calibration failed: " + "; ".join(notes))
     return Calibration(fits, codecs, compute, list(samples), residuals, meta, host, factors["ring"], feedback,
-                       factors["alltoall"])
+                       factors["alltoall"], call_s["ring"], call_s["alltoall"])

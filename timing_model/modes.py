@@ -87,8 +87,14 @@ def _result(mode: str, cluster: ClusterParams, compute: ComputeParams, comm: Com
 
 def _allreduce(cluster: ClusterParams, codec: CodecParams, schedule: ScheduleParams, terms: EmpiricalTerms,
                per_hop: bool) -> CommCost:
-    """The core's allreduce of the whole gradient, anchored to the calibration's timing at this size if any."""
-    return anchored(allreduce_cost(cluster, codec, schedule, per_hop=per_hop), terms.ring_anchor_s)
+    """The core's allreduce of the whole gradient, with our compressed all-reduce's fixed cost per call
+    (``EmpiricalTerms.codec_call_s``, a codec part), anchored to the calibration's timing at this size if any."""
+    cost = allreduce_cost(cluster, codec, schedule, per_hop=per_hop)
+    if per_hop and codec.ratio > 1 and terms.codec_call_s > 0 and cost.total_s > 0:
+        extra = cost.buckets * terms.codec_call_s
+        cost = replace(cost, total_s=cost.total_s + extra, codec_s=cost.codec_s + extra,
+                       last_bucket_s=cost.last_bucket_s + terms.codec_call_s)
+    return anchored(cost, terms.ring_anchor_s)
 
 
 def _slowest_compute(cluster: ClusterParams, compute: ComputeParams) -> float:

@@ -221,7 +221,9 @@ def calibrated_scenario(scenario: Scenario, cal: Calibration, mode: str) -> Scen
     as_trainer = scenario.resolved_allreduce == replace(scenario, allreduce="auto").resolved_allreduce
     anchor = given.ring_anchor_s or (cal.ring_anchor_s(mode, scenario.compression, scenario.grad_bytes,
                                                        scenario.nodes) if as_trainer else 0.0)
-    terms = replace(given, ring_anchor_s=anchor,
+    # our compressed all-reduce's own cost per call, fitted per codec and cluster size (sync and pipe only)
+    call = cal.codec_call_s(scenario.compression, scenario.nodes, ours) if mode in ("sync", "pipe") else 0.0
+    terms = replace(given, ring_anchor_s=anchor, codec_call_s=given.codec_call_s or call,
                     slowdown=given.slowdown or host["slowdown"],
                     lockstep_s=given.lockstep_s or host["lockstep_s"],
                     comm_slowdown=given.comm_slowdown or host["comm_slowdown"],

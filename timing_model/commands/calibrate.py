@@ -272,9 +272,10 @@ def report(cal: Calibration, out_path: str) -> str:
         out += "error feedback adds to the ring at the model's size: " + ", ".join(
             f"{r['compression']} {1e3 * r['feedback_s']:+.2f} ms ({1e3 * r['ring_alone_s']:.2f} ms without)"
             for r in rings) + f" at {rings[0]['n_bytes'] / 1e6:.2f} MB\n"
-    for where, factors in (("the ring", cal.codec_ring_factors), ("the exchange", cal.codec_exchange_factors)):
+    for where, factors, calls in (("the ring", cal.codec_ring_factors, cal.codec_ring_call_s),
+                                  ("the exchange", cal.codec_exchange_factors, cal.codec_exchange_call_s)):
         if factors:
-            out += f"codec cost inside {where} / alone: " + ", ".join(
-                f"{name} {factor:.2f} at {p} ranks" for name, by_nodes in factors.items()
-                for p, factor in by_nodes.items()) + "\n"
+            out += f"codec cost inside {where} / alone, + fixed per call: " + ", ".join(
+                f"{name} {factor:.2f} + {1e3 * (calls.get(name) or {}).get(p, 0.0):.2f} ms at {p} ranks"
+                for name, by_nodes in factors.items() for p, factor in by_nodes.items()) + "\n"
     return out

@@ -23,6 +23,10 @@ class EmpiricalTerms:
     # (calibrate's interference probe); it replaces the α-β fit there and scales every part of it
     # (``empirical.anchor``); 0: the fit alone
     ring_anchor_s: float = 0.0
+    # what one call of our compressed all-reduce (sync's and pipe's, with a codec) costs beyond its wire time and its
+    # codec's bytes: the per-call bookkeeping of its pieces and hops (calibrate's fit per codec and cluster size,
+    # ``timing_model.fitting.fit_codec_costs``), added once per bucket; 0: none
+    codec_call_s: float = 0.0
     # overlap on shared cores (``empirical.overlap``): relative compute slow-down while communication runs beside
     # it; relative communication slow-down while compute runs beside it; the share of one compute window a
     # Pipe-SGD ring beside it loses, in [0, 1] (None: pipe takes the communication slow-down instead)
@@ -59,7 +63,7 @@ class EmpiricalTerms:
         if self.window_loss is not None:
             require_finite_nonneg("window_loss", self.window_loss)
             require(self.window_loss <= 1.0, f"window_loss must lie in [0, 1], got {self.window_loss!r}")
-        for name in ("ring_anchor_s", "slowdown", "comm_slowdown", "handoff_s", "buffers_s", "host_s", "ddp_step_s",
+        for name in ("ring_anchor_s", "codec_call_s", "slowdown", "comm_slowdown", "handoff_s", "buffers_s", "host_s", "ddp_step_s",
                      "ddp_compute_s", "ps_service_s", "ps_service_idle_s", "ps_colocated_step_s", "ps_round_s"):
             require_finite_nonneg(name, getattr(self, name))
         require_nonneg("send_buffer_bytes", self.send_buffer_bytes)  # inf: the kernel takes any reply at once
