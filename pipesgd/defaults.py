@@ -22,7 +22,9 @@ QUANT_BLOCK_SIZE = 4096
 # lossless codec (its C++ ring has no per-hop Python round trip, which dominates small buckets), "alltoall" for a
 # lossy one at every p: its error is the ring's at p = 2 and below it from p = 3 on (q8: flat in p, the ring's grows),
 # and 2 collective calls instead of 2(p-1) hops made it 1.2-7x faster for 0.25 MiB buckets on loopback and as fast
-# or faster for 25 MiB ones, but fp16 on 2-3 ranks (experiments/results/allreduce_choice/).
+# or faster for 25 MiB ones, but fp16 on 2-3 ranks (experiments/results/allreduce_choice/). Open: at 2 ranks, where
+# both are equally exact, the ring measured 1.2-1.7x faster for 25 MiB q8 and sign buckets in four sittings on the
+# 2-core host (experiments/results/exchange_model/); the timing model's verdict was no surer than this rule there.
 ALLREDUCE_CHOICES = ("auto", "ring", "alltoall", "backend")
 
 # p.grad as views into the flat buckets (pipesgd.grads.bucket_sets): no copy in or out of a step; K sets of
