@@ -80,12 +80,14 @@ def test_plan_covers_widths_and_codecs_once():
     cfg = AccuracyConfig(tasks=("digits",), widths=(1, 2, 3), codecs=("q8", "q8+ef"), seeds=(0, 1))
     keys = [s.config_key for s in plan(cfg) if s.seed == 0]
     # width 2 uncompressed with look-ahead is both a width and the codecs' reference: planned once
-    assert keys == ["digits width=1 none", "digits width=2 none staleness=none", "digits width=2 none staleness=lookahead",
-                    "digits width=3 none staleness=none", "digits width=3 none staleness=lookahead",
-                    "digits width=2 q8 staleness=lookahead", "digits width=2 q8+ef staleness=lookahead"]
+    assert keys == ["digits width=1 none", "digits width=2 none staleness=none",
+                    "digits width=2 none staleness=lookahead", "digits width=3 none staleness=none",
+                    "digits width=3 none staleness=lookahead", "digits width=2 q8 staleness=lookahead",
+                    "digits width=2 q8+ef staleness=lookahead"]
     assert len(plan(cfg)) == 14
     flags = trainer_flags(plan(cfg)[2], cfg)
-    assert flags[flags.index("--staleness") + 1] == "lookahead" and "--staleness" not in trainer_flags(plan(cfg)[0], cfg)
+    assert flags[flags.index("--staleness") + 1] == "lookahead"
+    assert "--staleness" not in trainer_flags(plan(cfg)[0], cfg)
 
 
 class FakeLauncher:

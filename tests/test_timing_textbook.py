@@ -182,10 +182,10 @@ def test_neutral_terms_compose_to_the_core_equations_exactly():
 
 
 # one non-neutral value per empirical term, and a scenario where it acts (co-located server, several buckets)
-TURNED_ON = {"ring_anchor_s": 0.5, "codec_call_s": 0.05, "slowdown": 0.3, "comm_slowdown": 0.5, "window_loss": 0.5, "copy_Bps": 1e8,
-             "handoff_s": 0.01, "buffers_s": 0.2, "host_s": 0.05, "lockstep_s": 0.01, "ddp_step_s": 1.0,
-             "ddp_compute_s": 0.1, "ps_service_s": 0.5, "ps_service_idle_s": 0.2, "ps_colocated_step_s": 0.001,
-             "ps_round_s": 2.0, "send_buffer_bytes": 4 * 2**20}
+TURNED_ON = {"ring_anchor_s": 0.5, "codec_call_s": 0.05, "slowdown": 0.3, "comm_slowdown": 0.5, "window_loss": 0.5,
+             "copy_Bps": 1e8, "handoff_s": 0.01, "buffers_s": 0.2, "host_s": 0.05, "lockstep_s": 0.01,
+             "ddp_step_s": 1.0, "ddp_compute_s": 0.1, "ps_service_s": 0.5, "ps_service_idle_s": 0.2,
+             "ps_colocated_step_s": 0.001, "ps_round_s": 2.0, "send_buffer_bytes": 4 * 2**20}
 
 
 def _iterations(scenario: Scenario) -> list[float]:

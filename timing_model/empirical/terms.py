@@ -63,8 +63,9 @@ class EmpiricalTerms:
         if self.window_loss is not None:
             require_finite_nonneg("window_loss", self.window_loss)
             require(self.window_loss <= 1.0, f"window_loss must lie in [0, 1], got {self.window_loss!r}")
-        for name in ("ring_anchor_s", "codec_call_s", "slowdown", "comm_slowdown", "handoff_s", "buffers_s", "host_s", "ddp_step_s",
-                     "ddp_compute_s", "ps_service_s", "ps_service_idle_s", "ps_colocated_step_s", "ps_round_s"):
+        for name in ("ring_anchor_s", "codec_call_s", "slowdown", "comm_slowdown", "handoff_s", "buffers_s", "host_s",
+                     "ddp_step_s", "ddp_compute_s", "ps_service_s", "ps_service_idle_s", "ps_colocated_step_s",
+                     "ps_round_s"):
             require_finite_nonneg(name, getattr(self, name))
         require_nonneg("send_buffer_bytes", self.send_buffer_bytes)  # inf: the kernel takes any reply at once
         require((self.ddp_step_s > 0) == (self.ddp_compute_s > 0),
