@@ -14,7 +14,7 @@ from timing_model.core import collectives, equations, straggler
 from timing_model.empirical import overlap, server
 from timing_model.empirical.server import KERNEL_SEND_BUFFER_BYTES
 from timing_model.calibration import Calibration, Fit, Sample, read_calibration, residual_table, write_calibration
-from timing_model.fitting import fit_codec_in_ring, fit_collective
+from timing_model.fitting import fit_codec_costs, fit_collective
 from timing_model.modes import MODES
 from timing_model.params import (CODEC_RATIOS, ClusterParams, CodecParams, ComputeParams, ScheduleParams,
                                  ServerParams, build_codec)
@@ -358,7 +358,7 @@ def test_codec_ring_factor_recovers_the_in_ring_codec_cost_per_cluster_size_and_
                 codec = equations.codec_time(p, n, *codecs[name], True)
                 samples.append(Sample("allreduce", "ring", name, p, n,
                                       (wire + factor * codec) * (1 + rng.uniform(-0.01, 0.01))))
-    factors = fit_codec_in_ring(samples, fit, codecs, CODEC_RATIOS)
+    factors, _ = fit_codec_costs(samples, fit, codecs, CODEC_RATIOS)
     assert set(factors) == {"q8", "bf16"}  # q4 has no ring samples: no factor, the model keeps 1
     for name, by_nodes in truth.items():
         for p, factor in by_nodes.items():

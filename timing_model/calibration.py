@@ -16,7 +16,7 @@ Calibration file (``schema`` = ``pipesgd-timing/calibration/1``), written atomic
      "grid": {"nodes": [...], "sizes_bytes": [...], "repeats", "warmup", "compressions": [...]},
      "fits": {"ring": FIT, "backend": FIT},          # ring = pipesgd.ring_allreduce, backend = all_reduce
      "codecs": {"bf16": {"encode_Bps", "decode_Bps", "feedback_Bps", "ring_factor_by_nodes": {"2": f, ...}}, ...},
-                                                 # isolated speeds; in-ring factors: ``fit_codec_in_ring``
+                                                 # isolated speeds; in-ring factors: ``fit_codec_costs``
      "compute": {"model", "batch_size", "compute_s"} | null,
      "host": {"compute_slowdown", "comm_slowdown", "comm_slowdown_by_codec": {name: κc}, "load",
               "lockstep_s", "lockstep": {"steps", "period_s", "compute_max_s", "excess_s", "ring_alone_s"} (with a
@@ -119,13 +119,18 @@ def compressed_parts(s: Sample, fit: Fit, algorithm: str, codecs: dict[str, tupl
     return wire.predict(s.nodes, s.n_bytes, algorithm), codec_time(s.nodes, s.n_bytes, enc, dec, True)
 
 
-def _ring_factor(factors: dict[str, dict[int, float]] | None, name: str, nodes: int) -> float:
-    """The calibrated factor of ``name`` at ``nodes`` ranks, else at the nearest calibrated size (ties: the
-    larger), else 1."""
-    by_nodes = (factors or {}).get(name) or {}
+def _nearest(table: dict[str, dict[int, float]] | None, name: str, nodes: int, default: float) -> float:
+    """The calibrated value of ``name`` at ``nodes`` ranks, else at the nearest calibrated size (ties: the larger),
+    else ``default``."""
+    by_nodes = (table or {}).get(name) or {}
     if not by_nodes:
-        return 1.0
+        return default
     return by_nodes[min(by_nodes, key=lambda p: (abs(p - nodes), -p))]
+
+
+def _ring_factor(factors: dict[str, dict[int, float]] | None, name: str, nodes: int) -> float:
+    """The calibrated codec factor of ``name`` at (or nearest) ``nodes`` ranks, else 1 (the pure formula)."""
+    return _nearest(factors, name, nodes, 1.0)
 
 
 def _in_ring(speeds: tuple[float, float] | None, factor: float) -> tuple[float, float] | None:
@@ -141,7 +146,7 @@ def residual_table(samples: list[Sample], fit: Fit, algorithm: str = "ring",
                    ratios: dict[str, float] | None = None, factors: dict[str, dict[int, float]] | None = None,
                    call_s: dict[str, dict[int, float]] | None = None) -> list[dict]:
     """Measured vs predicted per allreduce sample; compressed ring samples use the per-hop codec model at the
-    isolated codec speeds scaled by the ring ``factors`` of their cluster size (``fit_codec_in_ring``; none: 1)."""
+    isolated codec speeds scaled by the ring ``factors`` of their cluster size (``fit_codec_costs``; none: 1)."""
     rows = []
     for s in samples:
         if s.kind != "allreduce":
@@ -170,7 +175,7 @@ class Calibration:
     meta: dict = field(default_factory=dict)  # created_utc, backend, device, world_size, grid, notes
     host: dict = field(default_factory=dict)  # κ, κc, copy_Bps, handoff_s and their raw timings ({}: none)
     codec_ring_factors: dict[str, dict[int, float]] = field(default_factory=dict)  # name → {p: f}, see
-    # ``fit_codec_in_ring``
+    # ``fit_codec_costs``
     codec_feedback: dict[str, float] = field(default_factory=dict)  # name → error-feedback bytes/s (isolated)
     codec_exchange_factors: dict[str, dict[int, float]] = field(default_factory=dict)  # the same for the exchange
     codec_ring_call_s: dict[str, dict[int, float]] = field(default_factory=dict)  # name → {p: seconds per call}
@@ -180,30 +185,31 @@ class Calibration:
         """(encode_Bps, decode_Bps) of ``name`` inside our ``allreduce`` ("ring" or "alltoall") of ``nodes`` ranks:
         the isolated throughput divided by its calibrated factor (``_ring_factor``; the exchange lends the ring's
         when it has none); (inf, inf) for an uncalibrated codec (the pure formula)."""
-        speeds = _in_ring(self.codecs.get(name), _ring_factor(self._factors(name, allreduce), name, nodes))
+        factors = self._own(self.codec_exchange_factors, self.codec_ring_factors, name, allreduce)
+        speeds = _in_ring(self.codecs.get(name), _ring_factor(factors, name, nodes))
         return speeds or (math.inf, math.inf)
 
     def feedback_speed(self, name: str, nodes: int = 2, allreduce: str = "ring") -> float:
         """Error-feedback bytes/s of ``name`` inside our ``allreduce`` of ``nodes`` ranks (scaled like
         ``codec_speeds``); inf when not measured."""
         rate = self.codec_feedback.get(name)
-        factor = _ring_factor(self._factors(name, allreduce), name, nodes)
+        factor = _ring_factor(self._own(self.codec_exchange_factors, self.codec_ring_factors, name, allreduce),
+                              name, nodes)
         return rate / factor if rate is not None and factor > 0 else math.inf
 
     def codec_call_s(self, name: str, nodes: int = 2, allreduce: str = "ring") -> float:
         """Seconds one call of our ``allreduce`` with ``name`` costs beyond its wire and codec bytes, at the nearest
         calibrated cluster size (``fit_codec_costs``; the exchange lends the ring's when it has none); 0 when not
         fitted."""
-        table = self.codec_exchange_call_s if allreduce == "alltoall" and name in self.codec_exchange_call_s \
-            else self.codec_ring_call_s
-        by_nodes = table.get(name) or {}
-        return by_nodes[min(by_nodes, key=lambda p: (abs(p - nodes), -p))] if by_nodes else 0.0
+        return _nearest(self._own(self.codec_exchange_call_s, self.codec_ring_call_s, name, allreduce), name, nodes,
+                        0.0)
 
-    def _factors(self, name: str, allreduce: str) -> dict[str, dict[int, float]]:
-        """The codec factors of ``allreduce``: the exchange's where it has one for ``name``, else the ring's."""
-        if allreduce == "alltoall" and name in self.codec_exchange_factors:
-            return self.codec_exchange_factors
-        return self.codec_ring_factors
+    @staticmethod
+    def _own(exchange: dict[str, dict[int, float]], ring: dict[str, dict[int, float]], name: str,
+             allreduce: str) -> dict[str, dict[int, float]]:
+        """Of a per-codec table kept for each all-reduce, ``allreduce``'s: the exchange's where it has ``name``,
+        else the ring's (a calibration made before the exchange was timed)."""
+        return exchange if allreduce == "alltoall" and name in exchange else ring
 
     def ring_anchor_s(self, mode: str, compression: str, grad_bytes: float, nodes: int) -> float:
         """The anchor of ``empirical.anchor.anchored``: seconds of the trainer's allreduce of ``compression`` alone at

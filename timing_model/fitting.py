@@ -22,8 +22,7 @@ from .empirical.host_terms import (copy_rate_from_timings, lockstep_from_timings
 from .empirical.overlap import window_loss
 from .params import CODEC_RATIOS
 
-__all__ = ["overlap_sizes", "host_record", "fit_calibration", "fit_collective", "fit_codec_in_ring", "fit_codec_costs",
-           "ALGORITHM_OF"]
+__all__ = ["overlap_sizes", "host_record", "fit_calibration", "fit_collective", "fit_codec_costs", "ALGORITHM_OF"]
 
 # The α-β-γ formula (``core.collectives.ALLREDUCE``) each timed all-reduce is fitted with; the others: the ring's.
 ALGORITHM_OF = {"alltoall": "exchange"}
@@ -95,13 +94,6 @@ def fit_collective(samples: list[Sample], collective: str = "ring", algorithm: s
     errors = [abs(row["rel_err"]) for row in residual_table(coll, fit, algorithm)]
     return Fit(fit.overhead_s, fit.latency_s, fit.bandwidth_Bps, fit.reduce_Bps, len(coll),
                statistics.median(errors), max(errors), tuple(notes))
-
-
-def fit_codec_in_ring(samples: list[Sample], fit: Fit, codecs: dict[str, tuple[float, float]],
-                      ratios: dict[str, float], algorithm: str = "ring", min_bytes: float = 0.0,
-                      collective: str = "ring") -> dict[str, dict[int, float]]:
-    """The factors f of ``fit_codec_costs`` alone."""
-    return fit_codec_costs(samples, fit, codecs, ratios, algorithm, min_bytes, collective)[0]
 
 
 def fit_codec_costs(samples: list[Sample], fit: Fit, codecs: dict[str, tuple[float, float]],

@@ -3,7 +3,7 @@ with and without feedback, call by call in turn, and the difference.
 
 Why a probe of its own: without it the model prices error feedback as the codec's isolated residual-update rate
 (``pipesgd.compression.throughput``) slowed by the codec's in-ring factor (``timing_model.fitting
-.fit_codec_in_ring``). That factor is fitted to rings *without* feedback and takes in everything a compressed
+.fit_codec_costs``). That factor is fitted to rings *without* feedback and takes in everything a compressed
 ring costs beyond its wire time (short pieces, the threads' turns on shared cores), so it overstates the
 feedback's part: AlexNet's 34 MB gradient with sign, 4 nodes sharing 2 cores at 1 Gbit/s, feedback added 37 ms
 to the ring in this probe where the factor (13) made it 190 ms.
