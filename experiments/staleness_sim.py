@@ -4,6 +4,9 @@ width 2, five seeds. Logic in experiments/harness/staleness_sim.py.
 
     python experiments/staleness_sim.py                                   # the whole study (~15 min on 2 cores)
     python experiments/staleness_sim.py --workers 4 --seeds 0 --result /tmp/sim.json   # a quick look
+    # the charlm gap at width 3 taken apart: the library's stand-in against the true average (~13 min)
+    python experiments/staleness_sim.py --tasks charlm --workers 2 --width 3 --seeds 0,1,2 --standins local,oracle \
+        --result experiments/results/staleness_sim/charlm_standin.json
 """
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ import torch  # noqa: E402
 
 from experiments.harness.one_line import OneLineParser  # noqa: E402
 from experiments.harness.provenance import read_result, write_result  # noqa: E402
-from experiments.harness.staleness_sim import TASKS, plan, simulate, summarise, summary_markdown  # noqa: E402
+from experiments.harness.staleness_sim import (  # noqa: E402
+    STANDINS, TASKS, plan, simulate, summarise, summary_markdown)
 
 RESULT = os.path.join("experiments", "results", "staleness_sim", "staleness_sim.json")
 
@@ -41,17 +45,28 @@ def _tasks(text: str) -> list[str]:
     return names
 
 
+def _standins(text: str) -> tuple[str, ...]:
+    names = tuple(x for x in text.split(",") if x)
+    unknown = [n for n in names if n not in STANDINS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"unknown stand-in(s) {', '.join(unknown) or text!r}; "
+                                         f"valid: {', '.join(STANDINS)}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="staleness_sim", description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", type=_tasks, default=["digits"], help="digits,mnist1d (default digits)")
+    parser.add_argument("--tasks", type=_tasks, default=["digits"], help="digits,mnist1d,charlm (default digits)")
     parser.add_argument("--workers", type=_ints, default=[4, 16, 64], help="worker counts (default 4,16,64)")
     parser.add_argument("--seeds", type=_ints, default=[0, 1, 2, 3, 4], help="seeds (default 0-4)")
     parser.add_argument("--width", type=int, default=2, help="the pipelined width (default 2)")
+    parser.add_argument("--standins", type=_standins, default=("local",),
+                        help="look-ahead's stand-in: local (the library's), oracle (the true average, a diagnostic)")
     parser.add_argument("--result", default=RESULT, help=f"result JSON (default {RESULT})")
     parser.add_argument("--resume", action="store_true", help="skip runs already in the result")
     args = parser.parse_args(argv)
     try:
-        specs = plan(args.tasks, args.workers, args.seeds, args.width)
+        specs = plan(args.tasks, args.workers, args.seeds, args.width, args.standins)
     except ValueError as exc:
         print(f"staleness_sim: error: {exc}", file=sys.stderr)
         return 2
@@ -64,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         run = simulate(spec)
         runs.append(run)
         eta = (time.monotonic() - started) / i * (len(todo) - i)
-        print(f"[{i}/{len(todo)}] {spec.key}: {100 * run['final_accuracy']:.1f} % (ETA {eta / 60:.1f} min)",
-              flush=True)
+        print(f"[{i}/{len(todo)}] {spec.key}: {100 * run['final_accuracy']:.1f} %, loss {run['final_loss']:.4f} "
+              f"(ETA {eta / 60:.1f} min)", flush=True)
         write_result(args.result, {"experiment": "staleness_sim", "summary": summarise(runs), "runs": runs})
     print(summary_markdown(summarise(runs)))
     print(f"result: {args.result}")

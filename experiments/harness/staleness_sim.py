@@ -7,6 +7,11 @@ real optimizer on its own gradients in flight), the due rule is ``pipesgd.delay.
 step is the wrapped torch optimizer on the mean gradient, as ``PipeSGD`` applies it. Data and model are the
 trainer's: ``shard_batches`` gives worker w of W the same batches as rank w of a W-rank run.
 
+The same runs diagnose a gap: ``standin="oracle"`` gives every worker the true average of each step in flight
+as its stand-in (something no rank has in a real run) and so separates the stand-in's noise from the rest of
+the delayed update. ``charlm`` is the accuracy study's transformer task: the character GPT with AdamW, warm-up
+and cosine decay, 300 steps at a local batch of 32.
+
 Steps of one simulated iteration t:
   Step 1: each worker moves the master weights to its look-ahead (its stand-ins of the steps in flight), computes
           its gradient on its batch there, and moves back.
@@ -28,11 +33,34 @@ from pipesgd.defaults import STALENESS_MODES, WARMUP_STEPS
 from pipesgd.comm.handles import CompletedWork
 from pipesgd.delay.lookahead import Lookahead
 from pipesgd.delay.pipeline import Pipeline
-from pipesgd.train.data import load_digits, make_mnist1d, shard_batches, steps_per_epoch
-from pipesgd.train.loop import evaluate
+from pipesgd.train.data import load_digits, load_pysrc, make_mnist1d, shard_batches, steps_per_epoch
+from pipesgd.train.loop import cross_entropy, evaluate
 from pipesgd.train.models import build_model
+from pipesgd.train.optimizers import build_inner_optimizer
+from pipesgd.train.schedule import build_schedule
 
-TASKS = {"digits": lambda seed: load_digits(seed), "mnist1d": lambda seed: make_mnist1d(seed)}
+TASKS = {"digits": lambda seed: load_digits(seed), "mnist1d": lambda seed: make_mnist1d(seed),
+         "charlm": lambda seed: load_pysrc()}
+STANDINS = ("local", "oracle")  # a worker's own gradient (the library's); the true average (a diagnostic)
+
+
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    """How a task trains: the README's LeNet recipe, or the accuracy study's charlm one (its trainer flags)."""
+
+    model: str = "lenet"
+    optimizer: str = "sgd"
+    lr: float = 0.02
+    weight_decay: float = 0.0
+    schedule: str = "constant"
+    lr_warmup_steps: int = 0
+    steps: int = 0  # 0: ``SimSpec.epochs`` epochs
+    local_batch: int = 0  # 0: the global batch split over the workers
+
+
+RECIPES = {"digits": Recipe(), "mnist1d": Recipe(),
+           "charlm": Recipe(model="gpt", optimizer="adamw", lr=1e-3, weight_decay=0.1, schedule="cosine",
+                            lr_warmup_steps=30, steps=300, local_batch=32)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +77,7 @@ class SimSpec:
     lr: float = 0.02
     momentum: float = 0.9
     warmup_steps: int = WARMUP_STEPS
+    standin: str = "local"  # "oracle": the true average stands in (a diagnostic; see the module doc)
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -57,12 +86,16 @@ class SimSpec:
             raise ValueError(f"unknown staleness {self.staleness!r}; valid: {', '.join(STALENESS_MODES)}")
         if self.workers < 1 or self.global_batch % self.workers:
             raise ValueError(f"global batch {self.global_batch} must split evenly over {self.workers} workers")
+        if self.standin not in STANDINS:
+            raise ValueError(f"unknown stand-in {self.standin!r}; valid: {', '.join(STANDINS)}")
         if self.width < 1 or self.epochs < 1:
             raise ValueError("width and epochs must be at least 1")
 
     @property
     def key(self) -> str:
         stale = f" {self.staleness}" if self.width > 1 else ""
+        stale += " oracle-stand-in" if self.width > 1 and self.staleness == "lookahead" and \
+            self.standin == "oracle" else ""
         return f"{self.task} W={self.workers} width={self.width}{stale} seed={self.seed}"
 
 
@@ -75,15 +108,20 @@ def _seed(seed: int) -> None:
 def simulate(spec: SimSpec) -> dict:
     """Train as ``spec`` says; return its final test accuracy and loss."""
     ds = TASKS[spec.task](spec.seed)
+    recipe = RECIPES[spec.task]
     _seed(spec.seed)
-    model = build_model("lenet", ds.input_shape, ds.num_classes)
+    model = build_model(recipe.model, ds.input_shape, ds.num_classes)
     params = list(model.parameters())
-    optimizer = torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum)
+    optimizer = build_inner_optimizer(recipe.optimizer, model, spec.lr, spec.momentum, recipe.weight_decay)
+    local_batch = spec.global_batch // spec.workers
+    per_epoch = steps_per_epoch(len(ds.x_train), spec.workers, local_batch)
+    total = recipe.steps or spec.epochs * per_epoch
+    schedule = build_schedule(recipe.schedule, spec.lr, recipe.lr_warmup_steps, total)
+    if schedule is not None:
+        schedule.apply(optimizer.param_groups, 0)
     looking = spec.width > 1 and spec.staleness == "lookahead"
     workers = [Lookahead(optimizer, params, spec.width) if looking else None for _ in range(spec.workers)]
     pipeline: Pipeline[list[torch.Tensor]] = Pipeline(spec.width, spec.warmup_steps)
-    local_batch = spec.global_batch // spec.workers
-    per_epoch = steps_per_epoch(len(ds.x_train), spec.workers, local_batch)
 
     def apply(step: int, mean: list[torch.Tensor]) -> None:
         for worker in workers:
@@ -95,16 +133,18 @@ def simulate(spec: SimSpec) -> dict:
 
     model.train()
     t = 0
-    for epoch in range(spec.epochs):
+    for epoch in range(-(-total // per_epoch)):
         shards = [shard_batches(ds, epoch, spec.seed, w, spec.workers, local_batch) for w in range(spec.workers)]
         for batches in zip(*shards):
+            if t == total:
+                break
             # Step 1: every worker's gradient at its own look-ahead weights.
             grads = []
             for worker, (x, y) in zip(workers, batches):
                 if worker is not None:
                     worker.advance()
                 model.zero_grad(set_to_none=True)
-                F.cross_entropy(model(x), y).backward()
+                cross_entropy(model(x), y).backward()
                 grads.append([p.grad.detach().clone() for p in params])
                 if worker is not None:
                     worker.restore()
@@ -113,11 +153,13 @@ def simulate(spec: SimSpec) -> dict:
             # Step 3: stand-ins kept while step t is in flight; the due step applied to the master weights.
             if looking and pipeline.depth(t) > 1:
                 for worker, own in zip(workers, grads):
-                    worker.record(t, own)
+                    worker.record(t, mean if spec.standin == "oracle" else own)
             pipeline.submit(t, CompletedWork(mean))
             due = pipeline.pop_due(t)
             if due is not None:
                 apply(due.step, due.handle.wait())
+            if schedule is not None:
+                schedule.apply(optimizer.param_groups, t + 1)  # the next step's rate, as the trainer sets it
             t += 1
     for entry in pipeline.flush():
         apply(entry.step, entry.handle.wait())
@@ -126,45 +168,80 @@ def simulate(spec: SimSpec) -> dict:
             "final_accuracy": round(accuracy, 5), "final_loss": round(loss, 5)}
 
 
-def plan(tasks: list[str], workers: list[int], seeds: list[int], width: int = 2) -> list[SimSpec]:
-    """Per task and worker count: width 1, width ``width`` plain and with look-ahead, for every seed."""
-    configs = [(1, "none"), (width, "none"), (width, "lookahead")]
-    return [SimSpec(task=task, workers=w, width=k, staleness=s, seed=seed)
-            for task in tasks for w in workers for seed in seeds for k, s in configs]
+def plan(tasks: list[str], workers: list[int], seeds: list[int], width: int = 2,
+         standins: tuple[str, ...] = ("local",)) -> list[SimSpec]:
+    """Per task and worker count: width 1, width ``width`` plain and with look-ahead (per stand-in), every seed."""
+    configs = [(1, "none", "local"), (width, "none", "local")] + [(width, "lookahead", s) for s in standins]
+    specs = []
+    for task in tasks:
+        recipe = RECIPES[task]
+        for w in workers:
+            sizes = dict(global_batch=recipe.local_batch * w) if recipe.local_batch else {}
+            specs += [SimSpec(task=task, workers=w, width=k, staleness=s, standin=standin, seed=seed, lr=recipe.lr,
+                              **sizes) for seed in seeds for k, s, standin in configs]
+    return specs
 
 
 def summarise(runs: list[dict]) -> list[dict]:
-    """Mean and sample std of the final accuracy per (task, workers, width, staleness), in plan order."""
+    """Mean and sample std of the final accuracy and loss per (task, workers, width, staleness, stand-in), in
+    plan order."""
     groups: dict[tuple, list[dict]] = {}
     for run in runs:
-        groups.setdefault((run["task"], run["workers"], run["width"], run["staleness"]), []).append(run)
+        key = (run["task"], run["workers"], run["width"], run["staleness"], run.get("standin", "local"))
+        groups.setdefault(key, []).append(run)
     out = []
-    for (task, workers, width, staleness), members in groups.items():
-        accuracy = [m["final_accuracy"] for m in members]
-        out.append({"task": task, "workers": workers, "width": width, "staleness": staleness,
-                    "local_batch": members[0]["global_batch"] // workers, "seeds": sorted(m["seed"] for m in members),
-                    "accuracy_mean": round(statistics.fmean(accuracy), 5),
-                    "accuracy_std": round(statistics.stdev(accuracy), 5) if len(accuracy) > 1 else 0.0})
+    for (task, workers, width, staleness, standin), members in groups.items():
+        row = {"task": task, "workers": workers, "width": width, "staleness": staleness,
+               "local_batch": members[0]["global_batch"] // workers, "seeds": sorted(m["seed"] for m in members)}
+        if standin != "local":
+            row["standin"] = standin
+        for metric in ("accuracy", "loss"):
+            values = [m[f"final_{metric}"] for m in members]
+            row[f"{metric}_mean"] = round(statistics.fmean(values), 5)
+            row[f"{metric}_std"] = round(statistics.stdev(values), 5) if len(values) > 1 else 0.0
+        out.append(row)
     return out
 
 
 def summary_markdown(summary: list[dict]) -> str:
-    """Final test accuracy (%) per worker count: width 1, width K plain, width K with look-ahead."""
+    """Per worker count, width 1 against width K plain and with look-ahead: final test accuracy (%) for the
+    classification tasks; for charlm the final validation loss, with the true-average stand-in where it ran."""
     width = max((c["width"] for c in summary), default=2)
-    lines = [f"| task | workers | local batch | width 1 | plain width {width} | look-ahead width {width} | "
-             f"look-ahead − width 1 |", "|---|---|---|---|---|---|---|"]
     rows: dict[tuple, dict] = {}
     for c in summary:
-        rows.setdefault((c["task"], c["workers"]), {})[(c["width"], c["staleness"])] = c
+        rows.setdefault((c["task"], c["workers"]), {})[(c["width"], c["staleness"], c.get("standin", "local"))] = c
+    tables = []
+    accuracy = [(key, cs) for key, cs in rows.items() if RECIPES[key[0]].model != "gpt"]
+    if accuracy:
+        lines = [f"| task | workers | local batch | width 1 | plain width {width} | look-ahead width {width} | "
+                 f"look-ahead − width 1 |", "|---|---|---|---|---|---|---|"]
 
-    def cell(c: dict | None) -> str:
-        return f"{100 * c['accuracy_mean']:.1f} ± {100 * c['accuracy_std']:.1f}" if c else "-"
+        def cell(c: dict | None) -> str:
+            return f"{100 * c['accuracy_mean']:.1f} ± {100 * c['accuracy_std']:.1f}" if c else "-"
 
-    for (task, workers), cs in rows.items():
-        sync = cs.get((1, "none"))
-        plain = next((c for (k, s), c in cs.items() if k > 1 and s == "none"), None)
-        ahead = next((c for (k, s), c in cs.items() if k > 1 and s == "lookahead"), None)
-        gap = f"{100 * (ahead['accuracy_mean'] - sync['accuracy_mean']):+.1f}" if sync and ahead else "-"
-        batch = (sync or plain or ahead)["local_batch"]
-        lines.append(f"| {task} | {workers} | {batch} | {cell(sync)} | {cell(plain)} | {cell(ahead)} | {gap} |")
-    return "\n".join(lines)
+        for (task, workers), cs in accuracy:
+            sync, plain, ahead = (cs.get((1, "none", "local")), cs.get((width, "none", "local")),
+                                  cs.get((width, "lookahead", "local")))
+            gap = f"{100 * (ahead['accuracy_mean'] - sync['accuracy_mean']):+.1f}" if sync and ahead else "-"
+            batch = (sync or plain or ahead)["local_batch"]
+            lines.append(f"| {task} | {workers} | {batch} | {cell(sync)} | {cell(plain)} | {cell(ahead)} | {gap} |")
+        tables.append("\n".join(lines))
+    losses = [(key, cs) for key, cs in rows.items() if RECIPES[key[0]].model == "gpt"]
+    if losses:
+        lines = [f"| task | workers | local batch | width 1 | plain width {width} | look-ahead width {width} | "
+                 f"look-ahead, true-average stand-in |", "|---|---|---|---|---|---|---|"]
+        for (task, workers), cs in losses:
+            sync = cs.get((1, "none", "local"))
+
+            def loss(c: dict | None) -> str:
+                if c is None:
+                    return "-"
+                gap = f" ({100 * (c['loss_mean'] / sync['loss_mean'] - 1):+.1f} %)" if sync and c is not sync else ""
+                return f"{c['loss_mean']:.4f} ± {c['loss_std']:.4f}{gap}"
+
+            batch = next(iter(cs.values()))["local_batch"]
+            lines.append(f"| {task} | {workers} | {batch} | {loss(sync)} | {loss(cs.get((width, 'none', 'local')))} | "
+                         f"{loss(cs.get((width, 'lookahead', 'local')))} | "
+                         f"{loss(cs.get((width, 'lookahead', 'oracle')))} |")
+        tables.append("\n".join(lines))
+    return "\n\n".join(tables)

@@ -19,8 +19,9 @@ next ``step()``, which restores the master weights before it applies anything. G
 instead of a model there is no hook: ``step()`` moves them at its end. Memory: one copy of the weights (the
 master's, while the look-ahead ones are in the parameters), the local gradients of the K-1 steps in flight, the
 replay's copy of the optimizer state, and scratch gradients when clipping or loss scaling must not write the
-saved ones. Time per step: one gradient copy in ``step()``, one weight copy each way, the state copy and K-1
-optimizer steps (reported as ``StepStats.t_lookahead_s``).
+saved ones. Time per step: one gradient copy in ``step()``, one weight copy each way, and K-1 steps of the
+optimizer's rule: momentum SGD's written out in foreach operations (``pipesgd.delay.sgd_rule``), any other
+optimizer's as a copy of its state and a step of a replica (reported as ``StepStats.t_lookahead_s``).
 """
 from __future__ import annotations
 
@@ -108,7 +109,7 @@ class Lookahead:
             if self._master is None:
                 self._master = [p.detach().clone() for p in self.params]
             else:
-                torch._foreach_copy_(self._master, [p.detach() for p in self.params])
+                torch._foreach_copy_(self._master, self.params)
             self.active = True
             entries = [self._pending[s] for s in sorted(self._pending)]
             self._replay.replay_([(grads, scale, uses <= 1) for grads, scale, uses in entries], self._skip_nonfinite)
@@ -122,7 +123,7 @@ class Lookahead:
             return
         start = time.perf_counter()
         with torch.no_grad():
-            torch._foreach_copy_([p.detach() for p in self.params], self._master)
+            torch._foreach_copy_(self.params, self._master)
         self.active = False
         self.seconds += time.perf_counter() - start
 
