@@ -1,7 +1,8 @@
 """Issue 36: what look-ahead costs per step on the training thread, and the memory it holds, against plain width 2
 and DDP, per model and optimizer.
 
-    python experiments/bench_lookahead.py [--iters 40] [--workloads lenet,resnet20,resnet20-32px,gpt] [--optimizers sgd,adam,adamw]
+    python experiments/bench_lookahead.py [--iters 40] [--workloads lenet,resnet20,resnet20-32px,gpt]
+                                          [--optimizers sgd,adam,adamw]
 
 World size 1 over a gloo group of one, one thread: no ring runs, so what differs between the rows is each
 wrapper's own work on the caller's thread. Per workload and optimizer, DDP, PipeSGD width 2 with

@@ -11,10 +11,11 @@ tensor, and stepping the copy would move the original's step count.
 ``torch.optim.SGD`` skips the replica: its rule is written out in foreach operations (``pipesgd.delay.sgd_rule``),
 which advance a scratch copy of the momentum buffers alone, without the replica's per-parameter Python (unless the
 learning rate is a tensor or gradients are clipped: then the replica runs). Same kernels as the original, so the
-same bits: the replay keeps the original's ``foreach``/``fused`` choice, except that SGD, Adam and AdamW on CPU parameters replay through torch's foreach implementation, which on CPU
-gives bitwise the same results as the per-tensor loop those optimizers default to there and costs fewer Python
-round trips (ResNet-20's 65 tensors: 2.4 against 4.0 ms per SGD step). Clipping, when asked, is the wrapper's own
-(``pipesgd.grads.clipping``), so a replayed step clips exactly as the applied one is clipped.
+same bits: the replay keeps the original's ``foreach``/``fused`` choice, except that SGD, Adam and AdamW on CPU
+parameters replay through torch's foreach implementation, which on CPU gives bitwise the same results as the
+per-tensor loop those optimizers default to there and costs fewer Python round trips (ResNet-20's 65 tensors: 2.4
+against 4.0 ms per SGD step). Clipping, when asked, is the wrapper's own (``pipesgd.grads.clipping``), so a replayed
+step clips exactly as the applied one is clipped.
 """
 from __future__ import annotations
 
