@@ -3,12 +3,14 @@
     python experiments/bench_host.py [--models lenet,resnet20,alexnet] [--iters 100] [--rounds 3]
 
 World size 1 on gloo (no peer, so no wire and no wait: what is left is the wrapper's own host work), one
-thread, batch 32 of the digits shape (1 x 8 x 8), SGD with momentum. Four ways to run the same step,
+thread, batch 32 of the digits shape (1 x 8 x 8), SGD with momentum. Five ways to run the same step,
 interleaved iteration by iteration so drift in the machine's load hits all alike:
 
 - ``plain``: the torch optimizer alone (the floor);
 - ``ddp``: ``DistributedDataParallel`` (its reducer copies gradients into buckets inside backward);
-- ``pipe K=1`` / ``pipe K=2``: ``PipeSGD`` at width 1 (synchronous) and 2, gradients as bucket views.
+- ``pipe K=1`` / ``pipe K=2 plain update`` / ``pipe K=2``: ``PipeSGD`` at width 1 (synchronous) and 2, gradients as
+  bucket views; at width 2 with the paper's plain update and with look-ahead (the default), whose replay and weight
+  copies run on the training thread.
 
 Per model, medians over ``--iters`` iterations in each of ``--rounds`` rounds (the median of the rounds is
 printed): the iteration, ``step()`` + ``zero_grad()`` on the caller's thread, and the wrapper's overhead, the
@@ -34,7 +36,7 @@ from experiments.harness.one_line import OneLineParser, known_names
 from pipesgd.optimizer import PipeSGD
 from pipesgd.train.models import MODELS, build_model
 
-WAYS = ("plain", "ddp", "pipe K=1", "pipe K=2")
+WAYS = ("plain", "ddp", "pipe K=1", "pipe K=2 plain update", "pipe K=2")
 INPUT_SHAPE = (1, 8, 8)
 
 
@@ -46,8 +48,9 @@ class _Job:
         model = build_model(model_name, INPUT_SHAPE, 10)
         self.forward = DistributedDataParallel(model) if way == "ddp" else model
         inner = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
-        width = {"pipe K=1": 1, "pipe K=2": 2}.get(way)
-        self.opt = inner if width is None else PipeSGD(inner, model, width=width, warmup_steps=0)
+        width = {"pipe K=1": 1, "pipe K=2 plain update": 2, "pipe K=2": 2}.get(way)
+        staleness = "none" if way == "pipe K=2 plain update" else "lookahead"
+        self.opt = inner if width is None else PipeSGD(inner, model, width=width, warmup_steps=0, staleness=staleness)
         self.x = torch.randn(32, *INPUT_SHAPE)
         self.y = torch.randint(0, 10, (32,))
 
