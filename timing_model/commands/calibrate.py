@@ -6,6 +6,7 @@ torch and the trainer are imported inside the functions only: the rest of the mo
 from __future__ import annotations
 
 import argparse
+import gc
 import datetime
 import os
 
@@ -182,9 +183,12 @@ def run(args: argparse.Namespace) -> str | int:
             if cal is not None:
                 write_calibration(args.out, cal)
         except (ValueError, OSError) as err:  # rank 0's fit or write failed: still meet the others below
-            cal, failure = None, err
+            # Its traceback holds the measuring frames and their gloo objects: freed after the process group
+            # they could abort the process at exit (SIGABRT), so they go now.
+            cal, failure = None, err.with_traceback(None)
         dist.barrier()  # rank 0 fits alone; leave together so no rank tears its links down under another
     finally:
+        gc.collect()  # any gloo object still in a reference cycle goes before its process group
         dist.destroy_process_group()
     if failure is not None:  # measured, then failed: a run-time failure (exit 1), not bad input
         raise RunFailure(first_line(failure)) from failure
