@@ -1,4 +1,4 @@
-"""``pipesgd-timing``: predict, sweep, calibrate, validate. Builds the parser from one module per sub-command
+"""``pipesgd-timing``: predict, sweep, recommend, calibrate, validate. Builds the parser from one module per sub-command
 (``timing_model.commands``), runs the chosen one and prints what it returns.
 
 Bad input never shows a traceback: one line ``pipesgd-timing: error: ...`` on stderr and exit code 2, before any
@@ -14,16 +14,16 @@ import sys
 from pipesgd.cli_conventions import (EXIT_FAILURE, EXIT_USAGE, OneLineParser, RunFailure, UsageError, first_line,
                                      join_negative_values, print_error)
 
-from .commands import calibrate, predict, sweep, validate
+from .commands import calibrate, predict, recommend, sweep, validate
 
 __all__ = ["PROG", "EXIT_USAGE", "build_parser", "main"]
 
 PROG = "pipesgd-timing"
-SUBCOMMANDS = (predict, sweep, calibrate, validate)  # each: add_parser(sub) and run(args) -> str | exit code
+SUBCOMMANDS = (predict, sweep, recommend, calibrate, validate)  # each: add_parser(sub) and run(args) -> str | exit code
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog=PROG, description="Pipe-SGD timing model: predict, sweep, calibrate, validate.")
+    parser = OneLineParser(prog=PROG, description="Pipe-SGD timing model: predict, sweep, recommend, calibrate, validate.")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in SUBCOMMANDS:
         command.add_parser(sub)

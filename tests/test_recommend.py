@@ -1,0 +1,94 @@
+"""``pipesgd-timing recommend`` and ``timing_model.recommend``: the order of preference, the hide rule against the
+model's own prediction, fixed knobs kept, the fastest when nothing hides, and bad input as one line and exit 2."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from timing_model.cli import main
+from timing_model.predict import Scenario, predict
+from timing_model.recommend import HIDDEN_SHARE, candidate_knobs, recommend
+
+CALIBRATION = "experiments/results/exchange_model/calibration.json"
+
+
+def _pipe(scenario):
+    return predict(scenario, ("pipe",)).result("pipe")
+
+
+def _scenario(bandwidth_bits: float, compute_s: float = 0.1) -> Scenario:
+    return Scenario(nodes=4, grad_bytes=4e6, bandwidth_Bps=bandwidth_bits / 8, compute_s=compute_s)
+
+
+@pytest.mark.parametrize("bits, want", [
+    (10e9, (1, "none", False)),  # the ring's 4.8 ms is under 5 % of the step: synchronous
+    (1e9, (2, "none", False)),   # 48 ms hides behind a 100 ms step at width 2
+    (100e6, (2, "q4", True)),    # 480 ms uncompressed, 120 with q8: only q4 (60 ms) hides
+])
+def test_the_choice_is_the_first_candidate_in_the_order_whose_all_reduce_hides(bits, want):
+    answer = recommend(_scenario(bits), _pipe)
+    choice = answer.choice
+    assert (choice.width, choice.compression, choice.error_feedback) == want
+    assert choice.hidden and choice.exposed_s <= HIDDEN_SHARE * choice.iteration_s
+    earlier = answer.candidates[:answer.candidates.index(choice)]
+    assert all(not c.hidden for c in earlier)
+    assert _pipe(_scenario(bits).with_changes(width=want[0], compression=want[1], error_feedback=want[2])
+                 ).iteration_s == choice.iteration_s  # the model's own prediction, not a second formula
+
+
+def test_when_nothing_hides_the_fastest_is_taken_and_the_reason_says_so():
+    answer = recommend(_scenario(1e6), _pipe)
+    assert not any(c.hidden for c in answer.candidates)
+    assert answer.choice.iteration_s == min(c.iteration_s for c in answer.candidates)
+    assert answer.choice.compression == "q4" and "nothing tried hides" in answer.reason
+    with_sign = recommend(_scenario(1e6), _pipe, allow_sign=True)
+    assert with_sign.choice.compression == "sign"  # 32x smaller than fp32, so faster still
+
+
+def test_the_order_of_preference():
+    assert candidate_knobs(3, allow_sign=False) == [
+        (1, "none", False), (2, "none", False), (2, "bf16", False), (2, "q8", True), (2, "q4", True),
+        (3, "none", False), (3, "bf16", False), (3, "q8", True), (3, "q4", True)]
+    assert candidate_knobs(2, allow_sign=True)[-1] == (2, "sign", True)
+
+
+def test_a_knob_the_user_fixed_is_never_changed():
+    assert {c.width for c in recommend(_scenario(100e6), _pipe, width=3).candidates} == {3}
+    fixed = recommend(_scenario(100e6), _pipe, compression="bf16")
+    assert {(c.compression, c.error_feedback) for c in fixed.candidates} == {("bf16", False)}
+    assert fixed.choice.width == 2  # nothing hides bf16's 240 ms; width 2 overlaps 100 of it (width 1: 340 ms)
+    assert candidate_knobs(2, False, compression="fp16") == [(1, "fp16", False), (2, "fp16", False)]
+    assert candidate_knobs(2, False, compression="q8", error_feedback=False) == [(1, "q8", False), (2, "q8", False)]
+    assert candidate_knobs(1, False, width=1) == [(1, "none", False), (1, "bf16", False), (1, "q8", True),
+                                                  (1, "q4", True)]
+
+
+def test_the_cli_prints_the_decision_and_every_candidate(capsys):
+    assert main(["recommend", "--nodes", "4", "--bandwidth", "100mbit", "--params", "1M", "--compute", "100ms"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("recommended: width 2, q4 + error feedback, two-collective exchange\nwhy: ")
+    assert out.count("| yes |") + out.count("| no |") >= 9
+    assert main(["recommend", "--nodes", "4", "--bandwidth", "100mbit", "--params", "1M", "--compute", "100ms",
+                 "--width", "3", "--format", "json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["choice"]["width"] == 3 and all(c["width"] == 3 for c in answer["candidates"])
+
+
+def test_the_cli_takes_a_calibration(capsys):
+    assert main(["recommend", "--nodes", "4", "--bandwidth", "1gbit", "--params", "1M", "--compute", "100ms",
+                 "--calibration", CALIBRATION]) == 0
+    assert capsys.readouterr().out.startswith("recommended: width ")
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ([], "recommend needs --compute"),
+    (["--compute", "100ms", "--max-width", "0"], "--max-width 0"),
+    (["--compute", "100ms", "--max-width", "two"], "--max-width 'two'"),
+    (["--compute", "100ms", "--compression", "zip"], "unknown compression 'zip'"),
+    (["--compute", "100ms", "--width", "0"], "--width"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, extra, needle):
+    assert main(["recommend", "--nodes", "4", "--bandwidth", "100mbit", "--params", "1M", *extra]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and needle in err

@@ -1,0 +1,69 @@
+"""``pipesgd-timing recommend``: the width and codec to run on a cluster, and why (``timing_model.recommend``)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from pipesgd.cli_conventions import UsageError
+
+from ..predict import Scenario
+from ..recommend import HIDDEN_SHARE, recommend
+from .flags import add_scenario_flags, help_formatter, load_calibration, parse_flag, predict_modes, scenario_fields
+
+__all__ = ["USAGE", "DESCRIPTION", "add_parser", "run"]
+
+USAGE = "%(prog)s --nodes N --bandwidth RATE --params COUNT --compute TIME [--calibration FILE] [...]"
+DESCRIPTION = ("Which Pipe-SGD width and gradient codec to run: the first, in an order of preference (width 1 "
+               "uncompressed, then width 2 and up with none, bf16, q8 + error feedback, q4 + error feedback), "
+               f"whose all-reduce the model predicts hides behind the step (at most {HIDDEN_SHARE:.0%} of the "
+               "iteration left exposed); else the fastest. --width and --compression, when given, are kept.")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("recommend", help="the width and codec to run, and why", formatter_class=help_formatter,
+                       usage=USAGE, description=DESCRIPTION)
+    add_scenario_flags(p, sweep=False)
+    p.set_defaults(width="auto", compression="auto", run=run)
+    for action in p._actions:  # the shared flags' help names predict's defaults; here they are chosen
+        if action.dest == "width":
+            action.help = "keep this Pipe-SGD width (default auto: recommended)"
+        elif action.dest == "compression":
+            action.help = "keep this codec: none|fp16|bf16|q8|q4|sign (default auto: recommended)"
+        elif action.dest == "error_feedback":
+            action.help = "with --compression: keep the codec's error (auto picks it for q8, q4 and sign)"
+    p.add_argument("--max-width", default="3", metavar="K", help="widest pipeline to consider (default 3)")
+    p.add_argument("--allow-sign", action="store_true",
+                   help="consider 1-bit sign + error feedback (it cost 14-40 accuracy points in the study)")
+    p.add_argument("--format", choices=("markdown", "json"), default="markdown", metavar="FORMAT",
+                   help="markdown|json (default markdown)")
+
+
+def run(args: argparse.Namespace) -> str:
+    try:
+        max_width = int(args.max_width)
+    except ValueError:
+        raise UsageError(f"--max-width {args.max_width!r}: not an integer") from None
+    if max_width < 1:
+        raise UsageError(f"--max-width {max_width}: must be >= 1")
+    fixed_width = None if args.width == "auto" else parse_flag("width", args.width)
+    fixed_codec = None if args.compression == "auto" else parse_flag("compression", args.compression)
+    fields = scenario_fields(args, skip=("width", "compression"))
+    fields.pop("error_feedback")
+    if fields.get("compute_s", 0.0) <= 0:
+        raise UsageError("recommend needs --compute, the forward + backward time of one step (e.g. 120ms): "
+                         "whether the all-reduce hides depends on it")
+    feedback = True if args.error_feedback else None  # the flag can only fix it on
+    calibration = load_calibration(args.calibration)
+    scenario = Scenario.of(**fields)
+    answer = recommend(scenario, lambda case: predict_modes(case, ("pipe",), calibration).result("pipe"),
+                       max_width=max_width, allow_sign=args.allow_sign, width=fixed_width,
+                       compression=fixed_codec, error_feedback=feedback)
+    if args.format == "json":
+        return json.dumps(answer.as_dict(), indent=2) + "\n"
+    lines = [f"recommended: {answer.choice.label}", f"why: {answer.reason}", "",
+             "| width | compression | error feedback | all-reduce | iteration ms | exposed ms | hides |",
+             "|---|---|---|---|---|---|---|"]
+    for c in answer.candidates:
+        lines.append(f"| {c.width} | {c.compression} | {'yes' if c.error_feedback else 'no'} | {c.allreduce} | "
+                     f"{c.iteration_s * 1e3:.4g} | {c.exposed_s * 1e3:.4g} | {'yes' if c.hidden else 'no'} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,117 @@
+"""Which width and codec Pipe-SGD should run on a cluster: the timing model's answer (issue 39).
+
+A user who does not know their cluster guesses ``width``, ``compression`` and ``error_feedback``; a wrong guess
+costs speed (no codec on a slow link) or accuracy (a codec or a width that loses it). ``recommend`` asks the model
+instead: it predicts Pipe-SGD's iteration for each candidate in an order of preference and takes the first whose
+all-reduce hides behind the step (what is left exposed is at most ``HIDDEN_SHARE`` of the iteration).
+
+The order, from what the accuracy study measured (``experiments/results/accuracy/report.md``):
+  Step 1: width 1, uncompressed: synchronous SGD, when the all-reduce is that small beside the step.
+  Step 2: width 2, then 3 (up to ``max_width``); at each width the codecs from the most to the least exact:
+          none, bf16, q8 with error feedback, q4 with error feedback (each within the seed spread of uncompressed
+          width 2 on every task), then sign with error feedback only when the user allows it (it lost 14-40 points).
+          Width before codec: width 3 cost AdamW +6.8 % in validation loss where every codec up to q4 + feedback
+          stayed within the seed spread.
+  Step 3: if nothing hides, the fastest predicted candidate (the earliest on a tie), and the reason says so.
+A knob the user fixed (``width``, ``compression``) is never changed: only candidates with it are tried. The
+all-reduce follows ``Scenario.allreduce`` as the trainer resolves it (``auto``: the two collectives for a lossy
+codec, the backend's for a lossless one).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .modes import ModeResult
+from .predict import Scenario
+
+__all__ = ["HIDDEN_SHARE", "CODEC_LADDER", "Candidate", "Recommendation", "recommend"]
+
+HIDDEN_SHARE = 0.05  # an all-reduce "hides" when what it leaves exposed is at most this share of the iteration
+CODEC_LADDER = (("none", False), ("bf16", False), ("q8", True), ("q4", True))  # most exact first
+SIGN = ("sign", True)
+ALLREDUCE_WORDS = {"ring": "per-hop ring", "alltoall": "two-collective exchange", "backend": "the backend's all_reduce"}
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One configuration and what the model predicts for it (seconds)."""
+
+    width: int
+    compression: str
+    error_feedback: bool
+    allreduce: str  # as the trainer resolves it: "ring", "alltoall" or "backend"
+    iteration_s: float
+    exposed_s: float  # communication and codec time not hidden behind compute
+    comm_s: float  # all communication including the codec, hidden or not
+    hidden: bool
+
+    @property
+    def label(self) -> str:
+        codec = self.compression + (" + error feedback" if self.error_feedback else "")
+        return f"width {self.width}, {codec}, {ALLREDUCE_WORDS.get(self.allreduce, self.allreduce)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    """The chosen candidate, why, and every candidate tried (in the order of preference)."""
+
+    choice: Candidate
+    reason: str
+    candidates: tuple[Candidate, ...]
+
+    def as_dict(self) -> dict:
+        return {"choice": asdict(self.choice), "reason": self.reason,
+                "candidates": [asdict(c) for c in self.candidates]}
+
+
+def candidate_knobs(max_width: int, allow_sign: bool, width: int | None = None,
+                    compression: str | None = None, error_feedback: bool | None = None) -> list[tuple[int, str, bool]]:
+    """(width, codec, error feedback) in the order of preference (module doc), keeping every knob the user fixed."""
+    ladder = dict(CODEC_LADDER + (SIGN,))
+    if compression is not None:
+        codecs = [(compression, ladder.get(compression, False))]
+    else:
+        codecs = list(CODEC_LADDER) + ([SIGN] if allow_sign else [])
+    if error_feedback is not None:
+        codecs = [(codec, error_feedback) for codec, _ in codecs]
+    widths = [width] if width is not None else list(range(1, max_width + 1))
+    knobs = []
+    for w in widths:
+        for codec, feedback in codecs:
+            if w == 1 and width is None and compression is None and codec != "none":
+                continue  # Step 1: width 1 only uncompressed
+            knobs.append((w, codec, feedback and codec != "none"))
+    return knobs
+
+
+def recommend(scenario: Scenario, predict_pipe, *, max_width: int = 3, allow_sign: bool = False,
+              width: int | None = None, compression: str | None = None,
+              error_feedback: bool | None = None) -> Recommendation:
+    """The first candidate whose all-reduce hides (module doc). ``predict_pipe(scenario) -> ModeResult`` is
+    Pipe-SGD's prediction for one scenario (with or without a calibration: the caller's choice)."""
+    if max_width < 1:
+        raise ValueError(f"max width {max_width}: must be >= 1")
+    tried = []
+    for w, codec, feedback in candidate_knobs(max_width, allow_sign, width, compression, error_feedback):
+        case = scenario.with_changes(width=w, compression=codec, error_feedback=feedback)
+        result: ModeResult = predict_pipe(case)
+        exposed = result.exposed_comm_s + result.codec_s
+        tried.append(Candidate(w, codec, feedback, result.allreduce, result.iteration_s, exposed,
+                               result.comm_total_s, exposed <= HIDDEN_SHARE * result.iteration_s))
+    hiding = next((c for c in tried if c.hidden), None)
+    if hiding is not None:
+        before = tried[:tried.index(hiding)]
+        why = (f"its all-reduce ({_ms(hiding.comm_s)}) hides behind the step (exposed {_ms(hiding.exposed_s)} of "
+               f"{_ms(hiding.iteration_s)})")
+        if before:
+            why += (f"; the {len(before)} tried before it (narrower or more exact) leave up to "
+                    f"{_ms(max(c.exposed_s for c in before))} exposed")
+        return Recommendation(hiding, why, tuple(tried))
+    fastest = min(tried, key=lambda c: c.iteration_s)
+    why = (f"nothing tried hides its all-reduce; the fastest predicted ({_ms(fastest.iteration_s)} per iteration, "
+           f"{_ms(fastest.exposed_s)} of it exposed communication)")
+    return Recommendation(fastest, why, tuple(tried))
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
