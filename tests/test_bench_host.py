@@ -31,6 +31,6 @@ def test_a_tiny_run_prints_every_wrapper_against_the_optimizer_alone():
     out = subprocess.run([sys.executable, str(SCRIPT), "--models", "lenet", "--iters", "2", "--rounds", "1"],
                          capture_output=True, text=True, timeout=300, check=True).stdout
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| lenet")]
-    assert [row[2] for row in rows] == ["plain", "ddp", "pipe K=1", "pipe K=2"]
+    assert [row[2] for row in rows] == ["plain", "ddp", "pipe K=1", "pipe K=2 plain update", "pipe K=2"]
     assert rows[0][-1] == "+0.00 |"  # the floor against itself
     assert all(float(row[3]) > 0 and float(row[4]) > 0 for row in rows)
