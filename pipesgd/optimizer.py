@@ -29,12 +29,13 @@ Warm-up (``pipesgd.defaults.WARMUP_STEPS``): a few synchronous steps first, wher
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from functools import partial
 
 import torch
 import torch.distributed as dist
 
-from pipesgd import lifecycle
+from pipesgd import auto, lifecycle
 from pipesgd.accounting import StepStats
 from pipesgd.grads.amp import DelayedLossScale
 from pipesgd.grads.buffers import BufferSync
@@ -149,6 +150,9 @@ class PipeSGD:
         identity = WrapperIdentity(width, warmup_steps, compression, self._channel.size, dist.get_rank(user_group))
         self._state = WrapperState(identity, optimizer, self._params, self._buckets, self._pipeline, self._exchange,
                                    self._loss_scale, self._lookahead, user_group)
+        # compression="auto": the warm-up times itself, and its last step chooses the codec (pipesgd.auto).
+        self._auto_clock = auto.WarmupClock() if compression == auto.AUTO else None
+        self.auto_choice: dict | None = None  # the choice and its reason, once made (or restored)
 
     # ----------------------------------------------------------------------------------------- public
     @property
@@ -198,6 +202,9 @@ class PipeSGD:
         """Hand this step's gradients to the ring; apply the averaged gradient of step t-K+1 if due."""
         self._check_usage()
         t = self._step
+        measuring = self._auto_clock is not None and self.auto_choice is None and t < self.options.warmup_steps
+        if measuring:
+            self._auto_clock.begin()
         lookahead = self._lookahead
         if lookahead is not None:  # the master weights back before anything is applied to them
             lookahead.begin_step()
@@ -225,6 +232,10 @@ class PipeSGD:
         stats.t_buffers_s = t_buffers
         if lookahead is not None:
             stats.t_lookahead_s = lookahead.end_step()
+        if measuring:
+            self._auto_clock.end()
+            if t == self.options.warmup_steps - 1:  # nothing in flight: every rank is here, synchronously
+                self._choose_codec()
         self._step += 1
         self.last_stats = stats
         every = self.options.check_replicas_every
@@ -291,7 +302,10 @@ class PipeSGD:
         ``consolidate_state_dict()`` at the same step, every rank's (``pipesgd.wrapper_state``).
 
         Waits for in-flight rings. Not a collective: saving on rank 0 alone is fine."""
-        return self._state.state_dict(self._step)
+        state = self._state.state_dict(self._step)
+        if self._auto_clock is not None:
+            state["auto"] = self.auto_choice  # None until the warm-up's last step has chosen
+        return state
 
     def consolidate_state_dict(self, to: int = 0) -> None:
         """A collective (every rank of the wrapper's group calls it): gather each rank's own state onto group rank
@@ -304,6 +318,8 @@ class PipeSGD:
     def load_state_dict(self, state: dict) -> None:
         """Restore a ``state_dict()`` saved on any rank; refuses one from another model, width, codec or world
         size. Wrap first, then load (the state is PipeSGD's, not the inner optimizer's)."""
+        if self._auto_clock is not None and isinstance(state, dict) and state.get("auto"):
+            self._use_codec(state["auto"])  # the saved choice, not a new measurement
         self._step = self._state.load_state_dict(state)
 
     # ----------------------------------------------------------------------------------------- internals
@@ -360,6 +376,29 @@ class PipeSGD:
         stats.t_update_s = time.perf_counter() - start
         # An overflow's non-finite residual was already zeroed by the exchange, on the worker, in ring order.
         return stats
+
+    def _choose_codec(self) -> None:
+        """compression="auto" at the last warm-up step: measure, agree across ranks, decide (pipesgd.auto)."""
+        numel = sum(bucket.numel for bucket in self._buckets)
+        grad_bytes = sum(bucket.numel * torch.empty(0, dtype=bucket.dtype).element_size() for bucket in self._buckets)
+        device = self._buckets[0].device if self._buckets else torch.device("cpu")
+        measured = auto.measure(numel, device, self._user_group)
+        measured["compute_s"] = self._auto_clock.compute_s
+        measured = auto.agreed(measured, self._user_group, device)
+        choice = auto.decide(measured, self.world_size, grad_bytes, self.options.width)
+        self._use_codec(choice)
+        auto.announce(choice, dist.get_rank(self._user_group))
+
+    def _use_codec(self, choice: dict) -> None:
+        """Run the buckets with the chosen codec from now on (nothing in flight: at the end of the warm-up, or
+        before a resumed run's first step)."""
+        self.options = replace(self.options, compression=choice["compression"],
+                               error_feedback=bool(choice["error_feedback"]))
+        compressor = self.options.build_compressor(dist.get_rank())
+        self._exchange = GradientExchange(self._channel.topology, compressor, self.options.allreduce_for(compressor),
+                                          ErrorFeedback(compressor) if self.options.error_feedback else None)
+        self._state.use_exchange(self._exchange, choice["compression"])
+        self.auto_choice = dict(choice)
 
     def _job(self):
         """The worker's job for one step's buckets (under a delayed buffer mode with a snapshot of the buffers,

@@ -10,6 +10,7 @@ import torch
 
 from pipesgd.grads.buffers import BUFFER_MODES
 from pipesgd.grads.clipping import resolve_max_grad_norm
+from pipesgd.auto import AUTO
 from pipesgd.compression import Compressor, build
 from pipesgd.defaults import (
     ALLREDUCE_CHOICES,
@@ -35,7 +36,8 @@ class PipeSGDOptions:
     # Stale gradients (width >= 2): "lookahead" computes each at the weights the updates in flight will produce
     # (pipesgd.delay.lookahead), "none" is the paper's plain update.
     staleness: str = STALENESS
-    # Codec on every ring hop (pipesgd.compression registry name and its options).
+    # Codec on every ring hop (pipesgd.compression registry name and its options); "auto": chosen at the end of
+    # the warm-up from what it measured (pipesgd.auto), uncompressed until then.
     compression: str = "none"
     compression_options: dict[str, Any] = field(default_factory=dict)
     error_feedback: bool = False  # keep what the codec dropped and send it with the next step
@@ -92,6 +94,13 @@ class PipeSGDOptions:
             raise ValueError(f"check_replicas_every must be >= 0, got {self.check_replicas_every!r}")
         # A private copy: the caller's dict may change later, these options may not.
         object.__setattr__(self, "compression_options", dict(self.compression_options or {}))
+        if self.compression == AUTO:
+            if self.error_feedback:
+                raise ValueError("compression='auto' chooses error feedback with the codec; leave error_feedback "
+                                 "False (or name a codec)")
+            if self.warmup_steps < 2:
+                raise ValueError(f"compression='auto' measures during the synchronous warm-up: warmup_steps must be "
+                                 f">= 2, got {self.warmup_steps}")
         codec = self.build_compressor()  # an unknown name or a bad codec option raises here
         if self.compression in NEEDS_ERROR_FEEDBACK and not self.error_feedback:
             raise ValueError(
@@ -107,7 +116,10 @@ class PipeSGDOptions:
         return int(self.bucket_mb * 2**20)
 
     def build_compressor(self, rank: int | None = None) -> Compressor:
-        """The codec for ``rank`` (stochastic rounding draws noise of its own on every rank)."""
+        """The codec for ``rank`` (stochastic rounding draws noise of its own on every rank); with "auto", the
+        warm-up's: none."""
+        if self.compression == AUTO:
+            return build("none")
         return build(self.compression, rank=rank, **self.compression_options)
 
     def allreduce_for(self, compressor: Compressor) -> str:

@@ -18,7 +18,7 @@ that rank's own state, since ``state_dict()`` is not a collective (the others ar
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -80,6 +80,11 @@ class WrapperState:
             "loss_scales": self._loss_scale.state_dict() if self._loss_scale is not None else None,
             "ranks": ranks,
         }
+
+    def use_exchange(self, exchange: GradientExchange, compression: str) -> None:
+        """A codec chosen after construction (``compression="auto"``): its exchange and the name a checkpoint holds."""
+        self._exchange = exchange
+        self.identity = replace(self.identity, compression=compression)
 
     def consolidate(self, to: int, step: int) -> None:
         """Every rank's own state onto group rank ``to`` (a collective of the wrapper's group)."""

@@ -37,13 +37,18 @@ def test_the_choice_is_the_first_candidate_in_the_order_whose_all_reduce_hides(b
                  ).iteration_s == choice.iteration_s  # the model's own prediction, not a second formula
 
 
-def test_when_nothing_hides_the_fastest_is_taken_and_the_reason_says_so():
+def test_when_nothing_hides_the_first_near_the_fastest_is_taken_and_the_reason_says_so():
     answer = recommend(_scenario(1e6), _pipe)
     assert not any(c.hidden for c in answer.candidates)
-    assert answer.choice.iteration_s == min(c.iteration_s for c in answer.candidates)
+    assert answer.choice.iteration_s == min(c.iteration_s for c in answer.candidates)  # q4: half of q8's time
     assert answer.choice.compression == "q4" and "nothing tried hides" in answer.reason
-    with_sign = recommend(_scenario(1e6), _pipe, allow_sign=True)
-    assert with_sign.choice.compression == "sign"  # 32x smaller than fp32, so faster still
+    # a codec barely faster than a more exact one is not taken: on a latency-bound link (50 ms per message, a 40 KB
+    # gradient) every codec saves under 2 % and nothing hides: width 2 uncompressed, not q4
+    latency_bound = Scenario(nodes=4, grad_bytes=4e4, bandwidth_Bps=100e6 / 8, latency_s=0.05, compute_s=0.1)
+    answer = recommend(latency_bound, _pipe)
+    fastest = min(c.iteration_s for c in answer.candidates)
+    assert not any(c.hidden for c in answer.candidates) and fastest < answer.choice.iteration_s <= 1.10 * fastest
+    assert (answer.choice.width, answer.choice.compression) == (2, "none") and "within 10%" in answer.reason
 
 
 def test_the_order_of_preference():

@@ -64,6 +64,9 @@ BAD_INPUTS = [
     (["--compression", "sign"], "--compression sign needs --error-feedback"),
     (["--ddp-hook", "fp16"], "--ddp-hook applies to --mode ddp only"),
     (["--error-feedback"], "--error-feedback needs a lossy --compression"),
+    (["--compression", "auto", "--error-feedback"], "--compression auto chooses error feedback"),
+    (["--compression", "auto", "--warmup-steps", "1"], "--warmup-steps must be >= 2"),
+    (["--compression", "zip"], "auto"),  # the valid names listed include auto
     (["--resume"], "--resume needs --checkpoint"),
     (["--lr", "-1"], "--lr must be positive"),
     (["--servers", "1"], "--servers applies to --mode ps-sync|ps-async only"),

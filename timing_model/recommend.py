@@ -12,7 +12,8 @@ The order, from what the accuracy study measured (``experiments/results/accuracy
           width 2 on every task), then sign with error feedback only when the user allows it (it lost 14-40 points).
           Width before codec: width 3 cost AdamW +6.8 % in validation loss where every codec up to q4 + feedback
           stayed within the seed spread.
-  Step 3: if nothing hides, the fastest predicted candidate (the earliest on a tie), and the reason says so.
+  Step 3: if nothing hides, the earliest candidate predicted within ``NEAR_FASTEST`` of the fastest (a codec that
+          is barely faster is not worth its loss of exactness), and the reason says so.
 A knob the user fixed (``width``, ``compression``) is never changed: only candidates with it are tried. The
 all-reduce follows ``Scenario.allreduce`` as the trainer resolves it (``auto``: the two collectives for a lossy
 codec, the backend's for a lossless one).
@@ -27,6 +28,7 @@ from .predict import Scenario
 __all__ = ["HIDDEN_SHARE", "CODEC_LADDER", "Candidate", "Recommendation", "recommend"]
 
 HIDDEN_SHARE = 0.05  # an all-reduce "hides" when what it leaves exposed is at most this share of the iteration
+NEAR_FASTEST = 1.10  # when nothing hides: the earliest candidate at most 10 % slower than the fastest
 CODEC_LADDER = (("none", False), ("bf16", False), ("q8", True), ("q4", True))  # most exact first
 SIGN = ("sign", True)
 ALLREDUCE_WORDS = {"ring": "per-hop ring", "alltoall": "two-collective exchange", "backend": "the backend's all_reduce"}
@@ -107,10 +109,12 @@ def recommend(scenario: Scenario, predict_pipe, *, max_width: int = 3, allow_sig
             why += (f"; the {len(before)} tried before it (narrower or more exact) leave up to "
                     f"{_ms(max(c.exposed_s for c in before))} exposed")
         return Recommendation(hiding, why, tuple(tried))
-    fastest = min(tried, key=lambda c: c.iteration_s)
-    why = (f"nothing tried hides its all-reduce; the fastest predicted ({_ms(fastest.iteration_s)} per iteration, "
-           f"{_ms(fastest.exposed_s)} of it exposed communication)")
-    return Recommendation(fastest, why, tuple(tried))
+    fastest = min(c.iteration_s for c in tried)
+    near = next(c for c in tried if c.iteration_s <= NEAR_FASTEST * fastest)
+    why = (f"nothing tried hides its all-reduce; the first within {NEAR_FASTEST - 1:.0%} of the fastest prediction "
+           f"({_ms(near.iteration_s)} per iteration against {_ms(fastest)}, {_ms(near.exposed_s)} of it exposed "
+           f"communication)")
+    return Recommendation(near, why, tuple(tried))
 
 
 def _ms(seconds: float) -> str:

@@ -6,6 +6,7 @@ print one line ``pipesgd-train: error: ...``; ``--debug`` shows the traceback as
 """
 from __future__ import annotations
 
+import logging
 import os
 import random
 import sys
@@ -155,6 +156,17 @@ def run(cfg: TrainConfig, ds, rank: int, world_size: int, local_rank: int, debug
         strategy.opt.close()
 
 
+def _show_library_log() -> None:
+    """pipesgd's INFO lines on stdout, unless the caller configured that logger already."""
+    logger = logging.getLogger("pipesgd")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
     # Step 1: everything that can be checked without peers, so bad input never leaves ranks waiting.
     argv = join_negative_values(sys.argv[1:] if argv is None else list(argv))  # --lr -1 reaches its check
@@ -181,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         _error(f"rank {rank}: could not join the process group within {cfg.timeout:g} s: {first}")
         return EXIT_FAILURE
-    # Step 3: train.
+    # Step 3: train (the library's one-time lines, e.g. what --compression auto chose, on stdout).
+    _show_library_log()
     try:
         run(cfg, ds, rank, world_size, local_rank, debug)
     except BaseException as exc:  # noqa: BLE001 - classified in fail(); bugs keep their traceback

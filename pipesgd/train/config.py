@@ -63,7 +63,9 @@ class TrainConfig:
                             "the steps in flight will produce (this rank's own gradients standing in for their "
                             "averages); none is the paper's plain update (gradients K-1 steps stale)",
                             lambda: STALENESS_MODES)
-    compression: str = _field("none", "codec on every ring hop (pipe/sync only)", compression.available)
+    compression: str = _field("none", "codec on every ring hop (pipe/sync only); auto: chosen at the end of the "
+                              "warm-up from what it measured (compute, the link, each codec's speed)",
+                              lambda: [*compression.available(), "auto"])
     error_feedback: bool = _field(False, "keep the compression residual and add it to the next gradient")
     ddp_hook: str = _field("none", "DDP communication hook (mode=ddp only): fp16 casts each bucket to half, "
                            "powersgd is PyTorch's powerSGD_hook (low-rank, error feedback and warm start on, plain "
@@ -207,6 +209,11 @@ class TrainConfig:
             raise ConfigError(f"--compression applies to --mode {ring_modes} only, not {self.mode}{hint}")
         if self.error_feedback and self.mode not in RING_MODES:
             raise ConfigError(f"--error-feedback applies to --mode {ring_modes} only, not {self.mode}")
+        if self.compression == "auto" and self.error_feedback:
+            raise ConfigError("--compression auto chooses error feedback with the codec; drop --error-feedback")
+        if self.compression == "auto" and self.warmup_steps < 2:
+            raise ConfigError(f"--compression auto measures during the warm-up: --warmup-steps must be >= 2 "
+                              f"(got {self.warmup_steps})")
         if self.error_feedback and self.compression == "none":
             lossy = "|".join(name for name in compression.available() if name != "none")
             raise ConfigError(f"--error-feedback needs a lossy --compression ({lossy})")

@@ -1,0 +1,145 @@
+"""``PipeSGD(compression="auto")`` (``pipesgd.auto``): the decision against fake measurements, the link terms that
+reproduce what was measured, every rank reaching the same choice from different measurements, a resume that keeps
+the choice without measuring again, a named codec never measured or changed, and the options it refuses."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from pipesgd import PipeSGD, auto
+from pipesgd.options import PipeSGDOptions
+from tests.distributed import run_ranks
+from tests.single_process import process_group  # noqa: F401 - a fixture
+
+WARMUP = 3
+
+
+def _measured(allreduce_s: float, small_allreduce_s: float, compute_s: float = 0.1) -> dict:
+    speeds = {f"{c}_{d}_Bps": 1e11 for c in auto.CANDIDATES for d in ("encode", "decode")}
+    return {"allreduce_s": allreduce_s, "small_allreduce_s": small_allreduce_s, "compute_s": compute_s, **speeds}
+
+
+# A 4 MB gradient on 4 ranks: at 100 Mbit/s the ring moves 1.5 x 4 MB in 0.48 s; at 10 Gbit/s in 4.8 ms.
+SLOW = _measured(0.48 + 6 * 1e-4, 0.48 / 64 + 6 * 1e-4)
+FAST = _measured(0.0048 + 6 * 1e-5, 0.0048 / 64 + 6 * 1e-5)
+
+
+@pytest.mark.parametrize("measured, width, want", [
+    (SLOW, 2, ("q4", True)),    # 480 ms uncompressed behind a 100 ms step: only q4's 60 ms hides
+    (FAST, 2, ("none", False)),  # 4.8 ms hides uncompressed
+    (FAST, 1, ("none", False)),  # under 5 % of the step: no codec needed even synchronously
+    (SLOW, 1, ("q4", True)),    # nothing hides at width 1: the fastest
+])
+def test_the_decision_from_measurements(measured, width, want):
+    choice = auto.decide(measured, nodes=4, grad_bytes=4e6, width=width)
+    assert (choice["compression"], choice["error_feedback"]) == want
+    assert "measured: compute 100 ms per step" in choice["reason"] and choice["measured"] == measured
+
+
+def test_the_link_terms_reproduce_both_measured_all_reduces():
+    terms = auto.link_terms(SLOW, nodes=4, grad_bytes=4e6)
+    for size, seconds in ((4e6, SLOW["allreduce_s"]), (4e6 / 64, SLOW["small_allreduce_s"])):
+        model = 6 * terms["latency_s"] + 1.5 * size / terms["bandwidth_Bps"]  # the ring: 2(p-1) hops of M/p
+        assert model == pytest.approx(seconds, rel=1e-9)
+    assert terms["bandwidth_Bps"] == pytest.approx(100e6 / 8, rel=1e-6)
+    assert auto.link_terms(SLOW, nodes=1, grad_bytes=4e6)["bandwidth_Bps"] == float("inf")
+
+
+def test_the_warmup_clock_times_the_callers_work_between_steps():
+    ticks = iter([0.010, 0.110, 0.115, 0.315, 0.320])  # ends at 0.01, 0.115, 0.32; the next begins at 0.11, 0.315
+    clock = auto.WarmupClock(lambda: next(ticks))
+    for _ in range(3):
+        clock.begin()
+        clock.end()
+    assert clock.gaps == pytest.approx([0.100, 0.200]) and clock.compute_s == pytest.approx(0.150)
+
+
+@pytest.mark.parametrize("options, needle", [
+    (dict(compression="auto", error_feedback=True), "chooses error feedback"),
+    (dict(compression="auto", warmup_steps=1), "warmup_steps must be >= 2"),
+])
+def test_what_auto_refuses(options, needle):
+    with pytest.raises(ValueError, match=needle):
+        PipeSGDOptions(**options)
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2))
+
+
+def _train(model: nn.Module, opt: PipeSGD, steps: range, rank: int = 0) -> None:
+    for t in steps:
+        g = torch.Generator().manual_seed(100 * t + rank)
+        model(torch.randn(4, 8, generator=g)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _ranks_choose(rank: int, world: int) -> dict:
+    # Each rank measures something else (rank 1 a fast link): the agreement takes the slowest.
+    auto.measure = lambda numel, device, group: {k: v for k, v in (FAST if rank else SLOW).items() if k != "compute_s"}
+    model = _model()
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
+    _train(model, opt, range(WARMUP + 4), rank)
+    opt.flush()
+    opt.check_replicas()
+    choice = dict(opt.auto_choice)
+    opt.close()
+    return {"choice": choice, "compression": opt.compression, "error_feedback": opt.options.error_feedback}
+
+
+def test_every_rank_reaches_the_same_choice_and_replicas_stay_identical():
+    results = run_ranks(_ranks_choose, 2)
+    assert results[0] == results[1]
+    assert results[0]["compression"] in ("q8", "q4") and results[0]["error_feedback"]  # the slow link's numbers
+
+
+def _no_measuring(*_args, **_kwargs):
+    raise AssertionError("measured again")
+
+
+def test_a_resumed_run_keeps_the_choice_without_measuring(process_group, monkeypatch):
+    monkeypatch.setattr(auto, "measure", lambda numel, device, group: dict(SLOW))
+    monkeypatch.setattr(auto, "decide", lambda measured, nodes, grad_bytes, width: {
+        "compression": "q8", "error_feedback": True, "reason": "a test", "measured": measured})
+    model = _model()
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
+    _train(model, opt, range(WARMUP + 2))
+    state = opt.state_dict()
+    assert state["auto"]["compression"] == "q8" and state["compression"] == "q8"
+    monkeypatch.setattr(auto, "measure", _no_measuring)
+    again = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
+    again.load_state_dict(state)
+    assert again.compression == "q8" and again.options.error_feedback and again.auto_choice["reason"] == "a test"
+    _train(model, again, range(WARMUP + 2, WARMUP + 5))
+    for wrapper in (opt, again):
+        wrapper.flush()
+        wrapper.close()
+
+
+def test_a_state_saved_during_the_warmup_chooses_at_its_end(process_group, monkeypatch):
+    monkeypatch.setattr(auto, "measure", lambda numel, device, group: dict(SLOW))
+    model = _model()
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
+    _train(model, opt, range(1))
+    state = opt.state_dict()
+    assert state["auto"] is None and state["compression"] == "auto"
+    again = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
+    again.load_state_dict(state)
+    _train(model, again, range(1, WARMUP))
+    assert again.auto_choice is not None and again.compression == again.auto_choice["compression"]
+    for wrapper in (opt, again):
+        wrapper.flush()
+        wrapper.close()
+
+
+def test_a_named_codec_is_never_measured_or_changed(process_group, monkeypatch):
+    monkeypatch.setattr(auto, "measure", _no_measuring)
+    model = _model()
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="bf16", warmup_steps=WARMUP)
+    _train(model, opt, range(WARMUP + 2))
+    assert opt.compression == "bf16" and opt.auto_choice is None and "auto" not in opt.state_dict()
+    opt.flush()
+    opt.close()
