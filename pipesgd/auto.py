@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from pipesgd.compression import build
 from pipesgd.compression.throughput import measure_codec_gbps
+from pipesgd.grads.buckets import Bucket
 
 AUTO = "auto"
 CANDIDATES = ("bf16", "q8", "q4")  # the lossy rungs of timing_model.recommend's ladder (sign only when asked)
@@ -57,6 +58,42 @@ class WarmupClock:
     def compute_s(self) -> float:
         """Median time between steps (0 when fewer than two steps were timed, e.g. right after a resume)."""
         return statistics.median(self.gaps) if self.gaps else 0.0
+
+
+class AutoCodec:
+    """A wrapper's ``compression="auto"``: times its warm-up steps and chooses at the last one (module doc)."""
+
+    def __init__(self, buckets: list[Bucket], width: int, warmup_steps: int, group: dist.ProcessGroup | None):
+        self._buckets, self._width, self._warmup, self._group = buckets, width, warmup_steps, group
+        self.clock = WarmupClock()
+        self.choice: dict | None = None  # made, or restored from a checkpoint
+
+    def begin(self, step: int) -> None:
+        if self.choice is None and step < self._warmup:
+            self.clock.begin()
+
+    def end(self, step: int) -> bool:
+        """After ``step()``'s work; True when this step made the choice (the wrapper then switches codecs)."""
+        if self.choice is not None or step >= self._warmup:
+            return False
+        self.clock.end()
+        if step < self._warmup - 1:
+            return False
+        self.choice = choose(self._buckets, self._width, self.clock, self._group)
+        return True
+
+
+def choose(buckets: list[Bucket], width: int, clock: WarmupClock, group: dist.ProcessGroup | None) -> dict:
+    """Steps 2 and 3 for a wrapper's buckets at the last warm-up step; logs the choice once (on rank 0)."""
+    numel = sum(bucket.numel for bucket in buckets)
+    grad_bytes = sum(bucket.numel * torch.empty(0, dtype=bucket.dtype).element_size() for bucket in buckets)
+    device = buckets[0].device if buckets else torch.device("cpu")
+    measured = measure(numel, device, group)
+    measured["compute_s"] = clock.compute_s
+    measured = agreed(measured, group, device)
+    choice = decide(measured, dist.get_world_size(group), grad_bytes, width)
+    announce(choice, dist.get_rank(group))
+    return choice
 
 
 def measure(numel: int, device: torch.device, group: dist.ProcessGroup | None,

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -151,8 +150,7 @@ class PipeSGD:
         self._state = WrapperState(identity, optimizer, self._params, self._buckets, self._pipeline, self._exchange,
                                    self._loss_scale, self._lookahead, user_group)
         # compression="auto": the warm-up times itself, and its last step chooses the codec (pipesgd.auto).
-        self._auto_clock = auto.WarmupClock() if compression == auto.AUTO else None
-        self.auto_choice: dict | None = None  # the choice and its reason, once made (or restored)
+        self._auto = auto.AutoCodec(self._buckets, width, warmup_steps, user_group) if compression == auto.AUTO else None
 
     # ----------------------------------------------------------------------------------------- public
     @property
@@ -175,6 +173,11 @@ class PipeSGD:
     def allreduce(self) -> str:
         """The all-reduce that runs the buckets, "ring", "alltoall" or "backend" ("auto" resolved)."""
         return self._exchange.allreduce
+
+    @property
+    def auto_choice(self) -> dict | None:
+        """With ``compression="auto"``, the choice and its reason once made or restored (``pipesgd.auto``)."""
+        return self._auto.choice if self._auto is not None else None
 
     @property
     def world_size(self) -> int:
@@ -202,9 +205,8 @@ class PipeSGD:
         """Hand this step's gradients to the ring; apply the averaged gradient of step t-K+1 if due."""
         self._check_usage()
         t = self._step
-        measuring = self._auto_clock is not None and self.auto_choice is None and t < self.options.warmup_steps
-        if measuring:
-            self._auto_clock.begin()
+        if self._auto is not None:
+            self._auto.begin(t)
         lookahead = self._lookahead
         if lookahead is not None:  # the master weights back before anything is applied to them
             lookahead.begin_step()
@@ -219,7 +221,7 @@ class PipeSGD:
         if lookahead is not None and self._pipeline.depth(t) > 1:  # its stand-in while its average is in flight
             lookahead.record(t, buffers.slots, self._loss_scale.scale_of(t) if self._loss_scale else None)
         # Step 2: hand off (under a delayed buffer mode with a snapshot of the buffers, reduced after the buckets).
-        job, t_buffers = self._job()
+        job, t_buffers = self._buffer_sync.job(self._exchange, self._channel.topology.group)
         self._pipeline.submit(t, self._channel.submit(self._participation.exchange, job, buffers, t))
         # Step 3: buffers, while the ring runs.
         if self._buffer_sync.active and not self._buffer_sync.delayed:
@@ -232,10 +234,8 @@ class PipeSGD:
         stats.t_buffers_s = t_buffers
         if lookahead is not None:
             stats.t_lookahead_s = lookahead.end_step()
-        if measuring:
-            self._auto_clock.end()
-            if t == self.options.warmup_steps - 1:  # nothing in flight: every rank is here, synchronously
-                self._choose_codec()
+        if self._auto is not None and self._auto.end(t):  # the warm-up's last step: nothing in flight
+            self._use_codec(self._auto.choice)
         self._step += 1
         self.last_stats = stats
         every = self.options.check_replicas_every
@@ -268,7 +268,8 @@ class PipeSGD:
             self._lookahead.restore()
         # Joins a peer's job of this step with zeros if that peer still trains (then both raise, naming this rank).
         def shadow() -> None:
-            self._job()[0]([bucket.empty().zero_() for bucket in self._buckets])
+            self._buffer_sync.job(self._exchange, self._channel.topology.group)[0](
+                [bucket.empty().zero_() for bucket in self._buckets])
 
         finished = None if alone else self._channel.submit(self._participation.finish, self._step, shadow)
         applied = [self._apply(entry, self._step) for entry in self._pipeline.flush()]
@@ -303,8 +304,8 @@ class PipeSGD:
 
         Waits for in-flight rings. Not a collective: saving on rank 0 alone is fine."""
         state = self._state.state_dict(self._step)
-        if self._auto_clock is not None:
-            state["auto"] = self.auto_choice  # None until the warm-up's last step has chosen
+        if self._auto is not None:
+            state["auto"] = self._auto.choice  # None until the warm-up's last step has chosen
         return state
 
     def consolidate_state_dict(self, to: int = 0) -> None:
@@ -318,8 +319,9 @@ class PipeSGD:
     def load_state_dict(self, state: dict) -> None:
         """Restore a ``state_dict()`` saved on any rank; refuses one from another model, width, codec or world
         size. Wrap first, then load (the state is PipeSGD's, not the inner optimizer's)."""
-        if self._auto_clock is not None and isinstance(state, dict) and state.get("auto"):
-            self._use_codec(state["auto"])  # the saved choice, not a new measurement
+        if self._auto is not None and isinstance(state, dict) and state.get("auto"):
+            self._auto.choice = dict(state["auto"])  # the saved choice, not a new measurement
+            self._use_codec(self._auto.choice)
         self._step = self._state.load_state_dict(state)
 
     # ----------------------------------------------------------------------------------------- internals
@@ -377,18 +379,6 @@ class PipeSGD:
         # An overflow's non-finite residual was already zeroed by the exchange, on the worker, in ring order.
         return stats
 
-    def _choose_codec(self) -> None:
-        """compression="auto" at the last warm-up step: measure, agree across ranks, decide (pipesgd.auto)."""
-        numel = sum(bucket.numel for bucket in self._buckets)
-        grad_bytes = sum(bucket.numel * torch.empty(0, dtype=bucket.dtype).element_size() for bucket in self._buckets)
-        device = self._buckets[0].device if self._buckets else torch.device("cpu")
-        measured = auto.measure(numel, device, self._user_group)
-        measured["compute_s"] = self._auto_clock.compute_s
-        measured = auto.agreed(measured, self._user_group, device)
-        choice = auto.decide(measured, self.world_size, grad_bytes, self.options.width)
-        self._use_codec(choice)
-        auto.announce(choice, dist.get_rank(self._user_group))
-
     def _use_codec(self, choice: dict) -> None:
         """Run the buckets with the chosen codec from now on (nothing in flight: at the end of the warm-up, or
         before a resumed run's first step)."""
@@ -398,22 +388,6 @@ class PipeSGD:
         self._exchange = GradientExchange(self._channel.topology, compressor, self.options.allreduce_for(compressor),
                                           ErrorFeedback(compressor) if self.options.error_feedback else None)
         self._state.use_exchange(self._exchange, choice["compression"])
-        self.auto_choice = dict(choice)
-
-    def _job(self):
-        """The worker's job for one step's buckets (under a delayed buffer mode with a snapshot of the buffers,
-        reduced after them) and the seconds the snapshot took (None without one)."""
-        if not (self._buffer_sync.active and self._buffer_sync.delayed):
-            return self._exchange, None
-        start = time.perf_counter()
-        job = partial(self._exchange_with_buffers, self._buffer_sync.snapshot())
-        return job, time.perf_counter() - start
-
-    def _exchange_with_buffers(self, snapshot: list[torch.Tensor], buckets: list[torch.Tensor]) -> ExchangeResult:
-        """On the ring's worker: the gradient exchange, then the buffer snapshot's reduction on the ring's group."""
-        result = self._exchange(buckets)
-        result.module_buffers = self._buffer_sync.reduce_(snapshot, self._channel.topology.group)
-        return result
 
     def _clip(self) -> float | None:
         """Clip the averaged gradient in ``p.grad`` to ``max_grad_norm``; its norm before clipping (None: off)."""

@@ -29,6 +29,9 @@ forward); ``StepStats.t_buffers_s`` measures it per step (for the delayed modes:
 """
 from __future__ import annotations
 
+import time
+from functools import partial
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -88,6 +91,16 @@ class BufferSync:
                     flat.zero_()
         return flats
 
+    def job(self, exchange, group: dist.ProcessGroup | None):
+        """The worker's job for one step's buckets, and the seconds its snapshot took (None without one): the
+        exchange alone, or under a delayed mode the exchange and then the reduction, on the ring's ``group``, of a
+        snapshot of the buffers taken now."""
+        if not (self.active and self.delayed):
+            return exchange, None
+        start = time.perf_counter()
+        job = partial(_exchange_then_reduce, exchange, self, self.snapshot(), group)
+        return job, time.perf_counter() - start
+
     def reduce_(self, flats: list[torch.Tensor], group: dist.ProcessGroup | None) -> list[torch.Tensor]:
         """Delayed modes, the ring's worker on the ring's group (the same ranks): every rank's snapshots summed,
         averages divided by the world size; in place, returned."""
@@ -105,6 +118,14 @@ class BufferSync:
 
     def _averages(self, dtype: torch.dtype) -> bool:
         return self._reduction == "average" and dtype.is_floating_point
+
+
+def _exchange_then_reduce(exchange, sync: "BufferSync", snapshot: list[torch.Tensor], group,
+                          buckets: list[torch.Tensor]):
+    """On the ring's worker: the gradient exchange, then the buffer snapshot's reduction on the ring's group."""
+    result = exchange(buckets)
+    result.module_buffers = sync.reduce_(snapshot, group)
+    return result
 
 
 def copy_into(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
