@@ -221,7 +221,7 @@ class PipeSGD:
         if lookahead is not None and self._pipeline.depth(t) > 1:  # its stand-in while its average is in flight
             lookahead.record(t, buffers.slots, self._loss_scale.scale_of(t) if self._loss_scale else None)
         # Step 2: hand off (under a delayed buffer mode with a snapshot of the buffers, reduced after the buckets).
-        job, t_buffers = self._buffer_sync.job(self._exchange, self._channel.topology.group)
+        job, t_buffers = self._buffer_sync.job(self._exchange, self._channel)
         self._pipeline.submit(t, self._channel.submit(self._participation.exchange, job, buffers, t))
         # Step 3: buffers, while the ring runs.
         if self._buffer_sync.active and not self._buffer_sync.delayed:
@@ -268,8 +268,7 @@ class PipeSGD:
             self._lookahead.restore()
         # Joins a peer's job of this step with zeros if that peer still trains (then both raise, naming this rank).
         def shadow() -> None:
-            self._buffer_sync.job(self._exchange, self._channel.topology.group)[0](
-                [bucket.empty().zero_() for bucket in self._buckets])
+            self._buffer_sync.job(self._exchange, self._channel)[0]([b.empty().zero_() for b in self._buckets])
 
         finished = None if alone else self._channel.submit(self._participation.finish, self._step, shadow)
         applied = [self._apply(entry, self._step) for entry in self._pipeline.flush()]

@@ -91,14 +91,14 @@ class BufferSync:
                     flat.zero_()
         return flats
 
-    def job(self, exchange, group: dist.ProcessGroup | None):
+    def job(self, exchange, channel):
         """The worker's job for one step's buckets, and the seconds its snapshot took (None without one): the
-        exchange alone, or under a delayed mode the exchange and then the reduction, on the ring's ``group``, of a
-        snapshot of the buffers taken now."""
+        exchange alone, or under a delayed mode the exchange and then the reduction, on the ring's group
+        (``channel.topology.group``, read only then), of a snapshot of the buffers taken now."""
         if not (self.active and self.delayed):
             return exchange, None
         start = time.perf_counter()
-        job = partial(_exchange_then_reduce, exchange, self, self.snapshot(), group)
+        job = partial(_exchange_then_reduce, exchange, self, self.snapshot(), channel.topology.group)
         return job, time.perf_counter() - start
 
     def reduce_(self, flats: list[torch.Tensor], group: dist.ProcessGroup | None) -> list[torch.Tensor]:
