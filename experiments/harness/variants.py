@@ -12,6 +12,9 @@ TRAINER_FLAGS: dict[str, list[str]] = {  # variant name: pipesgd-train flags
     "pipe+bf16": ["--mode", "pipe", "--width", "2", "--compression", "bf16"],
     "pipe+q8": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback"],
     "pipe+sign": ["--mode", "pipe", "--width", "2", "--compression", "sign", "--error-feedback"],
+    "pipe+q4": ["--mode", "pipe", "--width", "2", "--compression", "q4", "--error-feedback"],
+    # The codec chosen at the end of the warm-up from what it measured (issue 39)
+    "pipe+auto": ["--mode", "pipe", "--width", "2", "--compression", "auto"],
     "pipe-w3": ["--mode", "pipe", "--width", "3"],  # more width: more staleness, no more overlap to win
     # The paper's plain delayed update, beside the look-ahead default above (issue 36)
     "pipe-plain": ["--mode", "pipe", "--width", "2", "--staleness", "none"],
