@@ -6,15 +6,16 @@ slower than pipe+q8 on ResNet-20 at 100 Mbit/s), a lossy one it does not need co
 
 What, at the last warm-up step (nothing in flight, every rank inside ``step()``):
   Step 1: ``WarmupClock`` has timed the warm-up steps: the caller's compute is the time between one ``step()``
-          returning and the next starting (median).
-  Step 2: every rank makes the same timed calls: an uncompressed ``all_reduce`` at the gradient's size and at
-          1/64 of it (the link's per-call and per-byte cost, from two sizes), and one encode and decode of each
+          returning and the next starting, and the uncompressed all-reduce of the whole gradient is the time the
+          background worker spent on each warm-up step's exchange (``StepStats.t_comm_busy_s``); medians.
+  Step 2: every rank makes the same timed calls: an uncompressed ``all_reduce`` at 1/64 of the gradient's size
+          (with Step 1's, the link's per-call and per-byte cost from two sizes), and one encode and decode of each
           candidate codec on a tensor of the gradient's size (at most 4 M elements).
   Step 3: the measurements are all-reduced (max), so every rank holds the same numbers and reaches the same
           decision: ``timing_model.recommend`` at the wrapper's width, with each codec's own measured speed.
 The choice (codec, error feedback, reason, measurements) is logged once, kept in ``state_dict()`` (a resumed run
 uses it without measuring again) and readable as ``PipeSGD.auto_choice``. Cost: the warm-up steps, which run
-anyway, plus 8 all-reduces and one encode and decode per codec, once.
+anyway, plus 4 all-reduces of 1/64 of the gradient and two encodes and decodes per codec, once.
 """
 from __future__ import annotations
 
@@ -46,18 +47,25 @@ class WarmupClock:
         self._clock = clock
         self._ended: float | None = None
         self.gaps: list[float] = []
+        self.comm_busy: list[float] = []  # each warm-up step's exchange, as the background worker timed it
 
     def begin(self) -> None:
         if self._ended is not None:
             self.gaps.append(self._clock() - self._ended)
 
-    def end(self) -> None:
+    def end(self, comm_busy_s: float = 0.0) -> None:
         self._ended = self._clock()
+        self.comm_busy.append(comm_busy_s)
 
     @property
     def compute_s(self) -> float:
         """Median time between steps (0 when fewer than two steps were timed, e.g. right after a resume)."""
         return statistics.median(self.gaps) if self.gaps else 0.0
+
+    @property
+    def allreduce_s(self) -> float:
+        """Median time of a warm-up step's uncompressed all-reduce of the whole gradient."""
+        return statistics.median(self.comm_busy) if self.comm_busy else 0.0
 
 
 class AutoCodec:
@@ -72,11 +80,12 @@ class AutoCodec:
         if self.choice is None and step < self._warmup:
             self.clock.begin()
 
-    def end(self, step: int) -> bool:
-        """After ``step()``'s work; True when this step made the choice (the wrapper then switches codecs)."""
+    def end(self, step: int, comm_busy_s: float) -> bool:
+        """After ``step()``'s work (``comm_busy_s``: its exchange's time on the worker); True when this step made
+        the choice (the wrapper then switches codecs)."""
         if self.choice is not None or step >= self._warmup:
             return False
-        self.clock.end()
+        self.clock.end(comm_busy_s)
         if step < self._warmup - 1:
             return False
         self.choice = choose(self._buckets, self._width, self.clock, self._group)
@@ -88,9 +97,9 @@ def choose(buckets: list[Bucket], width: int, clock: WarmupClock, group: dist.Pr
     numel = sum(bucket.numel for bucket in buckets)
     grad_bytes = sum(bucket.numel * torch.empty(0, dtype=bucket.dtype).element_size() for bucket in buckets)
     device = buckets[0].device if buckets else torch.device("cpu")
-    measured = measure(numel, device, group)
-    measured["compute_s"] = clock.compute_s
-    measured = agreed(measured, group, device)
+    # measure()'s numbers win over the clock's (a test may give them all)
+    measured = agreed({"compute_s": clock.compute_s, "allreduce_s": clock.allreduce_s,
+                       **measure(numel, device, group)}, group, device)
     choice = decide(measured, dist.get_world_size(group), grad_bytes, width)
     announce(choice, dist.get_rank(group))
     return choice
@@ -98,10 +107,10 @@ def choose(buckets: list[Bucket], width: int, clock: WarmupClock, group: dist.Pr
 
 def measure(numel: int, device: torch.device, group: dist.ProcessGroup | None,
             clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
-    """Step 2 on this rank: seconds of an uncompressed all-reduce at ``numel`` fp32 elements and at 1/64 of it,
-    and encode/decode throughput (fp32 bytes/s) of every candidate codec."""
+    """Step 2 on this rank: seconds of an uncompressed all-reduce of 1/64 of ``numel`` fp32 elements, and
+    encode/decode throughput (fp32 bytes/s) of every candidate codec."""
     measured = {}
-    for name, size in (("allreduce_s", numel), ("small_allreduce_s", max(numel // SMALL_FRACTION, 1))):
+    for name, size in (("small_allreduce_s", max(numel // SMALL_FRACTION, 1)),):
         x = torch.zeros(size, dtype=torch.float32, device=device)
         dist.all_reduce(x, group=group)  # the first call sets up what the next ones reuse
         times = []

@@ -234,7 +234,7 @@ class PipeSGD:
         stats.t_buffers_s = t_buffers
         if lookahead is not None:
             stats.t_lookahead_s = lookahead.end_step()
-        if self._auto is not None and self._auto.end(t):  # the warm-up's last step: nothing in flight
+        if self._auto is not None and self._auto.end(t, stats.t_comm_busy_s):  # the warm-up's end: none in flight
             self._use_codec(self._auto.choice)
         self._step += 1
         self.last_stats = stats
