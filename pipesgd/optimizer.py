@@ -150,7 +150,8 @@ class PipeSGD:
         self._state = WrapperState(identity, optimizer, self._params, self._buckets, self._pipeline, self._exchange,
                                    self._loss_scale, self._lookahead, user_group)
         # compression="auto": the warm-up times itself, and its last step chooses the codec (pipesgd.auto).
-        self._auto = auto.AutoCodec(self._buckets, width, warmup_steps, user_group) if compression == auto.AUTO else None
+        self._auto = auto.AutoCodec(self._buckets, width, warmup_steps, user_group) \
+            if compression == auto.AUTO else None
 
     # ----------------------------------------------------------------------------------------- public
     @property

@@ -7,10 +7,13 @@ import pytest
 from experiments.harness.fidelity import summary
 from experiments.harness.fidelity_report import markdown
 from experiments.harness.speed import speed_table
-from experiments.harness.variants import (ACCURACY_VARIANTS, COMPARISON_VARIANTS, CONVENTIONAL_BASELINES,
-                                         DDP_BASELINES, DEFAULT_FIDELITY_VARIANTS, FIDELITY_VARIANTS, PIPE_VARIANTS,
-                                         SPEED_VARIANTS, TIME_TO_ACCURACY_VARIANTS, TRAINER_FLAGS, trainer_flags)
+from experiments.harness.comparison_config import load_config
+from experiments.harness.variants import (ACCURACY_VARIANTS, AUTO_CHOICE_VARIANTS, COMPARISON_VARIANTS,
+                                         CONVENTIONAL_BASELINES, DDP_BASELINES, DEFAULT_FIDELITY_VARIANTS,
+                                         FIDELITY_VARIANTS, PIPE_VARIANTS, SPEED_VARIANTS, TIME_TO_ACCURACY_VARIANTS, TRAINER_FLAGS, trainer_flags)
 from pipesgd.runlog.results import Run
+
+AUTO_CHOICE_CONFIG = "experiments/configs/auto_choice.toml"
 
 
 def test_variants_are_the_flags_the_experiments_ran():
@@ -22,7 +25,10 @@ def test_variants_are_the_flags_the_experiments_ran():
                                  "ps-async")
     assert set(DEFAULT_FIDELITY_VARIANTS) <= set(FIDELITY_VARIANTS)
     # every variant of the table is run by some experiment (issue 12's grid added pipe+sign, pipe-w3, ddp+powersgd)
-    assert set(SPEED_VARIANTS) | set(FIDELITY_VARIANTS) | set(TIME_TO_ACCURACY_VARIANTS) == set(TRAINER_FLAGS)
+    assert set(SPEED_VARIANTS) | set(FIDELITY_VARIANTS) | set(TIME_TO_ACCURACY_VARIANTS) | set(
+        AUTO_CHOICE_VARIANTS) == set(TRAINER_FLAGS)
+    assert trainer_flags("pipe+auto") == ["--mode", "pipe", "--width", "2", "--compression", "auto"]
+    assert tuple(load_config(AUTO_CHOICE_CONFIG).variants) == AUTO_CHOICE_VARIANTS
     assert trainer_flags("pipe+sign") == ["--mode", "pipe", "--width", "2", "--compression", "sign", "--error-feedback"]
     assert trainer_flags("pipe-w3") == ["--mode", "pipe", "--width", "3"]
     assert trainer_flags("ddp+powersgd") == ["--mode", "ddp", "--ddp-hook", "powersgd"]

@@ -23,7 +23,8 @@ SUBCOMMANDS = (predict, sweep, recommend, calibrate, validate)  # each: add_pars
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog=PROG, description="Pipe-SGD timing model: predict, sweep, recommend, calibrate, validate.")
+    parser = OneLineParser(prog=PROG,
+                           description="Pipe-SGD timing model: predict, sweep, recommend, calibrate, validate.")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in SUBCOMMANDS:
         command.add_parser(sub)

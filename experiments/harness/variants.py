@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __all__ = ["TRAINER_FLAGS", "SPEED_VARIANTS", "ACCURACY_VARIANTS", "FIDELITY_VARIANTS", "DEFAULT_FIDELITY_VARIANTS",
            "COMPARISON_VARIANTS", "PLAIN_VARIANTS", "TIME_TO_ACCURACY_VARIANTS", "PIPE_VARIANTS",
-           "CONVENTIONAL_BASELINES", "DDP_BASELINES", "trainer_flags"]
+           "AUTO_CHOICE_VARIANTS", "CONVENTIONAL_BASELINES", "DDP_BASELINES", "trainer_flags"]
 
 TRAINER_FLAGS: dict[str, list[str]] = {  # variant name: pipesgd-train flags
     "sync": ["--mode", "sync"],
@@ -43,6 +43,8 @@ COMPARISON_VARIANTS = ("ps-sync", "ps-async", "sync", "ddp", "ddp+fp16", "ddp+po
 PLAIN_VARIANTS = ("pipe-plain", "pipe+q8-plain")
 TIME_TO_ACCURACY_VARIANTS = COMPARISON_VARIANTS + PLAIN_VARIANTS
 PIPE_VARIANTS = ("pipe", "pipe+bf16", "pipe+q8", "pipe+sign", "pipe-w3")  # the Pipe-SGD side of the speedup tables
+# issue 39 (configs/auto_choice.toml): --compression auto against every codec it chooses among
+AUTO_CHOICE_VARIANTS = ("pipe", "pipe+bf16", "pipe+q8", "pipe+q4", "pipe+auto")
 CONVENTIONAL_BASELINES = ("ps-sync", "ps-async", "sync")  # the paper's "conventional approaches"
 DDP_BASELINES = ("ddp", "ddp+fp16", "ddp+powersgd")  # the peers users would pick today
 
