@@ -10,7 +10,8 @@ from experiments.harness.speed import speed_table
 from experiments.harness.comparison_config import load_config
 from experiments.harness.variants import (ACCURACY_VARIANTS, AUTO_CHOICE_VARIANTS, COMPARISON_VARIANTS,
                                          CONVENTIONAL_BASELINES, DDP_BASELINES, DEFAULT_FIDELITY_VARIANTS,
-                                         FIDELITY_VARIANTS, PIPE_VARIANTS, SPEED_VARIANTS, TIME_TO_ACCURACY_VARIANTS, TRAINER_FLAGS, trainer_flags)
+                                         FIDELITY_VARIANTS, PIPE_VARIANTS, SPEED_VARIANTS, TIME_TO_ACCURACY_VARIANTS,
+                                         TRAINER_FLAGS, trainer_flags)
 from pipesgd.runlog.results import Run
 
 AUTO_CHOICE_CONFIG = "experiments/configs/auto_choice.toml"
