@@ -144,6 +144,10 @@ def run(cfg: TrainConfig, ds, rank: int, world_size: int, local_rank: int, debug
             write_config_files(cfg)
         summary = train(cfg, ds, model, strategy, device, metrics, rank, world_size, start, watchdog)
         if summary is not None:  # before the trace: a trace that cannot be written must not cost the summary
+            choice = getattr(strategy.opt, "auto_choice", None)
+            if choice is not None:  # --compression auto: what the warm-up chose, and the all-reduce it runs in
+                summary["auto_choice"] = {**{k: choice[k] for k in ("compression", "error_feedback", "reason")},
+                                          "allreduce": strategy.opt.allreduce}
             metrics.write_summary(summary)
             print(format_summary(cfg, summary), flush=True)
         if cfg.trace:
