@@ -95,34 +95,32 @@ class AutoCodec:
 def choose(buckets: list[Bucket], width: int, clock: WarmupClock, group: dist.ProcessGroup | None) -> dict:
     """Steps 2 and 3 for a wrapper's buckets at the last warm-up step; logs the choice once (on rank 0)."""
     numel = sum(bucket.numel for bucket in buckets)
-    grad_bytes = sum(bucket.numel * torch.empty(0, dtype=bucket.dtype).element_size() for bucket in buckets)
-    device = buckets[0].device if buckets else torch.device("cpu")
+    grad_bytes = sum(bucket.numel * bucket.dtype.itemsize for bucket in buckets)
+    device, dtype = (buckets[0].device, buckets[0].dtype) if buckets else (torch.device("cpu"), torch.float32)
     # measure()'s numbers win over the clock's (a test may give them all)
     measured = agreed({"compute_s": clock.compute_s, "allreduce_s": clock.allreduce_s,
-                       **measure(numel, device, group)}, group, device)
+                       **measure(numel, device, dtype, group)}, group, device)
     choice = decide(measured, dist.get_world_size(group), grad_bytes, width)
     announce(choice, dist.get_rank(group))
     return choice
 
 
-def measure(numel: int, device: torch.device, group: dist.ProcessGroup | None,
-            clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
-    """Step 2 on this rank: seconds of an uncompressed all-reduce of 1/64 of ``numel`` fp32 elements, and
-    encode/decode throughput (fp32 bytes/s) of every candidate codec."""
-    measured = {}
-    for name, size in (("small_allreduce_s", max(numel // SMALL_FRACTION, 1)),):
-        x = torch.zeros(size, dtype=torch.float32, device=device)
-        dist.all_reduce(x, group=group)  # the first call sets up what the next ones reuse
-        times = []
-        for _ in range(REPEATS):
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            start = clock()
-            dist.all_reduce(x, group=group)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(clock() - start)
-        measured[name] = statistics.median(times)
+def measure(numel: int, device: torch.device, dtype: torch.dtype,
+            group: dist.ProcessGroup | None) -> dict[str, float]:
+    """Step 2 on this rank: seconds of an uncompressed all-reduce of 1/64 of ``numel`` elements of the buckets'
+    ``dtype``, and encode/decode throughput (fp32 bytes/s) of every candidate codec."""
+    x = torch.zeros(max(numel // SMALL_FRACTION, 1), dtype=dtype, device=device)
+    dist.all_reduce(x, group=group)  # the first call sets up what the next ones reuse
+    times = []
+    for _ in range(REPEATS):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        dist.all_reduce(x, group=group)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    measured = {"small_allreduce_s": statistics.median(times)}
     for codec in CANDIDATES:
         encode, decode = measure_codec_gbps(build(codec), numel=min(numel, CODEC_SAMPLE), repeats=1, device=device)
         measured[f"{codec}_encode_Bps"], measured[f"{codec}_decode_Bps"] = encode * 1e9, decode * 1e9

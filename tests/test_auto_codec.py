@@ -79,7 +79,8 @@ def _train(model: nn.Module, opt: PipeSGD, steps: range, rank: int = 0) -> None:
 
 def _ranks_choose(rank: int, world: int) -> dict:
     # Each rank measures something else (rank 1 a fast link): the agreement takes the slowest.
-    auto.measure = lambda numel, device, group: {k: v for k, v in (FAST if rank else SLOW).items() if k != "compute_s"}
+    measured = FAST if rank else SLOW
+    auto.measure = lambda numel, device, dtype, group: {k: v for k, v in measured.items() if k != "compute_s"}
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
     _train(model, opt, range(WARMUP + 4), rank)
@@ -101,7 +102,7 @@ def _no_measuring(*_args, **_kwargs):
 
 
 def test_a_resumed_run_keeps_the_choice_without_measuring(process_group, monkeypatch):
-    monkeypatch.setattr(auto, "measure", lambda numel, device, group: dict(SLOW))
+    monkeypatch.setattr(auto, "measure", lambda numel, device, dtype, group: dict(SLOW))
     monkeypatch.setattr(auto, "decide", lambda measured, nodes, grad_bytes, width: {
         "compression": "q8", "error_feedback": True, "reason": "a test", "measured": measured})
     model = _model()
@@ -120,7 +121,7 @@ def test_a_resumed_run_keeps_the_choice_without_measuring(process_group, monkeyp
 
 
 def test_a_state_saved_during_the_warmup_chooses_at_its_end(process_group, monkeypatch):
-    monkeypatch.setattr(auto, "measure", lambda numel, device, group: dict(SLOW))
+    monkeypatch.setattr(auto, "measure", lambda numel, device, dtype, group: dict(SLOW))
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
     _train(model, opt, range(1))

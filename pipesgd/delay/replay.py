@@ -83,12 +83,10 @@ class OptimizerReplay:
             rule.start()
         applied = 0
         for grads, scale, writable in steps:
-            if scale is not None or rule is None:  # unscaling writes them, and so may the replica optimizer
-                grads = [self._as_param_dtype(g, p) for g, p in zip(grads, self._params)] if writable else \
-                    self._copied(grads)
-                writable = True
-            else:
-                grads = [self._as_param_dtype(g, p) for g, p in zip(grads, self._params)]
+            # Unscaling writes them, and so may the replica optimizer: read-only ones are copied to scratch first.
+            copy = not writable and (scale is not None or rule is None)
+            grads = self._copied(grads) if copy else [self._as_param_dtype(g, p) for g, p in zip(grads, self._params)]
+            writable = writable or copy
             if scale is not None:
                 torch._foreach_mul_(grads, 1.0 / scale)  # a power of two: the applied step's unscale, bit for bit
             if (scale is not None or skip_nonfinite) and not all(all_finite(g) for g in grads):
