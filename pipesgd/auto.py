@@ -1,28 +1,45 @@
-"""``PipeSGD(compression="auto")``: the codec chosen from the warm-up's own measurements (issue 39).
+"""``PipeSGD(compression="auto", width="auto")``: width and codec chosen from the run's own measurements (issue 39).
 
-Why: a user who does not know the cluster's bandwidth guesses the codec; no codec on a slow link costs speed (2.7x
-slower than pipe+q8 on ResNet-20 at 100 Mbit/s), a lossy one it does not need costs accuracy. The first
-``warmup_steps`` steps run synchronously and uncompressed anyway, so they can measure what the timing model needs.
+Why: a user who does not know the cluster's bandwidth guesses the width and codec; no codec on a slow link costs
+speed (2.7x slower than pipe+q8 on ResNet-20 at 100 Mbit/s), a lossy one or a width it does not need costs
+accuracy. The first ``warmup_steps`` steps run synchronously anyway, so they can measure what the timing model needs.
 
 What, at the last warm-up step (nothing in flight, every rank inside ``step()``):
-  Step 1: ``WarmupClock`` has timed the warm-up steps: the caller's compute is the time between one ``step()``
-          returning and the next starting, and the uncompressed all-reduce of the whole gradient is the time the
-          background worker spent on each warm-up step's exchange (``StepStats.t_comm_busy_s``); medians.
-  Step 2: every rank makes the same timed calls: an uncompressed ``all_reduce`` at 1/64 of the gradient's size
-          (with Step 1's, the link's per-call and per-byte cost from two sizes), and one encode and decode of each
-          candidate codec on a tensor of the gradient's size (at most 4 M elements).
+  Step 1: ``StepClock`` has timed the warm-up steps: the caller's compute is the time between one ``step()``
+          returning and the next starting, and the exchange of the whole gradient (uncompressed under
+          ``compression="auto"``, else the user's codec) is the time the background worker spent on each warm-up
+          step's exchange (``StepStats.t_comm_busy_s``); medians.
+  Step 2: every rank makes the same timed calls: an uncompressed ``all_reduce`` at 1/64 of the gradient's size,
+          and one encode and decode of each codec the choice may use on a tensor of the gradient's size (at most 4 M
+          elements). ``link_terms`` finds the link's latency and bandwidth for which the timing model reproduces
+          both all-reduces.
   Step 3: the measurements are all-reduced (max), so every rank holds the same numbers and reaches the same
-          decision: ``timing_model.recommend`` at the wrapper's width, with each codec's own measured speed.
-The choice (codec, error feedback, reason, measurements) is logged once, kept in ``state_dict()`` (a resumed run
-uses it without measuring again) and readable as ``PipeSGD.auto_choice``. Cost: the warm-up steps, which run
-anyway, plus 4 all-reduces of 1/64 of the gradient and two encodes and decodes per codec, once.
+          decision: ``timing_model.recommend`` over the knobs left to it (a width or codec the user named is kept).
+The choice (width, codec, error feedback, reason, measurements) is logged once, kept in ``state_dict()`` (a resumed
+run uses it without measuring again), readable as ``PipeSGD.auto_choice`` and in the step's ``StepStats``. Cost: the
+warm-up steps, which run anyway, plus 4 all-reduces of 1/64 of the gradient and two encodes and decodes per codec.
+
+Re-check (``auto_recheck_every=N``, off by default): every N steps after the warm-up it looks at the last N steps
+(their compute gaps and their exchanges' busy time with the codec in use; one small agreement all-reduce, no other
+traffic). It decides again only in a configuration's first window, or when compute or the exchange moved
+``CHANGED``-fold from that configuration's first window (the cluster changed, not the noise); then the same decision
+as at the warm-up, from the latency and codec speeds the warm-up measured, with each codec's exchange time as last
+measured while the pipeline ran in place of the model's (measured beats modelled: under overlap the codecs run
+slower than alone). It switches only for a predicted gain: to a less exact codec or a wider pipeline for a
+``SWITCH_GAIN`` faster iteration, to a more exact or narrower one when that one hides its all-reduce. So a run
+visits each configuration at most once until something moves. A switch drains the pipeline first (every step in
+flight is applied, as ``flush()`` does, so replicas stay identical), then refills it as after the warm-up.
+Error-feedback residuals carry over when the new codec keeps feedback on the same all-reduce (they are gradient
+values not yet sent, whatever the codec); otherwise they are dropped (at most one step's rounding error).
 """
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -33,29 +50,56 @@ from pipesgd.grads.buckets import Bucket
 
 AUTO = "auto"
 CANDIDATES = ("bf16", "q8", "q4")  # the lossy rungs of timing_model.recommend's ladder (sign only when asked)
+MAX_WIDTH = 3  # recommend's widest: the model never prefers a wider pipeline for speed alone
 SMALL_FRACTION = 64  # the second all-reduce size: 1/64 of the gradient
 REPEATS = 3
 CODEC_SAMPLE = 4_000_000  # elements at most for a codec's timed encode and decode
+SWITCH_GAIN = 1.25  # a re-check gives up exactness or narrowness only for a predicted 25 % faster iteration
+CHANGED = 1.5  # a re-check decides again only when compute or the exchange moved this much (either way)
 
 log = logging.getLogger("pipesgd")
 
 
-class WarmupClock:
-    """When each warm-up ``step()`` began and ended; the caller's compute lies between one's end and the next."""
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    """What the user fixed (None: left to the choice) and what the warm-up runs with."""
+
+    width: int | None
+    compression: str | None
+    error_feedback: bool | None  # fixed with a named codec
+
+    def measured_with(self) -> tuple[str, bool]:
+        """The codec of the warm-up's exchanges: the user's, else none."""
+        return (self.compression, bool(self.error_feedback)) if self.compression is not None else ("none", False)
+
+    def codecs_to_time(self) -> tuple[str, ...]:
+        if self.compression is None:
+            return CANDIDATES
+        return () if self.compression == "none" else (self.compression,)
+
+
+class StepClock:
+    """When each ``step()`` began and ended (the caller's compute lies between one's end and the next), and the
+    background worker's busy time on each exchange the steps applied."""
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._clock = clock
         self._ended: float | None = None
         self.gaps: list[float] = []
-        self.comm_busy: list[float] = []  # each warm-up step's exchange, as the background worker timed it
+        self.comm_busy: list[float] = []
 
     def begin(self) -> None:
         if self._ended is not None:
             self.gaps.append(self._clock() - self._ended)
 
-    def end(self, comm_busy_s: float = 0.0) -> None:
+    def end(self, comm_busy_s: float | None = 0.0) -> None:
         self._ended = self._clock()
-        self.comm_busy.append(comm_busy_s)
+        if comm_busy_s is not None:  # None: the step applied nothing (the pipeline fills)
+            self.comm_busy.append(comm_busy_s)
+
+    def reset(self) -> None:
+        """Start a new window (the gap right after a re-check, which includes its drain, is not compute)."""
+        self._ended, self.gaps, self.comm_busy = None, [], []
 
     @property
     def compute_s(self) -> float:
@@ -63,52 +107,109 @@ class WarmupClock:
         return statistics.median(self.gaps) if self.gaps else 0.0
 
     @property
-    def allreduce_s(self) -> float:
-        """Median time of a warm-up step's uncompressed all-reduce of the whole gradient."""
+    def comm_s(self) -> float:
+        """Median busy time of an exchange of the whole gradient."""
         return statistics.median(self.comm_busy) if self.comm_busy else 0.0
 
 
-class AutoCodec:
-    """A wrapper's ``compression="auto"``: times its warm-up steps and chooses at the last one (module doc)."""
+class AutoConfig:
+    """A wrapper's ``width="auto"`` and/or ``compression="auto"``: times its steps, chooses at the last warm-up
+    step and, with ``recheck_every``, again every that many steps (module doc)."""
 
-    def __init__(self, buckets: list[Bucket], width: int, warmup_steps: int, group: dist.ProcessGroup | None):
-        self._buckets, self._width, self._warmup, self._group = buckets, width, warmup_steps, group
-        self.clock = WarmupClock()
+    def __init__(self, buckets: list[Bucket], knobs: Knobs, warmup_steps: int, group: dist.ProcessGroup | None,
+                 recheck_every: int = 0, codec_options: dict | None = None) -> None:
+        self._buckets, self.knobs, self._warmup, self._group = buckets, knobs, warmup_steps, group
+        self._every, self._codec_options = recheck_every, dict(codec_options or {})
+        self.clock = StepClock()
         self.choice: dict | None = None  # made, or restored from a checkpoint
 
+    def _timing(self, step: int) -> bool:
+        if self.choice is None:
+            return step < self._warmup
+        return bool(self._every) and step >= self._warmup
+
     def begin(self, step: int) -> None:
-        if self.choice is None and step < self._warmup:
+        if self._timing(step):
             self.clock.begin()
 
-    def end(self, step: int, comm_busy_s: float) -> bool:
-        """After ``step()``'s work (``comm_busy_s``: its exchange's time on the worker); True when this step made
-        the choice (the wrapper then switches codecs)."""
-        if self.choice is not None or step >= self._warmup:
-            return False
+    def end(self, step: int, comm_busy_s: float | None) -> dict | None:
+        """After ``step()``'s work (``comm_busy_s``: the applied exchange's time on the worker, None: nothing
+        applied). Returns a choice to run from the next step on (the wrapper drains what is in flight first): at
+        the warm-up's last step, and at a re-check that switches."""
+        if not self._timing(step):
+            return None
         self.clock.end(comm_busy_s)
-        if step < self._warmup - 1:
-            return False
-        self.choice = choose(self._buckets, self._width, self.clock, self._group)
-        return True
+        if self.choice is None:
+            if step < self._warmup - 1:
+                return None
+            self.choice = first_choice(self._buckets, self.knobs, self.clock, self._group, self._codec_options)
+            self.choice["step"] = step
+            return self.choice
+        if (step + 1 - self._warmup) % self._every or not self.clock.comm_busy:
+            return None
+        new = recheck(self._buckets, self.knobs, self.choice, self.clock, self._group)
+        self.clock.reset()
+        if new is not None:
+            new["step"] = step
+            self.choice = new
+        return new
 
 
-def choose(buckets: list[Bucket], width: int, clock: WarmupClock, group: dist.ProcessGroup | None) -> dict:
-    """Steps 2 and 3 for a wrapper's buckets at the last warm-up step; logs the choice once (on rank 0)."""
-    numel = sum(bucket.numel for bucket in buckets)
-    grad_bytes = sum(bucket.numel * bucket.dtype.itemsize for bucket in buckets)
-    device, dtype = (buckets[0].device, buckets[0].dtype) if buckets else (torch.device("cpu"), torch.float32)
+def first_choice(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: dist.ProcessGroup | None,
+                 codec_options: dict | None = None) -> dict:
+    """Steps 2 and 3 at the last warm-up step; logs the choice once (on rank 0)."""
+    numel, grad_bytes, device, dtype = _gradient(buckets)
     # measure()'s numbers win over the clock's (a test may give them all)
-    measured = agreed({"compute_s": clock.compute_s, "allreduce_s": clock.allreduce_s,
-                       **measure(numel, device, dtype, group)}, group, device)
-    choice = decide(measured, dist.get_world_size(group), grad_bytes, width)
+    measured = agreed({"compute_s": clock.compute_s, "comm_s": clock.comm_s,
+                       **measure(numel, device, dtype, group, knobs.codecs_to_time(), codec_options)}, group, device)
+    choice = decide(measured, dist.get_world_size(group), grad_bytes, knobs, knobs.measured_with())
     announce(choice, dist.get_rank(group))
     return choice
 
 
-def measure(numel: int, device: torch.device, dtype: torch.dtype,
-            group: dist.ProcessGroup | None) -> dict[str, float]:
+def recheck(buckets: list[Bucket], knobs: Knobs, current: dict, clock: StepClock,
+            group: dist.ProcessGroup | None) -> dict | None:
+    """The re-check: the last window's compute and exchange times (agreed) with the warm-up's latency and codec
+    speeds; a new choice when it switches (module doc), else None. It decides only in a running configuration's
+    first window or when a window moved ``CHANGED``-fold from that configuration's reference (its first window),
+    and uses each codec's exchange time as last measured while the pipeline ran (``current["ran"]``, updated in
+    place) in place of the model's."""
+    _, grad_bytes, device, _ = _gradient(buckets)
+    window = agreed({"compute_s": clock.compute_s, "comm_s": clock.comm_s}, group, device)
+    running = (current["compression"], bool(current["error_feedback"]))
+    key, ran = codec_key(*running), current.setdefault("ran", {})
+    reference = current.get("reference") or ({**window, "comm_s": ran[key]} if key in ran else None)
+    if reference is not None and not _moved(window, reference):
+        current["reference"] = reference
+        return None
+    current["reference"], ran[key] = window, window["comm_s"]
+    now = (current.get("width"), *running)
+    choice = decide({**current["measured"], **window}, dist.get_world_size(group), grad_bytes, knobs, running,
+                    now=now, ran=ran)
+    if choice is None:
+        return None
+    choice["reason"], choice["ran"] = f"re-check: {choice['reason']}", dict(ran)
+    announce(choice, dist.get_rank(group))
+    return choice
+
+
+def _moved(window: dict[str, float], reference: dict[str, float]) -> bool:
+    """A window's compute or exchange time ``CHANGED``-fold (either way) from the reference's."""
+    return any(max(window[k], reference[k]) > CHANGED * max(min(window[k], reference[k]), 1e-9)
+               for k in ("compute_s", "comm_s"))
+
+
+def _gradient(buckets: list[Bucket]) -> tuple[int, float, torch.device, torch.dtype]:
+    numel = sum(bucket.numel for bucket in buckets)
+    grad_bytes = sum(bucket.numel * bucket.dtype.itemsize for bucket in buckets)
+    device, dtype = (buckets[0].device, buckets[0].dtype) if buckets else (torch.device("cpu"), torch.float32)
+    return numel, grad_bytes, device, dtype
+
+
+def measure(numel: int, device: torch.device, dtype: torch.dtype, group: dist.ProcessGroup | None,
+            codecs: tuple[str, ...] = CANDIDATES, codec_options: dict | None = None) -> dict[str, float]:
     """Step 2 on this rank: seconds of an uncompressed all-reduce of 1/64 of ``numel`` elements of the buckets'
-    ``dtype``, and encode/decode throughput (fp32 bytes/s) of every candidate codec."""
+    ``dtype``, and encode/decode throughput (fp32 bytes/s) of every codec in ``codecs``."""
     x = torch.zeros(max(numel // SMALL_FRACTION, 1), dtype=dtype, device=device)
     dist.all_reduce(x, group=group)  # the first call sets up what the next ones reuse
     times = []
@@ -121,8 +222,10 @@ def measure(numel: int, device: torch.device, dtype: torch.dtype,
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
     measured = {"small_allreduce_s": statistics.median(times)}
-    for codec in CANDIDATES:
-        encode, decode = measure_codec_gbps(build(codec), numel=min(numel, CODEC_SAMPLE), repeats=1, device=device)
+    for codec in codecs:  # a user's named codec with the user's options
+        options = codec_options if codec not in CANDIDATES or len(codecs) == 1 else {}
+        encode, decode = measure_codec_gbps(build(codec, **(options or {})), numel=min(numel, CODEC_SAMPLE),
+                                            repeats=1, device=device)
         measured[f"{codec}_encode_Bps"], measured[f"{codec}_decode_Bps"] = encode * 1e9, decode * 1e9
     return measured
 
@@ -136,43 +239,101 @@ def agreed(measured: dict[str, float], group: dist.ProcessGroup | None, device: 
     return dict(zip(names, values.tolist()))
 
 
-def decide(measured: dict[str, float], nodes: int, grad_bytes: float, width: int) -> dict:
-    """The codec ``timing_model.recommend`` picks at ``width`` from the measurements (the same on every rank):
-    {"compression", "error_feedback", "reason", "measured"}."""
-    from timing_model.predict import Scenario, predict
-    from timing_model.recommend import recommend
+def codec_key(compression: str, error_feedback: bool) -> str:
+    return compression + ("+ef" if error_feedback and compression != "none" else "")
 
-    scenario = Scenario(nodes=nodes, grad_bytes=grad_bytes, compute_s=measured["compute_s"],
-                        **link_terms(measured, nodes, grad_bytes))
 
-    def predict_pipe(case: Scenario):
-        if case.compression in CANDIDATES:
+def _predictor(measured: dict[str, float], ran: dict[str, float] | None = None):
+    """Pipe-SGD's prediction for a scenario, with each codec's measured speed, and its exchange's measured time
+    where ``ran`` holds one (the model's anchor: ``timing_model.empirical.anchor``)."""
+    from timing_model.predict import predict
+
+    def predict_pipe(case):
+        if f"{case.compression}_encode_Bps" in measured:
             case = case.with_changes(encode_Bps=measured[f"{case.compression}_encode_Bps"],
                                      decode_Bps=measured[f"{case.compression}_decode_Bps"])
+        if ran and codec_key(case.compression, case.error_feedback) in ran:
+            case = case.with_changes(ring_anchor_s=ran[codec_key(case.compression, case.error_feedback)])
         return predict(case, ("pipe",)).result("pipe")
+    return predict_pipe
 
-    answer = recommend(scenario, predict_pipe, width=width)
-    reason = (f"{answer.reason}; measured: compute {measured['compute_s'] * 1e3:.3g} ms per step, an uncompressed "
-              f"all-reduce of the gradient {measured['allreduce_s'] * 1e3:.3g} ms on {nodes} rank(s)")
-    return {"compression": answer.choice.compression, "error_feedback": answer.choice.error_feedback,
+
+def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Knobs,
+           measured_with: tuple[str, bool] = ("none", False),
+           now: tuple[int | None, str, bool] | None = None, ran: dict[str, float] | None = None) -> dict | None:
+    """What ``timing_model.recommend`` picks from the measurements (the same on every rank), among the knobs the user
+    left free: {"width", "compression", "error_feedback", "reason", "measured"}. ``measured["comm_s"]`` is an
+    exchange of the whole gradient with ``measured_with``'s codec. With ``now`` (a re-check: the width, codec and
+    feedback running) None unless the switch rule of the module doc holds; ``ran``: exchange times measured while
+    the pipeline ran, by ``codec_key``, in place of the model's."""
+    from timing_model.predict import Scenario
+    from timing_model.recommend import recommend
+
+    link = link_terms(measured, nodes, grad_bytes, measured_with, _predictor(measured))
+    predict_pipe = _predictor(measured, ran)
+    scenario = Scenario(nodes=nodes, grad_bytes=grad_bytes, compute_s=measured["compute_s"], **link)
+    answer = recommend(scenario, predict_pipe, max_width=MAX_WIDTH, width=knobs.width,
+                       compression=knobs.compression, error_feedback=knobs.error_feedback)
+    new = answer.choice
+    if now is not None:
+        keys = [(c.width, c.compression, c.error_feedback) for c in answer.candidates]
+        if (new.width, new.compression, new.error_feedback) == now or now not in keys:
+            return None
+        running = answer.candidates[keys.index(now)]
+        faster = new.iteration_s * SWITCH_GAIN <= running.iteration_s
+        exacter = keys.index((new.width, new.compression, new.error_feedback)) < keys.index(now) and new.hidden
+        if not (faster or exacter):
+            return None
+    codec = measured_with[0] + (" + error feedback" if measured_with[1] else "")
+    reason = (f"{answer.reason}; measured: compute {measured['compute_s'] * 1e3:.3g} ms per step, an all-reduce of "
+              f"the gradient ({codec}) {measured['comm_s'] * 1e3:.3g} ms on {nodes} rank(s)")
+    return {"width": new.width, "compression": new.compression, "error_feedback": new.error_feedback,
             "reason": reason, "measured": dict(measured)}
 
 
-def link_terms(measured: dict[str, float], nodes: int, grad_bytes: float) -> dict[str, float]:
-    """The model's ring latency and bandwidth that reproduce the two measured all-reduces: T(M) = a + b M with
-    a = 2(p-1) latency and b = 2(p-1) / (p B). One rank (nothing sent): an infinitely fast link."""
+def link_terms(measured: dict[str, float], nodes: int, grad_bytes: float,
+               measured_with: tuple[str, bool] = ("none", False), predict_pipe=None) -> dict[str, float]:
+    """The link's per-message latency and bandwidth for which the timing model predicts both measured all-reduces:
+    the whole gradient with ``measured_with``'s codec (``comm_s``) and 1/64 of it uncompressed
+    (``small_allreduce_s``, the ring's T = 2(p-1) latency + 2(p-1)/p M / B). The large one fixes the bandwidth
+    given the latency (bisection: the predicted time falls as the bandwidth grows), the small one the latency given
+    the bandwidth; a few rounds settle both. One rank (nothing sent): an infinitely fast link."""
     if nodes < 2:
         return {"bandwidth_Bps": float("inf"), "latency_s": 0.0}
-    small_bytes = max(grad_bytes / SMALL_FRACTION, 4.0)
-    slope = max((measured["allreduce_s"] - measured["small_allreduce_s"]) / (grad_bytes - small_bytes), 1e-15) \
-        if grad_bytes > small_bytes else 1e-15
-    intercept = max(measured["allreduce_s"] - slope * grad_bytes, 0.0)
+    from timing_model.predict import Scenario
+
+    predict_pipe = predict_pipe or _predictor(measured)
     hops = 2 * (nodes - 1)
-    return {"bandwidth_Bps": hops / (nodes * slope), "latency_s": intercept / hops}
+    small_bytes = max(grad_bytes / SMALL_FRACTION, 4.0)
+    codec, feedback = measured_with
+    base = Scenario(nodes=nodes, grad_bytes=grad_bytes, bandwidth_Bps=1.0, compression=codec, error_feedback=feedback)
+
+    def comm_at(bandwidth: float, latency: float) -> float:
+        return predict_pipe(base.with_changes(bandwidth_Bps=bandwidth, latency_s=latency)).comm_total_s
+
+    latency, bandwidth = measured["small_allreduce_s"] / hops, math.inf
+    for _ in range(6):
+        low, high = 1e3, 1e14  # bytes/s: from a stalled link to far beyond any NIC
+        if comm_at(high, latency) >= measured["comm_s"]:
+            bandwidth = high
+        elif comm_at(low, latency) <= measured["comm_s"]:
+            bandwidth = low
+        else:
+            for _ in range(80):
+                mid = math.sqrt(low * high)
+                low, high = (mid, high) if comm_at(mid, latency) > measured["comm_s"] else (low, mid)
+            bandwidth = math.sqrt(low * high)
+        latency = max(measured["small_allreduce_s"] - hops * small_bytes / (nodes * bandwidth), 0.0) / hops
+    return {"bandwidth_Bps": bandwidth, "latency_s": latency}
+
+
+def describe(choice: dict) -> str:
+    """"width 2, q4 + error feedback" (the width only when it was chosen)."""
+    codec = choice["compression"] + (" + error feedback" if choice["error_feedback"] else "")
+    return f"width {choice['width']}, {codec}" if choice.get("width") is not None else codec
 
 
 def announce(choice: dict, rank: int) -> None:
     """The one log line (rank 0)."""
     if rank == 0:
-        codec = choice["compression"] + (" + error feedback" if choice["error_feedback"] else "")
-        log.info("PipeSGD compression='auto' chose %s: %s", codec, choice["reason"])
+        log.info("PipeSGD auto chose %s: %s", describe(choice), choice["reason"])

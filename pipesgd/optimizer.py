@@ -25,6 +25,7 @@ Gradient accumulation (DDP's ``no_sync()``): call ``backward()`` several times, 
 accumulated in ``p.grad`` are handed off, so nothing is sent in between (scale the loss by 1/N, as DDP users do).
 
 Warm-up (``pipesgd.defaults.WARMUP_STEPS``): a few synchronous steps first, where staleness hurts most; 0: none.
+``width``/``compression`` "auto": chosen at the warm-up's end from what it measured, and re-checked (``auto``).
 """
 from __future__ import annotations
 
@@ -41,25 +42,20 @@ from pipesgd.grads.buffers import BufferSync
 from pipesgd.grads.bucket_sets import BucketSets
 from pipesgd.grads.buckets import build_buckets
 from pipesgd.comm.channel import open_private_channel, private_group
-from pipesgd.grads.clipping import clip_averaged_gradient
-from pipesgd.compression import ErrorFeedback
 from pipesgd.defaults import BUCKET_MB, GRADIENT_AS_BUCKET_VIEW, STALENESS, WARMUP_STEPS
-from pipesgd.comm.exchange import ExchangeResult, GradientExchange
+from pipesgd.comm.exchange import ExchangeResult
 from pipesgd.comm.groups import require_group
 from pipesgd.init_sync import sync_initial_state
+from pipesgd.delay.apply import DelayedApply, NonFiniteGradientError  # noqa: F401 - public here too
 from pipesgd.delay.lookahead import Lookahead
 from pipesgd.options import PipeSGDOptions
 from pipesgd.params import FreshGradients, communicated_params
-from pipesgd.delay.pipeline import InFlight, Pipeline
+from pipesgd.delay.pipeline import Pipeline
 from pipesgd.grads.replica_check import check_replicas
 from pipesgd.comm.uneven import Participation
 from pipesgd.wrapper_state import WrapperIdentity, WrapperState
 
 DEFAULT_WARMUP_STEPS = WARMUP_STEPS  # an alias: pipesgd.defaults owns the number
-
-
-class NonFiniteGradientError(FloatingPointError):
-    """The averaged gradient of a step holds NaN or Inf."""
 
 
 class PipeSGD:
@@ -72,7 +68,7 @@ class PipeSGD:
         self,
         optimizer: torch.optim.Optimizer,
         model_or_params,
-        width: int = 2,
+        width: int | str = 2,
         compression: str = "none",
         error_feedback: bool = False,
         bucket_mb: float = BUCKET_MB,
@@ -90,6 +86,7 @@ class PipeSGD:
         check_uneven: bool = True,
         init_sync: bool = True,
         staleness: str = STALENESS,
+        auto_recheck_every: int = 0,
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"PipeSGD wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -99,7 +96,7 @@ class PipeSGD:
             allreduce=allreduce, timeout_s=timeout_s, nonfinite=nonfinite, check_replicas_every=check_replicas_every,
             max_grad_norm=max_grad_norm, buffers=buffers, grad_scaler=grad_scaler,
             gradient_as_bucket_view=gradient_as_bucket_view, check_uneven=check_uneven, init_sync=init_sync,
-            staleness=staleness,
+            staleness=staleness, auto_recheck_every=auto_recheck_every,
         )
         user_group = require_group(process_group, "PipeSGD")
         if not isinstance(model_or_params, torch.nn.Module):
@@ -109,19 +106,20 @@ class PipeSGD:
         self._params, self._names = communicated_params(optimizer, model_or_params)
         self._param_ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
         self._buckets = build_buckets(self._params, self.options.bucket_bytes)
-        self._sets = BucketSets(self._buckets, self._params, gradient_as_bucket_view, keep=width)
+        # width="auto": synchronous (1) until the warm-up's end chooses (pipesgd.auto)
+        running_width = 1 if width == auto.AUTO else width
+        self._sets = BucketSets(self._buckets, self._params, gradient_as_bucket_view,
+                                keep=auto.MAX_WIDTH if width == auto.AUTO else width)
         # Every rank starts from rank 0's parameters and buffers, as DDP does when it wraps (on the caller's group,
         # before any background traffic exists).
         if init_sync:
             sync_initial_state(model_or_params, user_group)
         # How it travels: a private group with its own worker, one codec seeded for this rank.
         rank = dist.get_rank()
-        compressor = self.options.build_compressor(rank)
         device = self._params[0].device if self._params else torch.device("cpu")
         self._user_group = process_group
         self._channel = open_private_channel(process_group, device, timeout_s)
-        self._exchange = GradientExchange(self._channel.topology, compressor, self.options.allreduce_for(compressor),
-                                          ErrorFeedback(compressor) if error_feedback else None)
+        self._exchange = self.options.build_exchange(self._channel.topology, rank)
         agreeing = self.options.check_uneven and self._channel.size > 1
         self._participation = Participation(self._channel.topology, device,
                                             private_group(process_group, timeout_s) if agreeing else None, agreeing)
@@ -129,19 +127,18 @@ class PipeSGD:
         self._buffer_sync = BufferSync(model_or_params, buffers, process_group)
         enabled = grad_scaler is not None and grad_scaler.is_enabled()
         self._loss_scale = DelayedLossScale(grad_scaler, optimizer) if enabled else None
+        self._apply = DelayedApply(optimizer, self._params, self._sets, self._buffer_sync, self._loss_scale, nonfinite,
+                                   self.options.max_grad_norm)
         # When it is applied.
-        self._pipeline: Pipeline[ExchangeResult] = Pipeline(width, warmup_steps)
+        self._pipeline: Pipeline[ExchangeResult] = Pipeline(running_width, warmup_steps)
         self._step = 0
         # Set by backward: the hooks hold this flag, not the wrapper (autograd keeps hooks where the garbage
         # collector cannot see them, so a hook bound to the wrapper would keep it alive as long as the model).
         self._fresh = FreshGradients()
         self._hooks = [p.register_post_accumulate_grad_hook(self._fresh.mark) for p in self._params]
         # Staleness compensation: gradients computed at the weights the steps in flight will produce (lookahead).
-        self._lookahead = None
-        if staleness == "lookahead" and width > 1:
-            self._lookahead = Lookahead(optimizer, self._params, width, self.options.max_grad_norm,
-                                        skip_nonfinite=nonfinite == "skip")
-            self._hooks += self._lookahead.attach(model_or_params)
+        self._model, self._lookahead, self._lookahead_hooks = model_or_params, None, []
+        self._set_lookahead(running_width)
         self.last_stats = StepStats(step=-1, applied_step=None)
         # Rings still in flight when the script ends finish before the interpreter stops their thread (lifecycle).
         self._background = lifecycle.Background(self._channel, self._participation, self._pipeline, timeout_s)
@@ -149,9 +146,13 @@ class PipeSGD:
         identity = WrapperIdentity(width, warmup_steps, compression, self._channel.size, dist.get_rank(user_group))
         self._state = WrapperState(identity, optimizer, self._params, self._buckets, self._pipeline, self._exchange,
                                    self._loss_scale, self._lookahead, user_group)
-        # compression="auto": the warm-up times itself, and its last step chooses the codec (pipesgd.auto).
-        self._auto = auto.AutoCodec(self._buckets, width, warmup_steps, user_group) \
-            if compression == auto.AUTO else None
+        # width or compression "auto": the warm-up times itself, and its last step chooses (pipesgd.auto).
+        self._auto = None
+        if auto.AUTO in (width, compression):
+            knobs = auto.Knobs(None if width == auto.AUTO else width, None if compression == auto.AUTO else compression,
+                               None if compression == auto.AUTO else error_feedback)
+            self._auto = auto.AutoConfig(self._buckets, knobs, warmup_steps, user_group, auto_recheck_every,
+                                         self.options.compression_options)
 
     # ----------------------------------------------------------------------------------------- public
     @property
@@ -159,7 +160,8 @@ class PipeSGD:
         return self.optimizer.param_groups
 
     @property
-    def width(self) -> int:
+    def width(self) -> int | str:
+        """The pipeline's width; with ``width="auto"``, "auto" until the warm-up's end chooses it."""
         return self.options.width
 
     @property
@@ -177,7 +179,8 @@ class PipeSGD:
 
     @property
     def auto_choice(self) -> dict | None:
-        """With ``compression="auto"``, the choice and its reason once made or restored (``pipesgd.auto``)."""
+        """With ``width`` or ``compression`` "auto": the choice and its reason once made or restored, the latest
+        re-check's after a switch (``pipesgd.auto``)."""
         return self._auto.choice if self._auto is not None else None
 
     @property
@@ -231,12 +234,14 @@ class PipeSGD:
             t_buffers = time.perf_counter() - start
         # Step 4: apply the oldest when the pipeline is full (depth 1 during warm-up).
         due = self._pipeline.pop_due(t)
-        stats = self._apply(due, t) if due is not None else StepStats(step=t, applied_step=None)
+        stats = self._apply(due, t, self._lookahead) if due is not None else StepStats(step=t, applied_step=None)
         stats.t_buffers_s = t_buffers
         if lookahead is not None:
             stats.t_lookahead_s = lookahead.end_step()
-        if self._auto is not None and self._auto.end(t, stats.t_comm_busy_s):  # the warm-up's end: none in flight
-            self._use_codec(self._auto.choice)
+        if self._auto is not None:  # the warm-up's end, or a re-check that switches
+            choice = self._auto.end(t, stats.t_comm_busy_s if stats.applied_step is not None else None)
+            if choice is not None:
+                self._use_choice(choice, stats)
         self._step += 1
         self.last_stats = stats
         every = self.options.check_replicas_every
@@ -272,7 +277,7 @@ class PipeSGD:
             self._buffer_sync.job(self._exchange, self._channel)[0]([b.empty().zero_() for b in self._buckets])
 
         finished = None if alone else self._channel.submit(self._participation.finish, self._step, shadow)
-        applied = [self._apply(entry, self._step) for entry in self._pipeline.flush()]
+        applied = [self._apply(entry, self._step, self._lookahead) for entry in self._pipeline.flush()]
         if finished is not None:
             finished.wait()
         # Replicas whole for saving and evaluation: a forward since the last step() (an odd last micro-batch) moved
@@ -294,7 +299,7 @@ class PipeSGD:
         step afterwards. A script that ends without it is closed at exit, with a warning if steps were in flight."""
         if self._closer.detach() is not None:  # not closed yet
             self._background.close(warn=False)
-        for hook in self._hooks:
+        for hook in self._hooks + self._lookahead_hooks:
             hook.remove()
 
     def state_dict(self) -> dict:
@@ -321,7 +326,7 @@ class PipeSGD:
         size. Wrap first, then load (the state is PipeSGD's, not the inner optimizer's)."""
         if self._auto is not None and isinstance(state, dict) and state.get("auto"):
             self._auto.choice = dict(state["auto"])  # the saved choice, not a new measurement
-            self._use_codec(self._auto.choice)
+            self._use_choice(self._auto.choice)
         self._step = self._state.load_state_dict(state)
 
     # ----------------------------------------------------------------------------------------- internals
@@ -334,62 +339,34 @@ class PipeSGD:
                 "step() without a backward() since the last step(): the same gradients would be sent twice"
             )
 
-    def _apply(self, entry: InFlight[ExchangeResult], step: int) -> StepStats:
-        """Wait for ``entry``'s averaged gradient and run the wrapped optimizer on it (or refuse a NaN/Inf)."""
-        if self._lookahead is not None:
-            self._lookahead.discard(entry.step)
-        start = time.perf_counter()
-        result = entry.handle.wait()
-        waited = time.perf_counter() - start
-        if result.module_buffers is not None:  # a delayed buffer mode: step entry.step's reduced snapshot
-            self._buffer_sync.load(result.module_buffers)
-        stats = StepStats(
-            step=step,
-            applied_step=entry.step,
-            t_wait_s=waited,
-            t_comm_busy_s=result.report.busy_s,
-            bytes_sent=result.report.bytes_sent,
-            compression_ratio=result.compression_ratio,
-            residual_norm=result.residual_norm,
-        )
-        if self._loss_scale is not None:  # fp16: an inf/NaN is an overflow the scaler skips (pipesgd.grads.amp)
-            return self._apply_scaled(entry.step, result, stats)
-        if not result.finite:
-            self._sets.bind(result.buckets, copy=False)  # views leave the ring's set; the rest stay the caller's
-            if self.options.nonfinite == "raise":
-                raise NonFiniteGradientError(
-                    f"non-finite (NaN/Inf) averaged gradient from step {entry.step}; lower the learning rate, "
-                    f"check the data, or pass nonfinite='skip' to skip such steps"
-                )
-            stats.skipped_nonfinite = True  # the exchange already zeroed a non-finite residual, on the worker
-        else:
-            self._sets.bind(result.buckets)
-            stats.grad_norm = self._clip()
-            start = time.perf_counter()
-            self.optimizer.step()
-            stats.t_update_s = time.perf_counter() - start
-        return stats
+    def _use_choice(self, choice: dict, stats: StepStats | None = None) -> None:
+        """Run ``choice``'s width and codec from the next step on (``pipesgd.auto``): at the warm-up's end, at a
+        re-check that switches (what is in flight is applied first, as ``flush()`` does, its waits added to
+        ``stats``), or before a resumed run's first step."""
+        for entry in self._pipeline.flush():
+            stats.t_wait_s += self._apply(entry, self._step, self._lookahead).t_wait_s
+        if stats is not None:
+            stats.auto_choice = auto.describe(choice)
+        width = choice.get("width") or self.options.width  # a choice saved before width="auto" existed: none
+        old = self._exchange
+        # the options now name what runs (the re-check interval lives on in self._auto, which keeps choosing)
+        self.options = replace(self.options, width=width, compression=choice["compression"],
+                               error_feedback=bool(choice["error_feedback"]), auto_recheck_every=0)
+        self._exchange = self.options.build_exchange(self._channel.topology, dist.get_rank())
+        new = self._exchange
+        if old.feedback is not None and new.feedback is not None and old.allreduce == new.allreduce:
+            new.feedback.load_residuals_state(old.feedback.residuals_state())  # what is still owed
+        if width != self._pipeline.width:
+            self._pipeline.width = width
+            self._set_lookahead(width)
+        self._state.use(self._exchange, self._lookahead, width, choice["compression"])
 
-    def _apply_scaled(self, step: int, result: ExchangeResult, stats: StepStats) -> StepStats:
-        self._sets.bind(result.buckets)
-        start = time.perf_counter()
-        stats.skipped_nonfinite, stats.grad_norm = self._loss_scale.apply(step, result.finite, self._params,
-                                                                          self._clip)
-        stats.t_update_s = time.perf_counter() - start
-        # An overflow's non-finite residual was already zeroed by the exchange, on the worker, in ring order.
-        return stats
-
-    def _use_codec(self, choice: dict) -> None:
-        """Run the buckets with the chosen codec from now on (nothing in flight: at the end of the warm-up, or
-        before a resumed run's first step)."""
-        self.options = replace(self.options, compression=choice["compression"],
-                               error_feedback=bool(choice["error_feedback"]))
-        compressor = self.options.build_compressor(dist.get_rank())
-        self._exchange = GradientExchange(self._channel.topology, compressor, self.options.allreduce_for(compressor),
-                                          ErrorFeedback(compressor) if self.options.error_feedback else None)
-        self._state.use_exchange(self._exchange, choice["compression"])
-
-    def _clip(self) -> float | None:
-        """Clip the averaged gradient in ``p.grad`` to ``max_grad_norm``; its norm before clipping (None: off)."""
-        limit = self.options.max_grad_norm
-        return clip_averaged_gradient(self._params, limit) if limit is not None else None
+    def _set_lookahead(self, width: int) -> None:
+        """Look-ahead for a pipeline of ``width`` (none at width 1 or with ``staleness="none"``); nothing in flight."""
+        for hook in self._lookahead_hooks:
+            hook.remove()
+        self._lookahead, self._lookahead_hooks = None, []
+        if self.options.staleness == "lookahead" and width > 1:
+            self._lookahead = Lookahead(self.optimizer, self._params, width, self.options.max_grad_norm,
+                                        skip_nonfinite=self.options.nonfinite == "skip")
+            self._lookahead_hooks = self._lookahead.attach(self._model)

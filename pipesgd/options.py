@@ -11,7 +11,9 @@ import torch
 from pipesgd.grads.buffers import BUFFER_MODES
 from pipesgd.grads.clipping import resolve_max_grad_norm
 from pipesgd.auto import AUTO
-from pipesgd.compression import Compressor, build
+from pipesgd.comm.exchange import GradientExchange
+from pipesgd.comm.topology import RingTopology
+from pipesgd.compression import Compressor, ErrorFeedback, build
 from pipesgd.defaults import (
     ALLREDUCE_CHOICES,
     BUCKET_MB,
@@ -30,8 +32,9 @@ NONFINITE_POLICIES = ("raise", "skip")
 class PipeSGDOptions:
     """The keyword arguments of ``PipeSGD`` (same names, same defaults), checked on construction."""
 
-    # Pipeline: K steps in flight after ``warmup_steps`` synchronous ones (see pipesgd.delay.pipeline).
-    width: int = 2
+    # Pipeline: K steps in flight after ``warmup_steps`` synchronous ones (see pipesgd.delay.pipeline); "auto":
+    # chosen at the end of the warm-up (pipesgd.auto), synchronous until then.
+    width: int | str = 2
     warmup_steps: int = WARMUP_STEPS
     # Stale gradients (width >= 2): "lookahead" computes each at the weights the updates in flight will produce
     # (pipesgd.delay.lookahead), "none" is the paper's plain update.
@@ -63,10 +66,12 @@ class PipeSGDOptions:
     # Start every rank from rank 0's parameters and buffers (DDP's ``init_sync``); False only for a model already
     # identical on every rank by construction (it skips one broadcast of the model).
     init_sync: bool = True
+    # width or compression "auto": choose again every N steps after the warm-up (0: once; pipesgd.auto).
+    auto_recheck_every: int = 0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.width, int) or self.width < 1:
-            raise ValueError(f"width must be an integer >= 1, got {self.width!r}")
+        if self.width != AUTO and (not isinstance(self.width, int) or isinstance(self.width, bool) or self.width < 1):
+            raise ValueError(f"width must be an integer >= 1 or 'auto', got {self.width!r}")
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
         if self.staleness not in STALENESS_MODES:
@@ -94,13 +99,17 @@ class PipeSGDOptions:
             raise ValueError(f"check_replicas_every must be >= 0, got {self.check_replicas_every!r}")
         # A private copy: the caller's dict may change later, these options may not.
         object.__setattr__(self, "compression_options", dict(self.compression_options or {}))
-        if self.compression == AUTO:
-            if self.error_feedback:
-                raise ValueError("compression='auto' chooses error feedback with the codec; leave error_feedback "
-                                 "False (or name a codec)")
-            if self.warmup_steps < 2:
-                raise ValueError(f"compression='auto' measures during the synchronous warm-up: warmup_steps must be "
-                                 f">= 2, got {self.warmup_steps}")
+        if self.compression == AUTO and self.error_feedback:
+            raise ValueError("compression='auto' chooses error feedback with the codec; leave error_feedback "
+                             "False (or name a codec)")
+        chosen = [name for name in ("width", "compression") if getattr(self, name) == AUTO]
+        if chosen and self.warmup_steps < 2:
+            raise ValueError(f"{chosen[0]}='auto' measures during the synchronous warm-up: warmup_steps must be "
+                             f">= 2, got {self.warmup_steps}")
+        if not isinstance(self.auto_recheck_every, int) or self.auto_recheck_every < 0:
+            raise ValueError(f"auto_recheck_every must be an integer >= 0, got {self.auto_recheck_every!r}")
+        if self.auto_recheck_every and not chosen:
+            raise ValueError("auto_recheck_every needs width='auto' or compression='auto' (nothing else is chosen)")
         codec = self.build_compressor()  # an unknown name or a bad codec option raises here
         if self.compression in NEEDS_ERROR_FEEDBACK and not self.error_feedback:
             raise ValueError(
@@ -121,6 +130,13 @@ class PipeSGDOptions:
         if self.compression == AUTO:
             return build("none")
         return build(self.compression, rank=rank, **self.compression_options)
+
+    def build_exchange(self, topology: RingTopology, rank: int) -> GradientExchange:
+        """How the buckets travel with these options: this rank's codec (and its error feedback) on the all-reduce
+        it runs in."""
+        compressor = self.build_compressor(rank)
+        return GradientExchange(topology, compressor, self.allreduce_for(compressor),
+                                ErrorFeedback(compressor) if self.error_feedback else None)
 
     def allreduce_for(self, compressor: Compressor) -> str:
         """"ring", "alltoall" or "backend": which all-reduce runs a bucket with ``compressor`` (pipesgd.defaults)."""

@@ -37,7 +37,7 @@ from pipesgd.delay.pipeline import InFlight, Pipeline
 class WrapperIdentity:
     """What a checkpoint must share with the wrapper that loads it."""
 
-    width: int
+    width: int | str  # "auto" until chosen
     warmup_steps: int
     compression: str
     world_size: int
@@ -81,10 +81,11 @@ class WrapperState:
             "ranks": ranks,
         }
 
-    def use_exchange(self, exchange: GradientExchange, compression: str) -> None:
-        """A codec chosen after construction (``compression="auto"``): its exchange and the name a checkpoint holds."""
-        self._exchange = exchange
-        self.identity = replace(self.identity, compression=compression)
+    def use(self, exchange: GradientExchange, lookahead: Lookahead | None, width: int, compression: str) -> None:
+        """A width and codec chosen after construction (``pipesgd.auto``): its exchange and look-ahead, and the names
+        a checkpoint holds."""
+        self._exchange, self._lookahead = exchange, lookahead
+        self.identity = replace(self.identity, width=width, compression=compression)
 
     def consolidate(self, to: int, step: int) -> None:
         """Every rank's own state onto group rank ``to`` (a collective of the wrapper's group)."""

@@ -15,9 +15,9 @@ from tests.single_process import process_group  # noqa: F401 - a fixture
 WARMUP = 3
 
 
-def _measured(allreduce_s: float, small_allreduce_s: float, compute_s: float = 0.1) -> dict:
+def _measured(comm_s: float, small_allreduce_s: float, compute_s: float = 0.1) -> dict:
     speeds = {f"{c}_{d}_Bps": 1e11 for c in auto.CANDIDATES for d in ("encode", "decode")}
-    return {"allreduce_s": allreduce_s, "small_allreduce_s": small_allreduce_s, "compute_s": compute_s, **speeds}
+    return {"comm_s": comm_s, "small_allreduce_s": small_allreduce_s, "compute_s": compute_s, **speeds}
 
 
 # A 4 MB gradient on 4 ranks: at 100 Mbit/s the ring moves 1.5 x 4 MB in 0.48 s; at 10 Gbit/s in 4.8 ms.
@@ -32,14 +32,14 @@ FAST = _measured(0.0048 + 6 * 1e-5, 0.0048 / 64 + 6 * 1e-5)
     (SLOW, 1, ("q4", True)),    # nothing hides at width 1: the fastest
 ])
 def test_the_decision_from_measurements(measured, width, want):
-    choice = auto.decide(measured, nodes=4, grad_bytes=4e6, width=width)
+    choice = auto.decide(measured, nodes=4, grad_bytes=4e6, knobs=auto.Knobs(width, None, None))
     assert (choice["compression"], choice["error_feedback"]) == want
     assert "measured: compute 100 ms per step" in choice["reason"] and choice["measured"] == measured
 
 
 def test_the_link_terms_reproduce_both_measured_all_reduces():
     terms = auto.link_terms(SLOW, nodes=4, grad_bytes=4e6)
-    for size, seconds in ((4e6, SLOW["allreduce_s"]), (4e6 / 64, SLOW["small_allreduce_s"])):
+    for size, seconds in ((4e6, SLOW["comm_s"]), (4e6 / 64, SLOW["small_allreduce_s"])):
         model = 6 * terms["latency_s"] + 1.5 * size / terms["bandwidth_Bps"]  # the ring: 2(p-1) hops of M/p
         assert model == pytest.approx(seconds, rel=1e-9)
     assert terms["bandwidth_Bps"] == pytest.approx(100e6 / 8, rel=1e-6)
@@ -48,7 +48,7 @@ def test_the_link_terms_reproduce_both_measured_all_reduces():
 
 def test_the_warmup_clock_times_the_callers_work_between_steps():
     ticks = iter([0.010, 0.110, 0.115, 0.315, 0.320])  # ends at 0.01, 0.115, 0.32; the next begins at 0.11, 0.315
-    clock = auto.WarmupClock(lambda: next(ticks))
+    clock = auto.StepClock(lambda: next(ticks))
     for _ in range(3):
         clock.begin()
         clock.end()
@@ -80,7 +80,7 @@ def _train(model: nn.Module, opt: PipeSGD, steps: range, rank: int = 0) -> None:
 def _ranks_choose(rank: int, world: int) -> dict:
     # Each rank measures something else (rank 1 a fast link): the agreement takes the slowest.
     measured = FAST if rank else SLOW
-    auto.measure = lambda numel, device, dtype, group: {k: v for k, v in measured.items() if k != "compute_s"}
+    auto.measure = lambda numel, device, dtype, group, *_: {k: v for k, v in measured.items() if k != "compute_s"}
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
     _train(model, opt, range(WARMUP + 4), rank)
@@ -102,8 +102,8 @@ def _no_measuring(*_args, **_kwargs):
 
 
 def test_a_resumed_run_keeps_the_choice_without_measuring(process_group, monkeypatch):
-    monkeypatch.setattr(auto, "measure", lambda numel, device, dtype, group: dict(SLOW))
-    monkeypatch.setattr(auto, "decide", lambda measured, nodes, grad_bytes, width: {
+    monkeypatch.setattr(auto, "measure", lambda numel, device, dtype, group, *_: dict(SLOW))
+    monkeypatch.setattr(auto, "decide", lambda measured, nodes, grad_bytes, knobs, *_, **__: {"width": 2,
         "compression": "q8", "error_feedback": True, "reason": "a test", "measured": measured})
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
@@ -121,7 +121,7 @@ def test_a_resumed_run_keeps_the_choice_without_measuring(process_group, monkeyp
 
 
 def test_a_state_saved_during_the_warmup_chooses_at_its_end(process_group, monkeypatch):
-    monkeypatch.setattr(auto, "measure", lambda numel, device, dtype, group: dict(SLOW))
+    monkeypatch.setattr(auto, "measure", lambda numel, device, dtype, group, *_: dict(SLOW))
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
     _train(model, opt, range(1))

@@ -284,6 +284,19 @@ def test_root_measured_throughput_matches_rate(cluster2):
 
 
 @pytest.mark.root
+def test_root_reshape_changes_every_link_of_a_live_cluster(cluster2, tmp_path):
+    """The rate a running job sees drops (issue 39's link that changes mid-run): both directions, state saved."""
+    cluster2.reshape(parse_bandwidth_bps("20mbit"))
+    s = cluster2.state
+    assert s.bandwidth_bps == 20e6 and load_state(s.name, str(tmp_path)) == s
+    for ns, dev in [(ns, s.ifname) for ns in s.node_netns] + [(s.switch_netns, port_ifname(i)) for i in range(2)]:
+        shown = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", dev], capture_output=True, text=True).stdout
+        assert "rate 20Mbit" in shown, shown
+    result = cluster2.measure(0, 1, duration_s=1.5)
+    assert 0.80 <= result.ratio <= 1.05 and result.requested_bps == 20e6, result.summary()
+
+
+@pytest.mark.root
 def test_root_run_no_torchrun(cluster2):
     out = io.StringIO()
     # Each node sees its own address on the shaped veth and its rendezvous variables.

@@ -86,6 +86,35 @@ def test_the_cli_takes_a_calibration(capsys):
     assert capsys.readouterr().out.startswith("recommended: width ")
 
 
+MODEL_CALIBRATION = "experiments/results/gpu/model-resnet20-calibration.json"  # timed ResNet-20 on 4 ranks
+
+
+def test_a_calibration_alone_gives_the_cluster_and_the_compute(capsys):
+    """The short form: nodes from the calibration's world size, the link from its fit, compute from the model it
+    timed; the same decision as with those given."""
+    assert main(["recommend", "--calibration", MODEL_CALIBRATION, "--params", "0.27M", "--format", "json"]) == 0
+    short = json.loads(capsys.readouterr().out)
+    with open(MODEL_CALIBRATION) as f:
+        cal = json.load(f)
+    assert main(["recommend", "--calibration", MODEL_CALIBRATION, "--params", "0.27M", "--format", "json",
+                 "--nodes", str(cal["world_size"]), "--bandwidth", "1gbit",
+                 "--compute", f"{cal['compute']['compute_s']}s"]) == 0
+    assert json.loads(capsys.readouterr().out) == short
+    assert main(["recommend", "--calibration", MODEL_CALIBRATION, "--params", "0.27M", "--compute", "1s",
+                 "--format", "json"]) == 0  # a given --compute wins over the calibration's
+    assert json.loads(capsys.readouterr().out)["choice"]["iteration_s"] >= 1.0
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--params", "1M", "--compute", "5ms"], "recommend needs --nodes and --bandwidth, or --calibration FILE"),
+    (["--nodes", "4", "--params", "1M", "--compute", "5ms"], "recommend needs --bandwidth, or --calibration FILE"),
+])
+def test_without_a_calibration_the_cluster_is_required(capsys, argv, needle):
+    assert main(["recommend", *argv]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and needle in err
+
+
 @pytest.mark.parametrize("extra, needle", [
     ([], "recommend needs --compute"),
     (["--compute", "100ms", "--max-width", "0"], "--max-width 0"),

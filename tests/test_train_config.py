@@ -44,6 +44,18 @@ def test_toml_errors(tmp_path):
         resolve(["--config", str(tmp_path / "missing.toml")])
 
 
+def test_width_auto_from_a_flag_or_toml(tmp_path):
+    toml = tmp_path / "auto.toml"
+    toml.write_text('width = "auto"\ncompression = "auto"\nauto-recheck-every = 50\n')
+    cfg = resolve(["--config", str(toml)])
+    assert (cfg.width, cfg.compression, cfg.auto_recheck_every) == ("auto", "auto", 50)
+    assert cfg.effective_width == "auto"
+    assert resolve(["--width", "3"]).width == 3
+    toml.write_text('width = "wide"\n')
+    with pytest.raises(ConfigError, match="must be int"):
+        resolve(["--config", str(toml)])
+
+
 def test_resolved_config_json_roundtrips(tmp_path):
     cfg = resolve(["--mode", "ddp", "--ddp-hook", "fp16"])
     path = tmp_path / "out" / "config.json"
@@ -67,6 +79,11 @@ BAD_INPUTS = [
     (["--compression", "auto", "--error-feedback"], "--compression auto chooses error feedback"),
     (["--compression", "auto", "--warmup-steps", "1"], "--warmup-steps must be >= 2"),
     (["--compression", "zip"], "auto"),  # the valid names listed include auto
+    (["--width", "wide"], "--width: not an integer or auto: 'wide'"),
+    (["--width", "auto", "--mode", "sync"], "--width auto applies to --mode pipe only"),
+    (["--width", "auto", "--warmup-steps", "1"], "--width auto measures during the warm-up: --warmup-steps must"),
+    (["--auto-recheck-every", "5"], "--auto-recheck-every needs --width auto or --compression auto"),
+    (["--width", "auto", "--auto-recheck-every", "-1"], "--auto-recheck-every must not be negative"),
     (["--resume"], "--resume needs --checkpoint"),
     (["--lr", "-1"], "--lr must be positive"),
     (["--servers", "1"], "--servers applies to --mode ps-sync|ps-async only"),

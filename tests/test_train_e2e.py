@@ -241,16 +241,21 @@ def test_four_processes_with_a_compressed_ring(tmp_path):
     assert max(r["compression_ratio"] for r in steps) > 3.5  # q8 really ran: ~4x fewer bytes
 
 
-def test_compression_auto_prints_its_choice_and_records_it_in_the_summary(tmp_path):
-    """--compression auto (issue 39): the warm-up's last step chooses on every rank alike; rank 0 prints the one
-    line, the summary record keeps it, and the run trains."""
+def test_width_and_compression_auto_print_their_choice_and_record_it(tmp_path):
+    """--width auto --compression auto (issue 39): the warm-up's last step chooses on every rank alike; rank 0
+    prints the one line, the step that chose and the summary record keep it, and the run trains."""
     metrics = str(tmp_path / "auto.jsonl")
-    results = launch(["--compression", "auto", "--epochs", "2", "--eval-every", "0", "--timeout", "60",
-                      "--metrics", metrics])
+    results = launch(["--width", "auto", "--compression", "auto", "--epochs", "2", "--eval-every", "0",
+                      "--timeout", "60", "--metrics", metrics])
     for rc, _, err in results:
         assert rc == 0, err
-    assert results[0][1].count("PipeSGD compression='auto' chose ") == 1 and "chose" not in results[1][1]
-    summary = [r for r in records(metrics.replace(".jsonl", ".rank0.jsonl")) if r["type"] == "summary"][-1]
+    assert results[0][1].count("PipeSGD auto chose width ") == 1 and "chose" not in results[1][1]
+    rank0 = records(metrics.replace(".jsonl", ".rank0.jsonl"))
+    summary = [r for r in rank0 if r["type"] == "summary"][-1]
     choice = summary["auto_choice"]
-    assert choice["compression"] in ("none", "bf16", "q8", "q4") and choice["reason"]
+    assert choice["width"] in (1, 2, 3) and choice["compression"] in ("none", "bf16", "q8", "q4") and choice["reason"]
+    assert f"mode pipe (width auto: {choice['width']}" in results[0][1]
+    chose = [(r["step"], r["auto_choice"]) for r in rank0 if r["type"] == "step" and r.get("auto_choice")]
+    codec = choice["compression"] + (" + error feedback" if choice["error_feedback"] else "")
+    assert chose == [(choice["step"], f"width {choice['width']}, {codec}")]
     assert choice["allreduce"] == ("backend" if choice["compression"] == "none" else "alltoall")

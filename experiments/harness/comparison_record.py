@@ -102,4 +102,13 @@ def run_record(run: Run, *, skip: int, target: float) -> dict:
             "target_accuracy": target, "time_to_target_s": time_to_target(points, target),
             "reached_target": accuracy is not None and time_to_target(points, target) is not None,
             "train_wall_s": run.summary.get("wall") or (final.get("wall_s") if final else None),
-            "curve": points}
+            "curve": points, **_auto_choice(run)}
+
+
+def _auto_choice(run: Run) -> dict:
+    """{"auto_choice": "width 2, q4 + error feedback"} for a run that chose (--width/--compression auto), else {}."""
+    choice = run.summary.get("auto_choice")
+    if not choice:
+        return {}
+    codec = choice["compression"] + (" + error feedback" if choice.get("error_feedback") else "")
+    return {"auto_choice": f"width {choice['width']}, {codec}" if choice.get("width") else codec}

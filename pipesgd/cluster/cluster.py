@@ -75,6 +75,10 @@ class Cluster:
         self.down()
 
     # -- use ------------------------------------------------------------------------------------
+    def reshape(self, bandwidth_bps: float) -> None:
+        """Change every link's rate while the cluster runs (``topology.reshape``)."""
+        self.state = topology.reshape(self.state, bandwidth_bps, self.state_dir)
+
     def free_port(self, node: int = 0) -> int:
         out = subprocess.run(netns_exec(self.state.node_netns[node], [sys.executable, "-c", _FREE_PORT]),
                              capture_output=True, text=True, check=True).stdout

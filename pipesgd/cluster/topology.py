@@ -20,6 +20,7 @@ import shutil
 import time
 
 from .cores import format_cores
+from .units import default_burst_bytes
 from .netns import (ETC_NETNS, ClusterError, cluster_netns, delete_netns, preflight, sh, stale_etc_dirs,
                     write_hosts)
 from .state import (BRIDGE_IFNAME, ClusterState, load_state, port_ifname, remove_state, save_state,
@@ -80,6 +81,21 @@ def build(state: ClusterState, *, force: bool = False, directory: str | None = N
             delete_netns(ns)
         remove_state(state.name, directory)
         raise
+
+
+def reshape(state: ClusterState, bandwidth_bps: float, directory: str | None = None) -> ClusterState:
+    """Change every shaped link of a live cluster to ``bandwidth_bps`` (its burst scaled as ``up`` would set it),
+    in place: what a link that changes under a running job looks like (``tc qdisc change``)."""
+    if not state.shaped:
+        raise ClusterError(f"cluster {state.name!r} has unshaped links; create it shaped to change their rate")
+    new = dataclasses.replace(state, bandwidth_bps=float(bandwidth_bps),
+                              burst_bytes=default_burst_bytes(bandwidth_bps, state.mtu))
+    for i, ns in enumerate(state.node_netns):
+        links = [(ns, state.ifname)] + ([(state.switch_netns, port_ifname(i))] if state.shape_ingress else [])
+        for where, dev in links:
+            sh("tc", "-n", where, "qdisc", "change", "dev", dev, "root", *tbf_args(new))
+    save_state(new, directory)
+    return new
 
 
 def _shape(ns: str, dev: str, state: ClusterState) -> None:

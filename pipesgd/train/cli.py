@@ -145,8 +145,9 @@ def run(cfg: TrainConfig, ds, rank: int, world_size: int, local_rank: int, debug
         summary = train(cfg, ds, model, strategy, device, metrics, rank, world_size, start, watchdog)
         if summary is not None:  # before the trace: a trace that cannot be written must not cost the summary
             choice = getattr(strategy.opt, "auto_choice", None)
-            if choice is not None:  # --compression auto: what the warm-up chose, and the all-reduce it runs in
-                summary["auto_choice"] = {**{k: choice[k] for k in ("compression", "error_feedback", "reason")},
+            if choice is not None:  # --width/--compression auto: the last choice, and the all-reduce it runs in
+                summary["auto_choice"] = {**{k: choice.get(k) for k in ("width", "compression", "error_feedback",
+                                                                         "reason", "step")},
                                           "allreduce": strategy.opt.allreduce}
             metrics.write_summary(summary)
             print(format_summary(cfg, summary), flush=True)

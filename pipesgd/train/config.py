@@ -58,7 +58,8 @@ class TrainConfig:
     # --- training mode (how gradients meet) ---
     mode: str = _field("pipe", "how gradients meet: pipe = Pipe-SGD at --width, sync = allreduce every step "
                        "(width 1), ddp = torch DDP, ps-* = parameter server", lambda: MODES)
-    width: int = _field(2, "pipeline width K for mode=pipe; mode=sync always uses 1")
+    width: int | str = _field(2, "pipeline width K for mode=pipe; auto: chosen at the end of the warm-up from what "
+                              "it measured (1, 2 or 3); mode=sync always uses 1")
     staleness: str = _field(STALENESS, "mode=pipe at width >= 2: lookahead computes each gradient at the weights "
                             "the steps in flight will produce (this rank's own gradients standing in for their "
                             "averages); none is the paper's plain update (gradients K-1 steps stale)",
@@ -67,6 +68,8 @@ class TrainConfig:
                               "warm-up from what it measured (compute, the link, each codec's speed)",
                               lambda: [*compression.available(), "auto"])
     error_feedback: bool = _field(False, "keep the compression residual and add it to the next gradient")
+    auto_recheck_every: int = _field(0, "with --width auto or --compression auto: choose again every N steps after "
+                                     "the warm-up, switching only for a predicted gain (0 = choose once)")
     ddp_hook: str = _field("none", "DDP communication hook (mode=ddp only): fp16 casts each bucket to half, "
                            "powersgd is PyTorch's powerSGD_hook (low-rank, error feedback and warm start on, plain "
                            "allreduce for the first max(2, --warmup-steps) steps, seeded by --seed)",
@@ -184,12 +187,14 @@ class TrainConfig:
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"--{_flag(f.name)} must be a finite number (got {value})")
+        if self.width == "auto" and self.mode != "pipe":
+            raise ConfigError(f"--width auto applies to --mode pipe only, not {self.mode}")
         for name in ("width", "epochs", "batch_size", "accumulate", "threads", "hidden", "push_every", "pull_every",
                      "synthetic_samples", "synthetic_features"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) != "auto" and getattr(self, name) < 1:
                 raise ConfigError(f"--{_flag(name)} must be at least 1 (got {getattr(self, name)})")
-        for name in ("steps", "servers", "warmup_steps", "check_replicas", "eval_every", "checkpoint_every",
-                     "weight_decay", "clip_grad_norm"):
+        for name in ("steps", "servers", "warmup_steps", "auto_recheck_every", "check_replicas", "eval_every",
+                     "checkpoint_every", "weight_decay", "clip_grad_norm"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{_flag(name)} must not be negative (got {getattr(self, name)})")
         if self.synthetic_classes < 2:
@@ -211,9 +216,12 @@ class TrainConfig:
             raise ConfigError(f"--error-feedback applies to --mode {ring_modes} only, not {self.mode}")
         if self.compression == "auto" and self.error_feedback:
             raise ConfigError("--compression auto chooses error feedback with the codec; drop --error-feedback")
-        if self.compression == "auto" and self.warmup_steps < 2:
-            raise ConfigError(f"--compression auto measures during the warm-up: --warmup-steps must be >= 2 "
+        chosen = [f"--{name} auto" for name in ("width", "compression") if getattr(self, name) == "auto"]
+        if chosen and self.warmup_steps < 2:
+            raise ConfigError(f"{chosen[0]} measures during the warm-up: --warmup-steps must be >= 2 "
                               f"(got {self.warmup_steps})")
+        if self.auto_recheck_every and not chosen:
+            raise ConfigError("--auto-recheck-every needs --width auto or --compression auto")
         if self.error_feedback and self.compression == "none":
             lossy = "|".join(name for name in compression.available() if name != "none")
             raise ConfigError(f"--error-feedback needs a lossy --compression ({lossy})")
@@ -307,6 +315,16 @@ class _OneLineParser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
+def _width(text: str) -> int | str:
+    """--width: an integer, or auto."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer or auto: {text!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Flags mirror TrainConfig's fields; every default is None so that only given flags override."""
     parser = _OneLineParser(
@@ -327,7 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
         if isinstance(default, bool):
             parser.add_argument(flag, dest=f.name, action="store_true", help=text)
         else:
-            parser.add_argument(flag, dest=f.name, type=type(default), metavar=f.name.upper(), help=text)
+            kind = _width if f.name == "width" else type(default)
+            parser.add_argument(flag, dest=f.name, type=kind, metavar=f.name.upper(), help=text)
     return parser
 
 
@@ -353,7 +372,9 @@ def load_toml(path: str) -> dict:
         default = known[name].default
         if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
-        if type(value) is not type(default):
+        if name == "width" and value == "auto":
+            pass
+        elif type(value) is not type(default):
             raise ConfigError(f"key {key!r} in {path} must be {type(default).__name__}, got {value!r}")
         values[name] = value
     return values

@@ -173,7 +173,7 @@ def summarize(cfg: TrainConfig, timings: Timings, pos: Position, accuracy: float
 
 def pipe_staleness(cfg: TrainConfig) -> str:
     """", staleness lookahead" where a pipeline has stale gradients to treat (width >= 2), else ""."""
-    return f", staleness {cfg.staleness}" if cfg.mode == "pipe" and cfg.effective_width > 1 else ""
+    return f", staleness {cfg.staleness}" if cfg.mode == "pipe" and cfg.effective_width != 1 else ""
 
 
 def format_summary(cfg: TrainConfig, s: dict) -> str:
@@ -182,7 +182,10 @@ def format_summary(cfg: TrainConfig, s: dict) -> str:
         share = 100 * seconds / s["t_iter"] if s["t_iter"] > 0 else 0.0
         return f"{name} {1000 * seconds:.2f} ms ({share:.0f} %)"
 
-    mode = f"{cfg.mode} (width {cfg.effective_width}{pipe_staleness(cfg)})" if cfg.mode == "pipe" else cfg.mode
+    width = cfg.effective_width
+    if width == "auto" and s.get("auto_choice"):  # what the warm-up (or the last re-check) chose
+        width = f"auto: {s['auto_choice']['width']}"
+    mode = f"{cfg.mode} (width {width}{pipe_staleness(cfg)})" if cfg.mode == "pipe" else cfg.mode
     comm = "waiting for communication" if cfg.mode != "ddp" else "waiting for communication (inside compute for ddp)"
     ranks = f"{s['world_size']} ranks"
     if s["num_workers"] != s["world_size"]:

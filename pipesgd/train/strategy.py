@@ -77,6 +77,7 @@ def _ring(cfg: TrainConfig, inner: torch.optim.Optimizer, model: nn.Module, devi
     opt = PipeSGD(inner, model, width=cfg.effective_width, staleness=cfg.staleness, compression=cfg.compression,
                   error_feedback=cfg.error_feedback, bucket_mb=cfg.bucket_mb, warmup_steps=cfg.warmup_steps,
                   check_replicas_every=cfg.check_replicas, timeout_s=cfg.timeout,
+                  auto_recheck_every=cfg.auto_recheck_every,
                   max_grad_norm=cfg.clip_grad_norm or None, buffers=cfg.buffers, grad_scaler=precision.scaler,
                   # Every rank runs the same number of steps (equal shards, one step count), so the per-step
                   # agreement on who still trains would only add a collective per step and a group of its own.

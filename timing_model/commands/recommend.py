@@ -12,12 +12,14 @@ from .flags import add_scenario_flags, help_formatter, load_calibration, parse_f
 
 __all__ = ["USAGE", "DESCRIPTION", "add_parser", "run"]
 
-USAGE = "%(prog)s --nodes N --bandwidth RATE --params COUNT --compute TIME [--calibration FILE] [...]"
+USAGE = ("%(prog)s --nodes N --bandwidth RATE --params COUNT --compute TIME [...]\n"
+         "       %(prog)s --calibration FILE --params COUNT [--compute TIME] [...]")
 DESCRIPTION = ("Which Pipe-SGD width and gradient codec to run: the first, in an order of preference (width 1 "
                "uncompressed, then width 2 and up with none, bf16, q8 + error feedback, q4 + error feedback), "
                f"whose all-reduce the model predicts hides behind the step (at most {HIDDEN_SHARE:.0%} of the "
                "iteration left exposed); else the first within 10% of the fastest. --width and --compression, when "
-               "given, are kept.")
+               "given, are kept. With --calibration FILE (from `pipesgd-timing calibrate`) the cluster comes from it: "
+               "--nodes from its world size, the link from its fit, and --compute from the model it timed if any.")
 
 
 def add_parser(sub) -> None:
@@ -26,7 +28,10 @@ def add_parser(sub) -> None:
     add_scenario_flags(p, sweep=False)
     p.set_defaults(width="auto", compression="auto", run=run)
     for action in p._actions:  # the shared flags' help names predict's defaults; here they are chosen
-        if action.dest == "width":
+        if action.dest in ("nodes", "bandwidth"):  # or from --calibration (checked in run)
+            action.required = False
+            action.help += " (default: the calibration's)"
+        elif action.dest == "width":
             action.help = "keep this Pipe-SGD width (default auto: recommended)"
         elif action.dest == "compression":
             action.help = "keep this codec: none|fp16|bf16|q8|q4|sign (default auto: recommended)"
@@ -48,13 +53,14 @@ def run(args: argparse.Namespace) -> str:
         raise UsageError(f"--max-width {max_width}: must be >= 1")
     fixed_width = None if args.width == "auto" else parse_flag("width", args.width)
     fixed_codec = None if args.compression == "auto" else parse_flag("compression", args.compression)
+    calibration = load_calibration(args.calibration)
+    _cluster_from(args, calibration)
     fields = scenario_fields(args, skip=("width", "compression"))
     fields.pop("error_feedback")
     if fields.get("compute_s", 0.0) <= 0:
         raise UsageError("recommend needs --compute, the forward + backward time of one step (e.g. 120ms): "
                          "whether the all-reduce hides depends on it")
     feedback = True if args.error_feedback else None  # the flag can only fix it on
-    calibration = load_calibration(args.calibration)
     scenario = Scenario.of(**fields)
     answer = recommend(scenario, lambda case: predict_modes(case, ("pipe",), calibration).result("pipe"),
                        max_width=max_width, allow_sign=args.allow_sign, width=fixed_width,
@@ -68,3 +74,20 @@ def run(args: argparse.Namespace) -> str:
         lines.append(f"| {c.width} | {c.compression} | {'yes' if c.error_feedback else 'no'} | {c.allreduce} | "
                      f"{c.iteration_s * 1e3:.4g} | {c.exposed_s * 1e3:.4g} | {'yes' if c.hidden else 'no'} |")
     return "\n".join(lines) + "\n"
+
+
+def _cluster_from(args: argparse.Namespace, calibration) -> None:
+    """--nodes, --bandwidth (and --compute, when the calibration timed a model) from ``calibration`` where not
+    given; without one, --nodes and --bandwidth are required."""
+    if calibration is None:
+        missing = [f"--{name}" for name in ("nodes", "bandwidth") if getattr(args, name) is None]
+        if missing:
+            raise UsageError(f"recommend needs {' and '.join(missing)}, or --calibration FILE to take them from")
+        return
+    if args.nodes is None:
+        args.nodes = str(int(calibration.meta.get("world_size") or 0) or max(calibration.meta["grid"]["nodes"]))
+    if args.bandwidth is None:  # a stand-in the calibration's own fit replaces in every prediction
+        args.bandwidth = f"{calibration.fit_for('pipe').bandwidth_Bps}B/s"
+    compute = calibration.compute or {}
+    if args.compute in (None, "0") and compute.get("compute_s"):
+        args.compute = f"{compute['compute_s']}s"

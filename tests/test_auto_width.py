@@ -1,0 +1,203 @@
+"""``PipeSGD(width="auto")`` and the re-check (``auto_recheck_every``, ``pipesgd.auto``): width and codec decided
+together, the link found from a compressed exchange, the switch rule that keeps a re-check from flipping on noise, a
+chosen width that runs bitwise as the same width named, a resume that keeps it, and a re-check that switches at the
+same step on every rank with every gradient applied once."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from pipesgd import PipeSGD, auto
+from pipesgd.options import PipeSGDOptions
+from tests.distributed import run_ranks
+from tests.single_process import process_group  # noqa: F401 - a fixture
+from tests.test_auto_codec import FAST, SLOW, _measured
+from timing_model.predict import Scenario, predict
+
+WARMUP = 3
+FREE = auto.Knobs(None, None, None)
+
+
+@pytest.mark.parametrize("measured, knobs, want", [
+    (SLOW, FREE, (2, "q4", True)),  # nothing synchronous hides 480 ms; at width 2 only q4 does
+    (FAST, FREE, (1, "none", False)),  # 4.8 ms beside a 100 ms step: synchronous SGD
+    (FAST, auto.Knobs(2, None, None), (2, "none", False)),  # a named width is kept
+    (FAST, auto.Knobs(None, "q8", True), (1, "q8", True)),  # a named codec is kept; the width is chosen for it
+    (SLOW, auto.Knobs(None, "none", False), (2, "none", False)),  # nothing hides: the first near the fastest
+])
+def test_width_and_codec_decided_together(measured, knobs, want):
+    choice = auto.decide(measured, nodes=4, grad_bytes=4e6, knobs=knobs)
+    assert (choice["width"], choice["compression"], choice["error_feedback"]) == want
+
+
+def test_the_link_is_found_from_a_compressed_exchange():
+    """Measured with q8 + feedback (a user's codec under width="auto"): the link that produced it comes back."""
+    speeds = {"q8_encode_Bps": 2e9, "q8_decode_Bps": 3e9}
+    truth = Scenario(nodes=4, grad_bytes=4e6, bandwidth_Bps=12.5e6, latency_s=1e-4, compression="q8",
+                     error_feedback=True, encode_Bps=2e9, decode_Bps=3e9)
+    measured = {"comm_s": predict(truth, ("pipe",)).result("pipe").comm_total_s,
+                "small_allreduce_s": 6 * 1e-4 + 1.5 * (4e6 / 64) / 12.5e6, **speeds}
+    terms = auto.link_terms(measured, nodes=4, grad_bytes=4e6, measured_with=("q8", True))
+    assert terms["bandwidth_Bps"] == pytest.approx(12.5e6, rel=1e-6)
+    assert terms["latency_s"] == pytest.approx(1e-4, rel=1e-5)
+
+
+@pytest.mark.parametrize("comm_s, running, want", [
+    (0.115, (2, "none", False), None),  # bf16 would hide, but none is only 15 % slower: no switch
+    (0.135, (2, "none", False), "bf16"),  # 35 % slower: worth bf16's loss of exactness
+    (FAST["comm_s"], (2, "none", False), None),  # already the choice
+    (FAST["comm_s"], (2, "bf16", False), "none"),  # the more exact codec hides now: back to it
+])
+def test_a_recheck_switches_only_for_a_gain(comm_s, running, want):
+    measured = _measured(comm_s, comm_s / 64 + 6e-4)
+    width, codec, feedback = running
+    measured_with = ("none", False)
+    if codec != "none":  # what the running codec's exchange would take on that link
+        link = auto.link_terms(measured, 4, 4e6)
+        case = Scenario(nodes=4, grad_bytes=4e6, compression=codec, error_feedback=feedback, **link,
+                        encode_Bps=measured[f"{codec}_encode_Bps"], decode_Bps=measured[f"{codec}_decode_Bps"])
+        measured = {**measured, "comm_s": predict(case, ("pipe",)).result("pipe").comm_total_s}
+        measured_with = (codec, feedback)
+    choice = auto.decide(measured, 4, 4e6, auto.Knobs(2, None, None), measured_with, now=running)
+    assert (choice and choice["compression"]) == want
+
+
+def test_a_recheck_decides_in_a_first_window_and_when_the_cluster_moved(process_group, monkeypatch):
+    decided = []
+    monkeypatch.setattr(auto, "decide", lambda measured, *_args, **_kwargs: decided.append(measured["comm_s"]))
+    current = {"width": 2, "compression": "none", "error_feedback": False, "measured": dict(FAST)}
+    for comm_s in (0.010, 0.013, 0.007, 0.016, 0.016, 0.011):  # moved 1.6x from the reference at 0.016
+        clock = auto.StepClock()
+        clock.comm_busy, clock.gaps = [comm_s], [0.1]
+        assert auto.recheck([], auto.Knobs(2, None, None), current, clock, None) is None
+    assert decided == [0.010, 0.016] and current["ran"] == {"none": 0.016}
+    assert current["reference"]["comm_s"] == 0.016  # 0.011 is within 1.5x of it
+
+
+@pytest.mark.parametrize("options, needle", [
+    (dict(width="wide"), "width must be an integer >= 1 or 'auto'"),
+    (dict(width="auto", warmup_steps=1), "width='auto' measures during the synchronous warm-up"),
+    (dict(auto_recheck_every=10), "auto_recheck_every needs width='auto' or compression='auto'"),
+    (dict(width="auto", auto_recheck_every=-1), "auto_recheck_every must be an integer >= 0"),
+])
+def test_what_auto_width_refuses(options, needle):
+    with pytest.raises(ValueError, match=needle):
+        PipeSGDOptions(**options)
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2))
+
+
+def _train(model: nn.Module, opt: PipeSGD, steps: range, rank: int = 0) -> list:
+    stats = []
+    for t in steps:
+        g = torch.Generator().manual_seed(100 * t + rank)
+        model(torch.randn(4, 8, generator=g)).square().mean().backward()
+        stats.append(opt.step())
+        opt.zero_grad()
+    return stats
+
+
+def _chooses(width: int, compression: str = "none", feedback: bool = False):
+    return lambda measured, *_args, **_kwargs: {"width": width, "compression": compression,
+                                                "error_feedback": feedback, "reason": "a test", "measured": measured}
+
+
+@pytest.mark.parametrize("staleness", ["lookahead", "none"])
+def test_a_chosen_width_runs_bitwise_as_the_same_width_named(process_group, monkeypatch, staleness):
+    monkeypatch.setattr(auto, "measure", lambda *_args: dict(SLOW))
+    monkeypatch.setattr(auto, "decide", _chooses(2))
+    finals, records = [], []
+    for width in (2, "auto"):
+        model = _model()
+        opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model, width=width,
+                      warmup_steps=WARMUP, staleness=staleness)
+        records.append(_train(model, opt, range(WARMUP + 6)))
+        assert opt.width == 2 and (opt.lookahead_memory_bytes > 0) == (staleness == "lookahead")
+        opt.flush()
+        finals.append([p.detach().clone() for p in model.parameters()])
+        opt.close()
+    assert all(torch.equal(a, b) for a, b in zip(*finals))
+    assert [s.auto_choice for s in records[1]] == [None] * (WARMUP - 1) + ["width 2, none"] + [None] * 6
+    assert [s.applied_step for s in records[0]] == [s.applied_step for s in records[1]]
+
+
+def test_a_resume_keeps_the_chosen_width_and_what_is_in_flight(process_group, monkeypatch):
+    monkeypatch.setattr(auto, "measure", lambda *_args: dict(SLOW))
+    monkeypatch.setattr(auto, "decide", _chooses(2, "q8", True))
+    model = _model()
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, width="auto", warmup_steps=WARMUP)
+    _train(model, opt, range(WARMUP + 2))
+    state, weights = opt.state_dict(), [p.detach().clone() for p in model.parameters()]
+    assert state["width"] == 2 and len(state["in_flight"]) == 1
+    _train(model, opt, range(WARMUP + 2, WARMUP + 5))
+    opt.flush()
+    opt.close()  # its look-ahead hook leaves the model
+    uninterrupted = [p.detach().clone() for p in model.parameters()]
+    with torch.no_grad():
+        for p, w in zip(model.parameters(), weights):
+            p.copy_(w)
+            p.grad = None  # as a fresh process has it
+    again = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, width="auto", warmup_steps=WARMUP)
+    again.optimizer.load_state_dict(opt.optimizer.state_dict())  # SGD without momentum: no state to differ
+    again.load_state_dict(state)
+    assert again.width == 2 and again.compression == "q8" and again.in_flight == 1
+    _train(model, again, range(WARMUP + 2, WARMUP + 5))
+    again.flush()
+    assert all(torch.equal(a, b) for a, b in zip(uninterrupted, model.parameters()))
+    again.close()
+
+
+EVERY = 3
+
+
+def _recheck_ranks(rank: int, world: int) -> dict:
+    # The warm-up measures a slow link (q4 + feedback); every later window a fast one (none hides again).
+    auto.measure = lambda *_args: dict(SLOW)
+    auto.StepClock.compute_s = property(lambda self: 0.1)
+    auto.StepClock.comm_s = property(lambda self: 0.001)
+    model = _model()
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model, width=2, compression="auto",
+                  error_feedback=False, warmup_steps=WARMUP, auto_recheck_every=EVERY)
+    updates = []
+    opt.optimizer.register_step_post_hook(lambda *_: updates.append(1))
+    steps = WARMUP + 2 * EVERY + 2
+    stats = _train(model, opt, range(steps), rank)
+    opt.flush()
+    opt.check_replicas()
+    opt.close()
+    return {"choices": [(s.step, s.auto_choice) for s in stats if s.auto_choice], "updates": len(updates),
+            "steps": steps, "compression": opt.compression}
+
+
+def test_a_recheck_switches_at_the_same_step_on_every_rank_and_applies_every_gradient_once():
+    results = run_ranks(_recheck_ranks, 2)
+    assert results[0] == results[1]
+    first, switch = WARMUP - 1, WARMUP + EVERY - 1
+    (at_first, chose_first), (at_switch, chose_then) = results[0]["choices"]
+    assert at_first == first and chose_first.endswith(" + error feedback")  # the slow link: a lossy codec
+    assert (at_switch, chose_then) == (switch, "width 2, none")
+    assert results[0]["compression"] == "none" and results[0]["updates"] == results[0]["steps"]
+
+
+def test_a_switch_between_codecs_with_feedback_carries_the_residuals(process_group, monkeypatch):
+    choices = iter([("q8", True), ("q4", True)])
+    monkeypatch.setattr(auto, "measure", lambda *_args: dict(SLOW))
+    monkeypatch.setattr(auto, "decide", lambda measured, *_args, **_kwargs: dict(
+        zip(("compression", "error_feedback"), next(choices)), width=2, reason="a test", measured=measured))
+    monkeypatch.setattr(auto.StepClock, "comm_s", property(lambda self: 0.01))
+    model = _model()
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP,
+                  auto_recheck_every=EVERY)
+    _train(model, opt, range(WARMUP + EVERY - 1))
+    old = opt._exchange
+    _train(model, opt, range(WARMUP + EVERY - 1, WARMUP + EVERY))  # the re-check switches to q4
+    assert opt.compression == "q4" and opt._exchange is not old
+    owed = old.feedback.residuals_state()
+    assert owed and owed.keys() == opt._exchange.feedback.residuals_state().keys()
+    assert all(torch.equal(owed[k], opt._exchange.feedback.residuals_state()[k]) for k in owed)
+    opt.flush()
+    opt.close()
