@@ -20,17 +20,20 @@ run uses it without measuring again), readable as ``PipeSGD.auto_choice`` and in
 warm-up steps, which run anyway, plus 4 all-reduces of 1/64 of the gradient and two encodes and decodes per codec.
 
 Re-check (``auto_recheck_every=N``, off by default): every N steps after the warm-up it looks at the last N steps
-(their compute gaps and their exchanges' busy time with the codec in use; one small agreement all-reduce, no other
-traffic). It decides again only in a configuration's first window, or when compute or the exchange moved
-``CHANGED``-fold from that configuration's first window (the cluster changed, not the noise); then the same decision
-as at the warm-up, from the latency and codec speeds the warm-up measured, with each codec's exchange time as last
-measured while the pipeline ran in place of the model's (measured beats modelled: under overlap the codecs run
-slower than alone). It switches only for a predicted gain: to a less exact codec or a wider pipeline for a
-``SWITCH_GAIN`` faster iteration, to a more exact or narrower one when that one hides its all-reduce. So a run
-visits each configuration at most once until something moves. A switch drains the pipeline first (every step in
-flight is applied, as ``flush()`` does, so replicas stay identical), then refills it as after the warm-up.
-Error-feedback residuals carry over when the new codec keeps feedback on the same all-reduce (they are gradient
-values not yet sent, whatever the codec); otherwise they are dropped (at most one step's rounding error).
+(medians of their compute gaps, iterations, the exchange's busy time with the codec in use, and what ``step()``
+blocked on communication; one small agreement all-reduce, no other traffic). It decides again only in a
+configuration's first window, or when compute or the exchange moved ``CHANGED``-fold from that configuration's
+first window by at least ``SWITCH_GAIN`` - 1 of the iteration (the cluster changed, not the noise). Then the same
+decision as at the warm-up, from the latency and codec speeds the warm-up measured, with measured beating modelled:
+a configuration that ran counts with its own iteration and blocked time, a codec that ran with its own exchange
+time, and the model's error on the running configuration (measured iteration over modelled) scales the
+predictions of the rest (under overlap the codecs and compute share the cores, which the model alone does not see).
+It switches only for a predicted gain: to a less exact codec or a wider pipeline for a ``SWITCH_GAIN`` faster
+iteration, to a more exact or narrower one when that one hides its all-reduce. So a run visits each configuration
+at most once until something moves. A switch drains the pipeline first (every step in flight is applied, as
+``flush()`` does, so replicas stay identical), then refills it as after the warm-up. Error-feedback residuals carry
+over when the new codec keeps feedback on the same all-reduce (they are gradient values not yet sent, whatever the
+codec); otherwise they are dropped (at most one step's rounding error).
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -84,22 +87,30 @@ class StepClock:
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._clock = clock
+        self._began: float | None = None
         self._ended: float | None = None
         self.gaps: list[float] = []
+        self.periods: list[float] = []  # from one step()'s start to the next: the iteration
         self.comm_busy: list[float] = []
+        self.waits: list[float] = []  # what step() blocked on communication (the exposed part)
 
     def begin(self) -> None:
+        now = self._clock()
         if self._ended is not None:
-            self.gaps.append(self._clock() - self._ended)
+            self.gaps.append(now - self._ended)
+        if self._began is not None:
+            self.periods.append(now - self._began)
+        self._began = now
 
-    def end(self, comm_busy_s: float | None = 0.0) -> None:
+    def end(self, comm_busy_s: float | None = 0.0, wait_s: float = 0.0) -> None:
         self._ended = self._clock()
+        self.waits.append(wait_s)
         if comm_busy_s is not None:  # None: the step applied nothing (the pipeline fills)
             self.comm_busy.append(comm_busy_s)
 
     def reset(self) -> None:
         """Start a new window (the gap right after a re-check, which includes its drain, is not compute)."""
-        self._ended, self.gaps, self.comm_busy = None, [], []
+        self._began, self._ended, self.gaps, self.periods, self.comm_busy, self.waits = None, None, [], [], [], []
 
     @property
     def compute_s(self) -> float:
@@ -110,6 +121,12 @@ class StepClock:
     def comm_s(self) -> float:
         """Median busy time of an exchange of the whole gradient."""
         return statistics.median(self.comm_busy) if self.comm_busy else 0.0
+
+    def window(self) -> dict[str, float]:
+        """A re-check's medians: compute, exchange, iteration and the exposed wait."""
+        median = lambda values: statistics.median(values) if values else 0.0  # noqa: E731
+        return {"compute_s": self.compute_s, "comm_s": self.comm_s, "period_s": median(self.periods),
+                "wait_s": median(self.waits)}
 
 
 class AutoConfig:
@@ -132,13 +149,14 @@ class AutoConfig:
         if self._timing(step):
             self.clock.begin()
 
-    def end(self, step: int, comm_busy_s: float | None) -> dict | None:
+    def end(self, step: int, comm_busy_s: float | None, wait_s: float = 0.0) -> dict | None:
         """After ``step()``'s work (``comm_busy_s``: the applied exchange's time on the worker, None: nothing
-        applied). Returns a choice to run from the next step on (the wrapper drains what is in flight first): at
+        applied; ``wait_s``: what ``step()`` blocked on communication: that exchange and a blocking sync of the
+        module buffers, which queues behind the exchange on a saturated link). Returns a choice to run from the next step on (the wrapper drains what is in flight first): at
         the warm-up's last step, and at a re-check that switches."""
         if not self._timing(step):
             return None
-        self.clock.end(comm_busy_s)
+        self.clock.end(comm_busy_s, wait_s)
         if self.choice is None:
             if step < self._warmup - 1:
                 return None
@@ -169,23 +187,22 @@ def first_choice(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: d
 
 def recheck(buckets: list[Bucket], knobs: Knobs, current: dict, clock: StepClock,
             group: dist.ProcessGroup | None) -> dict | None:
-    """The re-check: the last window's compute and exchange times (agreed) with the warm-up's latency and codec
-    speeds; a new choice when it switches (module doc), else None. It decides only in a running configuration's
-    first window or when a window moved ``CHANGED``-fold from that configuration's reference (its first window),
-    and uses each codec's exchange time as last measured while the pipeline ran (``current["ran"]``, updated in
-    place) in place of the model's."""
+    """The re-check: the last window's times (agreed) with the warm-up's latency and codec speeds; a new choice when
+    it switches (module doc), else None. It decides only in a running configuration's first window or when a
+    window moved ``CHANGED``-fold from that configuration's reference (its first window). What each configuration
+    measured while it ran (``current["ran"]``, updated in place) stands in for the model's prediction of it."""
     _, grad_bytes, device, _ = _gradient(buckets)
-    window = agreed({"compute_s": clock.compute_s, "comm_s": clock.comm_s}, group, device)
+    window = agreed(clock.window(), group, device)
     running = (current["compression"], bool(current["error_feedback"]))
-    key, ran = codec_key(*running), current.setdefault("ran", {})
-    reference = current.get("reference") or ({**window, "comm_s": ran[key]} if key in ran else None)
+    now = (current.get("width"), *running)
+    key, ran = run_key(*now), current.setdefault("ran", {})
+    reference = current.get("reference") or ({**window, "comm_s": ran[key]["comm_s"]} if key in ran else None)
     if reference is not None and not _moved(window, reference):
         current["reference"] = reference
         return None
-    current["reference"], ran[key] = window, window["comm_s"]
-    now = (current.get("width"), *running)
-    choice = decide({**current["measured"], **window}, dist.get_world_size(group), grad_bytes, knobs, running,
-                    now=now, ran=ran)
+    current["reference"], ran[key] = window, {k: window[k] for k in ("comm_s", "period_s", "wait_s")}
+    choice = decide({**current["measured"], "compute_s": window["compute_s"], "comm_s": window["comm_s"]},
+                    dist.get_world_size(group), grad_bytes, knobs, running, now=now, ran=ran)
     if choice is None:
         return None
     choice["reason"], choice["ran"] = f"re-check: {choice['reason']}", dict(ran)
@@ -194,9 +211,12 @@ def recheck(buckets: list[Bucket], knobs: Knobs, current: dict, clock: StepClock
 
 
 def _moved(window: dict[str, float], reference: dict[str, float]) -> bool:
-    """A window's compute or exchange time ``CHANGED``-fold (either way) from the reference's."""
+    """A window's compute or exchange time ``CHANGED``-fold (either way) from the reference's, by a margin that could
+    pay for a switch (at least ``SWITCH_GAIN`` - 1 of the iteration: a 1.5-fold change of a 1 ms all-reduce in a 4 ms
+    step is this host's noise, not a cluster that changed)."""
+    floor = (SWITCH_GAIN - 1) * max(window.get("period_s", 0.0), reference.get("period_s", 0.0))
     return any(max(window[k], reference[k]) > CHANGED * max(min(window[k], reference[k]), 1e-9)
-               for k in ("compute_s", "comm_s"))
+               and abs(window[k] - reference[k]) >= floor for k in ("compute_s", "comm_s"))
 
 
 def _gradient(buckets: list[Bucket]) -> tuple[int, float, torch.device, torch.dtype]:
@@ -243,35 +263,58 @@ def codec_key(compression: str, error_feedback: bool) -> str:
     return compression + ("+ef" if error_feedback and compression != "none" else "")
 
 
-def _predictor(measured: dict[str, float], ran: dict[str, float] | None = None):
-    """Pipe-SGD's prediction for a scenario, with each codec's measured speed, and its exchange's measured time
-    where ``ran`` holds one (the model's anchor: ``timing_model.empirical.anchor``)."""
+def run_key(width: int | None, compression: str, error_feedback: bool) -> str:
+    """A configuration's key in ``ran``: "2:q8+ef"."""
+    return f"{width}:{codec_key(compression, error_feedback)}"
+
+
+def _predictor(measured: dict[str, float], ran: dict[str, dict] | None = None, scale: float = 1.0,
+               as_measured: bool = True):
+    """Pipe-SGD's prediction for a scenario: with each codec's measured speed, its exchange time as measured while
+    the pipeline ran (any width; the model's anchor, ``timing_model.empirical.anchor``) and, ``as_measured``, a
+    configuration that ran as it ran (its iteration and exposed wait); every other prediction's times x ``scale``."""
     from timing_model.predict import predict
+
+    ran = ran or {}
+    comm_of = {key.split(":", 1)[1]: seen["comm_s"] for key, seen in sorted(ran.items())}
 
     def predict_pipe(case):
         if f"{case.compression}_encode_Bps" in measured:
             case = case.with_changes(encode_Bps=measured[f"{case.compression}_encode_Bps"],
                                      decode_Bps=measured[f"{case.compression}_decode_Bps"])
-        if ran and codec_key(case.compression, case.error_feedback) in ran:
-            case = case.with_changes(ring_anchor_s=ran[codec_key(case.compression, case.error_feedback)])
-        return predict(case, ("pipe",)).result("pipe")
+        codec = codec_key(case.compression, case.error_feedback)
+        if codec in comm_of:
+            case = case.with_changes(ring_anchor_s=comm_of[codec])
+        result = predict(case, ("pipe",)).result("pipe")
+        seen = ran.get(run_key(case.width, case.compression, case.error_feedback)) if as_measured else None
+        if seen is not None:  # measured beats modelled
+            return replace(result, iteration_s=seen["period_s"], exposed_comm_s=seen["wait_s"], codec_s=0.0)
+        return replace(result, iteration_s=result.iteration_s * scale, exposed_comm_s=result.exposed_comm_s * scale,
+                       codec_s=result.codec_s * scale)
     return predict_pipe
 
 
 def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Knobs,
            measured_with: tuple[str, bool] = ("none", False),
-           now: tuple[int | None, str, bool] | None = None, ran: dict[str, float] | None = None) -> dict | None:
+           now: tuple[int | None, str, bool] | None = None, ran: dict[str, dict] | None = None) -> dict | None:
     """What ``timing_model.recommend`` picks from the measurements (the same on every rank), among the knobs the user
     left free: {"width", "compression", "error_feedback", "reason", "measured"}. ``measured["comm_s"]`` is an
     exchange of the whole gradient with ``measured_with``'s codec. With ``now`` (a re-check: the width, codec and
-    feedback running) None unless the switch rule of the module doc holds; ``ran``: exchange times measured while
-    the pipeline ran, by ``codec_key``, in place of the model's."""
+    feedback running) None unless the switch rule of the module doc holds; ``ran``: what configurations measured
+    while the pipeline ran, by ``run_key`` (``_predictor``). The model's error on the running configuration
+    (its measured iteration over the model's) scales the predictions of the ones that have not run."""
     from timing_model.predict import Scenario
     from timing_model.recommend import recommend
 
     link = link_terms(measured, nodes, grad_bytes, measured_with, _predictor(measured))
-    predict_pipe = _predictor(measured, ran)
     scenario = Scenario(nodes=nodes, grad_bytes=grad_bytes, compute_s=measured["compute_s"], **link)
+    scale = 1.0
+    if now is not None and ran and run_key(*now) in ran:
+        width, codec, feedback = now
+        modelled = _predictor(measured, ran, as_measured=False)(
+            scenario.with_changes(width=width, compression=codec, error_feedback=feedback)).iteration_s
+        scale = ran[run_key(*now)]["period_s"] / modelled if modelled > 0 else 1.0
+    predict_pipe = _predictor(measured, ran, scale)
     answer = recommend(scenario, predict_pipe, max_width=MAX_WIDTH, width=knobs.width,
                        compression=knobs.compression, error_feedback=knobs.error_feedback)
     new = answer.choice

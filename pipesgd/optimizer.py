@@ -239,7 +239,8 @@ class PipeSGD:
         if lookahead is not None:
             stats.t_lookahead_s = lookahead.end_step()
         if self._auto is not None:  # the warm-up's end, or a re-check that switches
-            choice = self._auto.end(t, stats.t_comm_busy_s if stats.applied_step is not None else None)
+            blocked = stats.t_wait_s + (stats.t_buffers_s or 0.0)  # what the caller waited on the network for
+            choice = self._auto.end(t, stats.t_comm_busy_s if stats.applied_step is not None else None, blocked)
             if choice is not None:
                 self._use_choice(choice, stats)
         self._step += 1

@@ -46,13 +46,15 @@ def test_the_link_terms_reproduce_both_measured_all_reduces():
     assert auto.link_terms(SLOW, nodes=1, grad_bytes=4e6)["bandwidth_Bps"] == float("inf")
 
 
-def test_the_warmup_clock_times_the_callers_work_between_steps():
-    ticks = iter([0.010, 0.110, 0.115, 0.315, 0.320])  # ends at 0.01, 0.115, 0.32; the next begins at 0.11, 0.315
+def test_the_step_clock_times_the_callers_work_between_steps_and_the_iteration():
+    ticks = iter([0.0, 0.010, 0.110, 0.115, 0.315, 0.320])  # begins at 0, 0.11, 0.315; ends at 0.01, 0.115, 0.32
     clock = auto.StepClock(lambda: next(ticks))
-    for _ in range(3):
+    for wait in (0.001, 0.002, 0.003):
         clock.begin()
-        clock.end()
+        clock.end(wait_s=wait)
     assert clock.gaps == pytest.approx([0.100, 0.200]) and clock.compute_s == pytest.approx(0.150)
+    window = clock.window()
+    assert window["period_s"] == pytest.approx(0.1575) and window["wait_s"] == 0.002
 
 
 @pytest.mark.parametrize("options, needle", [

@@ -67,12 +67,17 @@ def test_a_recheck_decides_in_a_first_window_and_when_the_cluster_moved(process_
     decided = []
     monkeypatch.setattr(auto, "decide", lambda measured, *_args, **_kwargs: decided.append(measured["comm_s"]))
     current = {"width": 2, "compression": "none", "error_feedback": False, "measured": dict(FAST)}
-    for comm_s in (0.010, 0.013, 0.007, 0.016, 0.016, 0.011):  # moved 1.6x from the reference at 0.016
+    windows = [(0.010, 0.02), (0.013, 0.02), (0.007, 0.02),  # within 1.5x of the first window's 0.010
+               (0.016, 0.02),  # 1.6x, and by 30 % of the iteration: the cluster moved
+               (0.016, 0.02), (0.011, 0.02),  # within 1.5x of the new reference
+               (0.030, 0.2)]  # 1.9x, but 7 % of a 200 ms step: noise that no switch could pay for
+    for comm_s, period_s in windows:
         clock = auto.StepClock()
-        clock.comm_busy, clock.gaps = [comm_s], [0.1]
+        clock.comm_busy, clock.gaps, clock.periods, clock.waits = [comm_s], [0.015], [period_s], [0.001]
         assert auto.recheck([], auto.Knobs(2, None, None), current, clock, None) is None
-    assert decided == [0.010, 0.016] and current["ran"] == {"none": 0.016}
-    assert current["reference"]["comm_s"] == 0.016  # 0.011 is within 1.5x of it
+    assert decided == [0.010, 0.016]
+    assert current["ran"] == {"2:none": {"comm_s": 0.016, "period_s": 0.02, "wait_s": 0.001}}
+    assert current["reference"]["comm_s"] == 0.016
 
 
 @pytest.mark.parametrize("options, needle", [
@@ -201,3 +206,19 @@ def test_a_switch_between_codecs_with_feedback_carries_the_residuals(process_gro
     assert all(torch.equal(owed[k], opt._exchange.feedback.residuals_state()[k]) for k in owed)
     opt.flush()
     opt.close()
+
+
+def test_what_ran_stands_in_for_the_model_and_scales_what_did_not():
+    measured = _measured(0.135, 0.135 / 64 + 6e-4)
+    link = auto.link_terms(measured, 4, 4e6)
+    ran = {"2:bf16": {"comm_s": 0.05, "period_s": 0.14, "wait_s": 0.001}}
+    predict_pipe = auto._predictor(measured, ran, scale=2.0)
+    raw = auto._predictor(measured)
+    case = Scenario(nodes=4, grad_bytes=4e6, compute_s=0.1, compression="bf16", **link)
+    ran_bf16 = predict_pipe(case)
+    assert (ran_bf16.iteration_s, ran_bf16.exposed_comm_s, ran_bf16.codec_s) == (0.14, 0.001, 0.0)
+    wider = predict_pipe(case.with_changes(width=3))  # bf16 did not run at width 3: modelled, its exchange as measured
+    assert wider.comm_total_s == pytest.approx(0.05) and wider.iteration_s == pytest.approx(
+        2.0 * auto._predictor(measured, ran, as_measured=False)(case.with_changes(width=3)).iteration_s)
+    q8 = case.with_changes(compression="q8", error_feedback=True)
+    assert predict_pipe(q8).iteration_s == pytest.approx(2.0 * raw(q8).iteration_s)

@@ -1,0 +1,39 @@
+"""``experiments/link_change.py`` (issue 39 item 2): bad input is one line and exit 2 before any cluster exists, and
+the report reads a result's runs (the experiment itself needs root and minutes: it is run by hand)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from experiments.link_change import report
+
+SCRIPT = "experiments/link_change.py"
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--variants", "pipe,zip"], "unknown variant(s) ['zip']"),
+    (["--at", "150"], "--at + 2 x --recheck < --steps"),
+    (["--recheck", "0"], "--recheck must be a positive integer"),
+    (["--repeats", "0"], "--repeats must be >= 1"),
+    (["--after", "unshaped"], "a link that changes must be shaped"),
+    (["--report", "--result", "/nonexistent.json"], "cannot read /nonexistent.json"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, needle):
+    done = subprocess.run([sys.executable, SCRIPT, *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1 and needle in done.stderr, done.stderr
+
+
+def test_the_report_compares_auto_with_recheck_after_the_change():
+    runs = [{"variant": "pipe+auto", "before_ms": 60.0, "after_ms": 150.0, "wall_s": 20.0, "choices": [[2, "none"]]},
+            {"variant": "pipe+auto+recheck", "before_ms": 61.0, "after_ms": 60.0, "wall_s": 12.5,
+             "choices": [[2, "none"], [92, "q4 + error feedback"]]}]
+    config = {"nodes": 4, "before": "1gbit", "after": "100mbit", "steps": 160, "at": 50, "recheck": "20"}
+    table = report({"config": config, "runs": runs})
+    assert "| pipe+auto | 60.0 | 150.0 | 20.0 | 2: none | 0.40 |" in table
+    assert "| pipe+auto+recheck | 61.0 | 60.0 | 12.5 | 2: none; 92: q4 + error feedback | 1.00 |" in table
+    again = {**runs[0], "after_ms": 170.0, "wall_s": 22.0}  # a second round of pipe+auto: median and range
+    table = report({"config": config, "runs": runs + [again]})
+    assert "| pipe+auto | 60.0 (60.0-60.0) | 160.0 (150.0-170.0) | 21.0 (20.0-22.0) | 2: none / 2: none | 0.38 |" in table
