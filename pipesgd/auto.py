@@ -139,6 +139,7 @@ class AutoConfig:
         self._every, self._codec_options = recheck_every, dict(codec_options or {})
         self.clock = StepClock()
         self.choice: dict | None = None  # made, or restored from a checkpoint
+        import timing_model.recommend  # noqa: F401 - loaded now, not inside the warm-up's last step
 
     def _timing(self, step: int) -> bool:
         if self.choice is None:
@@ -355,14 +356,14 @@ def link_terms(measured: dict[str, float], nodes: int, grad_bytes: float,
         return predict_pipe(base.with_changes(bandwidth_Bps=bandwidth, latency_s=latency)).comm_total_s
 
     latency, bandwidth = measured["small_allreduce_s"] / hops, math.inf
-    for _ in range(6):
+    for _ in range(6):  # each round shrinks the error by the small size's share of the small all-reduce
         low, high = 1e3, 1e14  # bytes/s: from a stalled link to far beyond any NIC
         if comm_at(high, latency) >= measured["comm_s"]:
             bandwidth = high
         elif comm_at(low, latency) <= measured["comm_s"]:
             bandwidth = low
         else:
-            for _ in range(80):
+            for _ in range(48):  # halves log(high/low) = 25 each time: to 1e-13 relative
                 mid = math.sqrt(low * high)
                 low, high = (mid, high) if comm_at(mid, latency) > measured["comm_s"] else (low, mid)
             bandwidth = math.sqrt(low * high)
