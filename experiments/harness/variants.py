@@ -16,6 +16,9 @@ TRAINER_FLAGS: dict[str, list[str]] = {  # variant name: pipesgd-train flags
     # The codec chosen at the end of the warm-up from what it measured (issue 39)
     "pipe+auto": ["--mode", "pipe", "--width", "2", "--compression", "auto"],
     "pipe-wauto+auto": ["--mode", "pipe", "--width", "auto", "--compression", "auto"],  # the width chosen too
+    # ... and chosen again every 20 steps from what the running configuration measured
+    "pipe-wauto+auto+recheck": ["--mode", "pipe", "--width", "auto", "--compression", "auto",
+                                "--auto-recheck-every", "20"],
     "pipe-w3": ["--mode", "pipe", "--width", "3"],  # more width: more staleness, no more overlap to win
     # The paper's plain delayed update, beside the look-ahead default above (issue 36)
     "pipe-plain": ["--mode", "pipe", "--width", "2", "--staleness", "none"],
@@ -45,7 +48,8 @@ PLAIN_VARIANTS = ("pipe-plain", "pipe+q8-plain")
 TIME_TO_ACCURACY_VARIANTS = COMPARISON_VARIANTS + PLAIN_VARIANTS
 PIPE_VARIANTS = ("pipe", "pipe+bf16", "pipe+q8", "pipe+sign", "pipe-w3")  # the Pipe-SGD side of the speedup tables
 # issue 39 (configs/auto_choice.toml): --compression auto against every codec it chooses among
-AUTO_CHOICE_VARIANTS = ("sync", "pipe", "pipe+bf16", "pipe+q8", "pipe+q4", "pipe+auto", "pipe-wauto+auto")
+AUTO_CHOICE_VARIANTS = ("sync", "pipe", "pipe+bf16", "pipe+q8", "pipe+q4", "pipe+auto", "pipe-wauto+auto",
+                        "pipe-wauto+auto+recheck")
 CONVENTIONAL_BASELINES = ("ps-sync", "ps-async", "sync")  # the paper's "conventional approaches"
 DDP_BASELINES = ("ddp", "ddp+fp16", "ddp+powersgd")  # the peers users would pick today
 
