@@ -60,6 +60,10 @@ def test_the_step_clock_times_the_callers_work_between_steps_and_the_iteration()
 @pytest.mark.parametrize("options, needle", [
     (dict(compression="auto", error_feedback=True), "chooses error feedback"),
     (dict(compression="auto", warmup_steps=1), "warmup_steps must be >= 2"),
+    (dict(width="wide"), "width must be an integer >= 1 or 'auto'"),
+    (dict(width="auto", warmup_steps=1), "width='auto' measures during the synchronous warm-up"),
+    (dict(auto_recheck_every=10), "auto_recheck_every needs width='auto' or compression='auto'"),
+    (dict(width="auto", auto_recheck_every=-1), "auto_recheck_every must be an integer >= 0"),
 ])
 def test_what_auto_refuses(options, needle):
     with pytest.raises(ValueError, match=needle):
@@ -71,12 +75,15 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2))
 
 
-def _train(model: nn.Module, opt: PipeSGD, steps: range, rank: int = 0) -> None:
+def _train(model: nn.Module, opt: PipeSGD, steps: range, rank: int = 0) -> list:
+    """Each step's ``StepStats``."""
+    stats = []
     for t in steps:
         g = torch.Generator().manual_seed(100 * t + rank)
         model(torch.randn(4, 8, generator=g)).square().mean().backward()
-        opt.step()
+        stats.append(opt.step())
         opt.zero_grad()
+    return stats
 
 
 def _ranks_choose(rank: int, world: int) -> dict:

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 from pipesgd import PipeSGD, auto
-from pipesgd.options import PipeSGDOptions
 from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
-from tests.test_auto_codec import FAST, SLOW, _measured
+from tests.test_auto_codec import FAST, SLOW, _measured, _model, _train
 from timing_model.predict import Scenario, predict
 
 WARMUP = 3
@@ -78,32 +76,6 @@ def test_a_recheck_decides_in_a_first_window_and_when_the_cluster_moved(process_
     assert decided == [0.010, 0.016]
     assert current["ran"] == {"2:none": {"comm_s": 0.016, "period_s": 0.02, "wait_s": 0.001}}
     assert current["reference"]["comm_s"] == 0.016
-
-
-@pytest.mark.parametrize("options, needle", [
-    (dict(width="wide"), "width must be an integer >= 1 or 'auto'"),
-    (dict(width="auto", warmup_steps=1), "width='auto' measures during the synchronous warm-up"),
-    (dict(auto_recheck_every=10), "auto_recheck_every needs width='auto' or compression='auto'"),
-    (dict(width="auto", auto_recheck_every=-1), "auto_recheck_every must be an integer >= 0"),
-])
-def test_what_auto_width_refuses(options, needle):
-    with pytest.raises(ValueError, match=needle):
-        PipeSGDOptions(**options)
-
-
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2))
-
-
-def _train(model: nn.Module, opt: PipeSGD, steps: range, rank: int = 0) -> list:
-    stats = []
-    for t in steps:
-        g = torch.Generator().manual_seed(100 * t + rank)
-        model(torch.randn(4, 8, generator=g)).square().mean().backward()
-        stats.append(opt.step())
-        opt.zero_grad()
-    return stats
 
 
 def _chooses(width: int, compression: str = "none", feedback: bool = False):
