@@ -16,6 +16,7 @@ Printed: the medians and ranges over the rounds, and auto with re-check against 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -40,14 +41,24 @@ VARIANTS = {  # name: pipesgd-train flags beside the shared ones
 }
 
 
-def _rank0_step(path: str) -> int:
-    """The last step rank 0 has recorded (-1: none yet)."""
-    rank0 = path.replace(".jsonl", ".rank0.jsonl")
-    if not os.path.exists(rank0):
-        return -1
-    with open(rank0) as f:
-        steps = [line for line in f if line.startswith('{"type": "step"')]
-    return int(steps[-1].split('"step": ', 1)[1].split(",", 1)[0]) if steps else -1
+class Rank0Steps:
+    """The last step rank 0 has recorded (-1: none yet), read from where the previous call stopped."""
+
+    def __init__(self, metrics: str) -> None:
+        self._path, self._offset, self.last = metrics.replace(".jsonl", ".rank0.jsonl"), 0, -1
+
+    def __call__(self) -> int:
+        if os.path.exists(self._path):
+            with open(self._path) as f:
+                f.seek(self._offset)
+                for line in f:
+                    if not line.endswith("\n"):  # a record still being written: read it whole next time
+                        break
+                    self._offset += len(line.encode())
+                    record = json.loads(line)
+                    if record.get("type") == "step":
+                        self.last = int(record["step"])
+        return self.last
 
 
 def run_one(name: str, args: argparse.Namespace) -> dict:
@@ -65,9 +76,10 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
         runner = threading.Thread(target=lambda: outcome.update(rc=cluster.run(argv, timeout_s=args.timeout,
                                                                                out=log, err=log)))
         runner.start()
-        while runner.is_alive() and _rank0_step(metrics) < args.at:
+        rank0_step = Rank0Steps(metrics)
+        while runner.is_alive() and rank0_step() < args.at:
             time.sleep(0.02)
-        changed_at = _rank0_step(metrics)
+        changed_at = rank0_step()
         if runner.is_alive():
             cluster.reshape(parse_link(args.after))
         runner.join()

@@ -71,6 +71,13 @@ class Knobs:
     compression: str | None
     error_feedback: bool | None  # fixed with a named codec
 
+    @classmethod
+    def of(cls, width: int | str, compression: str, error_feedback: bool) -> "Knobs":
+        """From a wrapper's arguments, "auto" meaning left to the choice."""
+        named = compression != AUTO
+        return cls(None if width == AUTO else width, compression if named else None,
+                   error_feedback if named else None)
+
     def measured_with(self) -> tuple[str, bool]:
         """The codec of the warm-up's exchanges: the user's, else none."""
         return (self.compression, bool(self.error_feedback)) if self.compression is not None else ("none", False)
@@ -153,8 +160,9 @@ class AutoConfig:
     def end(self, step: int, comm_busy_s: float | None, wait_s: float = 0.0) -> dict | None:
         """After ``step()``'s work (``comm_busy_s``: the applied exchange's time on the worker, None: nothing
         applied; ``wait_s``: what ``step()`` blocked on communication: that exchange and a blocking sync of the
-        module buffers, which queues behind the exchange on a saturated link). Returns a choice to run from the next step on (the wrapper drains what is in flight first): at
-        the warm-up's last step, and at a re-check that switches."""
+        module buffers, which queues behind the exchange on a saturated link). Returns a choice to run from the next
+        step on (the wrapper drains what is in flight first): at the warm-up's last step, and at a re-check that
+        switches."""
         if not self._timing(step):
             return None
         self.clock.end(comm_busy_s, wait_s)
@@ -178,9 +186,10 @@ def first_choice(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: d
                  codec_options: dict | None = None) -> dict:
     """Steps 2 and 3 at the last warm-up step; logs the choice once (on rank 0)."""
     numel, grad_bytes, device, dtype = _gradient(buckets)
-    # measure()'s numbers win over the clock's (a test may give them all)
+    # measure()'s numbers win over the clock's (a test may give them all); the options belong to a named codec
+    options = codec_options if knobs.compression is not None else None
     measured = agreed({"compute_s": clock.compute_s, "comm_s": clock.comm_s,
-                       **measure(numel, device, dtype, group, knobs.codecs_to_time(), codec_options)}, group, device)
+                       **measure(numel, device, dtype, group, knobs.codecs_to_time(), options)}, group, device)
     choice = decide(measured, dist.get_world_size(group), grad_bytes, knobs, knobs.measured_with())
     announce(choice, dist.get_rank(group))
     return choice
@@ -230,7 +239,8 @@ def _gradient(buckets: list[Bucket]) -> tuple[int, float, torch.device, torch.dt
 def measure(numel: int, device: torch.device, dtype: torch.dtype, group: dist.ProcessGroup | None,
             codecs: tuple[str, ...] = CANDIDATES, codec_options: dict | None = None) -> dict[str, float]:
     """Step 2 on this rank: seconds of an uncompressed all-reduce of 1/64 of ``numel`` elements of the buckets'
-    ``dtype``, and encode/decode throughput (fp32 bytes/s) of every codec in ``codecs``."""
+    ``dtype``, and encode/decode throughput (fp32 bytes/s) of every codec in ``codecs`` (built with
+    ``codec_options``)."""
     x = torch.zeros(max(numel // SMALL_FRACTION, 1), dtype=dtype, device=device)
     dist.all_reduce(x, group=group)  # the first call sets up what the next ones reuse
     times = []
@@ -243,9 +253,8 @@ def measure(numel: int, device: torch.device, dtype: torch.dtype, group: dist.Pr
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
     measured = {"small_allreduce_s": statistics.median(times)}
-    for codec in codecs:  # a user's named codec with the user's options
-        options = codec_options if codec not in CANDIDATES or len(codecs) == 1 else {}
-        encode, decode = measure_codec_gbps(build(codec, **(options or {})), numel=min(numel, CODEC_SAMPLE),
+    for codec in codecs:
+        encode, decode = measure_codec_gbps(build(codec, **(codec_options or {})), numel=min(numel, CODEC_SAMPLE),
                                             repeats=1, device=device)
         measured[f"{codec}_encode_Bps"], measured[f"{codec}_decode_Bps"] = encode * 1e9, decode * 1e9
     return measured
@@ -305,7 +314,7 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
     while the pipeline ran, by ``run_key`` (``_predictor``). The model's error on the running configuration
     (its measured iteration over the model's) scales the predictions of the ones that have not run."""
     from timing_model.predict import Scenario
-    from timing_model.recommend import recommend
+    from timing_model.recommend import codec_label, recommend
 
     link = link_terms(measured, nodes, grad_bytes, measured_with, _predictor(measured))
     scenario = Scenario(nodes=nodes, grad_bytes=grad_bytes, compute_s=measured["compute_s"], **link)
@@ -328,9 +337,8 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
         exacter = keys.index((new.width, new.compression, new.error_feedback)) < keys.index(now) and new.hidden
         if not (faster or exacter):
             return None
-    codec = measured_with[0] + (" + error feedback" if measured_with[1] else "")
     reason = (f"{answer.reason}; measured: compute {measured['compute_s'] * 1e3:.3g} ms per step, an all-reduce of "
-              f"the gradient ({codec}) {measured['comm_s'] * 1e3:.3g} ms on {nodes} rank(s)")
+              f"the gradient ({codec_label(*measured_with)}) {measured['comm_s'] * 1e3:.3g} ms on {nodes} rank(s)")
     return {"width": new.width, "compression": new.compression, "error_feedback": new.error_feedback,
             "reason": reason, "measured": dict(measured)}
 
@@ -373,8 +381,9 @@ def link_terms(measured: dict[str, float], nodes: int, grad_bytes: float,
 
 def describe(choice: dict) -> str:
     """"width 2, q4 + error feedback" (the width only when it was chosen)."""
-    codec = choice["compression"] + (" + error feedback" if choice["error_feedback"] else "")
-    return f"width {choice['width']}, {codec}" if choice.get("width") is not None else codec
+    from timing_model.recommend import choice_label
+
+    return choice_label(choice.get("width"), choice["compression"], bool(choice["error_feedback"]))
 
 
 def announce(choice: dict, rank: int) -> None:

@@ -149,8 +149,7 @@ class PipeSGD:
         # width or compression "auto": the warm-up times itself, and its last step chooses (pipesgd.auto).
         self._auto = None
         if auto.AUTO in (width, compression):
-            knobs = auto.Knobs(None if width == auto.AUTO else width, None if compression == auto.AUTO else compression,
-                               None if compression == auto.AUTO else error_feedback)
+            knobs = auto.Knobs.of(width, compression, error_feedback)
             self._auto = auto.AutoConfig(self._buckets, knobs, warmup_steps, user_group, auto_recheck_every,
                                          self.options.compression_options)
 

@@ -2,12 +2,13 @@
 the report reads a result's runs (the experiment itself needs root and minutes: it is run by hand)."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
 
-from experiments.link_change import report
+from experiments.link_change import Rank0Steps, report
 
 SCRIPT = "experiments/link_change.py"
 
@@ -37,3 +38,18 @@ def test_the_report_compares_auto_with_recheck_after_the_change():
     again = {**runs[0], "after_ms": 170.0, "wall_s": 22.0}  # a second round of pipe+auto: median and range
     table = report({"config": config, "runs": runs + [again]})
     assert "| pipe+auto | 60.0 (60.0-60.0) | 160.0 (150.0-170.0) | 21.0 (20.0-22.0) | 2: none / 2: none | 0.38 |" in table
+
+
+def test_rank0_steps_follows_the_metrics_as_they_grow(tmp_path):
+    metrics = str(tmp_path / "run.jsonl")
+    steps = Rank0Steps(metrics)
+    assert steps() == -1  # nothing written yet
+    rank0 = tmp_path / "run.rank0.jsonl"
+    rank0.write_text(json.dumps({"type": "config"}) + "\n" + json.dumps({"type": "step", "step": 3}) + "\n")
+    assert steps() == 3
+    with open(rank0, "a") as f:
+        f.write(json.dumps({"type": "step", "step": 4}) + "\n" + '{"type": "step", "st')  # the last one half written
+    assert steps() == 4
+    with open(rank0, "a") as f:
+        f.write('ep": 5}\n')
+    assert steps() == 5

@@ -25,13 +25,25 @@ from dataclasses import asdict, dataclass
 from .modes import ModeResult
 from .predict import Scenario
 
-__all__ = ["HIDDEN_SHARE", "CODEC_LADDER", "Candidate", "Recommendation", "recommend"]
+__all__ = ["HIDDEN_SHARE", "CODEC_LADDER", "Candidate", "Recommendation", "codec_label", "choice_label",
+           "recommend"]
 
 HIDDEN_SHARE = 0.05  # an all-reduce "hides" when what it leaves exposed is at most this share of the iteration
 NEAR_FASTEST = 1.10  # when nothing hides: the earliest candidate at most 10 % slower than the fastest
 CODEC_LADDER = (("none", False), ("bf16", False), ("q8", True), ("q4", True))  # most exact first
 SIGN = ("sign", True)
 ALLREDUCE_WORDS = {"ring": "per-hop ring", "alltoall": "two-collective exchange", "backend": "the backend's all_reduce"}
+
+
+def codec_label(compression: str, error_feedback: bool) -> str:
+    """"q8 + error feedback", "none": a codec as the decision's reasons and records name it."""
+    return compression + (" + error feedback" if error_feedback else "")
+
+
+def choice_label(width: int | None, compression: str, error_feedback: bool) -> str:
+    """"width 2, q8 + error feedback" (the codec alone when no width is named)."""
+    codec = codec_label(compression, error_feedback)
+    return f"width {width}, {codec}" if width is not None else codec
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +61,8 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        codec = self.compression + (" + error feedback" if self.error_feedback else "")
-        return f"width {self.width}, {codec}, {ALLREDUCE_WORDS.get(self.allreduce, self.allreduce)}"
+        return (f"{choice_label(self.width, self.compression, self.error_feedback)}, "
+                f"{ALLREDUCE_WORDS.get(self.allreduce, self.allreduce)}")
 
 
 @dataclass(frozen=True, slots=True)

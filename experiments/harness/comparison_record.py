@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import statistics
 
+from timing_model.recommend import choice_label
 from pipesgd.runlog.results import ASYNC_MODES, Run, iteration_over_ranks, slowest_rank
 
 __all__ = ["MAX_CURVE_POINTS", "step_split", "curve", "time_to_target", "run_record"]
@@ -110,5 +111,4 @@ def _auto_choice(run: Run) -> dict:
     choice = run.summary.get("auto_choice")
     if not choice:
         return {}
-    codec = choice["compression"] + (" + error feedback" if choice.get("error_feedback") else "")
-    return {"auto_choice": f"width {choice['width']}, {codec}" if choice.get("width") else codec}
+    return {"auto_choice": choice_label(choice.get("width"), choice["compression"], bool(choice.get("error_feedback")))}

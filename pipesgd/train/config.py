@@ -372,9 +372,7 @@ def load_toml(path: str) -> dict:
         default = known[name].default
         if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
-        if name == "width" and value == "auto":
-            pass
-        elif type(value) is not type(default):
+        if type(value) is not type(default) and not (name == "width" and value == "auto"):
             raise ConfigError(f"key {key!r} in {path} must be {type(default).__name__}, got {value!r}")
         values[name] = value
     return values

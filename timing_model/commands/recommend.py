@@ -54,9 +54,9 @@ def run(args: argparse.Namespace) -> str:
     fixed_width = None if args.width == "auto" else parse_flag("width", args.width)
     fixed_codec = None if args.compression == "auto" else parse_flag("compression", args.compression)
     calibration = load_calibration(args.calibration)
-    _cluster_from(args, calibration)
     fields = scenario_fields(args, skip=("width", "compression"))
     fields.pop("error_feedback")
+    _cluster_from(fields, calibration)
     if fields.get("compute_s", 0.0) <= 0:
         raise UsageError("recommend needs --compute, the forward + backward time of one step (e.g. 120ms): "
                          "whether the all-reduce hides depends on it")
@@ -76,18 +76,18 @@ def run(args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _cluster_from(args: argparse.Namespace, calibration) -> None:
-    """--nodes, --bandwidth (and --compute, when the calibration timed a model) from ``calibration`` where not
-    given; without one, --nodes and --bandwidth are required."""
+def _cluster_from(fields: dict, calibration) -> None:
+    """The scenario's nodes, bandwidth (and compute, when the calibration timed a model) from ``calibration`` where
+    no flag gave them; without one, --nodes and --bandwidth are required."""
     if calibration is None:
-        missing = [f"--{name}" for name in ("nodes", "bandwidth") if getattr(args, name) is None]
+        flags = (("--nodes", "nodes"), ("--bandwidth", "bandwidth_Bps"))
+        missing = [flag for flag, name in flags if name not in fields]
         if missing:
             raise UsageError(f"recommend needs {' and '.join(missing)}, or --calibration FILE to take them from")
         return
-    if args.nodes is None:
-        args.nodes = str(int(calibration.meta.get("world_size") or 0) or max(calibration.meta["grid"]["nodes"]))
-    if args.bandwidth is None:  # a stand-in the calibration's own fit replaces in every prediction
-        args.bandwidth = f"{calibration.fit_for('pipe').bandwidth_Bps}B/s"
-    compute = calibration.compute or {}
-    if args.compute in (None, "0") and compute.get("compute_s"):
-        args.compute = f"{compute['compute_s']}s"
+    fields.setdefault("nodes", int(calibration.meta.get("world_size") or 0) or max(calibration.meta["grid"]["nodes"]))
+    # a stand-in: the calibration's own fit replaces the link in every prediction
+    fields.setdefault("bandwidth_Bps", calibration.fit_for("pipe").bandwidth_Bps)
+    measured = (calibration.compute or {}).get("compute_s")
+    if not fields.get("compute_s") and measured:
+        fields["compute_s"] = float(measured)
