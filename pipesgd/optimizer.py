@@ -152,6 +152,9 @@ class PipeSGD:
             knobs = auto.Knobs.of(width, compression, error_feedback)
             self._auto = auto.AutoConfig(self._buckets, knobs, warmup_steps, user_group, auto_recheck_every,
                                          self.options.compression_options)
+            self._hooks += self._auto.attach(model_or_params)  # where step 0's compute begins
+            if self._auto.provisional is not None:  # the warm-up's first codec (pipesgd.auto)
+                self._use_choice(self._auto.provisional)
 
     # ----------------------------------------------------------------------------------------- public
     @property
@@ -310,7 +313,7 @@ class PipeSGD:
         Waits for in-flight rings. Not a collective: saving on rank 0 alone is fine."""
         state = self._state.state_dict(self._step)
         if self._auto is not None:
-            state["auto"] = self._auto.choice  # None until the warm-up's last step has chosen
+            state["auto"] = self._auto.saved  # None until the warm-up chose a codec or its last step chose
         return state
 
     def consolidate_state_dict(self, to: int = 0) -> None:
@@ -325,8 +328,8 @@ class PipeSGD:
         """Restore a ``state_dict()`` saved on any rank; refuses one from another model, width, codec or world
         size. Wrap first, then load (the state is PipeSGD's, not the inner optimizer's)."""
         if self._auto is not None and isinstance(state, dict) and state.get("auto"):
-            self._auto.choice = dict(state["auto"])  # the saved choice, not a new measurement
-            self._use_choice(self._auto.choice)
+            self._auto.restore(state["auto"])  # the saved choice, not a new measurement
+            self._use_choice(self._auto.saved)
         self._step = self._state.load_state_dict(state)
 
     # ----------------------------------------------------------------------------------------- internals
@@ -342,24 +345,27 @@ class PipeSGD:
     def _use_choice(self, choice: dict, stats: StepStats | None = None) -> None:
         """Run ``choice``'s width and codec from the next step on (``pipesgd.auto``): at the warm-up's end, at a
         re-check that switches (what is in flight is applied first, as ``flush()`` does, its waits added to
-        ``stats``), or before a resumed run's first step."""
+        ``stats``), or before a resumed run's first step. A provisional codec (the warm-up's) changes the exchange
+        alone: the options and a checkpoint's names stay "auto" until the choice."""
         for entry in self._pipeline.flush():
             stats.t_wait_s += self._apply(entry, self._step, self._lookahead).t_wait_s
         if stats is not None:
             stats.auto_choice = auto.describe(choice)
-        width = choice.get("width") or self.options.width  # a choice saved before width="auto" existed: none
+        width = choice.get("width") or self._pipeline.width  # a choice saved before width="auto" existed: none
+        # what runs (the re-check interval lives on in self._auto, which keeps choosing)
+        runs = replace(self.options, compression=choice["compression"], error_feedback=bool(choice["error_feedback"]),
+                       auto_recheck_every=0)
+        if not choice.get("provisional"):
+            self.options = runs = replace(runs, width=width)
         old = self._exchange
-        # the options now name what runs (the re-check interval lives on in self._auto, which keeps choosing)
-        self.options = replace(self.options, width=width, compression=choice["compression"],
-                               error_feedback=bool(choice["error_feedback"]), auto_recheck_every=0)
-        self._exchange = self.options.build_exchange(self._channel.topology, dist.get_rank())
+        self._exchange = runs.build_exchange(self._channel.topology, dist.get_rank())
         new = self._exchange
         if old.feedback is not None and new.feedback is not None and old.allreduce == new.allreduce:
             new.feedback.load_residuals_state(old.feedback.residuals_state())  # what is still owed
         if width != self._pipeline.width:
             self._pipeline.width = width
             self._set_lookahead(width)
-        self._state.use(self._exchange, self._lookahead, width, choice["compression"])
+        self._state.use(self._exchange, self._lookahead, self.options.width, self.options.compression)
 
     def _set_lookahead(self, width: int) -> None:
         """Look-ahead for a pipeline of ``width`` (none at width 1 or with ``staleness="none"``); nothing in flight."""

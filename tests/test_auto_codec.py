@@ -57,6 +57,17 @@ def test_the_step_clock_times_the_callers_work_between_steps_and_the_iteration()
     assert window["period_s"] == pytest.approx(0.1575) and window["wait_s"] == 0.002
 
 
+def test_the_first_steps_compute_runs_from_its_first_forward_pass():
+    ticks = iter([0.0, 0.100, 0.110, 0.300])  # the first forward at 0; step 0 from 0.1 to 0.11; step 1 at 0.3
+    clock = auto.StepClock(lambda: next(ticks))
+    clock.forward()
+    clock.forward()  # a second micro-batch: ignored
+    clock.begin()
+    clock.end()
+    clock.begin()  # step 1
+    assert clock.gaps == pytest.approx([0.100, 0.190])
+
+
 @pytest.mark.parametrize("options, needle", [
     (dict(compression="auto", error_feedback=True), "chooses error feedback"),
     (dict(compression="auto", warmup_steps=1), "warmup_steps must be >= 2"),
@@ -130,12 +141,13 @@ def test_a_resumed_run_keeps_the_choice_without_measuring(process_group, monkeyp
 
 
 def test_a_state_saved_during_the_warmup_chooses_at_its_end(process_group, monkeypatch):
-    monkeypatch.setattr(auto, "measure", lambda numel, device, dtype, group, *_: dict(SLOW))
+    # a fast link: no provisional codec (that case: test_a_state_saved_with_a_provisional_codec_resumes_with_it)
+    monkeypatch.setattr(auto, "measure", lambda numel, device, dtype, group, *_: dict(FAST))
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
     _train(model, opt, range(1))
     state = opt.state_dict()
-    assert state["auto"] is None and state["compression"] == "auto"
+    assert state["auto"]["provisional"] and state["auto"]["compression"] == "none" and state["compression"] == "auto"
     again = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
     again.load_state_dict(state)
     _train(model, again, range(1, WARMUP))
@@ -153,3 +165,82 @@ def test_a_named_codec_is_never_measured_or_changed(process_group, monkeypatch):
     assert opt.compression == "bf16" and opt.auto_choice is None and "auto" not in opt.state_dict()
     opt.flush()
     opt.close()
+
+
+PROBING = 1 + auto.PROVISIONAL_STEPS + 1  # warm-up steps: the probe, the provisional codec's, one more
+
+
+def _slow_link(numel, device, dtype, group, *_):
+    """``measure`` on a slow link, leaving compute and the exchange to the real clock."""
+    return {k: v for k, v in SLOW.items() if k not in ("compute_s", "comm_s")}
+
+
+def _guesses(calls: list):
+    """``decide`` that records which codecs' exchanges it was given (``_exchange_s``) and picks q4 + feedback at
+    width 2."""
+    def decide(measured, nodes, grad_bytes, knobs, measured_with=("none", False), **_):
+        calls.append((measured_with, sorted(name for name in measured if name.endswith("_exchange_s"))))
+        return {"width": 2, "compression": "q4", "error_feedback": True, "reason": "a test", "measured": measured}
+    return decide
+
+
+def _ranks_probe(rank: int, world: int) -> dict:
+    calls = []
+    auto.measure, auto.decide = _slow_link, _guesses(calls)
+    model = _model()
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=PROBING)
+    stats = _train(model, opt, range(PROBING - 1), rank)
+    named = (opt.compression, opt.state_dict()["compression"], opt.state_dict()["auto"]["provisional"])
+    stats += _train(model, opt, range(PROBING - 1, PROBING + 2), rank)
+    opt.flush()
+    opt.check_replicas()
+    opt.close()
+    applied = [s for s in stats if s.applied_step is not None]
+    return {"labels": [s.auto_choice for s in stats], "ratios": [s.compression_ratio for s in applied],
+            "calls": calls, "named": named, "compression": opt.compression}
+
+
+def test_a_slow_link_runs_the_rest_of_the_warmup_with_a_provisional_codec():
+    results = run_ranks(_ranks_probe, 2)
+    assert results[0] == results[1]
+    result, probe = results[0], 0  # step 0: the model's forward pre-hook timed its compute
+    assert result["labels"][probe] == "warm-up: q4 + error feedback"
+    assert result["labels"][PROBING - 1] == "width 2, q4 + error feedback"
+    assert sum(label is not None for label in result["labels"]) == 2
+    first, then = result["ratios"][0], result["ratios"][1:]  # of the steps that applied a gradient
+    assert first == 1.0 and all(ratio > 6 for ratio in then)  # uncompressed until the probe, q4 after it
+    # the probe decides from the uncompressed exchange; the warm-up's end too, with q4's exchanges as measured
+    assert result["calls"] == [(("none", False), []), (("none", False), ["q4+ef_exchange_s"])]
+    assert result["named"] == ("auto", "auto", True) and result["compression"] == "q4"
+
+
+def test_a_fast_link_keeps_the_warmup_uncompressed(process_group, monkeypatch):
+    monkeypatch.setattr(auto, "measure", lambda numel, device, dtype, group, *_: dict(FAST))
+    model = _model()
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=PROBING)
+    stats = _train(model, opt, range(PROBING + 1))
+    assert [s.auto_choice for s in stats] == [None] * (PROBING - 1) + ["width 2, none", None]
+    assert "gradient (none) 4.86 ms on 1 rank(s)" in opt.auto_choice["reason"]
+    opt.flush()
+    opt.close()
+
+
+def test_a_state_saved_with_a_provisional_codec_resumes_with_it(process_group, monkeypatch):
+    calls = []
+    monkeypatch.setattr(auto, "measure", _slow_link)
+    monkeypatch.setattr(auto, "decide", _guesses(calls))
+    model = _model()
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=PROBING)
+    _train(model, opt, range(2))
+    state = opt.state_dict()
+    assert state["auto"]["provisional"] and state["compression"] == "auto"
+    monkeypatch.setattr(auto, "measure", _no_measuring)
+    again = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=PROBING)
+    again.load_state_dict(state)
+    stats = _train(model, again, range(2, PROBING))
+    assert stats[-1].auto_choice == "width 2, q4 + error feedback" and len(calls) == 2
+    assert calls[-1] == (("none", False), ["q4+ef_exchange_s"])
+    assert stats[0].residual_norm is not None  # the provisional codec's exchange, with its feedback
+    for wrapper in (opt, again):
+        wrapper.flush()
+        wrapper.close()

@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from pipesgd import PipeSGD, auto
+from pipesgd.auto import decision
 from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
 from tests.test_auto_codec import FAST, SLOW, _measured, _model, _train
+from timing_model.core.straggler import expected_max_of_two
 from timing_model.predict import Scenario, predict
 
 WARMUP = 3
@@ -154,14 +156,15 @@ def test_a_recheck_switches_at_the_same_step_on_every_rank_and_applies_every_gra
     results = run_ranks(_recheck_ranks, 2)
     assert results[0] == results[1]
     first, switch = WARMUP - 1, WARMUP + EVERY - 1
-    (at_first, chose_first), (at_switch, chose_then) = results[0]["choices"]
+    choices = [(step, label) for step, label in results[0]["choices"] if not label.startswith("warm-up: ")]
+    (at_first, chose_first), (at_switch, chose_then) = choices
     assert at_first == first and chose_first.endswith(" + error feedback")  # the slow link: a lossy codec
     assert (at_switch, chose_then) == (switch, "width 2, none")
     assert results[0]["compression"] == "none" and results[0]["updates"] == results[0]["steps"]
 
 
 def test_a_switch_between_codecs_with_feedback_carries_the_residuals(process_group, monkeypatch):
-    choices = iter([("q8", True), ("q4", True)])
+    choices = iter([("q8", True), ("q8", True), ("q4", True)])  # the warm-up's provisional codec, its end, a re-check
     monkeypatch.setattr(auto, "measure", lambda *_args: dict(SLOW))
     monkeypatch.setattr(auto, "decide", lambda measured, *_args, **_kwargs: dict(
         zip(("compression", "error_feedback"), next(choices)), width=2, reason="a test", measured=measured))
@@ -184,13 +187,50 @@ def test_what_ran_stands_in_for_the_model_and_scales_what_did_not():
     measured = _measured(0.135, 0.135 / 64 + 6e-4)
     link = auto.link_terms(measured, 4, 4e6)
     ran = {"2:bf16": {"comm_s": 0.05, "period_s": 0.14, "wait_s": 0.001}}
-    predict_pipe = auto._predictor(measured, ran, scale=2.0)
-    raw = auto._predictor(measured)
+    predict_pipe = decision._predictor(measured, ran, scale=2.0)
+    raw = decision._predictor(measured)
     case = Scenario(nodes=4, grad_bytes=4e6, compute_s=0.1, compression="bf16", **link)
     ran_bf16 = predict_pipe(case)
     assert (ran_bf16.iteration_s, ran_bf16.exposed_comm_s, ran_bf16.codec_s) == (0.14, 0.001, 0.0)
     wider = predict_pipe(case.with_changes(width=3))  # bf16 did not run at width 3: modelled, its exchange as measured
     assert wider.comm_total_s == pytest.approx(0.05) and wider.iteration_s == pytest.approx(
-        2.0 * auto._predictor(measured, ran, as_measured=False)(case.with_changes(width=3)).iteration_s)
+        2.0 * decision._predictor(measured, ran, as_measured=False)(case.with_changes(width=3)).iteration_s)
     q8 = case.with_changes(compression="q8", error_feedback=True)
     assert predict_pipe(q8).iteration_s == pytest.approx(2.0 * raw(q8).iteration_s)
+
+
+def test_the_larger_of_two_varying_times_is_their_expected_maximum():
+    assert expected_max_of_two(0.05, 0.03, 0.0) == 0.05
+    assert expected_max_of_two(0.05, 0.05, 0.01) == pytest.approx(0.05 + 0.01 / (2 * torch.pi) ** 0.5)
+    assert expected_max_of_two(0.05, 0.01, 0.001) == pytest.approx(0.05)  # 40 spreads apart: the larger
+    torch.manual_seed(0)  # against sampling: the window 50 ± 8 ms, the exchange 45 ± 6 ms
+    a, b = 0.05 + 0.008 * torch.randn(1_000_000, dtype=torch.float64), 0.045 + 0.006 * torch.randn(
+        1_000_000, dtype=torch.float64)
+    assert expected_max_of_two(0.05, 0.045, 0.01) == pytest.approx(torch.maximum(a, b).mean().item(), rel=1e-3)
+
+
+def test_a_pipelined_step_that_varies_hides_less_than_its_means_say():
+    measured = {**_measured(0.040, 0.040 / 64 + 6e-4), "compute_spread_s": 0.02, "comm_cv": 0.25}
+    case = Scenario(nodes=4, grad_bytes=4e6, compute_s=0.04, **auto.link_terms(measured, 4, 4e6))
+    plain = decision._predictor({k: v for k, v in measured.items() if "spread" not in k})
+    varying = decision._predictor(measured)
+    for width in (1, 2):
+        steady, jittered = plain(case.with_changes(width=width)), varying(case.with_changes(width=width))
+        if width == 1:  # synchronous: a sum, not a maximum
+            assert jittered == steady
+            continue
+        window = steady.iteration_s - steady.exposed_comm_s - steady.codec_s
+        spread = (0.02 ** 2 + (0.25 * steady.comm_total_s) ** 2) ** 0.5
+        assert jittered.iteration_s == pytest.approx(expected_max_of_two(window, steady.comm_total_s, spread))
+        assert jittered.iteration_s > steady.iteration_s
+        assert jittered.exposed_comm_s + jittered.codec_s == pytest.approx(jittered.iteration_s - window)
+
+
+def test_the_warmups_provisional_codec_counts_with_its_measured_exchange():
+    measured = {**_measured(0.135, 0.135 / 64 + 6e-4), "q4+ef_exchange_s": 0.05}
+    case = Scenario(nodes=4, grad_bytes=4e6, compute_s=0.1, **auto.link_terms(measured, 4, 4e6))
+    q4 = case.with_changes(compression="q4", error_feedback=True)
+    assert decision._predictor(measured)(q4).comm_total_s == pytest.approx(0.05)
+    q8 = case.with_changes(compression="q8", error_feedback=True)  # modelled from the uncompressed link
+    assert decision._predictor(measured)(q8).comm_total_s == decision._predictor(_measured(0.135, 0.135 / 64 + 6e-4))(
+        q8).comm_total_s

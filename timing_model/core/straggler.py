@@ -5,13 +5,18 @@ For n iid normal compute times, E[max] = μ + e_n·σ, with e_2 = 1/√π = 0.56
 e_8 = 1.424, e_16 = 1.766 (order statistics of the normal; √(2 ln n) overestimates, 1.67 at n = 4).
 Other n are integrated numerically. For exponential tails with rate λ, E[max] = H_n/λ
 (H_n the n-th harmonic number: H_2 = 1.5, H_4 = 2.083, H_8 = 2.718).
+
+The same question inside one worker's pipelined step: the step lasts the longer of its compute and the exchange
+in flight, and when both vary from step to step E[max(A, B)] exceeds max(E[A], E[B]) most where they are equal
+(``expected_max_of_two``, Clark 1961, for independent normal times).
 """
 from __future__ import annotations
 
 import math
 from functools import lru_cache
 
-__all__ = ["E_MAX_NORMAL", "expected_max_normal_factor", "expected_max_normal", "harmonic", "expected_max_exponential"]
+__all__ = ["E_MAX_NORMAL", "expected_max_normal_factor", "expected_max_normal", "expected_max_of_two", "harmonic",
+           "expected_max_exponential"]
 
 # E[max of n standard normals], table values used as-is (REFERENCES §2).
 E_MAX_NORMAL = {1: 0.0, 2: 0.564, 4: 1.029, 8: 1.424, 16: 1.766}
@@ -53,6 +58,17 @@ def expected_max_normal(workers: int, mean_s: float, std_s: float) -> float:
     if std_s == 0:
         return mean_s
     return mean_s + expected_max_normal_factor(workers) * std_s
+
+
+def expected_max_of_two(mean_a_s: float, mean_b_s: float, std_s: float) -> float:
+    """E[max(A, B)] for independent normal A and B whose difference has standard deviation ``std_s``
+    (sqrt(std_a² + std_b²)): with μ = mean_a − mean_b, mean_b + μ·Φ(μ/std) + std·φ(μ/std) (Clark 1961)."""
+    if std_s < 0:
+        raise ValueError(f"std must be >= 0, got {std_s!r}")
+    if std_s == 0:
+        return max(mean_a_s, mean_b_s)
+    z = (mean_a_s - mean_b_s) / std_s
+    return mean_b_s + (mean_a_s - mean_b_s) * _normal_cdf(z) + std_s * _normal_pdf(z)
 
 
 def harmonic(workers: int) -> float:

@@ -1,0 +1,236 @@
+"""``PipeSGD(compression="auto", width="auto")``: width and codec chosen from the run's own measurements (issue 39).
+
+Why: a user who does not know the cluster's bandwidth guesses the width and codec; no codec on a slow link costs
+speed (2.7x slower than pipe+q8 on ResNet-20 at 100 Mbit/s), a lossy one or a width it does not need costs
+accuracy. The first ``warmup_steps`` steps run synchronously anyway, so they can measure what the timing model needs.
+
+What (nothing in flight, every rank inside ``step()``):
+  Step 1: ``StepClock`` times the warm-up steps: the caller's compute is the time between one ``step()``
+          returning and the next starting, and the exchange of the whole gradient is the time the background worker
+          spent on each warm-up step's exchange (``StepStats.t_comm_busy_s``); medians.
+  Step 2: every rank makes the same timed calls: an uncompressed ``all_reduce`` at 1/64 of the gradient's size,
+          and one encode and decode of each codec the choice may use on a tensor of the gradient's size (at most 4 M
+          elements). ``link_terms`` finds the link's latency and bandwidth for which the timing model reproduces
+          both all-reduces.
+  Step 3: the measurements are all-reduced (max), so every rank holds the same numbers and reaches the same
+          decision: ``timing_model.recommend`` over the knobs left to it (a width or codec the user named is kept).
+When: under ``compression="auto"``, steps 2 and 3 run first at the first warm-up step with a compute time (step 0
+when the wrapper has the model: a forward pre-hook marks where step 0's compute began; else step 1), from that step's
+uncompressed exchange. If that early decision is a codec, the rest of the warm-up runs with it (a provisional codec,
+``StepStats.auto_choice`` "warm-up: q4 + error feedback"): on the slow links where a codec is chosen, an
+uncompressed warm-up cost more than the choice gained back (+0.4 s of a 2.4 s time to accuracy on ResNet-20 at 100
+Mbit/s). At the last warm-up step the decision is made again with the whole warm-up's compute, the link still found
+from the uncompressed exchange and the provisional codec's own exchanges as its measured time (an exchange with a
+codec also holds the codec's share of the cores, which would read as a slower link). Step 0's numbers may include
+first-call costs; they err both ways (compute and exchange). With a named codec, or fewer than ``PROVISIONAL_STEPS``
+warm-up steps after the early one, every step runs at the last warm-up step and the warm-up runs the user's codec,
+or none.
+How much the times vary counts: a pipelined step lasts the longer of its compute and the exchange in flight, so the
+decision predicts it as their expected maximum with the spreads the warm-up measured (``decision._with_spread``);
+an exchange as long as the compute on average is exposed half the time.
+The choice (width, codec, error feedback, reason, measurements) is logged once, kept in ``state_dict()`` (a resumed
+run uses it without measuring again; a state saved after a provisional codec was chosen resumes with it), readable as
+``PipeSGD.auto_choice`` and in the step's ``StepStats``. Cost: the warm-up steps, which run anyway, plus 4
+all-reduces of 1/64 of the gradient and two encodes and decodes per codec.
+
+Re-check (``auto_recheck_every=N``, off by default): every N steps after the warm-up it looks at the last N steps
+(medians of their compute gaps, iterations, the exchange's busy time with the codec in use, and what ``step()``
+blocked on communication; one small agreement all-reduce, no other traffic). It decides again only in a
+configuration's first window, or when compute or the exchange moved ``CHANGED``-fold from that configuration's
+first window by at least ``SWITCH_GAIN`` - 1 of the iteration (the cluster changed, not the noise). Then the same
+decision as at the warm-up, from the latency and codec speeds the warm-up measured, with measured beating modelled:
+a configuration that ran counts with its own iteration and blocked time, a codec that ran with its own exchange
+time, and the model's error on the running configuration (measured iteration over modelled) scales the
+predictions of the rest (under overlap the codecs and compute share the cores, which the model alone does not see).
+It switches only for a predicted gain: to a less exact codec or a wider pipeline for a ``SWITCH_GAIN`` faster
+iteration, to a more exact or narrower one when that one hides its all-reduce. So a run visits each configuration
+at most once until something moves. A switch drains the pipeline first (every step in flight is applied, as
+``flush()`` does, so replicas stay identical), then refills it as after the warm-up. Error-feedback residuals carry
+over when the new codec keeps feedback on the same all-reduce (they are gradient values not yet sent, whatever the
+codec); otherwise they are dropped (at most one step's rounding error).
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.distributed as dist
+
+from pipesgd.auto.clock import StepClock
+from pipesgd.auto.decision import announce, codec_key, decide, describe, exchange_key, link_terms, run_key
+from pipesgd.auto.knobs import AUTO, CANDIDATES, MAX_WIDTH, SMALL_FRACTION, SWITCH_GAIN, Knobs
+from pipesgd.auto.probes import agreed, exchange_per_step, measure
+from pipesgd.grads.buckets import Bucket
+
+__all__ = ["AUTO", "CANDIDATES", "MAX_WIDTH", "SMALL_FRACTION", "SWITCH_GAIN", "CHANGED", "PROVISIONAL_STEPS",
+           "Knobs", "StepClock", "AutoConfig", "first_choice", "probe", "recheck", "measure", "agreed",
+           "decide", "link_terms", "describe", "announce", "codec_key", "run_key"]
+CHANGED = 1.5  # a re-check decides again only when compute or the exchange moved this much (either way)
+PROVISIONAL_STEPS = 2  # a provisional codec needs at least this many warm-up steps left to time it
+
+log = logging.getLogger("pipesgd")
+
+
+class AutoConfig:
+    """A wrapper's ``width="auto"`` and/or ``compression="auto"``: times its steps, chooses at the last warm-up
+    step and, with ``recheck_every``, again every that many steps (module doc)."""
+
+    def __init__(self, buckets: list[Bucket], knobs: Knobs, warmup_steps: int, group: dist.ProcessGroup | None,
+                 recheck_every: int = 0, codec_options: dict | None = None) -> None:
+        self._buckets, self.knobs, self._warmup, self._group = buckets, knobs, warmup_steps, group
+        self._every, self._codec_options = recheck_every, dict(codec_options or {})
+        self.clock = StepClock()
+        self.choice: dict | None = None  # made, or restored from a checkpoint
+        self._marks: list = []  # attach()'s hook
+        self.provisional: dict | None = None  # the rest of the warm-up's codec once probed (module doc), or None
+        import timing_model.recommend  # noqa: F401 - loaded now, not inside the warm-up's last step
+
+    def attach(self, model) -> list:
+        """A forward pre-hook on ``model`` (a module) that marks where step 0's compute begins, so that a provisional
+        codec can be chosen at step 0 (module doc); the handles, removed at step 0's end."""
+        if not isinstance(model, torch.nn.Module) or not self._probes(0):
+            return []
+        self._marks = [model.register_forward_pre_hook(lambda *_: self.clock.forward())]
+        return self._marks
+
+    def _probes(self, step: int) -> bool:
+        """Whether a provisional codec may be chosen at ``step``: the codec is free, nothing was probed yet (a resume
+        may bring it), it is step 0 or 1, and ``PROVISIONAL_STEPS`` warm-up steps remain to time it."""
+        return (self.knobs.compression is None and self.provisional is None and step <= 1
+                and self._warmup - 1 - step >= PROVISIONAL_STEPS)
+
+    def restore(self, saved: dict) -> None:
+        """A checkpoint's ``state_dict()["auto"]``: the choice, or the provisional codec of a warm-up saved midway."""
+        if saved.get("provisional"):
+            self.provisional = dict(saved)
+        else:
+            self.choice = dict(saved)
+
+    @property
+    def saved(self) -> dict | None:
+        """What ``state_dict()["auto"]`` keeps: the choice, else the provisional codec, else None."""
+        return self.choice if self.choice is not None else self.provisional
+
+    def _timing(self, step: int) -> bool:
+        if self.choice is None:
+            return step < self._warmup
+        return bool(self._every) and step >= self._warmup
+
+    def begin(self, step: int) -> None:
+        if self._timing(step):
+            self.clock.begin()
+
+    def end(self, step: int, comm_busy_s: float | None, wait_s: float = 0.0) -> dict | None:
+        """After ``step()``'s work (``comm_busy_s``: the applied exchange's time on the worker, None: nothing
+        applied; ``wait_s``: what ``step()`` blocked on communication: that exchange and a blocking sync of the
+        module buffers, which queues behind the exchange on a saturated link). Returns a choice to run from the next
+        step on (the wrapper drains what is in flight first): at the warm-up's last step, and at a re-check that
+        switches."""
+        if not self._timing(step):
+            return None
+        self.clock.end(comm_busy_s, wait_s)
+        for mark in self._marks:
+            mark.remove()
+        if self.choice is None:
+            if self._probes(step) and self.clock.gaps and self.clock.comm_busy:
+                self.provisional = probe(self._buckets, self.knobs, self.clock, self._group)
+                if self.provisional["compression"] == "none":
+                    return None
+                self.clock.comm_busy.clear()  # the last step's median: the provisional codec's exchanges alone
+                return self.provisional
+            if step < self._warmup - 1:
+                return None
+            self.choice = first_choice(self._buckets, self.knobs, self.clock, self._group, self._codec_options,
+                                       self.provisional)
+            self.choice["step"] = step
+            return self.choice
+        if (step + 1 - self._warmup) % self._every or not self.clock.comm_busy:
+            return None
+        new = recheck(self._buckets, self.knobs, self.choice, self.clock, self._group)
+        self.clock.reset()
+        if new is not None:
+            new["step"] = step
+            self.choice = new
+        return new
+
+
+def first_choice(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: dist.ProcessGroup | None,
+                 codec_options: dict | None = None, provisional: dict | None = None) -> dict:
+    """Steps 2 and 3 at the last warm-up step (step 2's numbers from ``probe`` when it ran: ``provisional``, with
+    the uncompressed exchange it saw; the exchanges since, with its codec, count as that codec's measured time,
+    ``decision._predictor``); logs the choice once (on rank 0)."""
+    numel, grad_bytes, device, dtype = _gradient(buckets)
+    clock = exchange_per_step(clock, group, device)
+    if provisional is not None:
+        links = dict(provisional["measured"])
+        if provisional["compression"] != "none":
+            links[exchange_key(provisional["compression"], bool(provisional["error_feedback"]))] = clock.comm_s
+    else:  # the options belong to a named codec
+        options = codec_options if knobs.compression is not None else None
+        links = measure(numel, device, dtype, group, knobs.codecs_to_time(), options)
+    # measure()'s (and the probe's) numbers win over the clock's (a test may give them all)
+    measured = agreed({"compute_s": clock.compute_s, "comm_s": clock.comm_s, **clock.spreads(), **links}, group,
+                      device)
+    choice = decide(measured, dist.get_world_size(group), grad_bytes, knobs, knobs.measured_with())
+    announce(choice, dist.get_rank(group))
+    return choice
+
+
+def probe(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: dist.ProcessGroup | None) -> dict:
+    """Steps 2 and 3 early, at step 0 or 1, from its uncompressed exchange (module doc): the codec the rest of the
+    warm-up runs with ({"compression", "error_feedback", "provisional", "measured": step 2's numbers and that
+    exchange}); "none" when the early decision needs no codec."""
+    from timing_model.recommend import codec_label
+
+    numel, grad_bytes, device, dtype = _gradient(buckets)
+    raw = measure(numel, device, dtype, group, knobs.codecs_to_time())
+    exchange = exchange_per_step(clock, group, device).comm_busy[-1]
+    measured = agreed({"compute_s": clock.compute_s, "comm_s": exchange, **raw}, group, device)
+    links = {name: measured[name] for name in ("comm_s", *raw)}
+    guess = decide(measured, dist.get_world_size(group), grad_bytes, knobs)
+    if dist.get_rank(group) == 0 and guess["compression"] != "none":
+        log.info("PipeSGD auto: the warm-up goes on with %s (provisional; chosen at its end)",
+                 codec_label(guess["compression"], guess["error_feedback"]))
+    return {"compression": guess["compression"], "error_feedback": guess["error_feedback"], "provisional": True,
+            "measured": links}
+
+
+def recheck(buckets: list[Bucket], knobs: Knobs, current: dict, clock: StepClock,
+            group: dist.ProcessGroup | None) -> dict | None:
+    """The re-check: the last window's times (agreed) with the warm-up's latency and codec speeds; a new choice when
+    it switches (module doc), else None. It decides only in a running configuration's first window or when a
+    window moved ``CHANGED``-fold from that configuration's reference (its first window). What each configuration
+    measured while it ran (``current["ran"]``, updated in place) stands in for the model's prediction of it."""
+    _, grad_bytes, device, _ = _gradient(buckets)
+    window = agreed(clock.window(), group, device)
+    running = (current["compression"], bool(current["error_feedback"]))
+    now = (current.get("width"), *running)
+    key, ran = run_key(*now), current.setdefault("ran", {})
+    reference = current.get("reference") or ({**window, "comm_s": ran[key]["comm_s"]} if key in ran else None)
+    if reference is not None and not _moved(window, reference):
+        current["reference"] = reference
+        return None
+    current["reference"], ran[key] = window, {k: window[k] for k in ("comm_s", "period_s", "wait_s")}
+    choice = decide({**current["measured"], "compute_s": window["compute_s"], "comm_s": window["comm_s"]},
+                    dist.get_world_size(group), grad_bytes, knobs, running, now=now, ran=ran)
+    if choice is None:
+        return None
+    choice["reason"], choice["ran"] = f"re-check: {choice['reason']}", dict(ran)
+    announce(choice, dist.get_rank(group))
+    return choice
+
+
+def _moved(window: dict[str, float], reference: dict[str, float]) -> bool:
+    """A window's compute or exchange time ``CHANGED``-fold (either way) from the reference's, by a margin that could
+    pay for a switch (at least ``SWITCH_GAIN`` - 1 of the iteration: a 1.5-fold change of a 1 ms all-reduce in a 4 ms
+    step is this host's noise, not a cluster that changed)."""
+    floor = (SWITCH_GAIN - 1) * max(window.get("period_s", 0.0), reference.get("period_s", 0.0))
+    return any(max(window[k], reference[k]) > CHANGED * max(min(window[k], reference[k]), 1e-9)
+               and abs(window[k] - reference[k]) >= floor for k in ("compute_s", "comm_s"))
+
+
+def _gradient(buckets: list[Bucket]) -> tuple[int, float, torch.device, torch.dtype]:
+    numel = sum(bucket.numel for bucket in buckets)
+    grad_bytes = sum(bucket.numel * bucket.dtype.itemsize for bucket in buckets)
+    device, dtype = (buckets[0].device, buckets[0].dtype) if buckets else (torch.device("cpu"), torch.float32)
+    return numel, grad_bytes, device, dtype

@@ -1,0 +1,78 @@
+"""``StepClock``: the warm-up's (and a re-check window's) own timings, from the wrapper's ``step()`` calls."""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+
+class StepClock:
+    """When each ``step()`` began and ended (the caller's compute lies between one's end and the next), and the
+    background worker's busy time on each exchange the steps applied."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._began: float | None = None
+        self._ended: float | None = None
+        self._forward: float | None = None  # where the first step's compute began, when a hook marked it
+        self.gaps: list[float] = []
+        self.periods: list[float] = []  # from one step()'s start to the next: the iteration
+        self.comm_busy: list[float] = []
+        self.waits: list[float] = []  # what step() blocked on communication (the exposed part)
+
+    def forward(self) -> None:
+        """A forward pass starts: before the first step, where its compute began (later ones are ignored)."""
+        if self._began is None and self._forward is None:
+            self._forward = self._clock()
+
+    def begin(self) -> None:
+        now = self._clock()
+        if self._ended is not None:
+            self.gaps.append(now - self._ended)
+        elif self._forward is not None:  # the first step: from its first forward pass
+            self.gaps.append(now - self._forward)
+        if self._began is not None:
+            self.periods.append(now - self._began)
+        self._began = now
+
+    def end(self, comm_busy_s: float | None = 0.0, wait_s: float = 0.0) -> None:
+        self._ended = self._clock()
+        self.waits.append(wait_s)
+        if comm_busy_s is not None:  # None: the step applied nothing (the pipeline fills)
+            self.comm_busy.append(comm_busy_s)
+
+    def reset(self) -> None:
+        """Start a new window (the gap right after a re-check, which includes its drain, is not compute)."""
+        self._began, self._ended, self._forward = None, None, None
+        self.gaps, self.periods, self.comm_busy, self.waits = [], [], [], []
+
+    @property
+    def compute_s(self) -> float:
+        """Median time between steps (0 when fewer than two steps were timed, e.g. right after a resume)."""
+        return statistics.median(self.gaps) if self.gaps else 0.0
+
+    @property
+    def comm_s(self) -> float:
+        """Median busy time of an exchange of the whole gradient."""
+        return statistics.median(self.comm_busy) if self.comm_busy else 0.0
+
+    def spreads(self) -> dict[str, float]:
+        """How much compute and the exchange vary from step to step (``robust_spread``): compute's standard deviation
+        and the exchange's as a share of its median (``comm_cv``)."""
+        comm = robust_spread(self.comm_busy)
+        return {"compute_spread_s": robust_spread(self.gaps), "comm_cv": comm / self.comm_s if comm else 0.0}
+
+    def window(self) -> dict[str, float]:
+        """A re-check's medians: compute, exchange, iteration and the exposed wait."""
+        median = lambda values: statistics.median(values) if values else 0.0  # noqa: E731
+        return {"compute_s": self.compute_s, "comm_s": self.comm_s, "period_s": median(self.periods),
+                "wait_s": median(self.waits)}
+
+
+def robust_spread(values: list[float]) -> float:
+    """A standard deviation estimated from the median absolute deviation (1.4826 x MAD: robust to one slow first
+    step); 0 from fewer than two samples."""
+    if len(values) < 2:
+        return 0.0
+    middle = statistics.median(values)
+    return 1.4826 * statistics.median(abs(v - middle) for v in values)

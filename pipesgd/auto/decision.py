@@ -1,0 +1,189 @@
+"""The decision from the measurements: the link's latency and bandwidth that reproduce the measured all-reduces
+(``link_terms``), the timing model's predictions with what ran and how much the times vary (``_predictor``), and
+``timing_model.recommend``'s choice among the knobs left free, with a re-check's switch rule (``decide``)."""
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import replace
+
+from pipesgd.auto.knobs import MAX_WIDTH, SMALL_FRACTION, SWITCH_GAIN, Knobs
+
+log = logging.getLogger("pipesgd")
+
+
+def codec_key(compression: str, error_feedback: bool) -> str:
+    return compression + ("+ef" if error_feedback and compression != "none" else "")
+
+
+def exchange_key(compression: str, error_feedback: bool) -> str:
+    """A codec's measured exchange time in ``measured``: "q4+ef_exchange_s" (``first_choice``)."""
+    return f"{codec_key(compression, error_feedback)}_exchange_s"
+
+
+def run_key(width: int | None, compression: str, error_feedback: bool) -> str:
+    """A configuration's key in ``ran``: "2:q8+ef"."""
+    return f"{width}:{codec_key(compression, error_feedback)}"
+
+
+def _predictor(measured: dict[str, float], ran: dict[str, dict] | None = None, scale: float = 1.0,
+               as_measured: bool = True):
+    """Pipe-SGD's prediction for a scenario: with each codec's measured speed, its exchange time as measured while
+    the pipeline ran (any width; the model's anchor, ``timing_model.empirical.anchor``) and, ``as_measured``, a
+    configuration that ran as it ran (its iteration and exposed wait); every other prediction's times x ``scale``.
+    A pipelined step lasts the longer of its compute window and the exchange in flight; where both vary from step
+    to step (``StepClock.spreads``: compute's spread, the exchange's as a share of its time) that is
+    their expected maximum (``_with_spread``), not the larger mean: an exchange as long as the window hides only
+    half the time."""
+    from timing_model.predict import predict
+
+    ran = ran or {}
+    comm_of = {name.removesuffix("_exchange_s"): value for name, value in measured.items()
+               if name.endswith("_exchange_s")}  # the warm-up's provisional codec
+    comm_of.update({key.split(":", 1)[1]: seen["comm_s"] for key, seen in sorted(ran.items())})
+
+    def predict_pipe(case):
+        if f"{case.compression}_encode_Bps" in measured:
+            case = case.with_changes(encode_Bps=measured[f"{case.compression}_encode_Bps"],
+                                     decode_Bps=measured[f"{case.compression}_decode_Bps"])
+        codec = codec_key(case.compression, case.error_feedback)
+        if codec in comm_of:
+            case = case.with_changes(ring_anchor_s=comm_of[codec])
+        result = _with_spread(predict(case, ("pipe",)).result("pipe"), measured)
+        seen = ran.get(run_key(case.width, case.compression, case.error_feedback)) if as_measured else None
+        if seen is not None:  # measured beats modelled
+            return replace(result, iteration_s=seen["period_s"], exposed_comm_s=seen["wait_s"], codec_s=0.0)
+        return replace(result, iteration_s=result.iteration_s * scale, exposed_comm_s=result.exposed_comm_s * scale,
+                       codec_s=result.codec_s * scale)
+    return predict_pipe
+
+
+def _with_spread(result, measured: dict[str, float]):
+    """A pipelined (width >= 2) prediction's iteration as E[max(window, exchange)] of two normal times
+    (``timing_model.core.straggler.expected_max_of_two``) with the measured spreads; what it adds is exposed
+    (split between transfer and codec as the model split it)."""
+    compute_spread, comm_cv = measured.get("compute_spread_s", 0.0), measured.get("comm_cv", 0.0)
+    if result.staleness < 1 or not (compute_spread or comm_cv):
+        return result
+    from timing_model.core.straggler import expected_max_of_two
+
+    exposed = result.exposed_comm_s + result.codec_s
+    window, exchange = result.iteration_s - exposed, result.comm_total_s
+    iteration = expected_max_of_two(window, exchange, math.hypot(compute_spread, comm_cv * exchange))
+    codec_share = result.codec_s / exposed if exposed > 0 else 0.0
+    more = max(iteration - window, 0.0)
+    return replace(result, iteration_s=max(iteration, result.iteration_s), exposed_comm_s=more * (1 - codec_share),
+                   codec_s=more * codec_share)
+
+
+def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Knobs,
+           measured_with: tuple[str, bool] = ("none", False),
+           now: tuple[int | None, str, bool] | None = None, ran: dict[str, dict] | None = None) -> dict | None:
+    """What ``timing_model.recommend`` picks from the measurements (the same on every rank), among the knobs the user
+    left free: {"width", "compression", "error_feedback", "reason", "measured"}. ``measured["comm_s"]`` is an
+    exchange of the whole gradient with ``measured_with``'s codec. With ``now`` (a re-check: the width, codec and
+    feedback running) None unless the switch rule of the module doc holds; ``ran``: what configurations measured
+    while the pipeline ran, by ``run_key`` (``_predictor``). The model's error on the running configuration
+    (its measured iteration over the model's) scales the predictions of the ones that have not run."""
+    from timing_model.predict import Scenario
+    from timing_model.recommend import codec_label, recommend
+
+    link = link_terms(measured, nodes, grad_bytes, measured_with, _predictor(measured))
+    scenario = Scenario(nodes=nodes, grad_bytes=grad_bytes, compute_s=measured["compute_s"], **link)
+    scale = 1.0
+    if now is not None and ran and run_key(*now) in ran:
+        width, codec, feedback = now
+        modelled = _predictor(measured, ran, as_measured=False)(
+            scenario.with_changes(width=width, compression=codec, error_feedback=feedback)).iteration_s
+        scale = ran[run_key(*now)]["period_s"] / modelled if modelled > 0 else 1.0
+    predict_pipe = _predictor(measured, ran, scale)
+    answer = recommend(scenario, predict_pipe, max_width=MAX_WIDTH, width=knobs.width,
+                       compression=knobs.compression, error_feedback=knobs.error_feedback)
+    new = answer.choice
+    if now is not None:
+        keys = [(c.width, c.compression, c.error_feedback) for c in answer.candidates]
+        if (new.width, new.compression, new.error_feedback) == now or now not in keys:
+            return None
+        running = answer.candidates[keys.index(now)]
+        faster = new.iteration_s * SWITCH_GAIN <= running.iteration_s
+        exacter = keys.index((new.width, new.compression, new.error_feedback)) < keys.index(now) and new.hidden
+        if not (faster or exacter):
+            return None
+    spread = (f" (step to step ±{measured['compute_spread_s'] * 1e3:.2g} ms and ±{measured['comm_cv']:.0%})"
+              if measured.get("compute_spread_s") or measured.get("comm_cv") else "")
+    reason = (f"{answer.reason}; measured: compute {measured['compute_s'] * 1e3:.3g} ms per step, an all-reduce of "
+              f"the gradient ({codec_label(*measured_with)}) {measured['comm_s'] * 1e3:.3g} ms on {nodes} rank(s)"
+              f"{spread}")
+    return {"width": new.width, "compression": new.compression, "error_feedback": new.error_feedback,
+            "reason": reason, "measured": dict(measured)}
+
+
+def link_terms(measured: dict[str, float], nodes: int, grad_bytes: float,
+               measured_with: tuple[str, bool] = ("none", False), predict_pipe=None) -> dict[str, float]:
+    """The link's per-message latency and bandwidth for which the timing model predicts both measured all-reduces:
+    the whole gradient with ``measured_with``'s codec (``comm_s``) and 1/64 of it uncompressed
+    (``small_allreduce_s``, the ring's T = 2(p-1) latency + 2(p-1)/p M / B). The large one fixes the bandwidth
+    given the latency (bisection: the predicted time falls as the bandwidth grows), the small one the latency given
+    the bandwidth; a few rounds settle both. One rank (nothing sent): an infinitely fast link."""
+    if nodes < 2:
+        return {"bandwidth_Bps": float("inf"), "latency_s": 0.0}
+    from timing_model.predict import Scenario
+
+    predict_pipe = predict_pipe or _predictor(measured)
+    hops = 2 * (nodes - 1)
+    small_bytes = max(grad_bytes / SMALL_FRACTION, 4.0)
+    codec, feedback = measured_with
+    base = Scenario(nodes=nodes, grad_bytes=grad_bytes, bandwidth_Bps=1.0, compression=codec, error_feedback=feedback)
+
+    def comm_at(bandwidth: float, latency: float) -> float:
+        return predict_pipe(base.with_changes(bandwidth_Bps=bandwidth, latency_s=latency)).comm_total_s
+
+    latency, bandwidth = measured["small_allreduce_s"] / hops, math.inf
+    for _ in range(6):  # each round shrinks the latency's error ~64-fold (the large all-reduce is mostly bytes)
+        bandwidth = _bandwidth_for(lambda b: comm_at(b, latency), measured["comm_s"])
+        settled = latency
+        latency = max(measured["small_allreduce_s"] - hops * small_bytes / (nodes * bandwidth), 0.0) / hops
+        if abs(latency - settled) <= 1e-12 * max(latency, 1e-9):
+            break
+    return {"bandwidth_Bps": bandwidth, "latency_s": latency}
+
+
+def _bandwidth_for(comm_at: Callable[[float], float], seconds: float) -> float:
+    """The bandwidth (bytes/s, 1e3 to 1e14: a stalled link to far beyond any NIC) at which ``comm_at`` (falling as the
+    bandwidth grows) takes ``seconds``: regula falsi with the Illinois step on log(time) against log(bandwidth),
+    nearly straight (time ~ latency + bytes / bandwidth), so a dozen predictions instead of bisection's fifty
+    (the decision runs inside a training step)."""
+    low, high = math.log(1e3), math.log(1e14)
+    f_low, f_high = (math.log(comm_at(math.exp(x)) / seconds) for x in (low, high))
+    if f_high >= 0:
+        return math.exp(high)
+    if f_low <= 0:
+        return math.exp(low)
+    side = 0
+    for _ in range(100):
+        x = (low * f_high - high * f_low) / (f_high - f_low)
+        f = math.log(comm_at(math.exp(x)) / seconds)
+        if abs(f) <= 1e-13 or high - low <= 1e-13:
+            return math.exp(x)
+        if f > 0:  # still too slow: the root lies at a higher bandwidth
+            low, f_low = x, f
+            f_high, side = (f_high / 2, side) if side == 1 else (f_high, 1)
+        else:
+            high, f_high = x, f
+            f_low, side = (f_low / 2, side) if side == -1 else (f_low, -1)
+    return math.exp(x)
+
+
+def describe(choice: dict) -> str:
+    """"width 2, q4 + error feedback" (the width only when it was chosen); "warm-up: q8" for a provisional codec."""
+    from timing_model.recommend import choice_label
+
+    label = choice_label(choice.get("width"), choice["compression"], bool(choice["error_feedback"]))
+    return f"warm-up: {label}" if choice.get("provisional") else label
+
+
+def announce(choice: dict, rank: int) -> None:
+    """The one log line (rank 0)."""
+    if rank == 0:
+        log.info("PipeSGD auto chose %s: %s", describe(choice), choice["reason"])

@@ -1,0 +1,64 @@
+"""The timed calls every rank makes for the choice (an all-reduce at 1/64 of the gradient, each codec's encode and
+decode) and their agreement across ranks (``pipesgd.auto`` Steps 2 and 3)."""
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from pipesgd.auto.clock import StepClock
+from pipesgd.auto.knobs import CANDIDATES, SMALL_FRACTION
+from pipesgd.compression import build
+from pipesgd.compression.throughput import measure_codec_gbps
+
+REPEATS = 3
+CODEC_SAMPLE = 4_000_000  # elements at most for a codec's timed encode and decode
+
+
+def measure(numel: int, device: torch.device, dtype: torch.dtype, group: dist.ProcessGroup | None,
+            codecs: tuple[str, ...] = CANDIDATES, codec_options: dict | None = None) -> dict[str, float]:
+    """Step 2 on this rank: seconds of an uncompressed all-reduce of 1/64 of ``numel`` elements of the buckets'
+    ``dtype``, and encode/decode throughput (fp32 bytes/s) of every codec in ``codecs`` (built with
+    ``codec_options``)."""
+    x = torch.zeros(max(numel // SMALL_FRACTION, 1), dtype=dtype, device=device)
+    dist.all_reduce(x, group=group)  # the first call sets up what the next ones reuse
+    times = []
+    for _ in range(REPEATS):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        dist.all_reduce(x, group=group)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    measured = {"small_allreduce_s": statistics.median(times)}
+    for codec in codecs:
+        encode, decode = measure_codec_gbps(build(codec, **(codec_options or {})), numel=min(numel, CODEC_SAMPLE),
+                                            repeats=1, device=device)
+        measured[f"{codec}_encode_Bps"], measured[f"{codec}_decode_Bps"] = encode * 1e9, decode * 1e9
+    return measured
+
+
+def agreed(measured: dict[str, float], group: dist.ProcessGroup | None, device: torch.device) -> dict[str, float]:
+    """Step 3's agreement: the largest of every rank's numbers (the slowest rank's times set the pace; a codec
+    speed taken as its largest is harmless beside that), identical on every rank."""
+    names = sorted(measured)
+    values = torch.tensor([measured[n] for n in names], dtype=torch.float64, device=device)
+    dist.all_reduce(values, op=dist.ReduceOp.MAX, group=group)
+    return dict(zip(names, values.tolist()))
+
+
+def exchange_per_step(clock: StepClock, group: dist.ProcessGroup | None, device: torch.device) -> StepClock:
+    """The clock with each step's exchange time as the rank that waited least saw it (the same on every rank): in a
+    synchronous step every other rank's busy time also holds its wait for the last one to arrive (on the 2-core
+    emulated cluster a first step's exchange read 16 ms on one rank and 85 ms on another)."""
+    if not clock.comm_busy or dist.get_world_size(group) == 1:
+        return clock
+    times = torch.tensor(clock.comm_busy, dtype=torch.float64, device=device)
+    dist.all_reduce(times, op=dist.ReduceOp.MIN, group=group)
+    agreed_clock = copy.copy(clock)
+    agreed_clock.comm_busy = times.tolist()
+    return agreed_clock
