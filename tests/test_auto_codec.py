@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from pipesgd import PipeSGD, auto
+from pipesgd.auto import probes
 from pipesgd.options import PipeSGDOptions
 from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
@@ -244,3 +245,15 @@ def test_a_state_saved_with_a_provisional_codec_resumes_with_it(process_group, m
     for wrapper in (opt, again):
         wrapper.flush()
         wrapper.close()
+
+
+def _ranks_exchange(rank: int, world: int) -> list[float]:
+    clock = auto.StepClock()
+    clock.comm_busy = [[0.085, 0.030], [0.016, 0.041]][rank]  # rank 1 arrived last at step 0, rank 0 at step 1
+    agreed_clock = probes.exchange_per_step(clock, None, torch.device("cpu"))
+    assert clock.comm_busy == [[0.085, 0.030], [0.016, 0.041]][rank]  # the rank's own clock is left alone
+    return agreed_clock.comm_busy
+
+
+def test_a_probed_exchange_is_what_the_last_rank_to_arrive_saw():
+    assert run_ranks(_ranks_exchange, 2) == [[0.016, 0.030]] * 2

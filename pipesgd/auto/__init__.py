@@ -160,7 +160,9 @@ def first_choice(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: d
     the uncompressed exchange it saw; the exchanges since, with its codec, count as that codec's measured time,
     ``decision._predictor``); logs the choice once (on rank 0)."""
     numel, grad_bytes, device, dtype = _gradient(buckets)
-    clock = exchange_per_step(clock, group, device)
+    # Each rank's own exchange times here, waits for its peers included: a pipelined exchange also waits for the
+    # last rank to hand its gradient off, and that whole time must hide behind the rank's compute (the probe's
+    # one step-0 sample takes the last rank's instead: its wait is start-up, not what the pipeline will see).
     if provisional is not None:
         links = dict(provisional["measured"])
         if provisional["compression"] != "none":

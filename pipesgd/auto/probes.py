@@ -53,8 +53,9 @@ def agreed(measured: dict[str, float], group: dist.ProcessGroup | None, device: 
 
 def exchange_per_step(clock: StepClock, group: dist.ProcessGroup | None, device: torch.device) -> StepClock:
     """The clock with each step's exchange time as the rank that waited least saw it (the same on every rank): in a
-    synchronous step every other rank's busy time also holds its wait for the last one to arrive (on the 2-core
-    emulated cluster a first step's exchange read 16 ms on one rank and 85 ms on another)."""
+    synchronous step every other rank's busy time also holds its wait for the last one to arrive, which at step 0
+    is start-up (on the 2-core emulated cluster step 0's exchange read 16 ms on one rank and 85 ms on another; the
+    exchange itself took 14-22 ms in the steps after). ``probe`` reads it."""
     if not clock.comm_busy or dist.get_world_size(group) == 1:
         return clock
     times = torch.tensor(clock.comm_busy, dtype=torch.float64, device=device)
