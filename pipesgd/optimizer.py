@@ -153,8 +153,6 @@ class PipeSGD:
             self._auto = auto.AutoConfig(self._buckets, knobs, warmup_steps, user_group, auto_recheck_every,
                                          self.options.compression_options)
             self._hooks += self._auto.attach(model_or_params)  # where step 0's compute begins
-            if self._auto.provisional is not None:  # the warm-up's first codec (pipesgd.auto)
-                self._use_choice(self._auto.provisional)
 
     # ----------------------------------------------------------------------------------------- public
     @property

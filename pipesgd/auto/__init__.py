@@ -27,7 +27,9 @@ warm-up steps after the early one, every step runs at the last warm-up step and 
 or none.
 How much the times vary counts: a pipelined step lasts the longer of its compute and the exchange in flight, so the
 decision predicts it as their expected maximum with the spreads the warm-up measured (``decision._with_spread``);
-an exchange as long as the compute on average is exposed half the time.
+an exchange as long as the compute on average is exposed half the time. The exchange's time is each rank's own,
+its wait for the last rank to hand off included (a pipelined exchange must hide that too), except the probe's one
+step-0 sample, which is the last rank's (``probes.exchange_per_step``: at step 0 that wait is start-up).
 The choice (width, codec, error feedback, reason, measurements) is logged once, kept in ``state_dict()`` (a resumed
 run uses it without measuring again; a state saved after a provisional codec was chosen resumes with it), readable as
 ``PipeSGD.auto_choice`` and in the step's ``StepStats``. Cost: the warm-up steps, which run anyway, plus 4
@@ -124,8 +126,8 @@ class AutoConfig:
         """After ``step()``'s work (``comm_busy_s``: the applied exchange's time on the worker, None: nothing
         applied; ``wait_s``: what ``step()`` blocked on communication: that exchange and a blocking sync of the
         module buffers, which queues behind the exchange on a saturated link). Returns a choice to run from the next
-        step on (the wrapper drains what is in flight first): at the warm-up's last step, and at a re-check that
-        switches."""
+        step on (the wrapper drains what is in flight first): a provisional codec at the probe, the choice at the
+        warm-up's last step, and a re-check's that switches."""
         if not self._timing(step):
             return None
         self.clock.end(comm_busy_s, wait_s)
