@@ -124,8 +124,8 @@ def link_terms(measured: dict[str, float], nodes: int, grad_bytes: float,
     """The link's per-message latency and bandwidth for which the timing model predicts both measured all-reduces:
     the whole gradient with ``measured_with``'s codec (``comm_s``) and 1/64 of it uncompressed
     (``small_allreduce_s``, the ring's T = 2(p-1) latency + 2(p-1)/p M / B). The large one fixes the bandwidth
-    given the latency (``_bandwidth_for``: the predicted time falls as the bandwidth grows), the small one the latency given
-    the bandwidth; a few rounds settle both. One rank (nothing sent): an infinitely fast link."""
+    given the latency (``_bandwidth_for``: the predicted time falls as the bandwidth grows), the small one the
+    latency given the bandwidth; a few rounds settle both. One rank (nothing sent): an infinitely fast link."""
     if nodes < 2:
         return {"bandwidth_Bps": float("inf"), "latency_s": 0.0}
     from timing_model.predict import Scenario
