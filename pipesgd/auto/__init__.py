@@ -131,8 +131,9 @@ class AutoConfig:
         if not self._timing(step):
             return None
         self.clock.end(comm_busy_s, wait_s)
-        for mark in self._marks:
+        for mark in self._marks:  # step 0's compute is timed: the hook's work is done
             mark.remove()
+        self._marks = []
         if self.choice is None:
             if self._probes(step) and self.clock.gaps and self.clock.comm_busy:
                 self.provisional = probe(self._buckets, self.knobs, self.clock, self._group)
