@@ -256,6 +256,9 @@ def test_width_and_compression_auto_print_their_choice_and_record_it(tmp_path):
     assert choice["width"] in (1, 2, 3) and choice["compression"] in ("none", "bf16", "q8", "q4") and choice["reason"]
     assert f"mode pipe (width auto: {choice['width']}" in results[0][1]
     chose = [(r["step"], r["auto_choice"]) for r in rank0 if r["type"] == "step" and r.get("auto_choice")]
+    # a provisional codec for the rest of the warm-up may come first, at step 0 (it depends on the host's timing)
+    warmup = [(step, label) for step, label in chose if label.startswith("warm-up: ")]
+    assert all(step == 0 for step, _ in warmup) and len(warmup) <= 1
     codec = choice["compression"] + (" + error feedback" if choice["error_feedback"] else "")
-    assert chose == [(choice["step"], f"width {choice['width']}, {codec}")]
+    assert [entry for entry in chose if entry not in warmup] == [(choice["step"], f"width {choice['width']}, {codec}")]
     assert choice["allreduce"] == ("backend" if choice["compression"] == "none" else "alltoall")
