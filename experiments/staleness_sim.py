@@ -4,9 +4,10 @@ width 2, five seeds. Logic in experiments/harness/staleness_sim.py.
 
     python experiments/staleness_sim.py                                   # the whole study (~15 min on 2 cores)
     python experiments/staleness_sim.py --workers 4 --seeds 0 --result /tmp/sim.json   # a quick look
-    # the charlm gap at width 3 taken apart: the library's stand-in against the true average (~13 min)
-    python experiments/staleness_sim.py --tasks charlm --workers 2 --width 3 --seeds 0,1,2 --standins local,oracle \
-        --result experiments/results/staleness_sim/charlm_standin.json
+    # the charlm gap at width 3 taken apart: the library's stand-in against the true average and two other
+    # stand-ins (~20 min)
+    python experiments/staleness_sim.py --tasks charlm --workers 2 --width 3 --seeds 0,1,2 \
+        --standins local,oracle,shrunk,frozen-v --result experiments/results/staleness_sim/charlm_standin.json
 """
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=_ints, default=[0, 1, 2, 3, 4], help="seeds (default 0-4)")
     parser.add_argument("--width", type=int, default=2, help="the pipelined width (default 2)")
     parser.add_argument("--standins", type=_standins, default=("local",),
-                        help="look-ahead's stand-in: local (the library's), oracle (the true average, a diagnostic)")
+                        help="look-ahead's stand-ins: local (the library's); diagnostics: oracle (the true "
+                             "average), shrunk, frozen-v (Adam's second moment held; charlm)")
     parser.add_argument("--result", default=RESULT, help=f"result JSON (default {RESULT})")
     parser.add_argument("--resume", action="store_true", help="skip runs already in the result")
     args = parser.parse_args(argv)

@@ -1,14 +1,18 @@
 """The many-workers simulation (``experiments/harness/staleness_sim.py``): with the true average standing in, look-ahead
 is synchronous SGD bit for bit (so the diagnostic isolates the stand-in's noise); with a worker's own gradient it is
-not; the charlm recipe is the accuracy study's; a bad stand-in name is one line and exit 2."""
+not; the charlm recipe is the accuracy study's; the two diagnostic stand-ins (``standin_variants``) do what their
+docs say; a bad stand-in name is one line and exit 2."""
 from __future__ import annotations
 
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from experiments.harness.staleness_sim import SimSpec, plan, simulate, summarise, summary_markdown
+from experiments.harness.standin_variants import FrozenMomentLookahead, ShrunkLookahead
+from pipesgd.delay.lookahead import Lookahead
 
 ONE_EPOCH = dict(task="digits", workers=2, epochs=1, warmup_steps=2)
 
@@ -32,6 +36,75 @@ def test_the_charlm_plan_is_the_studys_recipe_and_its_table_reports_the_loss():
             for i, s in enumerate(specs)]
     table = summary_markdown(summarise(runs))
     assert "true-average stand-in" in table and "2.3000 ± 0.0000 (+15.0 %)" in table
+    assert "shrunk" not in table
+
+
+def test_the_charlm_table_has_a_column_per_diagnostic_stand_in_that_ran():
+    specs = plan(["charlm"], [2], [0], width=3, standins=("local", "shrunk", "frozen-v"))
+    runs = [{**{k: getattr(s, k) for k in ("task", "workers", "width", "staleness", "standin", "global_batch",
+                                           "seed")}, "final_accuracy": 0.5, "final_loss": 2.0 + i / 10}
+            for i, s in enumerate(specs)]
+    header, _, row = summary_markdown(summarise(runs)).splitlines()
+    assert header.endswith("look-ahead, shrunk stand-in | look-ahead, frozen second moment |")
+    assert "oracle" not in header and "true-average" not in header
+    assert row.endswith("2.3000 ± 0.0000 (+15.0 %) | 2.4000 ± 0.0000 (+20.0 %) |")
+
+
+def _adamw_after_one_step(seed: int = 0):
+    torch.manual_seed(seed)
+    param = torch.nn.Parameter(torch.randn(64))
+    optimizer = torch.optim.AdamW([param], lr=0.1, betas=(0.9, 0.99), weight_decay=0.1)
+    param.grad = torch.randn(64)
+    optimizer.step()
+    return param, optimizer
+
+
+def test_frozen_v_is_adams_replay_when_the_stand_in_leaves_the_corrected_second_moment_unchanged():
+    """A stand-in of sqrt(v_hat) per coordinate keeps Adam's bias-corrected second moment where it is, so holding it
+    changes nothing; a stand-in three times that size moves Adam's and not the frozen one's."""
+    looks = {}
+    for size in (1.0, 3.0):
+        for kind in (Lookahead, FrozenMomentLookahead):
+            param, optimizer = _adamw_after_one_step()
+            state = optimizer.state[param]
+            stand_in = size * (state["exp_avg_sq"] / (1 - 0.99 ** int(state["step"]))).sqrt()
+            ahead = kind(optimizer, [param], width=2)
+            ahead.record(1, [stand_in])
+            ahead.advance()
+            looks[size, kind] = param.detach().clone()
+            ahead.restore()
+    assert torch.allclose(looks[1.0, Lookahead], looks[1.0, FrozenMomentLookahead], rtol=0, atol=1e-6)
+    assert not torch.allclose(looks[3.0, Lookahead], looks[3.0, FrozenMomentLookahead], rtol=0, atol=1e-3)
+
+
+def test_frozen_v_refuses_an_optimizer_that_is_not_adam():
+    param = torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(ValueError, match="Adam"):
+        FrozenMomentLookahead(torch.optim.SGD([param], lr=0.1, momentum=0.9), [param])
+    with pytest.raises(ValueError, match="frozen-v"):
+        SimSpec(task="digits", standin="frozen-v")
+
+
+def test_the_shrunk_stand_in_learns_how_much_of_a_workers_gradient_the_average_keeps():
+    """Two workers whose gradients are a shared part plus independent noise: the average keeps half of a worker's
+    noise, so rho tends to 1/2; a lone worker's gradient is the average, so rho is 1 and its stand-in its own."""
+    torch.manual_seed(0)
+    param = torch.nn.Parameter(torch.zeros(256))
+    optimizer = torch.optim.SGD([param], lr=0.1, momentum=0.9)
+    pair, alone = ShrunkLookahead(optimizer, [param]), ShrunkLookahead(optimizer, [param])
+    shared = torch.randn(256)
+    for step in range(200):
+        own, other = shared + torch.randn(256), shared + torch.randn(256)
+        average = (own + other) / 2
+        pair.record(step, [own])
+        alone.record(step, [average])
+        pair.discard(step)
+        alone.discard(step)
+        pair.observe(step, [average])
+        alone.observe(step, [average])
+    assert 0.4 < pair.rho < 0.6 and alone.rho == 1.0
+    alone.record(200, [shared])
+    assert torch.allclose(alone._pending[200][0][0], shared, rtol=0, atol=1e-6)
 
 
 def test_an_unknown_stand_in_is_one_line_and_exit_2():

@@ -9,8 +9,9 @@ trainer's: ``shard_batches`` gives worker w of W the same batches as rank w of a
 
 The same runs diagnose a gap: ``standin="oracle"`` gives every worker the true average of each step in flight
 as its stand-in (something no rank has in a real run) and so separates the stand-in's noise from the rest of
-the delayed update. ``charlm`` is the accuracy study's transformer task: the character GPT with AdamW, warm-up
-and cosine decay, 300 steps at a local batch of 32.
+the delayed update; ``"shrunk"`` and ``"frozen-v"`` try two ways to lessen that noise with what a worker holds
+(``experiments.harness.standin_variants``). ``charlm`` is the accuracy study's transformer task: the character
+GPT with AdamW, warm-up and cosine decay, 300 steps at a local batch of 32.
 
 Steps of one simulated iteration t:
   Step 1: each worker moves the master weights to its look-ahead (its stand-ins of the steps in flight), computes
@@ -39,9 +40,14 @@ from pipesgd.train.models import build_model
 from pipesgd.train.optimizers import build_inner_optimizer
 from pipesgd.train.schedule import build_schedule
 
+from experiments.harness.standin_variants import FrozenMomentLookahead, ShrunkLookahead
+
 TASKS = {"digits": lambda seed: load_digits(seed), "mnist1d": lambda seed: make_mnist1d(seed),
          "charlm": lambda seed: load_pysrc()}
-STANDINS = ("local", "oracle")  # a worker's own gradient (the library's); the true average (a diagnostic)
+# A worker's own gradient (the library's); the true average; two attempts at a better one (``standin_variants``).
+STANDINS = ("local", "oracle", "shrunk", "frozen-v")
+STANDIN_TITLES = {"oracle": "true-average stand-in", "shrunk": "shrunk stand-in", "frozen-v": "frozen second moment"}
+LOOKAHEADS = {"local": Lookahead, "oracle": Lookahead, "shrunk": ShrunkLookahead, "frozen-v": FrozenMomentLookahead}
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +83,7 @@ class SimSpec:
     lr: float = 0.02
     momentum: float = 0.9
     warmup_steps: int = WARMUP_STEPS
-    standin: str = "local"  # "oracle": the true average stands in (a diagnostic; see the module doc)
+    standin: str = "local"  # any other: a diagnostic (see the module doc)
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -88,14 +94,17 @@ class SimSpec:
             raise ValueError(f"global batch {self.global_batch} must split evenly over {self.workers} workers")
         if self.standin not in STANDINS:
             raise ValueError(f"unknown stand-in {self.standin!r}; valid: {', '.join(STANDINS)}")
+        if self.standin == "frozen-v" and RECIPES[self.task].optimizer not in ("adam", "adamw"):
+            raise ValueError(f"the frozen-v stand-in needs Adam or AdamW; {self.task} trains with "
+                             f"{RECIPES[self.task].optimizer}")
         if self.width < 1 or self.epochs < 1:
             raise ValueError("width and epochs must be at least 1")
 
     @property
     def key(self) -> str:
         stale = f" {self.staleness}" if self.width > 1 else ""
-        stale += " oracle-stand-in" if self.width > 1 and self.staleness == "lookahead" and \
-            self.standin == "oracle" else ""
+        stale += f" {self.standin}-stand-in" if self.width > 1 and self.staleness == "lookahead" and \
+            self.standin != "local" else ""
         return f"{self.task} W={self.workers} width={self.width}{stale} seed={self.seed}"
 
 
@@ -120,13 +129,16 @@ def simulate(spec: SimSpec) -> dict:
     if schedule is not None:
         schedule.apply(optimizer.param_groups, 0)
     looking = spec.width > 1 and spec.staleness == "lookahead"
-    workers = [Lookahead(optimizer, params, spec.width) if looking else None for _ in range(spec.workers)]
+    kind = LOOKAHEADS[spec.standin]
+    workers = [kind(optimizer, params, spec.width) if looking else None for _ in range(spec.workers)]
     pipeline: Pipeline[list[torch.Tensor]] = Pipeline(spec.width, spec.warmup_steps)
 
     def apply(step: int, mean: list[torch.Tensor]) -> None:
         for worker in workers:
             if worker is not None:
                 worker.discard(step)
+                if isinstance(worker, ShrunkLookahead):
+                    worker.observe(step, mean)
         for p, g in zip(params, mean):
             p.grad = g
         optimizer.step()
@@ -228,8 +240,10 @@ def summary_markdown(summary: list[dict]) -> str:
         tables.append("\n".join(lines))
     losses = [(key, cs) for key, cs in rows.items() if RECIPES[key[0]].model == "gpt"]
     if losses:
+        others = [s for s in STANDINS[1:] if any((width, "lookahead", s) in cs for _, cs in losses)]
         lines = [f"| task | workers | local batch | width 1 | plain width {width} | look-ahead width {width} | "
-                 f"look-ahead, true-average stand-in |", "|---|---|---|---|---|---|---|"]
+                 + "".join(f"look-ahead, {STANDIN_TITLES[s]} | " for s in others).rstrip(),
+                 "|---|---|---|---|---|---|" + "---|" * len(others)]
         for (task, workers), cs in losses:
             sync = cs.get((1, "none", "local"))
 
@@ -240,8 +254,8 @@ def summary_markdown(summary: list[dict]) -> str:
                 return f"{c['loss_mean']:.4f} ± {c['loss_std']:.4f}{gap}"
 
             batch = next(iter(cs.values()))["local_batch"]
-            lines.append(f"| {task} | {workers} | {batch} | {loss(sync)} | {loss(cs.get((width, 'none', 'local')))} | "
-                         f"{loss(cs.get((width, 'lookahead', 'local')))} | "
-                         f"{loss(cs.get((width, 'lookahead', 'oracle')))} |")
+            cells = [loss(sync), loss(cs.get((width, "none", "local")))] + [
+                loss(cs.get((width, "lookahead", s))) for s in ("local", *others)]
+            lines.append(f"| {task} | {workers} | {batch} | " + " | ".join(cells) + " |")
         tables.append("\n".join(lines))
     return "\n\n".join(tables)
