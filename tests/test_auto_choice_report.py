@@ -31,3 +31,22 @@ def test_a_file_it_cannot_read_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["--result", str(tmp_path / "missing.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("auto_choice_report: cannot read")
+
+
+def test_several_sittings_give_each_ratios_mean_range_and_the_ratio_of_means(tmp_path, capsys):
+    """Sitting 1: q4 best (2.0 s), auto 2.1 (1.05); sitting 2: q8 best (2.0 s; q4 3.0), auto 2.4 (1.20). Means over
+    the sittings: q8 2.25 beats q4 2.5, and auto's 2.25 is 1.00 of it."""
+    def sitting(q4: float, q8: float, auto: float) -> list[dict]:
+        return [_run("resnet20-100mbit", "pipe+q4", 0.05, q4), _run("resnet20-100mbit", "pipe+q8", 0.05, q8),
+                _run("resnet20-100mbit", "pipe+auto", 0.05, auto, "width 2, q4 + error feedback")]
+    paths = []
+    for i, runs in enumerate([sitting(2.0, 2.5, 2.1), sitting(3.0, 2.0, 2.4)]):
+        paths.append(tmp_path / f"sitting{i}.json")
+        paths[-1].write_text(json.dumps({"provenance": {"command": "a test", "commit": "abc"}, "runs": runs}))
+    assert main(["--result", *map(str, paths)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    to_target = next(line for line in lines if line.startswith("| resnet20-100mbit | pipe+auto |"))
+    assert to_target == ("| resnet20-100mbit | pipe+auto | 2 | 1.12 | 1.05 | 1.20 | 1 of 2 | 1.00 | pipe+q8 | "
+                         "width 2, q4 + error feedback |")
+    assert sum(line.startswith("| resnet20-100mbit | pipe+auto | 2 | 1.00 | 1.00 | 1.00 | 2 of 2 |")
+               for line in lines) == 1  # per iteration: all alike
