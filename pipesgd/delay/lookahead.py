@@ -20,8 +20,9 @@ instead of a model there is no hook: ``step()`` moves them at its end. Memory: o
 master's, while the look-ahead ones are in the parameters), the local gradients of the K-1 steps in flight, the
 replay's copy of the optimizer state, and scratch gradients when clipping or loss scaling must not write the
 saved ones. Time per step: one gradient copy in ``step()``, one weight copy each way, and K-1 steps of the
-optimizer's rule: momentum SGD's written out in foreach operations (``pipesgd.delay.sgd_rule``), any other
-optimizer's as a copy of its state and a step of a replica (reported as ``StepStats.t_lookahead_s``).
+optimizer's rule: SGD's, Adam's and AdamW's written out in foreach operations (``pipesgd.delay.sgd_rule``,
+``pipesgd.delay.adam_rule``), any other optimizer's as a copy of its state and a step of a replica (reported as
+``StepStats.t_lookahead_s``).
 """
 from __future__ import annotations
 

@@ -8,14 +8,14 @@ the real optimizer would move them on those gradients, and the real optimizer's 
 tensor by tensor matters: ``Optimizer.load_state_dict`` would alias ``exp_avg``, ``exp_avg_sq`` and the ``step``
 tensor, and stepping the copy would move the original's step count.
 
-``torch.optim.SGD`` skips the replica: its rule is written out in foreach operations (``pipesgd.delay.sgd_rule``),
-which advance a scratch copy of the momentum buffers alone, without the replica's per-parameter Python (unless the
-learning rate is a tensor or gradients are clipped: then the replica runs). Same kernels as the original, so the
-same bits: the replay keeps the original's ``foreach``/``fused`` choice, except that SGD, Adam and AdamW on CPU
-parameters replay through torch's foreach implementation, which on CPU gives bitwise the same results as the
-per-tensor loop those optimizers default to there and costs fewer Python round trips (ResNet-20's 65 tensors: 2.4
-against 4.0 ms per SGD step). Clipping, when asked, is the wrapper's own (``pipesgd.grads.clipping``), so a replayed
-step clips exactly as the applied one is clipped.
+``torch.optim.SGD``, ``Adam`` and ``AdamW`` skip the replica: their rules are written out in foreach operations
+(``pipesgd.delay.sgd_rule``, ``pipesgd.delay.adam_rule``), which advance scratch copies of the momentum buffers or
+moments alone, without the replica's per-parameter Python (unless the learning rate is a tensor or gradients are
+clipped: then the replica runs). Same kernels as the original, so the same bits: the replay keeps the original's
+``foreach``/``fused`` choice, except that SGD, Adam and AdamW on CPU parameters replay through torch's foreach
+implementation, which on CPU gives bitwise the same results as the per-tensor loop those optimizers default to there
+and costs fewer Python round trips (ResNet-20's 65 tensors: 2.4 against 4.0 ms per SGD step). Clipping, when asked,
+is the wrapper's own (``pipesgd.grads.clipping``), so a replayed step clips exactly as the applied one is clipped.
 """
 from __future__ import annotations
 
@@ -26,8 +26,10 @@ import torch
 
 from pipesgd.grads.clipping import clip_averaged_gradient
 from pipesgd.grads.finite import all_finite
-from pipesgd.delay.sgd_rule import SgdRule, closed_form_applies
+from pipesgd.delay import adam_rule, sgd_rule
 
+# The update rules written out in foreach operations, each with the test of where it reproduces the optimizer.
+RULES = ((sgd_rule.closed_form_applies, sgd_rule.SgdRule), (adam_rule.closed_form_applies, adam_rule.AdamRule))
 # Optimizers whose CPU foreach implementation matches their default per-tensor one bit for bit (torch 2.13).
 FOREACH_EXACT_ON_CPU = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
 
@@ -61,8 +63,8 @@ class OptimizerReplay:
                              f"{type(optimizer).__name__} built from its defaults, which failed ({exc}); "
                              f"pass staleness='none'") from None
         self._scratch: list[torch.Tensor] | None = None
-        # Momentum SGD's rule written out (no state copy, no replica step) where it reproduces the optimizer.
-        self._rule = SgdRule(optimizer, self._params) if closed_form_applies(optimizer) else None
+        # SGD's or Adam's rule written out (no state copy, no replica step) where it reproduces the optimizer.
+        self._rule = next((rule(optimizer, self._params) for applies, rule in RULES if applies(optimizer)), None)
 
     def replay_(self, steps: Sequence[tuple[Sequence[torch.Tensor], float | None, bool]],
                 skip_nonfinite: bool) -> int:

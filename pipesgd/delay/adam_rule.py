@@ -1,0 +1,132 @@
+"""Adam's and AdamW's update rule replayed in foreach operations, without a replica optimizer.
+
+Why: the generic replay (``pipesgd.delay.replay``) copies the optimizer's state into a second optimizer, parameter by
+parameter in Python, and steps it, and torch's step gathers its state lists parameter by parameter again: Python
+that grows with the parameter count on the training thread at every step. The rule is short enough to write out:
+each step in flight moves the parameters by
+
+    g = -g with maximize;   w = w * (1 - lr * wd) (AdamW)   or   g = g + wd * w (Adam)
+    m = lerp(m, g, 1 - beta1);   v = beta2 * v + (1 - beta2) * g * g;   s = s + 1
+    w = w - lr / (1 - beta1^s) * m / (sqrt(v) / sqrt(1 - beta2^s) + eps)
+
+with ``m``, ``v`` and the step count ``s`` starting from the optimizer's state (zeros and 0 where a parameter has
+none yet), ``m`` and ``v`` advanced in scratch so the optimizer's own state is only read. The operations, their order
+and their kernels are those of torch's foreach Adam (``torch.optim.adam._multi_tensor_adam``, not capturable), so
+the parameters move to the bits a stepped copy of the optimizer reaches (``tests/test_adam_rule.py``); on CPU
+torch's per-tensor loop gives the same bits as its foreach path.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+_UNSUPPORTED = ("fused", "capturable", "differentiable", "amsgrad")  # they round or record differently, or keep a max
+
+
+def closed_form_applies(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``AdamRule`` reproduces ``optimizer``'s steps bit for bit: exactly ``torch.optim.Adam`` or ``AdamW``
+    (a subclass may change the rule), none of ``_UNSUPPORTED``, float betas, real parameters, and foreach wherever
+    that could differ from the per-tensor loop (on CPU both give the same bits)."""
+    if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
+        return False
+    return not any(
+        any(group.get(flag) for flag in _UNSUPPORTED)
+        or any(isinstance(beta, torch.Tensor) for beta in group["betas"])
+        or any(p.is_complex() for p in group["params"])
+        or (group.get("foreach") is False and any(p.device.type != "cpu" for p in group["params"]))
+        for group in optimizer.param_groups)
+
+
+class AdamRule:
+    """Replays ``torch.optim.Adam``/``AdamW`` steps on ``params`` (the ones that get gradients, in the caller's
+    order)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> None:
+        self.optimizer = optimizer
+        position = {id(p): i for i, p in enumerate(params)}
+        # Per group, the positions in ``params`` of its parameters (a parameter without gradients is not stepped).
+        # The group dicts themselves are read at each replay: ``load_state_dict`` replaces them.
+        self._indices = [[position[id(p)] for p in group["params"] if id(p) in position]
+                         for group in optimizer.param_groups]
+        self._group_params = [[params[i] for i in indices] for indices in self._indices]
+        # Per group, allocated once: the first and second moments as the replay advances them.
+        self._moments: list[tuple[list[torch.Tensor], list[torch.Tensor]] | None] = [None] * len(self._indices)
+        self._steps: list[list[float]] = []  # per group, per parameter: the step count as the replay advances it
+        self._sources: tuple | None = None  # (the state dict, its length, per group what ``_sources_of`` found)
+        self.scratch_bytes = 0
+
+    def usable(self) -> bool:
+        """The rule is written for float learning rates (checked per replay: a scheduler or the user may set a
+        tensor ``lr``)."""
+        return all(not isinstance(group["lr"], torch.Tensor) for group in self.optimizer.param_groups)
+
+    def start(self) -> None:
+        """A new replay from the optimizer's current moments and step counts."""
+        state = self.optimizer.state
+        if self._sources is None or self._sources[0] is not state or self._sources[1] != len(state):
+            self._sources = (state, len(state), [self._sources_of(params) for params in self._group_params])
+        self._steps = []
+        for n, (params, (have, fresh, firsts, seconds, counts)) in enumerate(zip(self._group_params,
+                                                                               self._sources[2])):
+            if not params:
+                self._steps.append([])
+                continue
+            first, second = self._moments_of(n, params)
+            if have:
+                torch._foreach_copy_([first[i] for i in have] + [second[i] for i in have], firsts + seconds)
+            if fresh:  # no state yet: its first step starts from zeros, as torch's does
+                torch._foreach_zero_([first[i] for i in fresh] + [second[i] for i in fresh])
+            steps = [0.0] * len(params)
+            for i, count in zip(have, torch.stack(counts).tolist() if counts else []):
+                steps[i] = count
+            self._steps.append(steps)
+
+    def _sources_of(self, params: list[torch.Tensor]) -> tuple:
+        """Which of ``params`` have state, which not, and the state tensors to read (they are updated in place, so
+        they are found again only when the state dict changes: a first step, ``load_state_dict``)."""
+        state = self.optimizer.state
+        have = [i for i, p in enumerate(params) if state.get(p)]
+        fresh = [i for i, p in enumerate(params) if not state.get(p)]
+        return (have, fresh, [state[params[i]]["exp_avg"] for i in have],
+                [state[params[i]]["exp_avg_sq"] for i in have],
+                [state[params[i]]["step"].reshape(()).float() for i in have])
+
+    def step(self, grads: Sequence[torch.Tensor], may_write: bool) -> None:
+        """Move the parameters by one Adam step on ``grads`` (shaped like ``params``); ``grads`` are never written
+        (``may_write`` is part of the rules' common signature)."""
+        del may_write
+        for n, (group, params) in enumerate(zip(self.optimizer.param_groups, self._group_params)):
+            if params:
+                self._step(n, group, params, [grads[i] for i in self._indices[n]])
+
+    def _step(self, n: int, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+        """One step of ``_multi_tensor_adam`` on group ``n`` (not capturable), moments and counts in scratch."""
+        lr, (beta1, beta2), eps, decay = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        first, second = self._moments[n]
+        if group["maximize"]:
+            grads = torch._foreach_neg(grads)
+        steps = self._steps[n] = [s + 1.0 for s in self._steps[n]]
+        if decay != 0:
+            if group["decoupled_weight_decay"]:
+                torch._foreach_mul_(params, 1 - lr * decay)
+            elif group["maximize"]:
+                torch._foreach_add_(grads, params, alpha=decay)  # its own negated copy
+            else:
+                grads = torch._foreach_add(grads, params, alpha=decay)
+        torch._foreach_lerp_(first, grads, 1 - beta1)
+        torch._foreach_mul_(second, beta2)
+        torch._foreach_addcmul_(second, grads, grads, 1 - beta2)
+        step_size = [(lr / (1 - beta1 ** s)) * -1 for s in steps]
+        correction_sqrt = [(1 - beta2 ** s) ** 0.5 for s in steps]
+        denominator = torch._foreach_sqrt(second)
+        torch._foreach_div_(denominator, correction_sqrt)
+        torch._foreach_add_(denominator, eps)
+        torch._foreach_addcdiv_(params, first, denominator, step_size)
+
+    def _moments_of(self, n: int, params: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Group ``n``'s moment-shaped scratch (Adam's moments are shaped like their parameters)."""
+        if self._moments[n] is None:
+            self._moments[n] = ([torch.empty_like(p) for p in params], [torch.empty_like(p) for p in params])
+            self.scratch_bytes += 2 * sum(p.numel() * p.element_size() for p in params)
+        return self._moments[n]
