@@ -243,6 +243,7 @@ class PipeSGD:
             choice = self._auto.end(t, stats.t_comm_busy_s if stats.applied_step is not None else None, blocked)
             if choice is not None:
                 self._use_choice(choice, stats)
+                self._auto.switched()
         self._step += 1
         self.last_stats = stats
         every = self.options.check_replicas_every

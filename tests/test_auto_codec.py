@@ -3,6 +3,8 @@ reproduce what was measured, every rank reaching the same choice from different 
 the choice without measuring again, a named codec never measured or changed, and the options it refuses."""
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -213,6 +215,40 @@ def test_a_slow_link_runs_the_rest_of_the_warmup_with_a_provisional_codec():
     # the probe decides from the uncompressed exchange; the warm-up's end too, with q4's exchanges as measured
     assert result["calls"] == [(("none", False), []), (("none", False), ["q4+ef_exchange_s"])]
     assert result["named"] == ("auto", "auto", True) and result["compression"] == "q4"
+
+
+@pytest.mark.parametrize("link", [SLOW, FAST], ids=["provisional-codec", "none"])
+def test_the_probes_own_time_and_a_switch_are_not_counted_as_compute(process_group, monkeypatch, link):
+    """The probe times codecs and all-reduces after step 0's end; that time fell into step 1's gap and, in the median
+    of a few warm-up gaps, made compute look 40 % longer on a busy host (and q8 look hidden where q4 was faster)."""
+    computes = []
+
+    def slow_probe(numel, device, dtype, group, *_):
+        time.sleep(0.25)
+        return {k: v for k, v in link.items() if k not in ("compute_s", "comm_s")}
+
+    def decide(measured, *args, **kwargs):
+        computes.append(measured["compute_s"])
+        return real_decide(measured, *args, **kwargs)
+
+    real_decide = auto.decide
+    monkeypatch.setattr(auto, "measure", slow_probe)
+    monkeypatch.setattr(auto, "decide", decide)
+    model = _model()
+    first = [True]
+
+    def cold_start(*_):  # a first forward pass that is slow (allocations, first touches), as on a real host
+        if first:
+            time.sleep(0.15)
+            first.clear()
+
+    # 3 warm-up steps: 3 gaps (step 0's from its forward pass); with the cold one and the probe's, a median of 0.15 s
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
+    model.register_forward_pre_hook(cold_start)  # after the wrapper's, which marks where step 0's compute began
+    _train(model, opt, range(WARMUP + 1))
+    assert len(computes) == 2 and computes[-1] < 0.1, computes  # the model's other steps take milliseconds
+    opt.flush()
+    opt.close()
 
 
 def test_a_fast_link_keeps_the_warmup_uncompressed(process_group, monkeypatch):

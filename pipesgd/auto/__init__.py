@@ -122,6 +122,10 @@ class AutoConfig:
         if self._timing(step):
             self.clock.begin()
 
+    def switched(self) -> None:
+        """The wrapper has switched to what ``end`` returned: that drain and rebuild are not compute either."""
+        self.clock.skip()
+
     def end(self, step: int, comm_busy_s: float | None, wait_s: float = 0.0) -> dict | None:
         """After ``step()``'s work (``comm_busy_s``: the applied exchange's time on the worker, None: nothing
         applied; ``wait_s``: what ``step()`` blocked on communication: that exchange and a blocking sync of the
@@ -137,6 +141,7 @@ class AutoConfig:
         if self.choice is None:
             if self._probes(step) and self.clock.gaps and self.clock.comm_busy:
                 self.provisional = probe(self._buckets, self.knobs, self.clock, self._group)
+                self.clock.skip()  # the probe's timings are not compute (they would count in step 1's gap)
                 if self.provisional["compression"] == "none":
                     return None
                 self.clock.comm_busy.clear()  # the last step's median: the provisional codec's exchanges alone

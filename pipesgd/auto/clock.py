@@ -41,6 +41,12 @@ class StepClock:
         if comm_busy_s is not None:  # None: the step applied nothing (the pipeline fills)
             self.comm_busy.append(comm_busy_s)
 
+    def skip(self) -> None:
+        """What ran since the last ``step()`` ended (the probe's measurements, a switch of codec) is not the caller's
+        compute: the next gap starts now."""
+        if self._ended is not None:
+            self._ended = self._clock()
+
     def reset(self) -> None:
         """Start a new window (the gap right after a re-check, which includes its drain, is not compute)."""
         self._began, self._ended, self._forward = None, None, None
