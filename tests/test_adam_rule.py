@@ -12,6 +12,7 @@ from torch import nn
 
 from pipesgd.delay.adam_rule import AdamRule, closed_form_applies
 from pipesgd.delay.replay import OptimizerReplay
+from tests.replay_checks import replay_against_a_stepped_copy, small_model, stepped
 
 OPTIONS = {
     "adam": (torch.optim.Adam, dict()),
@@ -25,80 +26,42 @@ OPTIONS = {
 }
 
 
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
-
-
-def _stepped(model: nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> None:
-    for t in range(steps):
-        torch.manual_seed(100 + t)
-        model(torch.randn(4, 6)).square().mean().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
-
-def _replay_against_a_stepped_copy(model, optimizer, grads, replay=None):
-    oracle_model, oracle = copy.deepcopy((model, optimizer))
-    for g in grads:
-        for p, gp in zip(oracle_model.parameters(), g):
-            p.grad = gp.clone()
-        oracle.step()
-    state_before = copy.deepcopy(optimizer.state_dict())
-    replay = replay or OptimizerReplay(optimizer, list(model.parameters()))
-    originals = [[g.clone() for g in gs] for gs in grads]
-    masters = [p.detach().clone() for p in model.parameters()]
-    with torch.no_grad():
-        assert replay.replay_([(g, None, False) for g in grads], skip_nonfinite=False) == len(grads)
-    for got, want in zip(model.parameters(), oracle_model.parameters()):
-        assert torch.equal(got, want)
-    after = optimizer.state_dict()["state"]
-    for key, state in state_before["state"].items():
-        for name, value in state.items():
-            assert torch.equal(torch.as_tensor(after[key][name]), torch.as_tensor(value)), (key, name)
-    assert all(torch.equal(a, b) for gs, os in zip(grads, originals) for a, b in zip(gs, os))
-    with torch.no_grad():
-        for p, master in zip(model.parameters(), masters):
-            p.copy_(master)
-    return replay
-
-
 @pytest.mark.parametrize("steps_in_flight", [1, 2, 3])
 @pytest.mark.parametrize("history", [0, 3], ids=["no-state-yet", "with-state"])
 @pytest.mark.parametrize("option", list(OPTIONS))
 def test_the_rule_moves_the_parameters_to_a_stepped_copys_bits_and_only_reads_the_state(option, history,
                                                                                          steps_in_flight):
-    model = _model()
+    model = small_model()
     kind, options = OPTIONS[option]
     optimizer = kind(model.parameters(), lr=0.01, **options)
-    _stepped(model, optimizer, history)
+    stepped(model, optimizer, history)
     grads = [[torch.randn_like(p) for p in model.parameters()] for _ in range(steps_in_flight)]
-    replay = _replay_against_a_stepped_copy(model, optimizer, grads)
+    replay = replay_against_a_stepped_copy(model, optimizer, grads)
     assert isinstance(replay._rule, AdamRule) and not replay._replica.state  # the rule ran, not the replica
 
 
 def test_groups_with_their_own_rates_a_first_step_in_flight_and_a_state_that_changes_between_replays():
-    model = _model()
+    model = small_model()
     first, *rest = list(model.parameters())
     optimizer = torch.optim.AdamW([{"params": rest, "lr": 0.005, "weight_decay": 0.0}, {"params": [first]}],
                                   lr=0.01, weight_decay=0.1)
-    _stepped(model, optimizer, 2)
+    stepped(model, optimizer, 2)
     optimizer.add_param_group({"params": [nn.Parameter(torch.randn(3))]})  # no gradient: not stepped, kept out
     del optimizer.state[first]  # no state yet for this one: its step in flight is its first
-    replay = _replay_against_a_stepped_copy(model, optimizer, [[torch.randn_like(p) for p in model.parameters()]])
-    _stepped(model, optimizer, 1)  # now it has state: the rule must read it, not what it found before
-    _replay_against_a_stepped_copy(model, optimizer, [[torch.randn_like(p) for p in model.parameters()]], replay)
+    replay = replay_against_a_stepped_copy(model, optimizer, [[torch.randn_like(p) for p in model.parameters()]])
+    stepped(model, optimizer, 1)  # now it has state: the rule must read it, not what it found before
+    replay_against_a_stepped_copy(model, optimizer, [[torch.randn_like(p) for p in model.parameters()]], replay)
     saved = copy.deepcopy(optimizer.state_dict())
-    _stepped(model, optimizer, 2)
+    stepped(model, optimizer, 2)
     optimizer.load_state_dict(saved)  # new state tensors: found again
-    _replay_against_a_stepped_copy(model, optimizer, [[torch.randn_like(p) for p in model.parameters()]] * 2, replay)
+    replay_against_a_stepped_copy(model, optimizer, [[torch.randn_like(p) for p in model.parameters()]] * 2, replay)
 
 
 def test_the_rule_costs_two_moment_copies_of_scratch():
-    model = _model()
+    model = small_model()
     optimizer = torch.optim.Adam(model.parameters())
-    _stepped(model, optimizer, 1)
-    replay = _replay_against_a_stepped_copy(model, optimizer, [[torch.randn_like(p) for p in model.parameters()]])
+    stepped(model, optimizer, 1)
+    replay = replay_against_a_stepped_copy(model, optimizer, [[torch.randn_like(p) for p in model.parameters()]])
     assert replay.state_bytes == 2 * sum(p.numel() * p.element_size() for p in model.parameters())
 
 
@@ -115,11 +78,11 @@ class _AdamSubclass(torch.optim.Adam):
     lambda ps: torch.optim.SGD(ps, lr=0.1),
 ], ids=["amsgrad", "fused", "capturable", "tensor-betas", "subclass", "sgd"])
 def test_what_the_rule_does_not_reproduce_takes_the_generic_replay(build):
-    assert not closed_form_applies(build(_model().parameters()))
+    assert not closed_form_applies(build(small_model().parameters()))
 
 
 def test_the_rule_is_not_used_once_a_learning_rate_is_a_tensor():
-    model = _model()
+    model = small_model()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     replay = OptimizerReplay(optimizer, list(model.parameters()))
     assert replay._rule.usable()

@@ -73,36 +73,36 @@ class FrozenMomentLookahead(Lookahead):
         if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
             raise ValueError(f"the frozen-v stand-in replays Adam or AdamW, not {type(optimizer).__name__}")
         super().__init__(optimizer, *args, **kwargs)
-        self._optimizer = optimizer
+        self._replay = FrozenMomentReplay(optimizer, self.params)
 
-    def advance(self) -> None:
-        if self.active or not self._pending:
-            return
-        with torch.no_grad():
-            if self._master is None:
-                self._master = [p.detach().clone() for p in self.params]
-            else:
-                torch._foreach_copy_(self._master, self.params)
-            self.active = True
-            entries = [self._pending[s] for s in sorted(self._pending)]
-            index = {id(p): i for i, p in enumerate(self.params)}
-            for group in self._optimizer.param_groups:
-                decoupled = isinstance(self._optimizer, torch.optim.AdamW)
-                lr, (beta1, beta2), eps, decay = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-                for p in group["params"]:
-                    state = self._optimizer.state.get(p)
-                    if not state or id(p) not in index:
-                        continue
-                    first, start = state["exp_avg"].clone(), int(state["step"])
-                    denominator = (state["exp_avg_sq"] / (1 - beta2 ** start)).sqrt_().add_(eps)
-                    for count, (grads, _scale, _uses) in enumerate(entries, start + 1):
-                        grad = grads[index[id(p)]]
-                        if decoupled:
-                            p.mul_(1 - lr * decay)
-                        elif decay:
-                            grad = grad + decay * p
-                        first.mul_(beta1).add_(grad, alpha=1 - beta1)
-                        p.addcdiv_(first, denominator, value=-lr / (1 - beta1 ** count))
-            for entry in entries:
-                entry[2] -= 1
 
+class FrozenMomentReplay:
+    """``OptimizerReplay.replay_``'s contract for ``FrozenMomentLookahead``: Adam's steps with ``v`` held."""
+
+    state_bytes = 0  # nothing kept between replays
+
+    def __init__(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> None:
+        self.optimizer, self.params = optimizer, list(params)
+
+    def replay_(self, steps: Sequence[tuple], skip_nonfinite: bool) -> int:
+        """Move ``params`` by one step per (gradients, loss scale, writable) entry, oldest first."""
+        del skip_nonfinite  # the simulation's gradients are finite and unscaled
+        index = {id(p): i for i, p in enumerate(self.params)}
+        decoupled = isinstance(self.optimizer, torch.optim.AdamW)
+        for group in self.optimizer.param_groups:
+            lr, (beta1, beta2), eps, decay = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                state = self.optimizer.state.get(p)
+                if not state or id(p) not in index:
+                    continue
+                first, start = state["exp_avg"].clone(), int(state["step"])
+                denominator = (state["exp_avg_sq"] / (1 - beta2 ** start)).sqrt_().add_(eps)
+                for count, (grads, _scale, _writable) in enumerate(steps, start + 1):
+                    grad = grads[index[id(p)]]
+                    if decoupled:
+                        p.mul_(1 - lr * decay)
+                    elif decay:
+                        grad = grad + decay * p
+                    first.mul_(beta1).add_(grad, alpha=1 - beta1)
+                    p.addcdiv_(first, denominator, value=-lr / (1 - beta1 ** count))
+        return len(steps)

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 
 import torch
 
+from pipesgd.delay.foreach_rule import ForeachRule
+
 _UNSUPPORTED = ("fused", "capturable", "differentiable", "amsgrad")  # they round or record differently, or keep a max
 
 
@@ -38,28 +40,16 @@ def closed_form_applies(optimizer: torch.optim.Optimizer) -> bool:
         for group in optimizer.param_groups)
 
 
-class AdamRule:
+class AdamRule(ForeachRule):
     """Replays ``torch.optim.Adam``/``AdamW`` steps on ``params`` (the ones that get gradients, in the caller's
     order)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> None:
-        self.optimizer = optimizer
-        position = {id(p): i for i, p in enumerate(params)}
-        # Per group, the positions in ``params`` of its parameters (a parameter without gradients is not stepped).
-        # The group dicts themselves are read at each replay: ``load_state_dict`` replaces them.
-        self._indices = [[position[id(p)] for p in group["params"] if id(p) in position]
-                         for group in optimizer.param_groups]
-        self._group_params = [[params[i] for i in indices] for indices in self._indices]
+        super().__init__(optimizer, params)
         # Per group, allocated once: the first and second moments as the replay advances them.
         self._moments: list[tuple[list[torch.Tensor], list[torch.Tensor]] | None] = [None] * len(self._indices)
         self._steps: list[list[float]] = []  # per group, per parameter: the step count as the replay advances it
         self._sources: tuple | None = None  # (the state dict, its length, per group what ``_sources_of`` found)
-        self.scratch_bytes = 0
-
-    def usable(self) -> bool:
-        """The rule is written for float learning rates (checked per replay: a scheduler or the user may set a
-        tensor ``lr``)."""
-        return all(not isinstance(group["lr"], torch.Tensor) for group in self.optimizer.param_groups)
 
     def start(self) -> None:
         """A new replay from the optimizer's current moments and step counts."""

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 
 import torch
 
+from pipesgd.delay.foreach_rule import ForeachRule
+
 
 def closed_form_applies(optimizer: torch.optim.Optimizer) -> bool:
     """Whether ``SgdRule`` reproduces ``optimizer``'s steps bit for bit: exactly ``torch.optim.SGD``, not fused
@@ -32,25 +34,13 @@ def closed_form_applies(optimizer: torch.optim.Optimizer) -> bool:
         for group in optimizer.param_groups)
 
 
-class SgdRule:
+class SgdRule(ForeachRule):
     """Replays ``torch.optim.SGD`` steps on ``params`` (the ones that get gradients, in the caller's order)."""
 
     def __init__(self, optimizer: torch.optim.SGD, params: Sequence[torch.Tensor]) -> None:
-        self.optimizer = optimizer
-        position = {id(p): i for i, p in enumerate(params)}
-        # Per group, the positions in ``params`` of its parameters (a parameter without gradients is not stepped).
-        # The group dicts themselves are read at each replay: ``load_state_dict`` replaces them.
-        self._indices = [[position[id(p)] for p in group["params"] if id(p) in position]
-                         for group in optimizer.param_groups]
-        self._group_params = [[params[i] for i in indices] for indices in self._indices]
+        super().__init__(optimizer, params)
         self._buffers: list = []  # per group: the momentum buffers as the replay has advanced them
         self._scratch: list[list[torch.Tensor] | None] = [None] * len(self._indices)  # per group, allocated once
-        self.scratch_bytes = 0
-
-    def usable(self) -> bool:
-        """The rule is written for float learning rates (checked per replay: a scheduler or the user may set a
-        tensor ``lr``)."""
-        return all(not isinstance(group["lr"], torch.Tensor) for group in self.optimizer.param_groups)
 
     def start(self) -> None:
         """A new replay from the optimizer's current momentum buffers (None where a parameter has none yet)."""
