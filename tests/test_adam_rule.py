@@ -88,3 +88,17 @@ def test_the_rule_is_not_used_once_a_learning_rate_is_a_tensor():
     assert replay._rule.usable()
     optimizer.param_groups[0]["lr"] = torch.tensor(0.01)  # as a scheduler may set it
     assert not replay._rule.usable()
+
+
+@pytest.mark.parametrize("kind", [torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD])
+def test_a_learning_rate_a_scheduler_made_a_tensor_replays_through_the_replica_to_the_same_bits(kind):
+    """torch's foreach Adam refuses a tensor lr unless capturable, so the replica (foreach on CPU otherwise) then
+    runs the original's own implementation choice."""
+    model = small_model()
+    optimizer = kind(model.parameters(), lr=0.01, **({"momentum": 0.9} if kind is torch.optim.SGD else {}))
+    stepped(model, optimizer, 2)
+    optimizer.param_groups[0]["lr"] = torch.tensor(0.01)
+    replay = replay_against_a_stepped_copy(model, optimizer, [[torch.randn_like(p) for p in model.parameters()]])
+    assert replay._replica.state  # the replica ran
+    optimizer.param_groups[0]["lr"] = 0.01  # a float again: the rule again, from the same replay object
+    replay_against_a_stepped_copy(model, optimizer, [[torch.randn_like(p) for p in model.parameters()]], replay=replay)

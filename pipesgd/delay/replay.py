@@ -14,7 +14,8 @@ moments alone, without the replica's per-parameter Python (unless the learning r
 clipped: then the replica runs). Same kernels as the original, so the same bits: the replay keeps the original's
 ``foreach``/``fused`` choice, except that SGD, Adam and AdamW on CPU parameters replay through torch's foreach
 implementation, which on CPU gives bitwise the same results as the per-tensor loop those optimizers default to there
-and costs fewer Python round trips (ResNet-20's 65 tensors: 2.4 against 4.0 ms per SGD step). Clipping, when asked,
+and costs fewer Python round trips (ResNet-20's 65 tensors: 2.4 against 4.0 ms per SGD step); a group whose learning
+rate a scheduler made a tensor keeps the original's choice (torch's foreach Adam refuses a tensor rate). Clipping, when asked,
 is the wrapper's own (``pipesgd.grads.clipping``), so a replayed step clips exactly as the applied one is clipped.
 """
 from __future__ import annotations
@@ -121,6 +122,11 @@ class OptimizerReplay:
             for key, value in theirs.items():
                 if key != "params" and key not in self._own:
                     mine[key] = value
+            if self._own and isinstance(theirs["lr"], torch.Tensor):
+                # torch's foreach Adam refuses a tensor lr unless capturable: replay with the original's own choice
+                mine["foreach"] = theirs.get("foreach")
+            elif self._own:
+                mine.update(self._own)
         targets, sources = [], []
         for p in self._originals:
             alias = self._aliases[id(p)]
