@@ -15,8 +15,9 @@ clipped: then the replica runs). Same kernels as the original, so the same bits:
 ``foreach``/``fused`` choice, except that SGD, Adam and AdamW on CPU parameters replay through torch's foreach
 implementation, which on CPU gives bitwise the same results as the per-tensor loop those optimizers default to there
 and costs fewer Python round trips (ResNet-20's 65 tensors: 2.4 against 4.0 ms per SGD step); a group whose learning
-rate a scheduler made a tensor keeps the original's choice (torch's foreach Adam refuses a tensor rate). Clipping, when asked,
-is the wrapper's own (``pipesgd.grads.clipping``), so a replayed step clips exactly as the applied one is clipped.
+rate a scheduler made a tensor keeps the original's choice (torch's foreach Adam refuses a tensor rate). Clipping,
+when asked, is the wrapper's own (``pipesgd.grads.clipping``), so a replayed step clips exactly as the applied one is
+clipped.
 """
 from __future__ import annotations
 
