@@ -10,15 +10,18 @@ what ``allreduce="auto"`` runs, and the paper's per-hop ring), and the iteration
 DDP + fp16 hook and Pipe-SGD K = 2 with none / bf16 / q8 on each all-reduce (look-ahead, the default, with its own
 work per step in "look-ahead ms"; the plain update beside it for none and q8), all with SGD and momentum 0.9.
 Overlap efficiency = max(compute, that codec's all-reduce) / the measured Pipe-SGD iteration (1.0: the
-communication is hidden entirely; target >= 0.90). Every time is the slowest rank's median; an iteration is
-timed up to the end of its compute-stream work, never a device-wide synchronize (that would wait for the
-ring in flight on the side stream). Then codec throughput on the device: encode + decode of ``--codec-mb``.
+communication is hidden entirely; target >= 0.90). Every time is the slowest rank's median; an iteration is timed up
+to the end of its compute-stream work, never a device-wide synchronize (that would wait for the ring in flight on
+the side stream). "step() host ms" is rank 0's median host time of ``step()`` + ``zero_grad()``, what the training
+thread spends in the optimizer (on a GPU: Python and launches, not kernels): the inner SGD's alone in the DDP rows,
+the blocking all-reduce too in sync's. Then codec throughput on the device: encode + decode of ``--codec-mb``.
 Writes ``gpu_speed.md`` and ``gpu_speed.json`` under ``--out``.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -82,14 +85,18 @@ def bench_model(rank: int, world: int, device: torch.device, name: str, args) ->
         return torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
 
     lookahead_s: dict[str, float] = {}  # per Pipe-SGD variant: median look-ahead work per step (training thread)
+    host_s: dict[str, float] = {}  # per variant: median host time of step() + zero_grad() (launches, not kernels)
 
-    def timed_training(forward: nn.Module, opt, variant: str = "") -> float:
+    def timed_training(forward: nn.Module, opt, variant: str) -> float:
         work: list[float] = []
+        host: list[float] = []
 
         def step() -> None:
             nn.functional.cross_entropy(forward(x), y).backward()
+            start = time.perf_counter()
             stats = opt.step()
             opt.zero_grad()
+            host.append(time.perf_counter() - start)
             if getattr(stats, "t_lookahead_s", None) is not None:
                 work.append(stats.t_lookahead_s)
 
@@ -99,6 +106,7 @@ def bench_model(rank: int, world: int, device: torch.device, name: str, args) ->
             opt.close()
         if work:
             lookahead_s[variant] = sorted(work)[len(work) // 2]
+        host_s[variant] = sorted(host)[len(host) // 2]
         return seconds
 
     iters: dict[str, float] = {}
@@ -110,9 +118,10 @@ def bench_model(rank: int, world: int, device: torch.device, name: str, args) ->
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 
             ddp.register_comm_hook(None, fp16_compress_hook)
-        iters["DDP" if hook == "none" else "DDP + fp16 hook"] = timed_training(ddp, sgd(net))
+        variant = "DDP" if hook == "none" else "DDP + fp16 hook"
+        iters[variant] = timed_training(ddp, sgd(net), variant)
     net = fresh()
-    iters["sync (K = 1)"] = timed_training(net, PipeSGD(sgd(net), net, width=1))
+    iters["sync (K = 1)"] = timed_training(net, PipeSGD(sgd(net), net, width=1), "sync (K = 1)")
     # Look-ahead (the default) in every codec's row, each lossy codec with the exchange ("auto") and the per-hop
     # ring; the paper's plain update beside them for none and q8.
     runs = [(c, "lookahead", "auto") for c in PIPE_CODECS] + [(c, "lookahead", "ring") for c in PIPE_CODECS[1:]]
@@ -129,7 +138,8 @@ def bench_model(rank: int, world: int, device: torch.device, name: str, args) ->
     rows = [base | {"variant": "compute only", "ms / iter": ms(compute_s)}]
     rows += [base | {"variant": f"all-reduce only, {c}, {a}", "comm ms": ms(s)} for (c, a), s in comm_s.items()]
     for variant, seconds in iters.items():
-        entry = base | {"variant": variant, "ms / iter": ms(seconds), "vs DDP": f"{iters['DDP'] / seconds:.2f}x"}
+        entry = base | {"variant": variant, "ms / iter": ms(seconds), "vs DDP": f"{iters['DDP'] / seconds:.2f}x",
+                        "step() host ms": ms(host_s[variant])}
         if variant in pipe_comm:
             comm = comm_s[pipe_comm[variant]]
             entry["comm ms"] = ms(comm)
@@ -161,8 +171,10 @@ def main_rank(rank: int, world: int, args) -> None:
         return
     codec_rows = bench_codecs(device, args.codec_mb)
     header = (f"# GPU path speed\n\ndevice: {device_name(device)}; backend {dist.get_backend()}, {world} rank(s); "
-              f"batch {args.batch} per rank, synthetic 3x32x32 data; slowest rank's median of {args.repeats}")
-    table = markdown(rows, ["model", "params", "variant", "ms / iter", "comm ms", "overlap efficiency", "vs DDP"])
+              f"batch {args.batch} per rank, synthetic 3x32x32 data; slowest rank's median of {args.repeats} "
+              "(step() host ms: rank 0's)")
+    table = markdown(rows, ["model", "params", "variant", "ms / iter", "comm ms", "overlap efficiency", "vs DDP",
+                            "step() host ms", "look-ahead ms"])
     table += "\n\n" + markdown(codec_rows, ["codec", "input", "encode GB/s", "decode GB/s", "encode + decode ms"])
     print(f"{header}\n\n{table}", flush=True)
     write_results(args.out, "gpu_speed", header, table, {"device": device_name(device), "world": world,
