@@ -14,7 +14,9 @@ communication is hidden entirely; target >= 0.90). Every time is the slowest ran
 to the end of its compute-stream work, never a device-wide synchronize (that would wait for the ring in flight on
 the side stream). "step() host ms" is rank 0's median host time of ``step()`` + ``zero_grad()``, what the training
 thread spends in the optimizer (on a GPU: Python and launches, not kernels): the inner SGD's alone in the DDP rows,
-the blocking all-reduce too in sync's. Then codec throughput on the device: encode + decode of ``--codec-mb``.
+the blocking all-reduce too in sync's; "of which wait ms" is the part PipeSGD spent waiting for communication
+(its ``t_wait_s``), so the rest is its own work. Then codec throughput on the device: encode + decode of
+``--codec-mb``.
 Writes ``gpu_speed.md`` and ``gpu_speed.json`` under ``--out``.
 """
 from __future__ import annotations
@@ -86,10 +88,12 @@ def bench_model(rank: int, world: int, device: torch.device, name: str, args) ->
 
     lookahead_s: dict[str, float] = {}  # per Pipe-SGD variant: median look-ahead work per step (training thread)
     host_s: dict[str, float] = {}  # per variant: median host time of step() + zero_grad() (launches, not kernels)
+    wait_s: dict[str, float] = {}  # per Pipe-SGD variant: median time step() blocked on communication (t_wait_s)
 
     def timed_training(forward: nn.Module, opt, variant: str) -> float:
         work: list[float] = []
         host: list[float] = []
+        waits: list[float] = []
 
         def step() -> None:
             nn.functional.cross_entropy(forward(x), y).backward()
@@ -97,6 +101,8 @@ def bench_model(rank: int, world: int, device: torch.device, name: str, args) ->
             stats = opt.step()
             opt.zero_grad()
             host.append(time.perf_counter() - start)
+            if getattr(stats, "t_wait_s", None) is not None:
+                waits.append(stats.t_wait_s)
             if getattr(stats, "t_lookahead_s", None) is not None:
                 work.append(stats.t_lookahead_s)
 
@@ -107,6 +113,8 @@ def bench_model(rank: int, world: int, device: torch.device, name: str, args) ->
         if work:
             lookahead_s[variant] = sorted(work)[len(work) // 2]
         host_s[variant] = sorted(host)[len(host) // 2]
+        if waits:
+            wait_s[variant] = sorted(waits)[len(waits) // 2]
         return seconds
 
     iters: dict[str, float] = {}
@@ -146,6 +154,8 @@ def bench_model(rank: int, world: int, device: torch.device, name: str, args) ->
             entry["overlap efficiency"] = f"{max(compute_s, comm) / seconds:.2f}"
             if variant in lookahead_s:
                 entry["look-ahead ms"] = ms(lookahead_s[variant])
+        if variant in wait_s:
+            entry["of which wait ms"] = ms(wait_s[variant])
         rows.append(entry)
     return rows
 
@@ -174,7 +184,7 @@ def main_rank(rank: int, world: int, args) -> None:
               f"batch {args.batch} per rank, synthetic 3x32x32 data; slowest rank's median of {args.repeats} "
               "(step() host ms: rank 0's)")
     table = markdown(rows, ["model", "params", "variant", "ms / iter", "comm ms", "overlap efficiency", "vs DDP",
-                            "step() host ms", "look-ahead ms"])
+                            "step() host ms", "of which wait ms", "look-ahead ms"])
     table += "\n\n" + markdown(codec_rows, ["codec", "input", "encode GB/s", "decode GB/s", "encode + decode ms"])
     print(f"{header}\n\n{table}", flush=True)
     write_results(args.out, "gpu_speed", header, table, {"device": device_name(device), "world": world,

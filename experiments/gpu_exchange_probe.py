@@ -1,0 +1,118 @@
+"""Why the two-collective exchange loses to the per-hop ring on a GPU over gloo (gpu_speed: ResNet-18 q8 13.9 ms
+against 10.5, LeNet 6.1 against 2.6, while on CPU loopback it wins): the pieces, timed apart.
+
+    python experiments/gpu_exchange_probe.py --device cuda --ranks 4 --out DIR
+    python experiments/gpu_exchange_probe.py --device cpu --ranks 2 --sizes 0.14 --repeats 3 --out /tmp/p
+
+Per gradient size (``--sizes``, millions of fp32 elements; the defaults are LeNet's and ResNet-18's), with the
+q8 payload's byte counts: (a) the raw gloo collectives on pinned host memory that each all-reduce is made of: the
+exchange's all-to-all and all-gather, and the ring's 2(p-1) neighbour hops (isend to the next rank, irecv from the
+previous); (b) the two all-reduces end to end on the device, with the wall time of their phases (wire wait,
+codec, ...: host time, so a codec kernel's cost lands where the next blocking copy waits for it). Every time is
+the slowest rank's median. Writes ``exchange_probe.md`` / ``.json`` under ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_common import device_name, launch, markdown, rank_device, write_results  # noqa: E402
+
+from pipesgd.comm.alltoall import alltoall_allreduce_  # noqa: E402
+from pipesgd.comm.ring import RingTopology, chunk_bounds, ring_allreduce_  # noqa: E402
+from pipesgd.compression import build as build_codec  # noqa: E402
+from pipesgd.measure import time_collective  # noqa: E402
+from pipesgd.runlog import phases  # noqa: E402
+
+
+def raw_rows(world: int, rank: int, numel: int, codec, repeats: int) -> list[dict]:
+    """The gloo collectives alone, on pinned host buffers of the q8 payload's sizes."""
+    chunk = max(codec.payload_bytes(n, torch.float32) for n in
+                (b - a for a, b in zip(chunk_bounds(numel, world)[:-1], chunk_bounds(numel, world)[1:])))
+    pinned = torch.cuda.is_available()
+
+    def buf(n: int) -> torch.Tensor:
+        return torch.zeros(n, dtype=torch.uint8, pin_memory=pinned)
+
+    send, recv, slot, gathered = buf(chunk * world), buf(chunk * world), buf(chunk), buf(chunk * world)
+    hop_send, hop_recv = buf(chunk), buf(chunk)
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+
+    def hops() -> None:
+        for _ in range(2 * (world - 1)):
+            works = [dist.isend(hop_send, nxt), dist.irecv(hop_recv, prv)]
+            for work in works:
+                work.wait()
+
+    calls = {"all-to-all (exchange step 2)": lambda: dist.all_to_all_single(recv, send),
+             "all-gather (exchange step 5)": lambda: dist.all_gather_into_tensor(gathered, slot),
+             f"{2 * (world - 1)} ring hops": hops}
+    return [{"collective": name, "bytes per rank": f"{chunk * world / 2**20:.2f} MiB" if "all-to-all" in name
+             else f"{chunk / 2**20:.2f} MiB", "ms": f"{time_collective(call, repeats, 2, device='cpu') * 1e3:.2f}"}
+            for name, call in calls.items()]
+
+
+def allreduce_rows(numel: int, device: torch.device, codec, repeats: int) -> list[dict]:
+    flat = torch.randn(numel, device=device)
+    topology = RingTopology(dist.group.WORLD)
+    rows = []
+    for name, run in (("exchange (alltoall)", alltoall_allreduce_), ("ring", ring_allreduce_)):
+        call = lambda run=run: run(flat, codec, topology, "mean")  # noqa: E731
+        seconds = time_collective(call, repeats, 2, device=device)
+        phases.reset()
+        phases.enable(True)
+        for _ in range(repeats):
+            call()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        phases.enable(False)
+        split = phases.snapshot()
+        rows.append({"all-reduce": name, "ms": f"{seconds * 1e3:.2f}"}
+                    | {f"{k} ms": f"{v / repeats * 1e3:.2f}" for k, v in split.items()})
+    return rows
+
+
+def main_rank(rank: int, world: int, args) -> None:
+    device = rank_device(args.device, rank)
+    codec = build_codec("q8")
+    raw, full = [], []
+    for size in args.sizes:
+        numel = int(size * 1e6)
+        label = {"size": f"{size} M"}
+        raw += [label | row for row in raw_rows(world, rank, numel, codec, args.repeats)]
+        full += [label | row for row in allreduce_rows(numel, device, codec, args.repeats)]
+    if rank != 0:
+        return
+    header = (f"# The exchange against the ring, piece by piece (q8)\n\ndevice: {device_name(device)}; backend "
+              f"{dist.get_backend()}, {world} rank(s); slowest rank's median of {args.repeats}")
+    table = markdown(raw, ["size", "collective", "bytes per rank", "ms"]) + "\n\n" + markdown(
+        full, ["size", "all-reduce", "ms"] + [f"{k} ms" for k in phases.PHASES])
+    print(f"{header}\n\n{table}", flush=True)
+    write_results(args.out, "exchange_probe", header, table, {"raw": raw, "allreduce": full})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--sizes", default="0.14,11.17", help="gradient sizes, millions of fp32 elements")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    try:
+        args.sizes = [float(s) for s in args.sizes.split(",")]
+    except ValueError:
+        parser.error(f"--sizes: comma-separated numbers, got {args.sizes!r}")
+    if args.ranks < 2 or args.repeats < 1 or min(args.sizes) <= 0:
+        parser.error("--ranks must be >= 2, --repeats >= 1 and every size > 0")
+    launch(main_rank, args.ranks, "gloo", args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
