@@ -3,7 +3,9 @@ sizes every rank knows before the bytes arrive: an all-to-all with one payload p
 chunks do by one element) and an all-gather of one payload per rank, padded to the largest, since gloo and NCCL
 gather equal slots only. Both are the backend's native collectives (gloo on CPU has ``alltoallv`` and ``allgather``
 in torch 2.2 and later; NCCL has both); gloo with CUDA tensors stages through the topology's pinned host buffers, as
-the ring's hops do.
+the ring's hops do. On gloo the all-gather is itself an all-to-all (``RingTopology.gathers_by_alltoall``): each rank
+sends its payload to every other, the same bytes per rank as gloo's ring all-gather, without the fixed cost that
+gloo's all-gather showed on the GPU host.
 """
 from __future__ import annotations
 
@@ -53,6 +55,8 @@ def all_gather_payload(
     ``payload``). Each travels in a slot of ``max(sizes)`` bytes (the pad is at most a block's scale and a byte
     or two for the codecs we have). Returns views into a buffer that the next call reuses, on ``device``."""
     slot = max(sizes)
+    if topology.gathers_by_alltoall:
+        return _gather_by_alltoall(topology, payload, sizes, slot, device, while_waiting)
     send = topology.wire_buffer("allgather-send", slot, device)
     send[: payload.numel()].copy_(payload)
     send[payload.numel() :].zero_()  # the pad: never decoded, zeroed so the bytes on the wire are deterministic
@@ -60,6 +64,25 @@ def all_gather_payload(
     work = _ALL_GATHER(recv, send, group=topology.group, async_op=True)
     _wait(work, while_waiting)
     return _split(_arrived(topology, recv, device), sizes, [q * slot for q in range(len(sizes))])
+
+
+def _gather_by_alltoall(topology: RingTopology, payload: torch.Tensor, sizes: list[int], slot: int,
+                        device: torch.device, while_waiting: Callable[[], None] | None) -> list[torch.Tensor]:
+    """``all_gather_payload`` as an all-to-all: the payload, padded to ``slot``, goes to each of the p-1 other ranks
+    (nothing to itself); rank q's arrives at the (q-1)-th slot if q > rank, else the q-th. Own entry: ``payload``."""
+    p, r = len(sizes), topology.rank
+    send = topology.wire_buffer("allgather-send", (p - 1) * slot, device)
+    send[: payload.numel()].copy_(payload)  # once from the device when staged; the copies below stay on the host
+    send[payload.numel() : slot].zero_()  # the pad: never decoded, zeroed so the bytes on the wire are deterministic
+    for k in range(1, p - 1):
+        send[k * slot : (k + 1) * slot].copy_(send[:slot])
+    recv = topology.wire_buffer("allgather-recv", (p - 1) * slot, device)
+    splits = [0 if q == r else slot for q in range(p)]
+    work = dist.all_to_all_single(recv, send, splits, splits, group=topology.group, async_op=True)
+    _wait(work, while_waiting)
+    parts = _split(_arrived(topology, recv, device), [sizes[q] for q in range(p) if q != r],
+                   [k * slot for k in range(p - 1)])
+    return parts[:r] + [payload] + parts[r:]
 
 
 def _wait(work, while_waiting: Callable[[], None] | None) -> None:
