@@ -15,8 +15,8 @@ to the end of its compute-stream work, never a device-wide synchronize (that wou
 the side stream). "step() host ms" is rank 0's median host time of ``step()`` + ``zero_grad()``, what the training
 thread spends in the optimizer (on a GPU: Python and launches, not kernels): the inner SGD's alone in the DDP rows,
 the blocking all-reduce too in sync's; "of which wait ms" is the part PipeSGD spent waiting for communication
-(its ``t_wait_s``), so the rest is its own work. Then codec throughput on the device: encode + decode of
-``--codec-mb``.
+(its ``t_wait_s``, plus ``t_buffers_s``: the BatchNorm buffers' blocking broadcast), so the rest is its own
+work. Then codec throughput on the device: encode + decode of ``--codec-mb``.
 Writes ``gpu_speed.md`` and ``gpu_speed.json`` under ``--out``.
 """
 from __future__ import annotations
@@ -101,8 +101,8 @@ def bench_model(rank: int, world: int, device: torch.device, name: str, args) ->
             stats = opt.step()
             opt.zero_grad()
             host.append(time.perf_counter() - start)
-            if getattr(stats, "t_wait_s", None) is not None:
-                waits.append(stats.t_wait_s)
+            if getattr(stats, "t_wait_s", None) is not None:  # the ring's, and the buffers' blocking sync
+                waits.append(stats.t_wait_s + (stats.t_buffers_s or 0.0))
             if getattr(stats, "t_lookahead_s", None) is not None:
                 work.append(stats.t_lookahead_s)
 
@@ -131,13 +131,18 @@ def bench_model(rank: int, world: int, device: torch.device, name: str, args) ->
     net = fresh()
     iters["sync (K = 1)"] = timed_training(net, PipeSGD(sgd(net), net, width=1), "sync (K = 1)")
     # Look-ahead (the default) in every codec's row, each lossy codec with the exchange ("auto") and the per-hop
-    # ring; the paper's plain update beside them for none and q8.
-    runs = [(c, "lookahead", "auto") for c in PIPE_CODECS] + [(c, "lookahead", "ring") for c in PIPE_CODECS[1:]]
-    for codec_name, staleness, allreduce in runs + [("none", "none", "auto"), ("q8", "none", "auto")]:
+    # ring; the paper's plain update beside them for none and q8; the BatchNorm buffers exchanged with the gradients
+    # ("broadcast-delayed") instead of by the default blocking broadcast in step(), as DDP's forward does.
+    runs = [(c, "lookahead", "auto", "broadcast") for c in PIPE_CODECS]
+    runs += [(c, "lookahead", "ring", "broadcast") for c in PIPE_CODECS[1:]]
+    runs += [("none", "none", "auto", "broadcast"), ("q8", "none", "auto", "broadcast")]
+    runs += [(c, "lookahead", a, "broadcast-delayed") for c, a in (("none", "auto"), ("q8", "auto"), ("q8", "ring"))]
+    for codec_name, staleness, allreduce, buffers in runs:
         net = fresh()
         opt = PipeSGD(sgd(net), net, width=2, warmup_steps=0, compression=codec_name, staleness=staleness,
-                      allreduce=allreduce)
-        variant = f"Pipe-SGD K = 2, {staleness}, {codec_name}, {opt.allreduce}"
+                      allreduce=allreduce, buffers=buffers)
+        variant = f"Pipe-SGD K = 2, {staleness}, {codec_name}, {opt.allreduce}" + (
+            "" if buffers == "broadcast" else f", buffers {buffers}")
         pipe_comm[variant] = (codec_name, opt.allreduce)
         iters[variant] = timed_training(net, opt, variant)
 
