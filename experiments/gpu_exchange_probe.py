@@ -7,7 +7,8 @@ against 10.5, LeNet 6.1 against 2.6, while on CPU loopback it wins): the pieces,
 Per gradient size (``--sizes``, millions of fp32 elements; the defaults are LeNet's and ResNet-18's), with the
 q8 payload's byte counts: (a) the raw gloo collectives on pinned host memory that each all-reduce is made of: the
 exchange's all-to-all and all-gather, and the ring's 2(p-1) neighbour hops (isend to the next rank, irecv from the
-previous); (b) the two all-reduces end to end on the device, with the wall time of their phases (wire wait,
+previous); (b) the two all-reduces end to end on the device (the exchange with its all-gather as an all-to-all,
+what the library does on gloo, and with gloo's own all-gather), with the wall time of their phases (wire wait,
 codec, ...: host time, so a codec kernel's cost lands where the next blocking copy waits for it). Every time is
 the slowest rank's median. Writes ``exchange_probe.md`` / ``.json`` under ``--out``.
 """
@@ -61,7 +62,11 @@ def allreduce_rows(numel: int, device: torch.device, codec, repeats: int) -> lis
     flat = torch.randn(numel, device=device)
     topology = RingTopology(dist.group.WORLD)
     rows = []
-    for name, run in (("exchange (alltoall)", alltoall_allreduce_), ("ring", ring_allreduce_)):
+    native = topology.gathers_by_alltoall  # what the library does on this backend
+    variants = (("exchange, all-gather as all-to-all", alltoall_allreduce_, True),
+                ("exchange, the backend's all-gather", alltoall_allreduce_, False), ("ring", ring_allreduce_, native))
+    for name, run, gathers_by_alltoall in variants:
+        topology.gathers_by_alltoall = gathers_by_alltoall
         call = lambda run=run: run(flat, codec, topology, "mean")  # noqa: E731
         seconds = time_collective(call, repeats, 2, device=device)
         phases.reset()
@@ -74,6 +79,7 @@ def allreduce_rows(numel: int, device: torch.device, codec, repeats: int) -> lis
         split = phases.snapshot()
         rows.append({"all-reduce": name, "ms": f"{seconds * 1e3:.2f}"}
                     | {f"{k} ms": f"{v / repeats * 1e3:.2f}" for k, v in split.items()})
+    topology.gathers_by_alltoall = native
     return rows
 
 

@@ -25,6 +25,10 @@ QUANT_BLOCK_SIZE = 4096
 # or faster for 25 MiB ones, but fp16 on 2-3 ranks (experiments/results/allreduce_choice/). Open: at 2 ranks, where
 # both are equally exact, the ring measured 1.2-1.7x faster for 25 MiB q8 and sign buckets in four sittings on the
 # 2-core host (experiments/results/exchange_model/); the timing model's verdict was no surer than this rule there.
+# Except where gloo carries CUDA tensors (every payload staged through host memory): there "auto" runs the ring for a
+# lossy codec. On the H100 host, 4 ranks sharing the GPU over gloo, the ring's q8 all-reduce took 10.5-12.5 ms against
+# the exchange's 14.0-18.5 for ResNet-18 and 4.4-7.0 against 7.9-10.1 for ResNet-20 in four sittings, and Pipe-SGD
+# q8 ran 1.43-1.61x DDP on the ring against 0.99-1.15x on the exchange (experiments/results/gpu/README.md).
 ALLREDUCE_CHOICES = ("auto", "ring", "alltoall", "backend")
 
 # p.grad as views into the flat buckets (pipesgd.grads.bucket_sets): no copy in or out of a step; K sets of
@@ -47,13 +51,13 @@ EXIT_WAIT_S = 300.0
 NEEDS_ERROR_FEEDBACK = ("sign",)
 
 
-def resolve_allreduce(choice: str, lossless: bool) -> str:
-    """"ring", "alltoall" or "backend" for an ``allreduce`` choice and whether the codec is lossless; ValueError if
-    invalid."""
+def resolve_allreduce(choice: str, lossless: bool, staged: bool = False) -> str:
+    """"ring", "alltoall" or "backend" for an ``allreduce`` choice, whether the codec is lossless and whether the
+    payloads are staged through host memory (gloo with CUDA tensors); ValueError if invalid."""
     if choice not in ALLREDUCE_CHOICES:
         raise ValueError(f"allreduce must be one of {ALLREDUCE_CHOICES}, got {choice!r}")
     if choice == "auto":
-        return "backend" if lossless else "alltoall"
+        return "backend" if lossless else "ring" if staged else "alltoall"
     if choice == "backend" and not lossless:
         raise ValueError("allreduce='backend' cannot compress; use 'alltoall', 'ring' or 'auto' with a lossy codec")
     return choice

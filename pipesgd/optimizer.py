@@ -116,10 +116,10 @@ class PipeSGD:
             sync_initial_state(model_or_params, user_group)
         # How it travels: a private group with its own worker, one codec seeded for this rank.
         rank = dist.get_rank()
-        device = self._params[0].device if self._params else torch.device("cpu")
+        device = self._device = self._params[0].device if self._params else torch.device("cpu")
         self._user_group = process_group
         self._channel = open_private_channel(process_group, device, timeout_s)
-        self._exchange = self.options.build_exchange(self._channel.topology, rank)
+        self._exchange = self.options.build_exchange(self._channel.topology, rank, device)
         agreeing = self.options.check_uneven and self._channel.size > 1
         self._participation = Participation(self._channel.topology, device,
                                             private_group(process_group, timeout_s) if agreeing else None, agreeing)
@@ -357,7 +357,7 @@ class PipeSGD:
         if not choice.get("provisional"):
             self.options = runs = replace(runs, width=width)
         old = self._exchange
-        self._exchange = runs.build_exchange(self._channel.topology, dist.get_rank())
+        self._exchange = runs.build_exchange(self._channel.topology, dist.get_rank(), self._device)
         new = self._exchange
         if old.feedback is not None and new.feedback is not None and old.allreduce == new.allreduce:
             new.feedback.load_residuals_state(old.feedback.residuals_state())  # what is still owed

@@ -131,13 +131,14 @@ class PipeSGDOptions:
             return build("none")
         return build(self.compression, rank=rank, **self.compression_options)
 
-    def build_exchange(self, topology: RingTopology, rank: int) -> GradientExchange:
+    def build_exchange(self, topology: RingTopology, rank: int, device: torch.device) -> GradientExchange:
         """How the buckets travel with these options: this rank's codec (and its error feedback) on the all-reduce
-        it runs in."""
+        it runs in, for gradients on ``device``."""
         compressor = self.build_compressor(rank)
-        return GradientExchange(topology, compressor, self.allreduce_for(compressor),
+        return GradientExchange(topology, compressor, self.allreduce_for(compressor, topology.stages(device)),
                                 ErrorFeedback(compressor) if self.error_feedback else None)
 
-    def allreduce_for(self, compressor: Compressor) -> str:
-        """"ring", "alltoall" or "backend": which all-reduce runs a bucket with ``compressor`` (pipesgd.defaults)."""
-        return resolve_allreduce(self.allreduce, compressor.lossless)
+    def allreduce_for(self, compressor: Compressor, staged: bool = False) -> str:
+        """"ring", "alltoall" or "backend": which all-reduce runs a bucket with ``compressor``, its payloads staged
+        through host memory or not (pipesgd.defaults)."""
+        return resolve_allreduce(self.allreduce, compressor.lossless, staged)

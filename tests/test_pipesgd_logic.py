@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from pipesgd import PipeSGD
+from pipesgd.comm.topology import RingTopology
 from pipesgd.defaults import BUCKET_MB, WARMUP_STEPS
 from pipesgd.options import PipeSGDOptions
 from tests.fake_handles import RecordingWork
@@ -61,10 +62,22 @@ def test_options_resolve_the_allreduce_and_seed_the_codec_per_rank():
     lossless, lossy = PipeSGDOptions(), PipeSGDOptions(compression="q8", compression_options={"stochastic": True})
     assert lossless.allreduce_for(lossless.build_compressor()) == "backend"
     assert lossy.allreduce_for(lossy.build_compressor()) == "alltoall"  # "auto": each contribution encoded once
+    # gloo carrying CUDA tensors (payloads staged through host memory): "auto" takes the ring, which ran faster there
+    assert lossy.allreduce_for(lossy.build_compressor(), staged=True) == "ring"
+    assert lossless.allreduce_for(lossless.build_compressor(), staged=True) == "backend"
     for choice in ("ring", "alltoall"):
         forced = PipeSGDOptions(compression="q8", allreduce=choice)
-        assert forced.allreduce_for(forced.build_compressor()) == choice
+        for staged in (False, True):
+            assert forced.allreduce_for(forced.build_compressor(), staged) == choice
     assert lossy.build_compressor(rank=0).seed != lossy.build_compressor(rank=1).seed
+
+
+def test_the_exchange_built_for_gradients_staged_through_the_host_runs_the_ring():
+    topology = RingTopology(None)
+    topology._stage_on_host = True  # what gloo sets: its collectives read host memory
+    options = PipeSGDOptions(compression="q8")
+    assert options.build_exchange(topology, 0, torch.device("cuda")).allreduce == "ring"
+    assert options.build_exchange(topology, 0, torch.device("cpu")).allreduce == "alltoall"
 
 
 # -------------------------------------------------------------------------------- the delayed apply

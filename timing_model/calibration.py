@@ -247,10 +247,12 @@ class Calibration:
     def fit_for(self, mode: str, compression: str = "none", allreduce: str = "auto") -> Fit:
         """The fit of the all-reduce that runs ``mode``'s buckets: for sync and pipe the one ``allreduce`` resolves
         to (``pipesgd.defaults.resolve_allreduce``: with "auto", the backend's all_reduce for the lossless codec and
-        our two-collective exchange, ``'alltoall'``, for a lossy one); the backend's for ddp and the parameter
-        server. A calibration made before the exchange was timed lends it the ring's fit."""
-        chosen = resolve_allreduce(allreduce, lossless=compression == "none") if mode in ("sync", "pipe") \
-            else "backend"
+        our two-collective exchange, ``'alltoall'``, for a lossy one, or the ring where the calibration ran gloo
+        on CUDA tensors); the backend's for ddp and the parameter server. A calibration made before the exchange
+        was timed lends it the ring's fit."""
+        staged = self.meta.get("backend") == "gloo" and str(self.meta.get("device", "")).startswith("cuda")
+        chosen = resolve_allreduce(allreduce, lossless=compression == "none", staged=staged) \
+            if mode in ("sync", "pipe") else "backend"
         order = {"alltoall": ("alltoall", "ring", "backend"), "ring": ("ring", "backend")}.get(chosen,
                                                                                                 ("backend", "ring"))
         for name in order:
