@@ -6,9 +6,10 @@
 
 Per model (synthetic CIFAR-shaped data, ``--batch`` per rank): compute only (forward + backward), the
 all-reduce alone on a gradient-sized buffer (the backend's for none; for bf16 / q8 our two-collective exchange,
-what ``allreduce="auto"`` runs, and the paper's per-hop ring), and the iteration of sync SGD (PipeSGD K = 1), DDP,
-DDP + fp16 hook and Pipe-SGD K = 2 with none / bf16 / q8 on each all-reduce (look-ahead, the default, with its own
-work per step in "look-ahead ms"; the plain update beside it for none and q8), all with SGD and momentum 0.9.
+what ``allreduce="auto"`` runs but on gloo with CUDA tensors, and the paper's per-hop ring, what it runs there),
+and the iteration of sync SGD (PipeSGD K = 1), DDP, DDP + fp16 hook and Pipe-SGD K = 2 with none / bf16 / q8 on
+each all-reduce (look-ahead, the default, with its own work per step in "look-ahead ms"; the plain update beside it
+for none and q8; the BatchNorm buffers exchanged with the gradients), all with SGD and momentum 0.9.
 Overlap efficiency = max(compute, that codec's all-reduce) / the measured Pipe-SGD iteration (1.0: the
 communication is hidden entirely; target >= 0.90). Every time is the slowest rank's median; an iteration is timed up
 to the end of its compute-stream work, never a device-wide synchronize (that would wait for the ring in flight on
@@ -74,7 +75,7 @@ def bench_model(rank: int, world: int, device: torch.device, name: str, args) ->
     compute_s = iteration_time(compute_only, device, args.repeats)
     grads = torch.randn(n_params, device=device)
     topology = RingTopology(dist.group.WORLD)
-    # keyed (codec, all-reduce): the backend's for none; for a codec the two-collective exchange (what "auto" runs)
+    # keyed (codec, all-reduce): the backend's for none; for a codec the two-collective exchange
     # and the paper's per-hop ring
     comm_s = {("none", "backend"): time_collective(lambda: dist.all_reduce(grads), args.repeats, 2, device=device)}
     for codec_name in PIPE_CODECS[1:]:
@@ -130,13 +131,14 @@ def bench_model(rank: int, world: int, device: torch.device, name: str, args) ->
         iters[variant] = timed_training(ddp, sgd(net), variant)
     net = fresh()
     iters["sync (K = 1)"] = timed_training(net, PipeSGD(sgd(net), net, width=1), "sync (K = 1)")
-    # Look-ahead (the default) in every codec's row, each lossy codec with the exchange ("auto") and the per-hop
+    # Look-ahead (the default) in every codec's row, each lossy codec with the exchange and the per-hop
     # ring; the paper's plain update beside them for none and q8; the BatchNorm buffers exchanged with the gradients
     # ("broadcast-delayed") instead of by the default blocking broadcast in step(), as DDP's forward does.
-    runs = [(c, "lookahead", "auto", "broadcast") for c in PIPE_CODECS]
+    runs = [(c, "lookahead", "auto" if c == "none" else "alltoall", "broadcast") for c in PIPE_CODECS]
     runs += [(c, "lookahead", "ring", "broadcast") for c in PIPE_CODECS[1:]]
-    runs += [("none", "none", "auto", "broadcast"), ("q8", "none", "auto", "broadcast")]
-    runs += [(c, "lookahead", a, "broadcast-delayed") for c, a in (("none", "auto"), ("q8", "auto"), ("q8", "ring"))]
+    runs += [("none", "none", "auto", "broadcast"), ("q8", "none", "alltoall", "broadcast")]
+    runs += [(c, "lookahead", a, "broadcast-delayed")
+             for c, a in (("none", "auto"), ("q8", "alltoall"), ("q8", "ring"))]
     for codec_name, staleness, allreduce, buffers in runs:
         net = fresh()
         opt = PipeSGD(sgd(net), net, width=2, warmup_steps=0, compression=codec_name, staleness=staleness,
