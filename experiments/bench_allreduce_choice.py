@@ -3,7 +3,13 @@ all-to-all all-reduce (``pipesgd.comm.alltoall``), per codec, world size and buc
 
     nice -n 15 python experiments/bench_allreduce_choice.py                  # p = 2,3,4; 0.25 and 25 MiB; ~10 min
 
-Local gloo processes over loopback, one thread each. Each round times both, in alternating order; a cell is the
+Local gloo processes over loopback, one thread each; with ``--bandwidth`` (root; ``ip``, ``tc``) one process per
+node of an emulated cluster of ``--nodes`` nodes whose links are shaped to that rate, where the wire, not the
+per-hop Python, sets the pace:
+
+    python experiments/bench_allreduce_choice.py --bandwidth 200mbit --nodes 4 --codecs q8,sign --sizes-mib 1,7
+
+Each round times both, in alternating order; a cell is the
 median over rounds of the slowest rank's median over ``--repeats`` calls. Error feedback is on (the trainer's case
 for sign; for the others it adds the same booking work to both). Prints a markdown table and writes it, provenance
 first, to ``allreduce_choice.md`` under --out.
@@ -33,7 +39,9 @@ from pipesgd.comm.alltoall import alltoall_allreduce_
 from pipesgd.runlog.atomic import write_text_atomic
 from experiments.harness.provenance import markdown_header, provenance
 from pipesgd.compression import ErrorFeedback, build
+from pipesgd.bandwidth import parse_bandwidth_bps
 from pipesgd.launch import run_on_ranks
+from experiments.harness.rank_launch import LaunchError, launch_ranks
 from pipesgd.measure import time_collective
 from pipesgd.comm.ring import RingTopology, ring_allreduce_
 from timing_model.calibration import read_calibration
@@ -90,7 +98,21 @@ def _row(row: dict, calibration) -> str:
     return line + f" {model['ring'] * 1e3:.1f} | {model['alltoall'] * 1e3:.1f} | {'yes' if agrees else 'no'} |"
 
 
+def node_main(settings_json: str) -> None:
+    """One node of the emulated cluster (``launch_ranks`` starts it under torchrun): ``bench`` on the world."""
+    settings = json.loads(settings_json)
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    try:
+        bench(dist.get_rank(), dist.get_world_size(), **settings)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
 def main() -> None:
+    if len(sys.argv) == 2 and sys.argv[1].startswith("{"):  # a node of the emulated cluster
+        return node_main(sys.argv[1])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", default="2,3,4", help="world sizes, comma-separated")
     parser.add_argument("--sizes-mib", default="0.25,25", help="bucket sizes in MiB of fp32, comma-separated")
@@ -99,22 +121,40 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per algorithm and round")
     parser.add_argument("--out", default="experiments/results/allreduce_choice")
     parser.add_argument("--calibration", help="a calibrate file: add the timing model's verdict to every row")
+    parser.add_argument("--bandwidth", help="per-link rate of an emulated cluster, e.g. 200mbit (root; ip, tc)")
+    parser.add_argument("--nodes", type=int, default=4, help="nodes of the emulated cluster (with --bandwidth)")
     args = parser.parse_args()
     try:
         calibration = read_calibration(args.calibration) if args.calibration else None
+        bandwidth_bps = parse_bandwidth_bps(args.bandwidth) if args.bandwidth else None
     except ValueError as err:
         parser.error(str(err))
+    if args.bandwidth and args.nodes < 2:
+        parser.error("--nodes must be >= 2")
     origin = provenance()  # before the runs: the code they run, not what the tree holds when they end
-    lines = [f"ring vs alltoall, loopback gloo, one thread per rank on {os.cpu_count()} cores; median over "
+    where = (f"{args.nodes} emulated nodes at {args.bandwidth} per link (tc tbf), one process and thread each"
+             if args.bandwidth else "loopback gloo, one thread per rank")
+    lines = [f"ring vs alltoall, {where} on {os.cpu_count()} cores; median over "
              f"{args.rounds} rounds of the slowest rank's median over {args.repeats} calls, error feedback on", ""]
     model = " model ring ms | model alltoall ms | model picks the faster |" if calibration else ""
     lines += ["| p | MiB | codec | ring ms | alltoall ms | alltoall / ring |" + model,
               "|---|---|---|---|---|---|" + ("---|---|---|" if calibration else "")]
+    codecs, sizes = args.codecs.split(","), [float(s) for s in args.sizes_mib.split(",")]
     with tempfile.TemporaryDirectory() as scratch:
-        for world in (int(p) for p in args.ranks.split(",")):
+        for world in [args.nodes] if args.bandwidth else (int(p) for p in args.ranks.split(",")):
             path = os.path.join(scratch, f"p{world}.json")
-            run_on_ranks(bench, world, args.codecs.split(","), [float(s) for s in args.sizes_mib.split(",")],
-                         args.rounds, args.repeats, path)
+            if args.bandwidth:
+                settings = json.dumps({"codecs": codecs, "sizes_mib": sizes, "rounds": args.rounds,
+                                       "repeats": args.repeats, "out_path": path})
+                try:
+                    launch_ranks("experiments.bench_allreduce_choice", settings, lambda: None, nodes=world,
+                                 bandwidth=args.bandwidth, bandwidth_bps=bandwidth_bps, cluster_name="psgdchoice",
+                                 timeout_s=3600.0)
+                except LaunchError as err:
+                    print(f"error: {err}", file=sys.stderr)
+                    raise SystemExit(1) from None
+            else:
+                run_on_ranks(bench, world, codecs, sizes, args.rounds, args.repeats, path)
             with open(path) as f:
                 lines += [_row(row, calibration) for row in json.load(f)]
     table = "\n".join(lines)

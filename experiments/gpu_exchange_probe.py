@@ -8,9 +8,9 @@ Per gradient size (``--sizes``, millions of fp32 elements; the defaults are LeNe
 q8 payload's byte counts: (a) the raw gloo collectives on pinned host memory that each all-reduce is made of: the
 exchange's all-to-all and all-gather, and the ring's 2(p-1) neighbour hops (isend to the next rank, irecv from the
 previous); (b) the two all-reduces end to end on the device (the exchange with its all-gather as an all-to-all,
-what the library does on gloo, and with gloo's own all-gather), with the wall time of their phases (wire wait,
-codec, ...: host time, so a codec kernel's cost lands where the next blocking copy waits for it). Every time is
-the slowest rank's median. Writes ``exchange_probe.md`` / ``.json`` under ``--out``.
+what the library does where gloo carries CUDA tensors, and with gloo's own all-gather), with the wall time of their
+phases (wire wait, codec, ...: host time, so a codec kernel's cost lands where the next blocking copy waits for
+it). Every time is the slowest rank's median. Writes ``exchange_probe.md`` / ``.json`` under ``--out``.
 """
 from __future__ import annotations
 
@@ -62,8 +62,8 @@ def allreduce_rows(numel: int, device: torch.device, codec, repeats: int) -> lis
     flat = torch.randn(numel, device=device)
     topology = RingTopology(dist.group.WORLD)
     rows = []
-    native = topology.gathers_by_alltoall  # what the library does on this backend
-    variants = (("exchange, all-gather as all-to-all", alltoall_allreduce_, True),
+    native = topology.gathers_by_alltoall  # None: the library's own choice
+    variants = (("exchange, all-gather as all-to-all (the library's where staged)", alltoall_allreduce_, True),
                 ("exchange, the backend's all-gather", alltoall_allreduce_, False), ("ring", ring_allreduce_, native))
     for name, run, gathers_by_alltoall in variants:
         topology.gathers_by_alltoall = gathers_by_alltoall

@@ -3,7 +3,7 @@ sizes every rank knows before the bytes arrive: an all-to-all with one payload p
 chunks do by one element) and an all-gather of one payload per rank, padded to the largest, since gloo and NCCL
 gather equal slots only. Both are the backend's native collectives (gloo on CPU has ``alltoallv`` and ``allgather``
 in torch 2.2 and later; NCCL has both); gloo with CUDA tensors stages through the topology's pinned host buffers, as
-the ring's hops do. On gloo the all-gather is itself an all-to-all (``RingTopology.gathers_by_alltoall``): each rank
+the ring's hops do. There the all-gather is itself an all-to-all (``RingTopology.gathers_by_alltoall``): each rank
 sends its payload to every other, the same bytes per rank as gloo's ring all-gather, without the fixed cost that
 gloo's all-gather showed on the GPU host.
 """
@@ -55,7 +55,8 @@ def all_gather_payload(
     ``payload``). Each travels in a slot of ``max(sizes)`` bytes (the pad is at most a block's scale and a byte
     or two for the codecs we have). Returns views into a buffer that the next call reuses, on ``device``."""
     slot = max(sizes)
-    if topology.gathers_by_alltoall:
+    by_alltoall = topology.gathers_by_alltoall
+    if by_alltoall if by_alltoall is not None else topology.stages(device):
         return _gather_by_alltoall(topology, payload, sizes, slot, device, while_waiting)
     send = topology.wire_buffer("allgather-send", slot, device)
     send[: payload.numel()].copy_(payload)
