@@ -50,6 +50,8 @@ def main() -> int:
     parser.add_argument("--baselines", help=f"comma-separated, of {', '.join(BASELINES)} (default: both; "
                         "'-' for none)")
     parser.add_argument("--steps", type=int, help="timed iterations per variant (default 8; --quick 4)")
+    parser.add_argument("--allreduce", default="auto", choices=("auto", "ring", "alltoall"), help="PipeSGD's allreduce for every variant: auto (default), "
+                        "ring or alltoall (a lossless variant runs the backend's under auto)")
     parser.add_argument("--label", help="result file names (default: loopback or the bandwidth)")
     parser.add_argument("--out", default="results/bench_pipeline")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds for the whole cluster run")
@@ -71,6 +73,7 @@ def main() -> int:
         chosen["baselines"] = _names(args.baselines, BASELINES, "baseline", parser)
     if args.steps is not None:
         chosen["steps"] = args.steps
+    chosen["allreduce"] = args.allreduce
     label = args.label or ("loopback" if args.loopback else args.bandwidth)
     os.makedirs(args.out, exist_ok=True)
     records_path = os.path.join(args.out, f"{label}.jsonl")
@@ -97,8 +100,8 @@ def main() -> int:
         print(f"bench_pipeline: error: {error}", file=sys.stderr)
         return 1
     cores = args.nodes * args.cores_per_node or os.cpu_count()  # what the ranks' processes may run on
-    table = markdown(records, f"Pipe-SGD at its limit: {where_text}, one thread per process "
-                              f"({cores} cores; {elapsed:.0f} s)", cores=cores)
+    table = markdown(records, f"Pipe-SGD at its limit: {where_text}, one thread per process, allreduce "
+                              f"{args.allreduce} ({cores} cores; {elapsed:.0f} s)", cores=cores)
     print(table)
     write_text_atomic(os.path.join(args.out, f"{label}.md"), table + "\n")
     summary = {"where": where_text, "elapsed_s": elapsed, "cpu_count": os.cpu_count(), "cores_used": cores,

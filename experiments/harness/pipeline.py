@@ -76,6 +76,7 @@ class PipelineSettings:
     steps: int = 8  # timed iterations (and timed compute steps) per variant
     warmup: int = 3  # untimed iterations first (the pipeline fills, allocations settle)
     ring_repeats: int = 4  # timed rings alone per variant
+    allreduce: str = "auto"  # PipeSGD's allreduce for every variant (pipesgd.defaults.ALLREDUCE_CHOICES)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workloads", tuple(self.workloads))
@@ -89,6 +90,7 @@ class PipelineSettings:
                 raise ValueError(f"unknown workload {name!r}; valid: {', '.join(WORKLOADS)}")
         for name in self.variants:
             parse_variant(name)
+        PipeSGDOptions(allreduce=self.allreduce)  # an unknown name raises here, before any run
         if not self.workloads or not self.variants:
             raise ValueError("at least one workload and one variant are needed")
         for field_name in ("steps", "ring_repeats"):
@@ -119,7 +121,7 @@ class Job:
 
 
 def _ring_alone(job: Job, codec: str, feedback: bool, settings: PipelineSettings, rank: int) -> float:
-    options = PipeSGDOptions(compression=codec, error_feedback=feedback)
+    options = PipeSGDOptions(compression=codec, error_feedback=feedback, allreduce=settings.allreduce)
     compressor = options.build_compressor(rank)
     params = list(job.model.parameters())
     buckets = build_buckets(params, options.bucket_bytes)
@@ -133,7 +135,7 @@ def _ring_alone(job: Job, codec: str, feedback: bool, settings: PipelineSettings
 def _pipe(job: Job, codec: str, feedback: bool, settings: PipelineSettings) -> dict:
     """Step 3: timed width-2 iterations and their split (seconds per iteration, means over ranks)."""
     opt = PipeSGD(torch.optim.SGD(job.model.parameters(), lr=1e-4), job.model, width=2, compression=codec,
-                  error_feedback=feedback, warmup_steps=1)
+                  error_feedback=feedback, warmup_steps=1, allreduce=settings.allreduce)
     split = {"compute": 0.0, "compute_cpu": 0.0, "wait": 0.0, "comm_busy": 0.0, "update": 0.0}
     sent = [0]
 
