@@ -29,6 +29,9 @@ QUANT_BLOCK_SIZE = 4096
 # lossy codec. On the H100 host, 4 ranks sharing the GPU over gloo, the ring's q8 all-reduce took 10.5-12.5 ms against
 # the exchange's 14.0-18.5 for ResNet-18 and 4.4-7.0 against 7.9-10.1 for ResNet-20 in four sittings, and Pipe-SGD
 # q8 ran 1.43-1.61x DDP on the ring against 0.99-1.15x on the exchange (experiments/results/gpu/README.md).
+# Also open: on 200 Mbit/s emulated links (4 nodes) the ring ran Pipe-SGD's q8 iteration 1.23-1.29x faster (gloo's
+# all-to-all sends to every peer at once; one flow per link did better), sign 0.89-1.01x; no static rule wins in
+# every setting measured (experiments/results/allreduce_choice/report.md), so the choice should be measured.
 ALLREDUCE_CHOICES = ("auto", "ring", "alltoall", "backend")
 
 # p.grad as views into the flat buckets (pipesgd.grads.bucket_sets): no copy in or out of a step; K sets of
