@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from pipesgd.comm.alltoall import alltoall_allreduce_
 from pipesgd.runlog.atomic import write_text_atomic
 from experiments.harness.provenance import markdown_header, provenance
+from experiments.harness.raw_collectives import raw_collective_ms
 from pipesgd.compression import ErrorFeedback, build
 from pipesgd.bandwidth import parse_bandwidth_bps
 from pipesgd.launch import run_on_ranks
@@ -48,34 +49,49 @@ from timing_model.calibration import read_calibration
 from timing_model.predict import Scenario, predict
 from timing_model.validation import calibrated_scenario
 
+def _alltoall_gathered_by_alltoall(flat, compressor, topology, op, residual):
+    """The exchange with its all-gather sent as an all-to-all (what it does where payloads are staged)."""
+    topology.gathers_by_alltoall = True
+    try:
+        return alltoall_allreduce_(flat, compressor, topology, op, residual)
+    finally:
+        topology.gathers_by_alltoall = None
+
+
 ALGORITHMS = {"ring": ring_allreduce_, "alltoall": alltoall_allreduce_}
+GATHER_AB = {"alltoall_a2a_gather": _alltoall_gathered_by_alltoall}  # --gather-ab
 
 
 def bench(rank: int, world: int, codecs: list[str], sizes_mib: list[float], rounds: int, repeats: int,
-          out_path: str) -> None:
+          out_path: str, gather_ab: bool = False, raw: bool = False) -> None:
     """Every (size, codec) cell on this group; rank 0 writes the table rows to ``out_path``."""
     topology = RingTopology(dist.group.WORLD)
-    rows = []
+    algorithms = ALGORITHMS | (GATHER_AB if gather_ab else {})
+    rows, raw_rows = [], []
     for size_mib in sizes_mib:
         numel = int(size_mib * 2**20 / 4)
         x = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
         for name in codecs:
-            feedback = {algorithm: ErrorFeedback(build(name)) for algorithm in ALGORITHMS}
-            times: dict[str, list[float]] = {algorithm: [] for algorithm in ALGORITHMS}
+            feedback = {algorithm: ErrorFeedback(build(name)) for algorithm in algorithms}
+            times: dict[str, list[float]] = {algorithm: [] for algorithm in algorithms}
             for round_index in range(rounds):
-                order = list(ALGORITHMS) if round_index % 2 == 0 else list(reversed(ALGORITHMS))
+                order = list(algorithms) if round_index % 2 == 0 else list(reversed(algorithms))
                 for algorithm in order:
                     flat = x.clone()
                     residual = feedback[algorithm].residual(0, flat)
 
                     def call(algorithm=algorithm, flat=flat, residual=residual) -> None:
-                        ALGORITHMS[algorithm](flat, feedback[algorithm].compressor, topology, "mean", residual)
+                        algorithms[algorithm](flat, feedback[algorithm].compressor, topology, "mean", residual)
 
                     times[algorithm].append(time_collective(call, repeats, warmup=1))
-            ring, alltoall = (statistics.median(times[a]) for a in ALGORITHMS)
-            rows.append({"p": world, "mib": size_mib, "codec": name, "ring_s": ring, "alltoall_s": alltoall})
+            rows.append({"p": world, "mib": size_mib, "codec": name}
+                        | {f"{a}_s": statistics.median(times[a]) for a in algorithms})
+        if raw:  # the bare collectives, on chunks the size of this bucket's q8 payload per peer
+            chunk = build("q8").payload_bytes(-(-numel // world), torch.float32)
+            raw_rows.append({"p": world, "mib": size_mib, "chunk_bytes": chunk}
+                            | raw_collective_ms(rank, world, chunk, rounds, repeats))
     if rank == 0:
-        write_text_atomic(out_path, json.dumps(rows))
+        write_text_atomic(out_path, json.dumps({"rows": rows, "raw": raw_rows}))
 
 
 def predicted_s(calibration, nodes: int, n_bytes: float, codec: str, allreduce: str) -> float:
@@ -90,6 +106,9 @@ def _row(row: dict, calibration) -> str:
     ring, alltoall = row["ring_s"], row["alltoall_s"]
     line = (f"| {row['p']} | {row['mib']:g} | {row['codec']} | {ring * 1e3:.1f} | {alltoall * 1e3:.1f} | "
             f"{alltoall / ring:.2f} |")
+    if "alltoall_a2a_gather_s" in row:
+        gathered = row["alltoall_a2a_gather_s"]
+        line += f" {gathered * 1e3:.1f} | {gathered / ring:.2f} |"
     if calibration is None:
         return line
     n_bytes = int(row["mib"] * 2**20 / 4) * 4
@@ -123,29 +142,42 @@ def main() -> None:
     parser.add_argument("--calibration", help="a calibrate file: add the timing model's verdict to every row")
     parser.add_argument("--bandwidth", help="per-link rate of an emulated cluster, e.g. 200mbit (root; ip, tc)")
     parser.add_argument("--nodes", type=int, default=4, help="nodes of the emulated cluster (with --bandwidth)")
+    parser.add_argument("--gather-ab", action="store_true",
+                        help="also time the exchange with its all-gather sent as an all-to-all")
+    parser.add_argument("--raw", action="store_true", help="also time the bare gloo collectives per size "
+                        "(experiments/harness/raw_collectives.py)")
     args = parser.parse_args()
     try:
         calibration = read_calibration(args.calibration) if args.calibration else None
         bandwidth_bps = parse_bandwidth_bps(args.bandwidth) if args.bandwidth else None
-    except ValueError as err:
+        worlds = [args.nodes] if args.bandwidth else [int(p) for p in args.ranks.split(",")]
+        codecs, sizes = args.codecs.split(","), [float(s) for s in args.sizes_mib.split(",")]
+        for name in codecs:
+            build(name)
+    except (ValueError, KeyError) as err:
         parser.error(str(err))
-    if args.bandwidth and args.nodes < 2:
-        parser.error("--nodes must be >= 2")
+    if min(worlds) < 2 or args.rounds < 1 or args.repeats < 1 or min(sizes) <= 0:
+        parser.error("world sizes (--ranks, --nodes) must be >= 2, --rounds and --repeats >= 1, sizes > 0")
     origin = provenance()  # before the runs: the code they run, not what the tree holds when they end
     where = (f"{args.nodes} emulated nodes at {args.bandwidth} per link (tc tbf), one process and thread each"
              if args.bandwidth else "loopback gloo, one thread per rank")
     lines = [f"ring vs alltoall, {where} on {os.cpu_count()} cores; median over "
              f"{args.rounds} rounds of the slowest rank's median over {args.repeats} calls, error feedback on", ""]
+    gathered = " alltoall, all-gather as all-to-all, ms | its / ring |" if args.gather_ab else ""
     model = " model ring ms | model alltoall ms | model picks the faster |" if calibration else ""
-    lines += ["| p | MiB | codec | ring ms | alltoall ms | alltoall / ring |" + model,
-              "|---|---|---|---|---|---|" + ("---|---|---|" if calibration else "")]
-    codecs, sizes = args.codecs.split(","), [float(s) for s in args.sizes_mib.split(",")]
+    lines += ["| p | MiB | codec | ring ms | alltoall ms | alltoall / ring |" + gathered + model,
+              "|---|---|---|---|---|---|" + ("---|---|" if args.gather_ab else "")
+              + ("---|---|---|" if calibration else "")]
+    raw_lines = ["", "The bare collectives on chunks of each bucket's q8 payload per peer (ms):", "",
+                 "| p | MiB | chunk KB | all-to-all | pairwise rounds | all-gather | ring hops x (p-1) |",
+                 "|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as scratch:
-        for world in [args.nodes] if args.bandwidth else (int(p) for p in args.ranks.split(",")):
+        for world in worlds:
             path = os.path.join(scratch, f"p{world}.json")
             if args.bandwidth:
                 settings = json.dumps({"codecs": codecs, "sizes_mib": sizes, "rounds": args.rounds,
-                                       "repeats": args.repeats, "out_path": path})
+                                       "repeats": args.repeats, "out_path": path, "gather_ab": args.gather_ab,
+                                       "raw": args.raw})
                 try:
                     launch_ranks("experiments.bench_allreduce_choice", settings, lambda: None, nodes=world,
                                  bandwidth=args.bandwidth, bandwidth_bps=bandwidth_bps, cluster_name="psgdchoice",
@@ -154,10 +186,14 @@ def main() -> None:
                     print(f"error: {err}", file=sys.stderr)
                     raise SystemExit(1) from None
             else:
-                run_on_ranks(bench, world, codecs, sizes, args.rounds, args.repeats, path)
+                run_on_ranks(bench, world, codecs, sizes, args.rounds, args.repeats, path, args.gather_ab, args.raw)
             with open(path) as f:
-                lines += [_row(row, calibration) for row in json.load(f)]
-    table = "\n".join(lines)
+                measured = json.load(f)
+            lines += [_row(row, calibration) for row in measured["rows"]]
+            raw_lines += [f"| {r['p']} | {r['mib']:g} | {r['chunk_bytes'] / 1e3:.0f} | {r['all-to-all']:.1f} | "
+                          f"{r['pairwise']:.1f} | {r['all-gather']:.1f} | {r['ring hops']:.1f} |"
+                          for r in measured["raw"]]
+    table = "\n".join(lines + (raw_lines if args.raw else []))
     print(table)
     os.makedirs(args.out, exist_ok=True)
     header = markdown_header("Which compressed all-reduce: ring vs alltoall time", origin)
