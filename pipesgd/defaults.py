@@ -31,7 +31,8 @@ QUANT_BLOCK_SIZE = 4096
 # q8 ran 1.43-1.61x DDP on the ring against 0.99-1.15x on the exchange (experiments/results/gpu/README.md).
 # Also open: on 200 Mbit/s emulated links (4 nodes) the ring ran Pipe-SGD's q8 iteration 1.23-1.29x faster (gloo's
 # all-to-all sends to every peer at once; one flow per link did better), sign 0.89-1.01x; no static rule wins in
-# every setting measured (experiments/results/allreduce_choice/report.md), so the choice should be measured.
+# every setting measured (experiments/results/allreduce_choice/report.md): compression="auto" measures it in the
+# warm-up (pipesgd.auto.allreduce_trial); a named codec keeps this rule.
 ALLREDUCE_CHOICES = ("auto", "ring", "alltoall", "backend")
 
 # p.grad as views into the flat buckets (pipesgd.grads.bucket_sets): no copy in or out of a step; K sets of

@@ -150,8 +150,10 @@ class PipeSGD:
         self._auto = None
         if auto.AUTO in (width, compression):
             knobs = auto.Knobs.of(width, compression, error_feedback)
+            trial = (self.options.allreduce == "auto" and self._channel.size > 1  # where the rule says exchange
+                     and not self._channel.topology.stages(self._device))
             self._auto = auto.AutoConfig(self._buckets, knobs, warmup_steps, user_group, auto_recheck_every,
-                                         self.options.compression_options)
+                                         self.options.compression_options, trial_allreduce=trial)
             self._hooks += self._auto.attach(model_or_params)  # where step 0's compute begins
 
     # ----------------------------------------------------------------------------------------- public
@@ -357,7 +359,9 @@ class PipeSGD:
         if not choice.get("provisional"):
             self.options = runs = replace(runs, width=width)
         old = self._exchange
-        self._exchange = runs.build_exchange(self._channel.topology, dist.get_rank(), self._device)
+        measured = replace(runs, allreduce=choice.get("allreduce", self.options.allreduce)  # pipesgd.auto
+                           if choice["compression"] != "none" else self.options.allreduce)
+        self._exchange = measured.build_exchange(self._channel.topology, dist.get_rank(), self._device)
         new = self._exchange
         if old.feedback is not None and new.feedback is not None and old.allreduce == new.allreduce:
             new.feedback.load_residuals_state(old.feedback.residuals_state())  # what is still owed

@@ -30,7 +30,9 @@ decision predicts it as their expected maximum with the spreads the warm-up meas
 an exchange as long as the compute on average is exposed half the time. The exchange's time is each rank's own,
 its wait for the last rank to hand off included (a pipelined exchange must hide that too), except the probe's one
 step-0 sample, which is the last rank's (``probes.exchange_per_step``: at step 0 that wait is start-up).
-The choice (width, codec, error feedback, reason, measurements) is logged once, kept in ``state_dict()`` (a resumed
+Which all-reduce: with ``allreduce="auto"``, more than one rank and payloads not staged, the provisional codec's
+steps alternate the exchange and the ring, and a choice of that codec keeps the faster (``allreduce_trial``).
+The choice (width, codec, error feedback, all-reduce when measured, reason, measurements) is logged once, kept in ``state_dict()`` (a resumed
 run uses it without measuring again; a state saved after a provisional codec was chosen resumes with it), readable as
 ``PipeSGD.auto_choice`` and in the step's ``StepStats``. Cost: the warm-up steps, which run anyway, plus 4
 all-reduces of 1/64 of the gradient and two encodes and decodes per codec.
@@ -58,6 +60,7 @@ import logging
 import torch
 import torch.distributed as dist
 
+from pipesgd.auto.allreduce_trial import AllreduceTrial
 from pipesgd.auto.clock import StepClock
 from pipesgd.auto.decision import announce, codec_key, decide, describe, exchange_key, link_terms, run_key
 from pipesgd.auto.knobs import AUTO, CANDIDATES, MAX_WIDTH, SMALL_FRACTION, SWITCH_GAIN, Knobs
@@ -78,9 +81,11 @@ class AutoConfig:
     step and, with ``recheck_every``, again every that many steps (module doc)."""
 
     def __init__(self, buckets: list[Bucket], knobs: Knobs, warmup_steps: int, group: dist.ProcessGroup | None,
-                 recheck_every: int = 0, codec_options: dict | None = None) -> None:
+                 recheck_every: int = 0, codec_options: dict | None = None, trial_allreduce: bool = False) -> None:
         self._buckets, self.knobs, self._warmup, self._group = buckets, knobs, warmup_steps, group
         self._every, self._codec_options = recheck_every, dict(codec_options or {})
+        self._trial_allreduce = trial_allreduce  # a provisional codec alternates the all-reduces (allreduce_trial)
+        self._trial: AllreduceTrial | None = None
         self.clock = StepClock()
         self.choice: dict | None = None  # made, or restored from a checkpoint
         self._marks: list = []  # attach()'s hook
@@ -145,12 +150,28 @@ class AutoConfig:
                 if self.provisional["compression"] == "none":
                     return None
                 self.clock.comm_busy.clear()  # the last step's median: the provisional codec's exchanges alone
+                if self._trial_allreduce:
+                    self._trial = AllreduceTrial()
+                    self.provisional["allreduce"] = self._trial.running
                 return self.provisional
+            if self._trial is not None and comm_busy_s is not None:
+                self._trial.record(comm_busy_s)
             if step < self._warmup - 1:
-                return None
+                if self._trial is None:
+                    return None
+                self.provisional = {**self.provisional, "allreduce": self._trial.switch()}
+                return self.provisional
+            verdict = self._trial.verdict(self._group, _gradient(self._buckets)[2]) if self._trial else None
+            if verdict is not None:  # the provisional codec's measured exchange: the faster all-reduce's alone
+                self.clock.comm_busy = list(self._trial.times[verdict[0]])
             self.choice = first_choice(self._buckets, self.knobs, self.clock, self._group, self._codec_options,
                                        self.provisional)
             self.choice["step"] = step
+            same_codec = self.provisional is not None and all(
+                self.choice[k] == self.provisional[k] for k in ("compression", "error_feedback"))
+            if verdict is not None and same_codec and self.choice["compression"] != "none":
+                self.choice["allreduce"] = verdict[0]
+                self.choice["reason"] += "; " + AllreduceTrial.reason(*verdict)
             return self.choice
         if (step + 1 - self._warmup) % self._every or not self.clock.comm_busy:
             return None
@@ -158,6 +179,8 @@ class AutoConfig:
         self.clock.reset()
         if new is not None:
             new["step"] = step
+            if "allreduce" in self.choice and new["compression"] != "none":  # the warm-up's measured all-reduce
+                new.setdefault("allreduce", self.choice["allreduce"])             # goes on with the next codec
             self.choice = new
         return new
 

@@ -176,10 +176,13 @@ def _bandwidth_for(comm_at: Callable[[float], float], seconds: float) -> float:
 
 
 def describe(choice: dict) -> str:
-    """"width 2, q4 + error feedback" (the width only when it was chosen); "warm-up: q8" for a provisional codec."""
+    """"width 2, q4 + error feedback" (the width only when it was chosen; ", ring" when the warm-up measured the
+    all-reduce); "warm-up: q8" for a provisional codec."""
     from timing_model.recommend import choice_label
 
     label = choice_label(choice.get("width"), choice["compression"], bool(choice["error_feedback"]))
+    if choice.get("allreduce"):  # measured in the warm-up (pipesgd.auto.allreduce_trial)
+        label += f", {choice['allreduce']}"
     return f"warm-up: {label}" if choice.get("provisional") else label
 
 

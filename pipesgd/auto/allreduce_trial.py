@@ -1,0 +1,52 @@
+"""``allreduce="auto"`` measured, not ruled: under ``compression="auto"``, the warm-up steps that run the provisional
+codec alternate the two-collective exchange and the per-hop ring, and the warm-up's choice keeps the one whose
+median exchange time (the largest of every rank's) was shorter.
+
+Why: neither wins everywhere. The exchange was 0.51-0.81x the ring on loopback, the ring 1.23-1.29x faster per q8
+iteration on 200 Mbit/s links and faster on a GPU over gloo (experiments/results/allreduce_choice/report.md); the
+fixed rule (``pipesgd.defaults.resolve_allreduce``) stays for a named codec. Only where the rule would pick the
+exchange (more than one rank, payloads not staged through host memory; a user's explicit choice is kept).
+Each switch drops the error-feedback residual of the all-reduce left (at most one warm-up step's rounding error),
+as a switch of the choice does.
+"""
+from __future__ import annotations
+
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from pipesgd.auto.probes import agreed
+
+ORDER = ("alltoall", "ring")  # the first provisional step runs the rule's choice
+
+
+class AllreduceTrial:
+    """The all-reduce each provisional step runs (``running``) and the exchange times each one saw."""
+
+    def __init__(self) -> None:
+        self.running = ORDER[0]
+        self.times: dict[str, list[float]] = {name: [] for name in ORDER}
+
+    def record(self, seconds: float) -> None:
+        """The exchange time of the step that just ran on ``running``."""
+        self.times[self.running].append(seconds)
+
+    def switch(self) -> str:
+        """The other all-reduce, for the next step."""
+        self.running = ORDER[1] if self.running == ORDER[0] else ORDER[0]
+        return self.running
+
+    def verdict(self, group: dist.ProcessGroup | None, device: torch.device) -> tuple[str, dict[str, float]] | None:
+        """Every rank's medians agreed (the largest of each, so the same on every rank; every rank must call it):
+        the faster all-reduce and the medians, or None where either ran no step."""
+        if not all(self.times.values()):
+            return None
+        medians = agreed({f"{name}_s": statistics.median(times) for name, times in self.times.items()}, group,
+                         device)
+        return min(ORDER, key=lambda name: medians[f"{name}_s"]), medians
+
+    @staticmethod
+    def reason(winner: str, medians: dict[str, float]) -> str:
+        return (f"all-reduce: {winner} (warm-up medians: exchange {medians['alltoall_s'] * 1e3:.1f} ms, "
+                f"ring {medians['ring_s'] * 1e3:.1f} ms)")
