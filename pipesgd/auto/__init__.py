@@ -165,13 +165,8 @@ class AutoConfig:
             if verdict is not None:  # the provisional codec's measured exchange: the faster all-reduce's alone
                 self.clock.comm_busy = list(self._trial.times[verdict[0]])
             self.choice = first_choice(self._buckets, self.knobs, self.clock, self._group, self._codec_options,
-                                       self.provisional)
+                                       self.provisional, verdict)
             self.choice["step"] = step
-            same_codec = self.provisional is not None and all(
-                self.choice[k] == self.provisional[k] for k in ("compression", "error_feedback"))
-            if verdict is not None and same_codec and self.choice["compression"] != "none":
-                self.choice["allreduce"] = verdict[0]
-                self.choice["reason"] += "; " + AllreduceTrial.reason(*verdict)
             return self.choice
         if (step + 1 - self._warmup) % self._every or not self.clock.comm_busy:
             return None
@@ -186,10 +181,12 @@ class AutoConfig:
 
 
 def first_choice(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: dist.ProcessGroup | None,
-                 codec_options: dict | None = None, provisional: dict | None = None) -> dict:
+                 codec_options: dict | None = None, provisional: dict | None = None,
+                 allreduce: tuple[str, dict[str, float]] | None = None) -> dict:
     """Steps 2 and 3 at the last warm-up step (step 2's numbers from ``probe`` when it ran: ``provisional``, with
     the uncompressed exchange it saw; the exchanges since, with its codec, count as that codec's measured time,
-    ``decision._predictor``); logs the choice once (on rank 0)."""
+    ``decision._predictor``; ``allreduce``: the trial's verdict on them, kept when the choice keeps that codec);
+    logs the choice once (on rank 0)."""
     numel, grad_bytes, device, dtype = _gradient(buckets)
     # Each rank's own exchange times here, waits for its peers included: a pipelined exchange also waits for the
     # last rank to hand its gradient off, and that whole time must hide behind the rank's compute (the probe's
@@ -205,6 +202,10 @@ def first_choice(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: d
     measured = agreed({"compute_s": clock.compute_s, "comm_s": clock.comm_s, **clock.spreads(), **links}, group,
                       device)
     choice = decide(measured, dist.get_world_size(group), grad_bytes, knobs, knobs.measured_with())
+    if allreduce is not None and choice["compression"] != "none" and all(
+            choice[k] == provisional[k] for k in ("compression", "error_feedback")):
+        choice["allreduce"] = allreduce[0]
+        choice["reason"] += "; " + AllreduceTrial.reason(*allreduce)
     announce(choice, dist.get_rank(group))
     return choice
 
