@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 
-from pipesgd.auto.decision import describe
+from timing_model.recommend import choice_label
 from pipesgd.runlog.results import ASYNC_MODES, Run, iteration_over_ranks, slowest_rank
 
 __all__ = ["MAX_CURVE_POINTS", "step_split", "curve", "time_to_target", "run_record"]
@@ -107,9 +107,8 @@ def run_record(run: Run, *, skip: int, target: float) -> dict:
 
 
 def _auto_choice(run: Run) -> dict:
-    """{"auto_choice": "width 2, q4 + error feedback"} for a run that chose (--width/--compression auto; ", ring"
-    when the warm-up measured the all-reduce), else {}."""
+    """{"auto_choice": "width 2, q4 + error feedback"} for a run that chose (--width/--compression auto), else {}."""
     choice = run.summary.get("auto_choice")
     if not choice:
         return {}
-    return {"auto_choice": describe({**choice, "error_feedback": bool(choice.get("error_feedback"))})}
+    return {"auto_choice": choice_label(choice.get("width"), choice["compression"], bool(choice.get("error_feedback")))}
