@@ -56,3 +56,15 @@ def test_workers_leave_out_dedicated_servers():
     assert num_workers_for("ps-sync", 1, 4) == 3
     assert num_workers_for("ps-async", 0, 4) == 4
     assert num_workers_for("pipe", 0, 4) == 4
+
+
+@pytest.mark.parametrize("allreduce, compression, runs", [("ring", "q8", "ring"), ("alltoall", "q8", "alltoall"),
+                                                         ("auto", "q8", "alltoall"), ("auto", "none", "backend")])
+def test_allreduce_reaches_the_wrapper(allreduce, compression, runs, process_group):  # noqa: F811
+    config = TrainConfig(mode="pipe", allreduce=allreduce, compression=compression,
+                         error_feedback=compression != "none")
+    strategy = build_strategy(config, nn.Linear(4, 2), torch.device("cpu"))
+    try:
+        assert strategy.opt.allreduce == runs
+    finally:
+        strategy.opt.close()

@@ -68,6 +68,11 @@ class TrainConfig:
                               "warm-up from what it measured (compute, the link, each codec's speed)",
                               lambda: [*compression.available(), "auto"])
     error_feedback: bool = _field(False, "keep the compression residual and add it to the next gradient")
+    allreduce: str = _field("auto", "mode pipe/sync, how buckets travel: auto = the backend's all-reduce without a "
+                            "codec, with one the two-collective exchange (the ring where gloo carries CUDA tensors; "
+                            "--compression auto measures both in the warm-up); ring = the paper's per-hop ring, "
+                            "faster on bandwidth-bound links; alltoall = the exchange",
+                            lambda: ("auto", "ring", "alltoall"))
     auto_recheck_every: int = _field(0, "with --width auto or --compression auto: choose again every N steps after "
                                      "the warm-up, switching only for a predicted gain (0 = choose once)")
     ddp_hook: str = _field("none", "DDP communication hook (mode=ddp only): fp16 casts each bucket to half, "
@@ -230,6 +235,8 @@ class TrainConfig:
                               "(1-bit SGD does not converge without it)")
         if self.staleness != STALENESS and self.mode != "pipe":
             raise ConfigError(f"--staleness applies to --mode pipe only, not {self.mode}")
+        if self.allreduce != "auto" and self.mode not in ("pipe", "sync"):
+            raise ConfigError(f"--allreduce applies to --mode pipe or sync only, not {self.mode}")
         if self.ddp_hook != "none" and self.mode != "ddp":
             raise ConfigError(f"--ddp-hook applies to --mode ddp only, not {self.mode}")
         if self.powersgd_rank < 1:
