@@ -9,7 +9,7 @@ from pipesgd import PipeSGD, auto
 from pipesgd.auto.allreduce_trial import AllreduceTrial
 from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
-from tests.test_auto_codec import PROBING, _guesses, _model, _no_measuring, _slow_link, _train
+from tests.test_auto_codec import PROBING, _guesses, _model, _no_measuring, _slow_link, _train, probing
 
 
 def _verdicts(rank: int, world: int) -> list:
@@ -84,11 +84,7 @@ def test_a_named_all_reduce_is_kept_and_not_measured():
 
 
 def test_one_rank_has_nothing_to_measure(process_group, monkeypatch):
-    calls = []
-    monkeypatch.setattr(auto, "measure", _slow_link)
-    monkeypatch.setattr(auto, "decide", _guesses(calls))
-    model = _model()
-    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=PROBING)
+    model, opt, _ = probing(monkeypatch)
     stats = _train(model, opt, range(PROBING))
     assert stats[PROBING - 1].auto_choice == "width 2, q4 + error feedback" and opt.allreduce == "alltoall"
     opt.flush()

@@ -266,12 +266,19 @@ def test_a_fast_link_keeps_the_warmup_uncompressed(process_group, monkeypatch):
     opt.close()
 
 
-def test_a_state_saved_with_a_provisional_codec_resumes_with_it(process_group, monkeypatch):
+def probing(monkeypatch) -> tuple[nn.Module, PipeSGD, list]:
+    """A model and its wrapper under ``compression="auto"`` on a slow link, whose decision is always q4 + feedback
+    at width 2 (the calls to it recorded in the list)."""
     calls = []
     monkeypatch.setattr(auto, "measure", _slow_link)
     monkeypatch.setattr(auto, "decide", _guesses(calls))
     model = _model()
-    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=PROBING)
+    return model, PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto",
+                          warmup_steps=PROBING), calls
+
+
+def test_a_state_saved_with_a_provisional_codec_resumes_with_it(process_group, monkeypatch):
+    model, opt, calls = probing(monkeypatch)
     _train(model, opt, range(2))
     state = opt.state_dict()
     assert state["auto"]["provisional"] and state["compression"] == "auto"
