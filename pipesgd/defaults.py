@@ -19,19 +19,16 @@ QUANT_BLOCK_SIZE = 4096
 # Which all-reduce runs a bucket. "ring": the paper's, the codec on every hop (a lossy codec re-encodes a growing
 # partial sum p-1 times); "alltoall": two collectives, every contribution and every chunk's sum encoded once
 # (pipesgd.comm.alltoall); "backend": the backend's own all_reduce, which cannot compress. "auto": the backend's for a
-# lossless codec (its C++ ring has no per-hop Python round trip, which dominates small buckets), "alltoall" for a
-# lossy one at every p: its error is the ring's at p = 2 and below it from p = 3 on (q8: flat in p, the ring's grows),
-# and 2 collective calls instead of 2(p-1) hops made it 1.2-7x faster for 0.25 MiB buckets on loopback and as fast
-# or faster for 25 MiB ones, but fp16 on 2-3 ranks (experiments/results/allreduce_choice/). Open: at 2 ranks, where
-# both are equally exact, the ring measured 1.2-1.7x faster for 25 MiB q8 and sign buckets in four sittings on the
-# 2-core host (experiments/results/exchange_model/); the timing model's verdict was no surer than this rule there.
-# Except where gloo carries CUDA tensors (every payload staged through host memory): there "auto" runs the ring for a
-# lossy codec. On the H100 host, 4 ranks sharing the GPU over gloo, the ring's q8 all-reduce took 10.5-12.5 ms against
-# the exchange's 14.0-18.5 for ResNet-18 and 4.4-7.0 against 7.9-10.1 for ResNet-20 in four sittings, and Pipe-SGD
-# q8 ran 1.43-1.61x DDP on the ring against 0.99-1.15x on the exchange (experiments/results/gpu/README.md).
-# Also open: on 200 Mbit/s emulated links (4 nodes) the ring ran Pipe-SGD's q8 iteration 1.23-1.29x faster (gloo's
-# all-to-all sends to every peer at once; one flow per link did better), sign 0.89-1.01x; no static rule wins in
-# every setting measured (experiments/results/allreduce_choice/report.md): compression="auto" measures it in the
+# lossless codec (its C++ ring has no per-hop Python round trip, which dominates small buckets); for a lossy one
+# "alltoall", except where gloo carries CUDA tensors (every payload staged through host memory): there "ring".
+# Why, measured (experiments/results/allreduce_choice/report.md): on loopback the exchange was 1.2-7x faster for
+# 0.25 MiB buckets and as fast or faster for 25 MiB ones but fp16 at 2-3 ranks, and its error does not grow with p
+# (q8 at p = 8: 0.93 % against 1.56 %); on the H100 host, 4
+# ranks sharing the GPU over gloo, the ring's q8 all-reduce took 10.5-12.5 ms against 14.0-18.5 for ResNet-18 in four
+# sittings and Pipe-SGD q8 ran 1.43-1.61x DDP on it against 0.99-1.15x (experiments/results/gpu/README.md). Open: on
+# 200 Mbit/s emulated links the ring ran q8 iterations 1.23-1.29x faster (gloo's all-to-all sends to every peer at
+# once; one flow per link did better), and at 2 ranks on loopback the ring was 1.2-1.7x faster for 25 MiB buckets
+# (experiments/results/exchange_model/): no static rule wins everywhere, so compression="auto" measures both in the
 # warm-up (pipesgd.auto.allreduce_trial); a named codec keeps this rule.
 ALLREDUCE_CHOICES = ("auto", "ring", "alltoall", "backend")
 

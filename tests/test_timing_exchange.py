@@ -83,7 +83,8 @@ def test_each_choice_takes_its_own_fit_and_an_old_calibration_lends_the_ring():
     # calibrated on gloo with CUDA tensors, where the trainer's "auto" runs the ring for a codec
     staged = Calibration(cal.fits, meta={"backend": "gloo", "device": "cuda"})
     assert staged.fit_for("pipe", "q8") is cal.fits["ring"] and staged.fit_for("pipe", "none") is cal.fits["backend"]
-    assert Calibration(cal.fits, meta={"backend": "nccl", "device": "cuda"}).fit_for("pipe", "q8") is cal.fits["alltoall"]
+    nccl = Calibration(cal.fits, meta={"backend": "nccl", "device": "cuda"})
+    assert nccl.fit_for("pipe", "q8") is cal.fits["alltoall"]
 
 
 def test_the_trainer_choice_alone_takes_the_probe_anchor():

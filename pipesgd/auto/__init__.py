@@ -32,10 +32,10 @@ its wait for the last rank to hand off included (a pipelined exchange must hide 
 step-0 sample, which is the last rank's (``probes.exchange_per_step``: at step 0 that wait is start-up).
 Which all-reduce: with ``allreduce="auto"``, more than one rank and payloads not staged, the provisional codec's
 steps alternate the exchange and the ring, and a choice of that codec keeps the faster (``allreduce_trial``).
-The choice (width, codec, error feedback, all-reduce when measured, reason, measurements) is logged once, kept in ``state_dict()`` (a resumed
-run uses it without measuring again; a state saved after a provisional codec was chosen resumes with it), readable as
-``PipeSGD.auto_choice`` and in the step's ``StepStats``. Cost: the warm-up steps, which run anyway, plus 4
-all-reduces of 1/64 of the gradient and two encodes and decodes per codec.
+The choice (width, codec, error feedback, all-reduce when measured, reason, measurements) is logged once, kept in
+``state_dict()`` (a resumed run uses it without measuring again; a state saved after a provisional codec was chosen
+resumes with it), readable as ``PipeSGD.auto_choice`` and in the step's ``StepStats``. Cost: the warm-up steps,
+which run anyway, plus 4 all-reduces of 1/64 of the gradient and two encodes and decodes per codec.
 
 Re-check (``auto_recheck_every=N``, off by default): every N steps after the warm-up it looks at the last N steps
 (medians of their compute gaps, iterations, the exchange's busy time with the codec in use, and what ``step()``
