@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pipesgd import PipeSGD, auto
-from pipesgd.auto.allreduce_trial import AllreduceTrial
+from pipesgd.auto.allreduce_trial import MIN_STEPS, ORDER, AllreduceTrial
 from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
 from tests.test_auto_codec import PROBING, _guesses, _model, _no_measuring, _slow_link, _train, probing
@@ -15,13 +15,14 @@ from tests.test_auto_codec import PROBING, _guesses, _model, _no_measuring, _slo
 def _verdicts(rank: int, world: int) -> list:
     out = []
     # locally rank 0 finds the ring faster and rank 1 the exchange; the slowest medians (0.020 / 0.030) decide
-    for mine in ([{"alltoall": [0.030, 0.010], "ring": [0.015]}, {"alltoall": [0.010], "ring": [0.030, 0.020, 0.040]}],
-                 [{"alltoall": [0.020], "ring": [0.015]}, {"alltoall": [0.012], "ring": [0.010]}]):
+    for mine in ([{"alltoall": [0.030, 0.010], "ring": [0.015, 0.015]},
+                  {"alltoall": [0.010, 0.010], "ring": [0.030, 0.020, 0.040]}],
+                 [{"alltoall": [0.020, 0.020], "ring": [0.015, 0.015]}, {"alltoall": [0.012] * 2, "ring": [0.010] * 2}]):
         trial = AllreduceTrial()
         trial.times = mine[rank]
         out.append(trial.verdict(None, torch.device("cpu")))
     trial = AllreduceTrial()
-    trial.times["alltoall"].append(0.01)  # the ring never ran
+    trial.times = {"alltoall": [0.01, 0.01], "ring": [0.001]}  # one step of the ring: too few to judge
     out.append(trial.verdict(None, torch.device("cpu")))
     return out
 
@@ -32,7 +33,7 @@ def test_every_rank_reaches_the_same_verdict_from_the_slowest_ranks_medians():
     (first, medians), (second, medians2), none = results[0]
     assert first == "alltoall" and medians == pytest.approx({"alltoall_s": 0.020, "ring_s": 0.030})
     assert second == "ring" and medians2 == pytest.approx({"alltoall_s": 0.020, "ring_s": 0.015})
-    assert none is None  # nothing to compare without the ring
+    assert none is None  # a verdict needs MIN_STEPS of each
 
 
 def test_the_trial_alternates_from_the_rules_choice():
@@ -48,7 +49,7 @@ def _ranks_ring_wins(rank: int, world: int, allreduce: str) -> dict:
     calls = []
     auto.measure, auto.decide = _slow_link, _guesses(calls)  # a slow link: q4 + feedback from the probe on
     AllreduceTrial.verdict = lambda self, group, device: (  # the ring measured faster (deterministic here)
-        ("ring", {"alltoall_s": 0.02, "ring_s": 0.01}) if all(self.times.values()) else None)
+        ("ring", {"alltoall_s": 0.02, "ring_s": 0.01}) if all(self.times.values()) else None)  # any sample
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=PROBING,
                   allreduce=allreduce)
@@ -89,3 +90,26 @@ def test_one_rank_has_nothing_to_measure(process_group, monkeypatch):
     assert stats[PROBING - 1].auto_choice == "width 2, q4 + error feedback" and opt.allreduce == "alltoall"
     opt.flush()
     opt.close()
+
+
+def _ranks_long_warmup(rank: int, world: int) -> dict:
+    auto.measure, auto.decide = _slow_link, _guesses([])
+    model = _model()
+    warmup = 1 + 2 * MIN_STEPS  # step 0 probes; then MIN_STEPS steps of each all-reduce
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=warmup)
+    stats = _train(model, opt, range(warmup + 2), rank)
+    result = {"labels": [s.auto_choice for s in stats], "allreduce": opt.allreduce,
+              "reason": opt.auto_choice["reason"], "warmup": warmup}
+    opt.flush()
+    opt.check_replicas()
+    opt.close()
+    return result
+
+
+def test_with_enough_warmup_steps_the_measured_all_reduce_runs_on_every_rank():
+    results = run_ranks(_ranks_long_warmup, 2)
+    assert results[0] == results[1]  # the same verdict, from the agreed medians
+    result = results[0]
+    final = result["labels"][result["warmup"] - 1]
+    assert final == f"width 2, q4 + error feedback, {result['allreduce']}" and result["allreduce"] in ORDER
+    assert f"all-reduce: {result['allreduce']} (warm-up medians: exchange " in result["reason"]

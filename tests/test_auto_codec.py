@@ -210,9 +210,8 @@ def test_a_slow_link_runs_the_rest_of_the_warmup_with_a_provisional_codec():
     # the provisional codec's steps alternate the exchange and the ring (pipesgd.auto.allreduce_trial) ...
     assert result["labels"][probe:PROBING - 1] == [f"warm-up: q4 + error feedback, {a}"
                                                    for a in ("alltoall", "ring", "alltoall")]
-    # ... and the choice keeps the one that measured faster (either here: this host's timing decides)
-    assert result["labels"][PROBING - 1] in [f"width 2, q4 + error feedback, {a}" for a in ("alltoall", "ring")]
-    assert result["labels"][PROBING - 1].endswith(result["allreduce"])
+    # ... too few of them to judge (allreduce_trial.MIN_STEPS): the rule's all-reduce runs
+    assert result["labels"][PROBING - 1] == "width 2, q4 + error feedback" and result["allreduce"] == "alltoall"
     assert sum(label is not None for label in result["labels"]) == PROBING
     first, then = result["ratios"][0], result["ratios"][1:]  # of the steps that applied a gradient
     assert first == 1.0 and all(ratio > 6 for ratio in then)  # uncompressed until the probe, q4 after it

@@ -158,8 +158,7 @@ def test_a_recheck_switches_at_the_same_step_on_every_rank_and_applies_every_gra
     first, switch = WARMUP - 1, WARMUP + EVERY - 1
     choices = [(step, label) for step, label in results[0]["choices"] if not label.startswith("warm-up: ")]
     (at_first, chose_first), (at_switch, chose_then) = choices
-    assert at_first == first and " + error feedback, " in chose_first  # the slow link: a lossy codec (measured
-    assert chose_first.rsplit(", ", 1)[1] in ("alltoall", "ring")       # on both all-reduces in the warm-up)
+    assert at_first == first and chose_first.endswith(" + error feedback")  # the slow link: a lossy codec
     assert (at_switch, chose_then) == (switch, "width 2, none")
     assert results[0]["compression"] == "none" and results[0]["updates"] == results[0]["steps"]
 

@@ -19,6 +19,8 @@ import torch.distributed as dist
 from pipesgd.auto.probes import agreed
 
 ORDER = ("alltoall", "ring")  # the first provisional step runs the rule's choice
+MIN_STEPS = 2  # timed steps of each before a verdict (the first of each may hold its buffers' first allocation):
+#                5 warm-up steps when step 0 probes (the wrapper has the model), else 6; fewer keep the rule
 
 
 class AllreduceTrial:
@@ -39,8 +41,8 @@ class AllreduceTrial:
 
     def verdict(self, group: dist.ProcessGroup | None, device: torch.device) -> tuple[str, dict[str, float]] | None:
         """Every rank's medians agreed (the largest of each, so the same on every rank; every rank must call it):
-        the faster all-reduce and the medians, or None where either ran no step."""
-        if not all(self.times.values()):
+        the faster all-reduce and the medians, or None where either ran fewer than ``MIN_STEPS`` steps."""
+        if min(len(times) for times in self.times.values()) < MIN_STEPS:
             return None
         medians = agreed({f"{name}_s": statistics.median(times) for name, times in self.times.items()}, group,
                          device)
