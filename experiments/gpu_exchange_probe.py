@@ -29,33 +29,20 @@ from pipesgd.comm.ring import RingTopology, chunk_bounds, ring_allreduce_  # noq
 from pipesgd.compression import build as build_codec  # noqa: E402
 from pipesgd.measure import time_collective  # noqa: E402
 from pipesgd.runlog import phases  # noqa: E402
+from harness.raw_collectives import raw_collective_ms  # noqa: E402
 
 
 def raw_rows(world: int, rank: int, numel: int, codec, repeats: int) -> list[dict]:
-    """The gloo collectives alone, on pinned host buffers of the q8 payload's sizes."""
-    chunk = max(codec.payload_bytes(n, torch.float32) for n in
-                (b - a for a, b in zip(chunk_bounds(numel, world)[:-1], chunk_bounds(numel, world)[1:])))
-    pinned = torch.cuda.is_available()
-
-    def buf(n: int) -> torch.Tensor:
-        return torch.zeros(n, dtype=torch.uint8, pin_memory=pinned)
-
-    send, recv, slot, gathered = buf(chunk * world), buf(chunk * world), buf(chunk), buf(chunk * world)
-    hop_send, hop_recv = buf(chunk), buf(chunk)
-    nxt, prv = (rank + 1) % world, (rank - 1) % world
-
-    def hops() -> None:
-        for _ in range(2 * (world - 1)):
-            works = [dist.isend(hop_send, nxt), dist.irecv(hop_recv, prv)]
-            for work in works:
-                work.wait()
-
-    calls = {"all-to-all (exchange step 2)": lambda: dist.all_to_all_single(recv, send),
-             "all-gather (exchange step 5)": lambda: dist.all_gather_into_tensor(gathered, slot),
-             f"{2 * (world - 1)} ring hops": hops}
-    return [{"collective": name, "bytes per rank": f"{chunk * world / 2**20:.2f} MiB" if "all-to-all" in name
-             else f"{chunk / 2**20:.2f} MiB", "ms": f"{time_collective(call, repeats, 2, device='cpu') * 1e3:.2f}"}
-            for name, call in calls.items()]
+    """The gloo collectives alone (``experiments/harness/raw_collectives.py``), on pinned host buffers of the q8
+    payload's sizes, with the per-hop ring's 2(p-1) hops."""
+    bounds = chunk_bounds(numel, world)
+    chunk = max(codec.payload_bytes(b - a, torch.float32) for a, b in zip(bounds[:-1], bounds[1:]))
+    ms = raw_collective_ms(rank, world, chunk, 1, repeats, hops=2 * (world - 1), pin_memory=torch.cuda.is_available())
+    names = {"all-to-all": "all-to-all (exchange step 2)", "pairwise": "the same bytes one peer at a time",
+             "all-gather": "all-gather (exchange step 5)", "ring hops": f"{2 * (world - 1)} ring hops"}
+    peers = {"all-to-all": world, "pairwise": world}  # bytes per rank: a chunk for each rank, else one chunk
+    return [{"collective": names[key], "bytes per rank": f"{chunk * peers.get(key, 1) / 2**20:.2f} MiB",
+             "ms": f"{value:.2f}"} for key, value in ms.items()]
 
 
 def allreduce_rows(numel: int, device: torch.device, codec, repeats: int) -> list[dict]:

@@ -70,6 +70,29 @@ def test_gpu_contention_runs_on_cpu_and_times_every_codec_beside_every_load(tmp_
     assert all(float(r["ring ms"]) > 0 for r in rows if r.get("ring ms"))
 
 
+@pytest.mark.slow
+def test_gpu_exchange_probe_runs_on_cpu_and_times_every_piece(tmp_path):
+    proc = run_script("gpu_exchange_probe.py", "--device", "cpu", "--ranks", "3", "--sizes", "0.02", "--repeats", "1",
+                      "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "exchange_probe.json").read_text())
+    assert [r["collective"] for r in data["raw"]] == [
+        "all-to-all (exchange step 2)", "the same bytes one peer at a time", "all-gather (exchange step 5)",
+        "4 ring hops"]
+    assert [r["all-reduce"] for r in data["allreduce"]] == [
+        "exchange, all-gather as all-to-all (the library's where staged)", "exchange, the backend's all-gather", "ring"]
+    assert all(float(r["ms"]) > 0 for r in data["raw"] + data["allreduce"])
+
+
+@pytest.mark.slow
+def test_gpu_host_profile_runs_on_cpu_and_profiles_every_variant(tmp_path):
+    proc = run_script("gpu_host_profile.py", "--device", "cpu", "--ranks", "2", "--models", "lenet", "--steps", "1",
+                      "--warmup", "1", "--top", "2", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sections = [line for line in (tmp_path / "host_profile.md").read_text().splitlines() if line.startswith("## ")]
+    assert len(sections) == 4 and all("ms per step under the profiler" in line for line in sections)
+
+
 @pytest.mark.parametrize("script", ["gpu_check.py", "gpu_speed.py"])
 def test_nccl_without_cuda_is_one_line(script, tmp_path):
     proc = run_script(script, "--device", "cpu", "--backend", "nccl", "--out", str(tmp_path), timeout_s=60)

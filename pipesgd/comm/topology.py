@@ -47,10 +47,14 @@ class RingTopology:
         self._scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
         self._wire: dict[tuple[str, torch.device], torch.Tensor] = {}
         self._staging = HostStaging()
+        # The exchange's all-gather as an all-to-all (payload_collectives): None, where payloads are staged through
+        # host memory (gloo's all-gather took 8-10 ms for 4 ranks x 34 KB on the GPU host, an all-to-all of 4x the
+        # bytes 0.23-0.26 ms), not elsewhere (on 200 Mbit/s links its concurrent flows made q8's exchange 1.2x
+        # slower); True or False forces it (the benchmarks' A/B).
+        self.gathers_by_alltoall: bool | None = None
         if group is None or not dist.is_initialized():
             self.rank, self.size = 0, 1
             self._stage_on_host = False
-            self.gathers_by_alltoall = None
             self.batched = bool(batched)
             self.right = self.left = 0
             return
@@ -61,11 +65,6 @@ class RingTopology:
         backend = dist.get_backend(group)
         # Gloo's send/recv read host memory; NCCL's read device memory.
         self._stage_on_host = backend == "gloo"
-        # The exchange's all-gather as an all-to-all (payload_collectives): None, where payloads are staged through
-        # host memory (gloo's all-gather took 8-10 ms for 4 ranks x 34 KB on the GPU host, an all-to-all of 4x the
-        # bytes 0.23-0.26 ms), not elsewhere (on 200 Mbit/s links its concurrent flows made q8's exchange 1.2x
-        # slower); True or False forces it (the benchmarks' A/B).
-        self.gathers_by_alltoall: bool | None = None
         self.batched = backend == "nccl" if batched is None else batched
 
     def scratch(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
