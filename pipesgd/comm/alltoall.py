@@ -12,6 +12,9 @@ collective calls instead of 2(p-1) hops. Rank r of p owns chunk r (the r-th of p
           every other rank decodes (replicas stay bitwise identical, stochastic rounding included).
   Step 5 (all-gather): every rank's payload of its chunk reaches every rank.
   Step 6: decode each chunk c != r in place.
+Steps 1, 3 and 6 each make their p-1 encodes or decodes in as few codec calls as the codec allows (one for q8, q4,
+fp16 and bf16 on chunks of up to a tile: ``pipesgd.compression.rows``), with the same bits as one call per chunk, so
+the Python and kernel launches per bucket do not grow with p.
 Error feedback (``open_encoder``, one residual buffer per bucket as for the ring): the worker residual, what
 Step 1's encodes dropped, is booked at the chunks other ranks own; the owner residual, what Step 4's encode dropped
 (in sum units), at chunk r, where no worker error ever lands since the own chunk is never encoded. Both are folded
@@ -58,8 +61,11 @@ def alltoall_allreduce_(
     no_bytes = torch.empty(0, dtype=torch.uint8, device=flat.device)
     item = flat.element_size()
 
-    # Step 1: each chunk that another rank owns, encoded once.
-    outgoing = [encoder.encode(chunk[c], bounds[c]) if c != r else no_bytes for c in range(p)]
+    others = [c for c in range(p) if c != r]
+    # Step 1: each chunk that another rank owns, encoded once (all of them in as few codec calls as the codec allows).
+    outgoing = [no_bytes] * p
+    for c, payload in zip(others, encoder.encode_chunks([chunk[c] for c in others], [bounds[c] for c in others])):
+        outgoing[c] = payload
     # Step 2: all-to-all; the encodes' errors are booked meanwhile.
     incoming = all_to_all_payloads(topology, outgoing, [sizes[r] if q != r else 0 for q in range(p)], flat.device,
                                    encoder.drain)
@@ -68,9 +74,8 @@ def alltoall_allreduce_(
 
     # Step 3: the owned chunk's sum, in a fixed order (own exact values first, then by rank).
     own = chunk[r]
-    for q in range(p):
-        if q != r:
-            own.add_(encoder.decode(incoming[q], own))
+    for contribution in encoder.decode_chunks([incoming[q] for q in others], [own] * len(others)):
+        own.add_(contribution)
     if op == "mean":
         own.div_(p)
 
@@ -83,9 +88,8 @@ def alltoall_allreduce_(
     report.raw_bytes += (p - 1) * own.numel() * item
 
     # Step 6: every other chunk decoded in place.
-    for q in range(p):
-        if q != r:
-            chunk[q].copy_(encoder.decode(gathered[q], chunk[q]))
+    for q, decoded in zip(others, encoder.decode_chunks([gathered[q] for q in others], [chunk[q] for q in others])):
+        chunk[q].copy_(decoded)
     encoder.drain()  # nothing is left (Step 5 drained); kept so no path can skip it
     report.busy_s = time.perf_counter() - start
     return report

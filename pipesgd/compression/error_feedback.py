@@ -18,6 +18,7 @@ import torch
 
 from pipesgd.runlog import phases
 from pipesgd.compression.base import ChunkContext, Compressor, codec_state, load_codec_state
+from pipesgd.compression.rows import compress_rows, decompress_rows
 from pipesgd.grads.finite import all_finite, l2_norm
 
 _WORKING_DTYPES = (torch.float32, torch.float64)
@@ -109,6 +110,17 @@ class HopEncoder:
             payload, _ = self.compressor.compress(x)
         return payload
 
+    def encode_chunks(self, xs: list[torch.Tensor], positions: list[int]) -> list[torch.Tensor]:
+        """``encode`` of each slice ``xs[j]`` (starting at element ``positions[j]``), in as few codec calls as
+        ``pipesgd.compression.rows`` allows; the same payloads bit for bit."""
+        with phases.timed("codec"):
+            return compress_rows(self.compressor, xs)
+
+    def decode_chunks(self, payloads: list[torch.Tensor], likes: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``decode`` of each payload for a chunk shaped like ``likes[j]``, batched as ``encode_chunks`` is."""
+        with phases.timed("codec"):
+            return decompress_rows(self.compressor, payloads, [like.numel() for like in likes], self._dtype)
+
     def settle_(self, x: torch.Tensor, position: int) -> torch.Tensor:
         """The payload of a final chunk, which is replaced by its decoded value in place so the owner
         applies exactly the bits every other rank decodes (at once, or at the next ``drain`` if deferred)."""
@@ -172,6 +184,18 @@ class FeedbackEncoder(HopEncoder):
         payload = super().encode(x, position)
         self._later(partial(self._book, x, position, payload))
         return payload
+
+    def encode_chunks(self, xs: list[torch.Tensor], positions: list[int]) -> list[torch.Tensor]:
+        payloads = super().encode_chunks(xs, positions)
+        self._later(partial(self._book_chunks, xs, positions, payloads))
+        return payloads
+
+    def _book_chunks(self, xs: list[torch.Tensor], positions: list[int], payloads: list[torch.Tensor]) -> None:
+        # ``_book`` of each chunk, its decodes batched (booked as feedback's cost, as ``_decode_plain``'s).
+        with phases.timed("error_feedback"):
+            decoded = decompress_rows(self.compressor, payloads, [x.numel() for x in xs], self._dtype)
+            for x, position, plain in zip(xs, positions, decoded):
+                self._residual[position : position + x.numel()].add_(x - plain)
 
     def _book(self, x: torch.Tensor, position: int, payload: torch.Tensor) -> None:
         # Step 2: what this encode dropped, kept for the next ring.

@@ -1,0 +1,155 @@
+"""Several chunks through a codec in one call: each payload exactly ``compress(chunk)``'s, each decoded chunk exactly
+``decompress(payload)``'s, bit for bit, in a fixed number of codec calls instead of one per chunk.
+
+Why: the two-collective exchange (``pipesgd.comm.alltoall``) encodes the p-1 chunks other ranks own and decodes
+2(p-1) payloads per bucket. A codec call costs a fixed 0.1-0.2 ms of Python and small kernels on CPU (launches on a
+GPU) whatever its size, so small buckets paid it p-fold: q8 on three 5,000-element chunks took 1.0 ms one by one
+against 0.1 ms as one call (2-core CPU). Batched, the exchange's codec work per bucket no longer grows with p.
+
+How, for codecs whose payload is per-block headers then codes (``_Layout``: q8 and q4 with round-to-nearest, fp16,
+bf16): the chunks are copied into the rows of one zero-padded matrix whose row length is a whole number of blocks,
+so no block spans two rows, and the matrix is encoded in one call. Zero padding changes neither a block's max |x| (the
+scale) nor any real element's code, so row j's scales and the first codes of its row are chunk j's payload; copying
+those out (one small copy per chunk) gives exactly ``compress(chunk j)``. Decoding copies the payloads into that
+layout and decodes once. Chunks whose block counts differ go in separate calls. Everything else (sign, whose scale is
+a mean over the real elements; stochastic rounding, whose draws would come in another order; codecs without a
+layout) goes chunk by chunk, as does a CPU chunk longer than a codec tile, where the copy into the matrix would cost
+more than the calls it saves.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from pipesgd.compression._blocks import _CPU_TILE_ELEMENTS
+from pipesgd.compression.base import ChunkContext, Compressor
+from pipesgd.compression.sizes import SCALE_BYTES, n_blocks
+
+__all__ = ["compress_rows", "decompress_rows", "one_call_per_chunk"]
+
+_batching = True  # off only inside ``one_call_per_chunk`` (benchmarks' A/B)
+
+
+@contextmanager
+def one_call_per_chunk() -> Iterator[None]:
+    """Within this block every chunk goes through its own codec call, as before batching: the benchmarks' baseline
+    (same bits, so only the time differs). Not thread-safe: for a benchmark's process, not a training run."""
+    global _batching
+    saved, _batching = _batching, False
+    try:
+        yield
+    finally:
+        _batching = saved
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """A payload of ``SCALE_BYTES`` per block of ``block`` elements (none when ``scaled`` is False), then the codes
+    at ``bits`` per element packed to whole bytes."""
+
+    block: int
+    bits: int
+    scaled: bool
+
+    def blocks(self, numel: int) -> int:
+        return n_blocks(numel, self.block) if self.scaled else 0
+
+    def code_bytes(self, numel: int) -> int:
+        return (numel * self.bits + 7) // 8
+
+    def row_length(self, numel: int) -> int:
+        """A padded row for a chunk of ``numel``: whole blocks (whole bytes of codes at every row start)."""
+        return n_blocks(numel, self.block) * self.block
+
+
+def _layout(codec: Compressor) -> _Layout | None:
+    """The codec's payload layout where batching is bit-exact (module doc), else None."""
+    from pipesgd.compression.cast import BFloat16Truncation, Float16Cast
+    from pipesgd.compression.quantize import ScalarQuantizer
+
+    if isinstance(codec, (Float16Cast, BFloat16Truncation)):
+        return _Layout(block=1, bits=16, scaled=False)
+    if isinstance(codec, ScalarQuantizer) and not codec.stochastic:
+        if codec.bits == 4 and codec.block_size % 2:
+            return None  # an odd row length would start a row in the middle of a byte
+        return _Layout(block=codec.block_size, bits=codec.bits, scaled=True)
+    return None
+
+
+def _groups(layout: _Layout | None, numels: Sequence[int], device: torch.device) -> list[list[int]]:
+    """Indices of the chunks to encode or decode together: by their number of scales where batching pays, else one
+    by one."""
+    if layout is None or len(numels) < 2 or not _batching:
+        return [[j] for j in range(len(numels))]
+    together: dict[int, list[int]] = {}
+    alone = []
+    for j, numel in enumerate(numels):
+        if numel == 0 or (device.type == "cpu" and numel > _CPU_TILE_ELEMENTS):
+            alone.append([j])
+        else:
+            together.setdefault(layout.blocks(numel), []).append(j)  # headers of one size (none unscaled)
+    return list(together.values()) + alone
+
+
+def compress_rows(codec: Compressor, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``[codec.compress(chunk)[0] for chunk in chunks]``, bit for bit, in as few codec calls as the module doc
+    allows. The chunks are 1-D, of one dtype and device, of any lengths."""
+    payloads: list[torch.Tensor | None] = [None] * len(chunks)
+    device = chunks[0].device if chunks else torch.device("cpu")
+    layout = _layout(codec)
+    for group in _groups(layout, [c.numel() for c in chunks], device):
+        if len(group) == 1:
+            payloads[group[0]] = codec.compress(chunks[group[0]])[0]
+            continue
+        length = layout.row_length(max(chunks[j].numel() for j in group))
+        matrix = torch.zeros(len(group), length, dtype=torch.float32, device=device)
+        for row, j in enumerate(group):
+            matrix[row, : chunks[j].numel()].copy_(chunks[j])
+        encoded, _ = codec.compress(matrix.view(-1))
+        headers, codes = _split(encoded, layout, len(group), length)
+        for row, j in enumerate(group):
+            wanted = codes[row, : layout.code_bytes(chunks[j].numel())]
+            payloads[j] = torch.cat((headers[row], wanted)) if layout.scaled else wanted
+    return payloads
+
+
+def decompress_rows(codec: Compressor, payloads: Sequence[torch.Tensor], numels: Sequence[int],
+                    dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    """``[codec.decompress(payload, ChunkContext(numel, dtype, device)) ...]``, bit for bit, in as few codec calls as
+    the module doc allows (each result may be a view into one shared buffer)."""
+    chunks: list[torch.Tensor | None] = [None] * len(payloads)
+    device = payloads[0].device if payloads else torch.device("cpu")
+    layout = _layout(codec)
+    for group in _groups(layout, numels, device):
+        if len(group) == 1:
+            j = group[0]
+            chunks[j] = codec.decompress(payloads[j], ChunkContext(numels[j], dtype, device))
+            continue
+        length = layout.row_length(max(numels[j] for j in group))
+        rows = len(group)
+        total = rows * (SCALE_BYTES * layout.blocks(length) + layout.code_bytes(length))
+        # Unwritten code bytes decode to values that are never read (each row keeps its first numel elements).
+        encoded = torch.empty(total, dtype=torch.uint8, device=device)
+        headers, codes = _split(encoded, layout, rows, length)
+        for row, j in enumerate(group):
+            head = SCALE_BYTES * layout.blocks(numels[j])
+            if layout.scaled:
+                headers[row].copy_(payloads[j][:head])
+            codes[row, : layout.code_bytes(numels[j])].copy_(payloads[j][head:])
+        decoded = codec.decompress(encoded, ChunkContext(rows * length, dtype, device)).view(rows, length)
+        for row, j in enumerate(group):
+            chunks[j] = decoded[row, : numels[j]]
+    return chunks
+
+
+def _split(encoded: torch.Tensor, layout: _Layout, rows: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A payload of ``rows`` x ``length`` elements as its per-row header bytes ``(rows, 4 x blocks)`` (empty without
+    scales) and per-row code bytes ``(rows, code bytes)``: views, so writing them writes the payload."""
+    head = SCALE_BYTES * layout.blocks(length)
+    headers = encoded[: rows * head].view(rows, head)
+    codes = encoded[rows * head :].view(rows, layout.code_bytes(length))
+    return headers, codes
+

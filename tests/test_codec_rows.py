@@ -1,0 +1,81 @@
+"""Batched codec calls (pipesgd.compression.rows) give every chunk's payload and decoded values bit for bit as one
+call per chunk would, for every codec, block size, dtype and mix of chunk lengths, non-finite values included; and
+they do batch (fewer codec calls) where the module doc says they may."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipesgd.compression import build
+from pipesgd.compression.base import ChunkContext
+from pipesgd.compression.rows import compress_rows, decompress_rows
+
+CODECS = [("none", {}), ("fp16", {}), ("bf16", {}), ("q8", {}), ("q4", {}), ("sign", {}), ("q8", {"block_size": 7}),
+          ("q4", {"block_size": 7}), ("q4", {"block_size": 8}), ("q8", {"stochastic": True}),
+          ("q4", {"stochastic": True})]
+LENGTHS = [[5000, 5000, 5001], [1, 2, 3], [0, 5, 4096, 4097], [4096, 4096], [8191, 8192, 8193], [17, 17, 16],
+           [300_000, 3], [9]]
+
+
+def chunks_of(lengths: list[int], dtype: torch.dtype) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(sum(lengths))
+    xs = [torch.randn(n, generator=generator, dtype=dtype) * 10.0 ** (j - 1) for j, n in enumerate(lengths)]
+    if lengths[0] > 10:  # a NaN in one block and an inf in another chunk: their blocks decode as non-finite
+        xs[0][7] = float("nan")
+        xs[-1][-1] = float("inf")
+    return xs
+
+
+@pytest.mark.parametrize("name,options", CODECS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_every_payload_and_decode_is_the_one_chunk_calls_bit_for_bit(name, options, dtype):
+    for lengths in LENGTHS:
+        xs = chunks_of(lengths, dtype)
+        one_by_one, batched = build(name, **options), build(name, **options)  # same seeds for stochastic rounding
+        want = [one_by_one.compress(x)[0] for x in xs]
+        got = compress_rows(batched, xs)
+        for w, g, n in zip(want, got, lengths):
+            assert torch.equal(w, g), (name, options, lengths, n)
+        decoded_want = [one_by_one.decompress(w, ChunkContext(x.numel(), dtype)) for w, x in zip(want, xs)]
+        decoded = decompress_rows(batched, want, lengths, dtype)
+        for w, g, n in zip(decoded_want, decoded, lengths):
+            assert w.dtype == g.dtype == dtype and w.shape == g.shape, (name, lengths, n)
+            assert torch.equal(w.isnan(), g.isnan()) and torch.equal(w.nan_to_num(7.0), g.nan_to_num(7.0)), (
+                name, options, lengths, n)
+
+
+class CountingCodec:
+    """Counts a codec's calls."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.calls = inner, 0
+
+    def __getattr__(self, attribute):
+        return getattr(self.inner, attribute)
+
+    def compress(self, tensor):
+        self.calls += 1
+        return self.inner.compress(tensor)
+
+    def decompress(self, payload, ctx):
+        self.calls += 1
+        return self.inner.decompress(payload, ctx)
+
+
+@pytest.mark.parametrize("name,calls,mixed_calls", [("q8", 1, 2), ("q4", 1, 2), ("bf16", 1, 1), ("fp16", 1, 1),
+                                                   ("sign", 3, 3)])
+def test_chunks_of_one_block_count_share_one_call_and_the_rest_go_one_by_one(name, calls, mixed_calls, monkeypatch):
+    import pipesgd.compression.rows as rows
+
+    real = rows._layout
+    monkeypatch.setattr(rows, "_layout", lambda codec: real(codec.inner))
+    codec = CountingCodec(build(name))
+    xs = chunks_of([5000, 5000, 5001], torch.float32)  # two blocks of 4096 each
+    payloads = compress_rows(codec, xs)
+    assert codec.calls == calls
+    codec.calls = 0
+    decompress_rows(codec, payloads, [5000, 5000, 5001])
+    assert codec.calls == calls
+    codec.calls = 0
+    compress_rows(codec, chunks_of([4096, 4097, 1], torch.float32))  # scales 1, 2, 1 (casts have none)
+    assert codec.calls == mixed_calls
