@@ -1,6 +1,7 @@
 """Batched codec calls (pipesgd.compression.rows) give every chunk's payload and decoded values bit for bit as one
 call per chunk would, for every codec, block size, dtype and mix of chunk lengths, non-finite values included; and
-they do batch (fewer codec calls) where the module doc says they may."""
+they batch (fewer codec calls) exactly where the module doc says: q8 and q4 chunks of one block count up to
+CPU_BATCH_ELEMENTS on CPU."""
 from __future__ import annotations
 
 import pytest
@@ -8,13 +9,13 @@ import torch
 
 from pipesgd.compression import build
 from pipesgd.compression.base import ChunkContext
-from pipesgd.compression.rows import compress_rows, decompress_rows
+from pipesgd.compression.rows import CPU_BATCH_ELEMENTS, compress_rows, decompress_rows
 
 CODECS = [("none", {}), ("fp16", {}), ("bf16", {}), ("q8", {}), ("q4", {}), ("sign", {}), ("q8", {"block_size": 7}),
           ("q4", {"block_size": 7}), ("q4", {"block_size": 8}), ("q8", {"stochastic": True}),
           ("q4", {"stochastic": True})]
 LENGTHS = [[5000, 5000, 5001], [1, 2, 3], [0, 5, 4096, 4097], [4096, 4096], [8191, 8192, 8193], [17, 17, 16],
-           [300_000, 3], [9]]
+           [300_000, 3], [40_000, 40_000, 3], [9]]
 
 
 def chunks_of(lengths: list[int], dtype: torch.dtype) -> list[torch.Tensor]:
@@ -62,7 +63,7 @@ class CountingCodec:
         return self.inner.decompress(payload, ctx)
 
 
-@pytest.mark.parametrize("name,calls,mixed_calls", [("q8", 1, 2), ("q4", 1, 2), ("bf16", 1, 1), ("fp16", 1, 1),
+@pytest.mark.parametrize("name,calls,mixed_calls", [("q8", 1, 2), ("q4", 1, 2), ("bf16", 3, 3), ("fp16", 3, 3),
                                                    ("sign", 3, 3)])
 def test_chunks_of_one_block_count_share_one_call_and_the_rest_go_one_by_one(name, calls, mixed_calls, monkeypatch):
     import pipesgd.compression.rows as rows
@@ -77,5 +78,8 @@ def test_chunks_of_one_block_count_share_one_call_and_the_rest_go_one_by_one(nam
     decompress_rows(codec, payloads, [5000, 5000, 5001])
     assert codec.calls == calls
     codec.calls = 0
-    compress_rows(codec, chunks_of([4096, 4097, 1], torch.float32))  # scales 1, 2, 1 (casts have none)
+    compress_rows(codec, chunks_of([4096, 4097, 1], torch.float32))  # scales 1, 2, 1
+    assert codec.calls == mixed_calls
+    codec.calls = 0
+    compress_rows(codec, chunks_of([CPU_BATCH_ELEMENTS] * 2 + [CPU_BATCH_ELEMENTS + 1], torch.float32))  # one too long
     assert codec.calls == mixed_calls

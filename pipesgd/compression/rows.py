@@ -2,19 +2,22 @@
 ``decompress(payload)``'s, bit for bit, in a fixed number of codec calls instead of one per chunk.
 
 Why: the two-collective exchange (``pipesgd.comm.alltoall``) encodes the p-1 chunks other ranks own and decodes
-2(p-1) payloads per bucket. A codec call costs a fixed 0.1-0.2 ms of Python and small kernels on CPU (launches on a
-GPU) whatever its size, so small buckets paid it p-fold: q8 on three 5,000-element chunks took 1.0 ms one by one
-against 0.1 ms as one call (2-core CPU). Batched, the exchange's codec work per bucket no longer grows with p.
+2(p-1) payloads per bucket. A codec call costs a fixed share of Python and small kernels on CPU (launches on a GPU)
+whatever its size, so small chunks paid it p-fold.
 
-How, for codecs whose payload is per-block headers then codes (``_Layout``: q8 and q4 with round-to-nearest, fp16,
-bf16): the chunks are copied into the rows of one zero-padded matrix whose row length is a whole number of blocks,
-so no block spans two rows, and the matrix is encoded in one call. Zero padding changes neither a block's max |x| (the
-scale) nor any real element's code, so row j's scales and the first codes of its row are chunk j's payload; copying
-those out (one small copy per chunk) gives exactly ``compress(chunk j)``. Decoding copies the payloads into that
-layout and decodes once. Chunks whose block counts differ go in separate calls. Everything else (sign, whose scale is
-a mean over the real elements; stochastic rounding, whose draws would come in another order; codecs without a
-layout) goes chunk by chunk, as does a CPU chunk longer than a codec tile, where the copy into the matrix would cost
-more than the calls it saves.
+How, for q8 and q4 with round-to-nearest: the chunks are copied into the rows of one matrix whose row length is a whole
+number of blocks, zero-padded, so no block spans two rows, and the matrix is encoded in one call. Zero padding changes
+neither a block's max |x| (the scale) nor any real element's code, so row j's scales and the first codes of its row
+are chunk j's payload; copying those out (one small copy per chunk) gives exactly ``compress(chunk j)``. Decoding
+copies the payloads into that layout and decodes once. Chunks whose block counts differ go in separate calls.
+
+Where it pays (``experiments/bench_codec_rows.py``, 2-core CPU, ``experiments/results/codec_rows/``): the copy
+into the matrix is a pass over the data that the calls it saves must outweigh. On CPU that holds for chunks of up to
+``CPU_BATCH_ELEMENTS`` (q8 and q4 codec work per exchange 1.1-2.8x faster there, 0.76-0.96x for chunks of 128-256 Ki
+elements), so longer ones go one by one; on CUDA, where each call is a dozen kernel launches and the copy is cheap,
+chunks of any length are batched (not yet timed on a GPU). Everything else goes chunk by chunk: fp16 and bf16 (a
+call is one cast, cheaper than the copy: batched they measured 0.55-0.83x), sign (its scale is a mean over the real
+elements, which padding would change) and stochastic rounding (its draws would come in another order).
 """
 from __future__ import annotations
 
@@ -24,11 +27,12 @@ from dataclasses import dataclass
 
 import torch
 
-from pipesgd.compression._blocks import _CPU_TILE_ELEMENTS
 from pipesgd.compression.base import ChunkContext, Compressor
 from pipesgd.compression.sizes import SCALE_BYTES, n_blocks
 
-__all__ = ["compress_rows", "decompress_rows", "one_call_per_chunk"]
+__all__ = ["CPU_BATCH_ELEMENTS", "compress_rows", "decompress_rows", "one_call_per_chunk"]
+
+CPU_BATCH_ELEMENTS = 1 << 15  # the longest CPU chunk batched (module doc: 32 Ki gained, 64 Ki was about even)
 
 _batching = True  # off only inside ``one_call_per_chunk`` (benchmarks' A/B)
 
@@ -47,15 +51,14 @@ def one_call_per_chunk() -> Iterator[None]:
 
 @dataclass(frozen=True, slots=True)
 class _Layout:
-    """A payload of ``SCALE_BYTES`` per block of ``block`` elements (none when ``scaled`` is False), then the codes
-    at ``bits`` per element packed to whole bytes."""
+    """A payload of ``SCALE_BYTES`` per block of ``block`` elements, then the codes at ``bits`` per element packed
+    to whole bytes."""
 
     block: int
     bits: int
-    scaled: bool
 
     def blocks(self, numel: int) -> int:
-        return n_blocks(numel, self.block) if self.scaled else 0
+        return n_blocks(numel, self.block)
 
     def code_bytes(self, numel: int) -> int:
         return (numel * self.bits + 7) // 8
@@ -66,16 +69,13 @@ class _Layout:
 
 
 def _layout(codec: Compressor) -> _Layout | None:
-    """The codec's payload layout where batching is bit-exact (module doc), else None."""
-    from pipesgd.compression.cast import BFloat16Truncation, Float16Cast
+    """The codec's payload layout where batching is bit-exact and pays (module doc), else None."""
     from pipesgd.compression.quantize import ScalarQuantizer
 
-    if isinstance(codec, (Float16Cast, BFloat16Truncation)):
-        return _Layout(block=1, bits=16, scaled=False)
     if isinstance(codec, ScalarQuantizer) and not codec.stochastic:
         if codec.bits == 4 and codec.block_size % 2:
             return None  # an odd row length would start a row in the middle of a byte
-        return _Layout(block=codec.block_size, bits=codec.bits, scaled=True)
+        return _Layout(block=codec.block_size, bits=codec.bits)
     return None
 
 
@@ -87,10 +87,10 @@ def _groups(layout: _Layout | None, numels: Sequence[int], device: torch.device)
     together: dict[int, list[int]] = {}
     alone = []
     for j, numel in enumerate(numels):
-        if numel == 0 or (device.type == "cpu" and numel > _CPU_TILE_ELEMENTS):
+        if numel == 0 or (device.type == "cpu" and numel > CPU_BATCH_ELEMENTS):
             alone.append([j])
         else:
-            together.setdefault(layout.blocks(numel), []).append(j)  # headers of one size (none unscaled)
+            together.setdefault(layout.blocks(numel), []).append(j)  # headers of one size
     return list(together.values()) + alone
 
 
@@ -105,14 +105,15 @@ def compress_rows(codec: Compressor, chunks: Sequence[torch.Tensor]) -> list[tor
             payloads[group[0]] = codec.compress(chunks[group[0]])[0]
             continue
         length = layout.row_length(max(chunks[j].numel() for j in group))
-        matrix = torch.zeros(len(group), length, dtype=torch.float32, device=device)
-        for row, j in enumerate(group):
+        matrix = torch.empty(len(group), length, dtype=torch.float32, device=device)
+        for row, j in enumerate(group):  # each chunk, then zeros to the row's end (one pass, not two)
             matrix[row, : chunks[j].numel()].copy_(chunks[j])
+            matrix[row, chunks[j].numel() :].zero_()
         encoded, _ = codec.compress(matrix.view(-1))
         headers, codes = _split(encoded, layout, len(group), length)
         for row, j in enumerate(group):
             wanted = codes[row, : layout.code_bytes(chunks[j].numel())]
-            payloads[j] = torch.cat((headers[row], wanted)) if layout.scaled else wanted
+            payloads[j] = torch.cat((headers[row], wanted))
     return payloads
 
 
@@ -136,8 +137,7 @@ def decompress_rows(codec: Compressor, payloads: Sequence[torch.Tensor], numels:
         headers, codes = _split(encoded, layout, rows, length)
         for row, j in enumerate(group):
             head = SCALE_BYTES * layout.blocks(numels[j])
-            if layout.scaled:
-                headers[row].copy_(payloads[j][:head])
+            headers[row].copy_(payloads[j][:head])
             codes[row, : layout.code_bytes(numels[j])].copy_(payloads[j][head:])
         decoded = codec.decompress(encoded, ChunkContext(rows * length, dtype, device)).view(rows, length)
         for row, j in enumerate(group):
@@ -146,8 +146,8 @@ def decompress_rows(codec: Compressor, payloads: Sequence[torch.Tensor], numels:
 
 
 def _split(encoded: torch.Tensor, layout: _Layout, rows: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A payload of ``rows`` x ``length`` elements as its per-row header bytes ``(rows, 4 x blocks)`` (empty without
-    scales) and per-row code bytes ``(rows, code bytes)``: views, so writing them writes the payload."""
+    """A payload of ``rows`` x ``length`` elements as its per-row header bytes ``(rows, 4 x blocks)`` and per-row code
+    bytes ``(rows, code bytes)``: views, so writing them writes the payload."""
     head = SCALE_BYTES * layout.blocks(length)
     headers = encoded[: rows * head].view(rows, head)
     codes = encoded[rows * head :].view(rows, layout.code_bytes(length))
