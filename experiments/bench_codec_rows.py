@@ -2,6 +2,7 @@
 as few calls as ``pipesgd.compression.rows`` allows, side by side in one run (alternating which goes first).
 
     nice -n 15 python experiments/bench_codec_rows.py                       # codec work alone, then 4 gloo ranks
+    python experiments/bench_codec_rows.py --device cuda --ranks 0          # on a GPU: the kernel launches saved
     python experiments/bench_codec_rows.py --p 4,16 --sizes-mib 0.08,1 --codecs q8 --ranks 0 --out /tmp/cr
 
 Table 1, "codec work": in one process, what one rank's exchange does with its codec for one bucket of --sizes-mib
@@ -40,12 +41,12 @@ from pipesgd.runlog.atomic import write_text_atomic
 WAYS = ("one by one", "batched")
 
 
-def codec_work(codec_name: str, p: int, numel: int):
+def codec_work(codec_name: str, p: int, numel: int, device: str = "cpu"):
     """One rank's codec work of one exchange (module doc), as a function to time: rank 0's view (it owns chunk 0;
     the other ranks' contributions to it are stood in for by its own payload, the same size)."""
     codec = build(codec_name)
-    flat = torch.randn(numel, generator=torch.Generator().manual_seed(p))
-    residual = torch.zeros(numel)
+    flat = torch.randn(numel, generator=torch.Generator().manual_seed(p)).to(device)
+    residual = torch.zeros(numel, device=device)
     bounds = chunk_bounds(numel, p)
     chunks = [flat[bounds[c] : bounds[c + 1]] for c in range(p)]
     others = list(range(1, p))
@@ -57,6 +58,8 @@ def codec_work(codec_name: str, p: int, numel: int):
         encoder.drain()  # error feedback's booking
         encoder.decode_chunks(incoming, [chunks[0]] * (p - 1))
         encoder.decode_chunks(payloads, [chunks[c] for c in others])
+        if flat.is_cuda:
+            torch.cuda.synchronize()  # the kernels' time, not their launch alone
     return work
 
 
@@ -85,7 +88,7 @@ def codec_table(args) -> list[str]:
             for mib in args.sizes_mib:
                 numel = int(mib * 2**20 / 4)
 
-                work = codec_work(name, p, numel)
+                work = codec_work(name, p, numel, args.device)
 
                 def run_one(way: str, repeats: int) -> float:
                     if way == "batched":
@@ -149,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="world sizes of table 1, comma-separated")
     parser.add_argument("--sizes-mib", default="0.08,1,4", type=lambda s: [float(x) for x in s.split(",")],
                         help="bucket sizes in MiB of fp32 (0.08: LeNet's gradient; 1: ResNet-20's)")
-    parser.add_argument("--ranks", default=4, type=int, help="gloo ranks of table 2 (0: skip it)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="table 1's tensors")
+    parser.add_argument("--ranks", default=4, type=int, help="gloo ranks of table 2 (0: skip it; CPU tensors)")
     parser.add_argument("--rounds", default=4, type=positive_int)
     parser.add_argument("--repeats", default=15, type=positive_int)
     parser.add_argument("--out", default="experiments/results/codec_rows")
@@ -160,10 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in args.codecs if name not in ("none", "fp16", "bf16", "q8", "q4", "sign")]
     if unknown or any(size <= 0 for size in args.sizes_mib) or args.ranks < 0 or args.ranks == 1:
         parser.error(f"bad --codecs {unknown}" if unknown else "--sizes-mib must be positive and --ranks 0 or >= 2")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here")
     os.makedirs(args.out, exist_ok=True)
     origin = provenance()
     torch.set_num_threads(1)
-    print("Table 1: codec work of one exchange, one process", flush=True)
+    print(f"Table 1: codec work of one exchange, one process, {args.device}", flush=True)
     first = codec_table(args)
     second: list[str] = []
     if args.ranks:
@@ -176,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         os.remove(table)
     text = markdown_header("Batched codec calls in the two-collective exchange", origin)
     text += ("\nRatio = one by one / batched (above 1: batching is faster); medians over rounds, alternating order. "
-             "Error feedback on.\n\n## Codec work of one exchange (one process)\n\n" + "\n".join(first) + "\n")
+             f"Error feedback on.\n\n## Codec work of one exchange (one process, {args.device} tensors)\n\n"
+             + "\n".join(first) + "\n")
     if second:
         text += f"\n## The exchange on {args.ranks} local gloo ranks (slowest rank per call)\n\n" + "\n".join(second)
         text += "\n"

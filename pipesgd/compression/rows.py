@@ -5,19 +5,20 @@ Why: the two-collective exchange (``pipesgd.comm.alltoall``) encodes the p-1 chu
 2(p-1) payloads per bucket. A codec call costs a fixed share of Python and small kernels on CPU (launches on a GPU)
 whatever its size, so small chunks paid it p-fold.
 
-How, for q8 and q4 with round-to-nearest: the chunks are copied into the rows of one matrix whose row length is a whole
-number of blocks, zero-padded, so no block spans two rows, and the matrix is encoded in one call. Zero padding changes
-neither a block's max |x| (the scale) nor any real element's code, so row j's scales and the first codes of its row
-are chunk j's payload; copying those out (one small copy per chunk) gives exactly ``compress(chunk j)``. Decoding
-copies the payloads into that layout and decodes once. Chunks whose block counts differ go in separate calls.
+How, for q8 and q4 with round-to-nearest, and sign: the chunks are copied into the rows of one matrix whose row length
+is a whole number of blocks, zero-padded, so no block spans two rows, and the matrix is encoded in one call. Zero
+padding changes neither a block's max |x| (the scale) nor any real element's code, so row j's scales and the first
+codes of its row are chunk j's payload; copying those out (one small copy per chunk) gives exactly
+``compress(chunk j)``. Sign's scale is a mean over a block's real elements and its last byte pads with 0 bits, so it
+encodes the padded rows itself (``SignCompressor.compress_padded_rows``). Decoding copies the payloads into that
+layout and decodes once. Chunks whose block counts differ go in separate calls.
 
-Where it pays (``experiments/bench_codec_rows.py``, 2-core CPU, ``experiments/results/codec_rows/``): the copy
-into the matrix is a pass over the data that the calls it saves must outweigh. On CPU that holds for chunks of up to
-``CPU_BATCH_ELEMENTS`` (q8 and q4 codec work per exchange 1.1-2.8x faster there, 0.76-0.96x for chunks of 128-256 Ki
-elements), so longer ones go one by one; on CUDA, where each call is a dozen kernel launches and the copy is cheap,
-chunks of any length are batched (not yet timed on a GPU). Everything else goes chunk by chunk: fp16 and bf16 (a
-call is one cast, cheaper than the copy: batched they measured 0.55-0.83x), sign (its scale is a mean over the real
-elements, which padding would change) and stochastic rounding (its draws would come in another order).
+Where it pays (``experiments/bench_codec_rows.py``; ``experiments/results/codec_rows/``): the copy into the matrix is
+a pass over the data that the calls it saves must outweigh. On CPU that held for chunks of up to
+``CPU_BATCH_ELEMENTS``, and not for 128-256 Ki elements (0.76-0.96x), so longer CPU chunks go one by one; on CUDA,
+where each call is a dozen kernel launches and the copy is cheap, chunks of any length are batched (not yet timed on
+a GPU). fp16, bf16 and stochastic rounding go chunk by chunk: a cast is one operation, cheaper than the copy
+(batched, bf16 measured 0.55-0.83x), and stochastic rounding would draw its numbers in another order.
 """
 from __future__ import annotations
 
@@ -71,12 +72,17 @@ class _Layout:
 def _layout(codec: Compressor) -> _Layout | None:
     """The codec's payload layout where batching is bit-exact and pays (module doc), else None."""
     from pipesgd.compression.quantize import ScalarQuantizer
+    from pipesgd.compression.sign import SignCompressor
 
     if isinstance(codec, ScalarQuantizer) and not codec.stochastic:
-        if codec.bits == 4 and codec.block_size % 2:
-            return None  # an odd row length would start a row in the middle of a byte
-        return _Layout(block=codec.block_size, bits=codec.bits)
-    return None
+        bits = codec.bits
+    elif isinstance(codec, SignCompressor):
+        bits = 1
+    else:
+        return None
+    if (codec.block_size * bits) % 8:
+        return None  # a row length of whole blocks would end a row in the middle of a byte
+    return _Layout(block=codec.block_size, bits=bits)
 
 
 def _groups(layout: _Layout | None, numels: Sequence[int], device: torch.device) -> list[list[int]]:
@@ -109,7 +115,7 @@ def compress_rows(codec: Compressor, chunks: Sequence[torch.Tensor]) -> list[tor
         for row, j in enumerate(group):  # each chunk, then zeros to the row's end (one pass, not two)
             matrix[row, : chunks[j].numel()].copy_(chunks[j])
             matrix[row, chunks[j].numel() :].zero_()
-        encoded, _ = codec.compress(matrix.view(-1))
+        encoded = _encode(codec, matrix, [chunks[j].numel() for j in group])
         headers, codes = _split(encoded, layout, len(group), length)
         for row, j in enumerate(group):
             wanted = codes[row, : layout.code_bytes(chunks[j].numel())]
@@ -143,6 +149,15 @@ def decompress_rows(codec: Compressor, payloads: Sequence[torch.Tensor], numels:
         for row, j in enumerate(group):
             chunks[j] = decoded[row, : numels[j]]
     return chunks
+
+
+def _encode(codec: Compressor, matrix: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """The payload of the padded rows in one call; a codec whose payload depends on the real length (sign: the
+    short last block's scale is a mean over its real elements) encodes them itself (``compress_padded_rows``)."""
+    own_way = getattr(codec, "compress_padded_rows", None)
+    if own_way is not None:
+        return own_way(matrix, lengths)
+    return codec.compress(matrix.view(-1))[0]
 
 
 def _split(encoded: torch.Tensor, layout: _Layout, rows: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:

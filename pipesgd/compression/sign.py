@@ -72,11 +72,33 @@ class SignCompressor:
         return payload_bytes(self.name, numel, self.block_size)
 
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, ChunkContext]:
-        ctx = context_of(tensor)
-        numel = ctx.numel
+        return self._compress(tensor, None), context_of(tensor)
+
+    def compress_padded_rows(self, matrix: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        """The payload of ``matrix`` (rows of a whole number of blocks, each ``lengths[j]`` real elements then
+        zeros; ``block_size`` a multiple of 8) as ``compress`` gives it, except that every row's blocks and bytes are
+        those of ``compress(row[:lengths[j]])``: the short last block's scale is the mean over its real elements,
+        and the bits past a row's real elements are 0 (``pipesgd.compression.rows`` batches with it)."""
+        rows, length = matrix.shape
+        per_row = n_blocks(length, self.block_size)
+        counts = torch.full((rows, per_row), float(self.block_size), dtype=torch.float32, device=matrix.device)
+        for row, real in enumerate(lengths):
+            if real % self.block_size:
+                counts[row, (real - 1) // self.block_size] = real % self.block_size
+        payload = self._compress(matrix.reshape(-1), counts.view(-1))
+        bits = payload[4 * rows * per_row :].view(rows, length // 8)
+        for row, real in enumerate(lengths):
+            if real % 8:  # the zeros' sign bits, set by x >= 0, cleared as compress pads its last byte
+                bits[row, real // 8] &= (1 << (real % 8)) - 1
+        return payload
+
+    def _compress(self, tensor: torch.Tensor, counts: torch.Tensor | None) -> torch.Tensor:
+        """``compress``'s payload; ``counts``: each block's number of real elements (None: every block whole but
+        a short last one)."""
+        numel = tensor.numel()
         payload = torch.empty(self.payload_bytes(numel), dtype=torch.uint8, device=tensor.device)
         if numel == 0:
-            return payload, ctx
+            return payload
         x = tensor.detach().to(torch.float32)  # the out= kernels below refuse a tensor that requires grad
         matrices = split_blocks(x, self.block_size)  # zero padding adds nothing to the sums below
         rows = n_blocks(numel, self.block_size)
@@ -91,7 +113,9 @@ class SignCompressor:
                 for _, blocks in tiles(matrices, per_tile)]
         sums = sums[0] if len(sums) == 1 else torch.cat(sums)
         scale = payload[: 4 * rows].view(torch.float32)  # computed in place in the payload
-        if numel == rows * self.block_size:
+        if counts is not None:
+            torch.div(sums, counts, out=scale)
+        elif numel == rows * self.block_size:
             torch.div(sums, float(self.block_size), out=scale)  # the count, as fp32 like the tensor below
         else:
             counts = torch.full((rows,), float(self.block_size), dtype=torch.float32, device=x.device)
@@ -105,7 +129,7 @@ class SignCompressor:
             with np.errstate(invalid="ignore"):
                 signs = np.greater_equal(x.detach().numpy(), 0)
             payload[4 * rows :].numpy()[:] = np.packbits(signs, bitorder="little")
-            return payload, ctx
+            return payload
         # On CUDA: bits padded to whole bytes, each 8 bytes of 0/1 read as one int64 and multiplied by _GATHER,
         # which moves byte k's bit to bit 56 + k without carries (the partial products all land on distinct bits),
         # so the top byte is the packed byte: two passes over n/8 words instead of eight strided passes over n bytes.
@@ -115,7 +139,7 @@ class SignCompressor:
         torch.ge(x, 0, out=bits[:numel].view(torch.bool))
         words = bits.view(torch.int64).mul_(_GATHER).bitwise_right_shift_(56)
         payload[4 * rows :].copy_(words)  # the low byte of each word (int64 -> uint8 keeps it, modulo 256)
-        return payload, ctx
+        return payload
 
     def decompress(self, payload: torch.Tensor, ctx: ChunkContext) -> torch.Tensor:
         numel = ctx.numel
