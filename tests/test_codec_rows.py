@@ -94,3 +94,24 @@ def test_chunks_of_one_block_count_share_one_call_and_the_rest_go_one_by_one(nam
     codec.calls = 0
     compress_rows(codec, chunks_of([CPU_BATCH_ELEMENTS] * 2 + [CPU_BATCH_ELEMENTS + 1], torch.float32))  # one too long
     assert codec.calls == mixed_calls
+
+
+@pytest.mark.parametrize("name", ["q8", "q4", "sign"])
+def test_rows_of_one_tensor_are_read_in_place_with_the_same_bits(name):
+    """Whole-block chunks side by side in one flat tensor (encoded as a view of it), payloads that are the slots of
+    one buffer (decoded through one strided view) and chunks with a gap between them (copied)."""
+    codec = build(name)
+    flat = torch.randn(5 * 4096, generator=torch.Generator().manual_seed(3))
+    for chunks in (list(flat.split(4096))[:3], [flat[:4096], flat[2 * 4096 : 3 * 4096], flat[3 * 4096 : 4 * 4096]],
+                   [flat[:4096], flat[2 * 4096 : 3 * 4096], flat[4 * 4096 :]]):
+        want = [codec.compress(x)[0] for x in chunks]
+        assert all(torch.equal(w, g) for w, g in zip(want, compress_rows(codec, chunks)))
+        size = want[0].numel()
+        for slot in (size, size + 5):  # packed, and slots with room to spare (an all-gather's padding)
+            buffer = torch.zeros(len(want) * slot, dtype=torch.uint8)
+            slots = [buffer[k * slot : k * slot + size] for k in range(len(want))]
+            for s, w in zip(slots, want):
+                s.copy_(w)
+            decoded = decompress_rows(codec, slots, [4096] * len(want))
+            for w, g in zip(want, decoded):
+                assert torch.equal(codec.decompress(w, ChunkContext(4096)), g)

@@ -110,16 +110,26 @@ def compress_rows(codec: Compressor, chunks: Sequence[torch.Tensor]) -> list[tor
         if len(group) == 1:
             payloads[group[0]] = codec.compress(chunks[group[0]])[0]
             continue
-        length = layout.row_length(max(chunks[j].numel() for j in group))
-        matrix = torch.empty(len(group), length, dtype=torch.float32, device=device)
-        for row, j in enumerate(group):  # each chunk, then zeros to the row's end (one pass, not two)
-            matrix[row, : chunks[j].numel()].copy_(chunks[j])
-            matrix[row, chunks[j].numel() :].zero_()
-        encoded = _encode(codec, matrix, [chunks[j].numel() for j in group])
+        lengths = [chunks[j].numel() for j in group]
+        length = layout.row_length(max(lengths))
+        matrix = _rows_view([chunks[j] for j in group], length) if chunks[group[0]].dtype == torch.float32 else None
+        if matrix is None or not matrix.is_contiguous():  # else copied in, zeros to each row's end
+            matrix = torch.empty(len(group), length, dtype=torch.float32, device=device)
+            for row, n in enumerate(lengths):
+                matrix[row, :n].copy_(chunks[group[row]])
+                matrix[row, n:].zero_()
+        encoded = _encode(codec, matrix, lengths)
         headers, codes = _split(encoded, layout, len(group), length)
+        if min(lengths) == max(lengths):  # payloads of one size: two copies for all of them
+            head, body = headers.shape[1], layout.code_bytes(lengths[0])
+            out = torch.empty(len(group), head + body, dtype=torch.uint8, device=device)
+            out[:, :head].copy_(headers)
+            out[:, head:].copy_(codes[:, :body])
+            for j, payload in zip(group, out.unbind(0)):
+                payloads[j] = payload
+            continue
         for row, j in enumerate(group):
-            wanted = codes[row, : layout.code_bytes(chunks[j].numel())]
-            payloads[j] = torch.cat((headers[row], wanted))
+            payloads[j] = torch.cat((headers[row], codes[row, : layout.code_bytes(lengths[row])]))
     return payloads
 
 
@@ -141,14 +151,39 @@ def decompress_rows(codec: Compressor, payloads: Sequence[torch.Tensor], numels:
         # Unwritten code bytes decode to values that are never read (each row keeps its first numel elements).
         encoded = torch.empty(total, dtype=torch.uint8, device=device)
         headers, codes = _split(encoded, layout, rows, length)
-        for row, j in enumerate(group):
-            head = SCALE_BYTES * layout.blocks(numels[j])
-            headers[row].copy_(payloads[j][:head])
-            codes[row, : layout.code_bytes(numels[j])].copy_(payloads[j][head:])
+        head = headers.shape[1]  # every row of a group has as many scales
+        same = _rows_view([payloads[j] for j in group], payloads[group[0]].numel())
+        if same is not None and all(numels[j] == numels[group[0]] for j in group):  # e.g. one all-to-all's buffer
+            same_codes = layout.code_bytes(numels[group[0]])
+            headers.copy_(same[:, :head])
+            codes[:, :same_codes].copy_(same[:, head:])
+        else:
+            for row, j in enumerate(group):
+                headers[row].copy_(payloads[j][:head])
+                codes[row, : layout.code_bytes(numels[j])].copy_(payloads[j][head:])
         decoded = codec.decompress(encoded, ChunkContext(rows * length, dtype, device)).view(rows, length)
         for row, j in enumerate(group):
             chunks[j] = decoded[row, : numels[j]]
     return chunks
+
+
+def _rows_view(tensors: list[torch.Tensor], size: int) -> torch.Tensor | None:
+    """The 1-D ``tensors`` as the rows of one ``(len, size)`` view when each has ``size`` elements and they lie at one
+    stride of at least ``size`` in one storage (the chunks of a flat tensor, the slots of a collective's buffer); else
+    None. Saves a copy per tensor."""
+    first = tensors[0]
+    if any(t.numel() != size or t.dim() != 1 or t.stride(0) != 1 or t.dtype != first.dtype for t in tensors):
+        return None
+    if len(tensors) == 1:
+        return first.view(1, size)
+    step = tensors[1].data_ptr() - first.data_ptr()
+    storage = first.untyped_storage().data_ptr()
+    if step < size * first.element_size() or step % first.element_size():
+        return None
+    for a, b in zip(tensors, tensors[1:]):
+        if b.data_ptr() - a.data_ptr() != step or b.untyped_storage().data_ptr() != storage:
+            return None
+    return torch.as_strided(first, (len(tensors), size), (step // first.element_size(), 1))
 
 
 def _encode(codec: Compressor, matrix: torch.Tensor, lengths: list[int]) -> torch.Tensor:
