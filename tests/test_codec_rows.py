@@ -115,3 +115,29 @@ def test_rows_of_one_tensor_are_read_in_place_with_the_same_bits(name):
             decoded = decompress_rows(codec, slots, [4096] * len(want))
             for w, g in zip(want, decoded):
                 assert torch.equal(codec.decompress(w, ChunkContext(4096)), g)
+
+
+@pytest.mark.parametrize("name", ["fp16", "bf16"])
+def test_casts_of_chunks_side_by_side_take_one_call_over_their_span(name, monkeypatch):
+    """fp16 and bf16 work element by element: chunks that lie side by side (any lengths) share one call, bit for bit;
+    a gap, an empty chunk or a separate tensor starts a new call."""
+    import pipesgd.compression.rows as rows
+
+    real = rows._is_cast
+    monkeypatch.setattr(rows, "_is_cast", lambda codec: real(codec.inner))
+    codec = counting(build(name))
+    flat = torch.randn(10_001, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    bounds = [0, 2500, 5000, 5000, 7500, 10_001]
+    chunks = [flat[a:b] for a, b in zip(bounds, bounds[1:])]  # the third is empty
+    for picked, calls in (([0, 1], 1), ([0, 1, 2, 3, 4], 3), ([0, 3, 4], 2), ([1, 3], 1), ([1, 4], 2)):
+        xs = [chunks[k] for k in picked]
+        want = [codec.inner.compress(x)[0] for x in xs]
+        codec.calls = 0
+        got = compress_rows(codec, xs)
+        assert codec.calls == calls, (picked, codec.calls)
+        assert all(torch.equal(w, g) for w, g in zip(want, got)), picked
+        codec.calls = 0
+        decoded = decompress_rows(codec, got, [x.numel() for x in xs], torch.float64)
+        assert codec.calls == calls, (picked, codec.calls)  # the payloads of one call lie side by side too
+        for w, g, x in zip(want, decoded, xs):
+            assert torch.equal(codec.inner.decompress(w, ChunkContext(x.numel(), torch.float64)), g)

@@ -17,8 +17,10 @@ Where it pays (``experiments/bench_codec_rows.py``; ``experiments/results/codec_
 a pass over the data that the calls it saves must outweigh. On CPU that held for chunks of up to
 ``CPU_BATCH_ELEMENTS``, and not for 128-256 Ki elements (0.76-0.96x), so longer CPU chunks go one by one; on CUDA,
 where each call is a dozen kernel launches and the copy is cheap, chunks of any length are batched (not yet timed on
-a GPU). fp16, bf16 and stochastic rounding go chunk by chunk: a cast is one operation, cheaper than the copy
-(batched, bf16 measured 0.55-0.83x), and stochastic rounding would draw its numbers in another order.
+a GPU). Stochastic rounding goes chunk by chunk (it would draw its numbers in another order). fp16 and bf16 work
+element by element, so chunks that lie side by side in memory (the exchange's own chunks around the owned one, one
+collective's payloads) go through one call over the span that holds them, with no copy; elsewhere one by one (copied
+into a matrix, a cast, one operation, measured 0.55-0.83x).
 """
 from __future__ import annotations
 
@@ -100,9 +102,41 @@ def _groups(layout: _Layout | None, numels: Sequence[int], device: torch.device)
     return list(together.values()) + alone
 
 
+def _is_cast(codec: Compressor) -> bool:
+    from pipesgd.compression.cast import BFloat16Truncation, Float16Cast
+
+    return isinstance(codec, (Float16Cast, BFloat16Truncation))
+
+
+def _follows(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether 1-D ``b`` starts where 1-D ``a`` ends, in one storage (neither empty)."""
+    return (a.numel() > 0 and b.numel() > 0 and a.dim() == b.dim() == 1 and a.stride(0) == b.stride(0) == 1
+            and a.dtype == b.dtype and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+            and b.data_ptr() == a.data_ptr() + a.numel() * a.element_size())
+
+
+def _cast_runs(tensors: Sequence[torch.Tensor]) -> list[tuple[list[int], torch.Tensor]]:
+    """Runs of tensors side by side in memory, each with one 1-D view spanning it: a cast works element by element,
+    so one call over the span gives each tensor's payload (or values) as a slice."""
+    runs: list[list[int]] = []
+    for j, tensor in enumerate(tensors):
+        if runs and _batching and _follows(tensors[runs[-1][-1]], tensor):
+            runs[-1].append(j)
+        else:
+            runs.append([j])
+    return [(run, tensors[run[0]] if len(run) == 1 else
+             torch.as_strided(tensors[run[0]], (sum(tensors[j].numel() for j in run),), (1,))) for run in runs]
+
+
 def compress_rows(codec: Compressor, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """``[codec.compress(chunk)[0] for chunk in chunks]``, bit for bit, in as few codec calls as the module doc
     allows. The chunks are 1-D, of one dtype and device, of any lengths."""
+    if _is_cast(codec):
+        payloads = []
+        for run, span in _cast_runs(chunks):
+            encoded, _ = codec.compress(span)
+            payloads += encoded.split([codec.payload_bytes(chunks[j].numel()) for j in run])
+        return payloads
     payloads: list[torch.Tensor | None] = [None] * len(chunks)
     device = chunks[0].device if chunks else torch.device("cpu")
     layout = _layout(codec)
@@ -137,8 +171,14 @@ def decompress_rows(codec: Compressor, payloads: Sequence[torch.Tensor], numels:
                     dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
     """``[codec.decompress(payload, ChunkContext(numel, dtype, device)) ...]``, bit for bit, in as few codec calls as
     the module doc allows (each result may be a view into one shared buffer)."""
-    chunks: list[torch.Tensor | None] = [None] * len(payloads)
     device = payloads[0].device if payloads else torch.device("cpu")
+    if _is_cast(codec):
+        decoded = []
+        for run, span in _cast_runs(payloads):
+            total = sum(numels[j] for j in run)
+            decoded += codec.decompress(span, ChunkContext(total, dtype, device)).split([numels[j] for j in run])
+        return decoded
+    chunks: list[torch.Tensor | None] = [None] * len(payloads)
     layout = _layout(codec)
     for group in _groups(layout, numels, device):
         if len(group) == 1:
