@@ -12,9 +12,10 @@ collective calls instead of 2(p-1) hops. Rank r of p owns chunk r (the r-th of p
           every other rank decodes (replicas stay bitwise identical, stochastic rounding included).
   Step 5 (all-gather): every rank's payload of its chunk reaches every rank.
   Step 6: decode each chunk c != r in place.
-Steps 1, 3 and 6 each make their p-1 encodes or decodes in as few codec calls as the codec allows (one for q8, q4,
-fp16 and bf16 on chunks of up to a tile: ``pipesgd.compression.rows``), with the same bits as one call per chunk, so
-the Python and kernel launches per bucket do not grow with p.
+Steps 1, 3 and 6 (and error feedback's booking) each make their p-1 encodes or decodes in as few codec calls as the
+codec allows (``pipesgd.compression.rows``: q8, q4 and sign chunks of one block count, on CPU up to 32 Ki elements;
+fp16 and bf16 chunks side by side in memory), with the same bits as one call per chunk, so the Python and kernel
+launches per bucket do not grow with p.
 Error feedback (``open_encoder``, one residual buffer per bucket as for the ring): the worker residual, what
 Step 1's encodes dropped, is booked at the chunks other ranks own; the owner residual, what Step 4's encode dropped
 (in sum units), at chunk r, where no worker error ever lands since the own chunk is never encoded. Both are folded

@@ -191,26 +191,20 @@ class FeedbackEncoder(HopEncoder):
         return payloads
 
     def _book_chunks(self, xs: list[torch.Tensor], positions: list[int], payloads: list[torch.Tensor]) -> None:
-        # ``_book`` of each chunk, its decodes batched (booked as feedback's cost, as ``_decode_plain``'s).
+        # Step 2: what these encodes dropped, kept for the next ring (the decodes batched, booked as feedback's cost).
         with phases.timed("error_feedback"):
             decoded = decompress_rows(self.compressor, payloads, [x.numel() for x in xs], self._dtype)
             for x, position, plain in zip(xs, positions, decoded):
                 self._residual[position : position + x.numel()].add_(x - plain)
 
     def _book(self, x: torch.Tensor, position: int, payload: torch.Tensor) -> None:
-        # Step 2: what this encode dropped, kept for the next ring.
-        with phases.timed("error_feedback"):
-            self._residual[position : position + x.numel()].add_(x - self._decode_plain(payload, x))
+        self._book_chunks([x], [position], [payload])
 
     def _settle_now(self, x: torch.Tensor, position: int, payload: torch.Tensor) -> None:
         decoded = self.decode(payload, x)
         with phases.timed("error_feedback"):
             self._residual[position : position + x.numel()].add_((x - decoded) * self._mean_over)
         x.copy_(decoded)
-
-    def _decode_plain(self, payload: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        """A decode that error feedback alone needs (booked as feedback's cost, not the codec's)."""
-        return self.compressor.decompress(payload, ChunkContext(like.numel(), self._dtype, self._device))
 
 
 def open_encoder(

@@ -192,8 +192,9 @@ def decompress_rows(codec: Compressor, payloads: Sequence[torch.Tensor], numels:
         encoded = torch.empty(total, dtype=torch.uint8, device=device)
         headers, codes = _split(encoded, layout, rows, length)
         head = headers.shape[1]  # every row of a group has as many scales
-        same = _rows_view([payloads[j] for j in group], payloads[group[0]].numel())
-        if same is not None and all(numels[j] == numels[group[0]] for j in group):  # e.g. one all-to-all's buffer
+        one_size = all(numels[j] == numels[group[0]] for j in group)
+        same = _rows_view([payloads[j] for j in group], payloads[group[0]].numel()) if one_size else None
+        if same is not None:  # e.g. the slots of one all-to-all's buffer
             same_codes = layout.code_bytes(numels[group[0]])
             headers.copy_(same[:, :head])
             codes[:, :same_codes].copy_(same[:, head:])
