@@ -43,14 +43,15 @@ WAYS = ("one by one", "batched")
 
 def codec_work(codec_name: str, p: int, numel: int, device: str = "cpu"):
     """One rank's codec work of one exchange (module doc), as a function to time: rank 0's view (it owns chunk 0;
-    the other ranks' contributions to it are stood in for by its own payload, the same size)."""
+    the other ranks' contributions to it are stood in for by its own payload, p-1 copies side by side in one buffer
+    as the all-to-all delivers them)."""
     codec = build(codec_name)
     flat = torch.randn(numel, generator=torch.Generator().manual_seed(p)).to(device)
     residual = torch.zeros(numel, device=device)
     bounds = chunk_bounds(numel, p)
     chunks = [flat[bounds[c] : bounds[c + 1]] for c in range(p)]
     others = list(range(1, p))
-    incoming = [codec.compress(chunks[0])[0]] * (p - 1)
+    incoming = list(codec.compress(chunks[0])[0].repeat(p - 1).view(p - 1, -1).unbind(0))
 
     def work() -> None:
         encoder = open_encoder(codec, flat, residual, mean_over=p, deferred=True)
