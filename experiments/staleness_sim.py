@@ -4,10 +4,11 @@ width 2, five seeds. Logic in experiments/harness/staleness_sim.py.
 
     python experiments/staleness_sim.py                                   # the whole study (~15 min on 2 cores)
     python experiments/staleness_sim.py --workers 4 --seeds 0 --result /tmp/sim.json   # a quick look
-    # the charlm gap at width 3 taken apart: the library's stand-in against the true average and two other
-    # stand-ins (~20 min)
+    # the charlm gap at width 3 taken apart: the library's stand-in against the true average and three other
+    # stand-ins (~25 min)
     python experiments/staleness_sim.py --tasks charlm --workers 2 --width 3 --seeds 0,1,2 \
-        --standins local,oracle,shrunk,frozen-v --result experiments/results/staleness_sim/charlm_standin.json
+        --standins local,oracle,shrunk,frozen-v,meanpoint \
+        --result experiments/results/staleness_sim/charlm_standin.json
 """
 from __future__ import annotations
 
@@ -63,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=2, help="the pipelined width (default 2)")
     parser.add_argument("--standins", type=_standins, default=("local",),
                         help="look-ahead's stand-ins: local (the library's); diagnostics: oracle (the true "
-                             "average), shrunk, frozen-v (Adam's second moment held; charlm)")
+                             "average), shrunk, frozen-v (Adam's second moment held; charlm), meanpoint (own batch at the workers' "
+                             "mean look-ahead point: one more gradient per step)")
     parser.add_argument("--result", default=RESULT, help=f"result JSON (default {RESULT})")
     parser.add_argument("--resume", action="store_true", help="skip runs already in the result")
     args = parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """The many-workers simulation (``experiments/harness/staleness_sim.py``): with the true average standing in, look-ahead
 is synchronous SGD bit for bit (so the diagnostic isolates the stand-in's noise); with a worker's own gradient it is
 not; the charlm recipe is the accuracy study's; the two diagnostic stand-ins (``standin_variants``) do what their
-docs say; a bad stand-in name is one line and exit 2."""
+docs say; the mean-point stand-in is each worker's batch gradient at the mean look-ahead point; a bad stand-in name is one line and exit 2."""
 from __future__ import annotations
 
 import subprocess
@@ -10,7 +10,8 @@ import sys
 import pytest
 import torch
 
-from experiments.harness.staleness_sim import SimSpec, plan, simulate, summarise, summary_markdown
+from experiments.harness.staleness_sim import (
+    SimSpec, gradients_at_mean_point, plan, simulate, summarise, summary_markdown)
 from experiments.harness.standin_variants import FrozenMomentLookahead, ShrunkLookahead
 from pipesgd.delay.lookahead import Lookahead
 
@@ -105,6 +106,32 @@ def test_the_shrunk_stand_in_learns_how_much_of_a_workers_gradient_the_average_k
     assert 0.4 < pair.rho < 0.6 and alone.rho == 1.0
     alone.record(200, [shared])
     assert torch.allclose(alone._pending[200][0][0], shared, rtol=0, atol=1e-6)
+
+
+def test_the_mean_point_stand_in_is_each_batch_gradient_at_the_mean_look_ahead_point():
+    """Two workers at points a and b: each stand-in is its own batch's gradient at (a + b) / 2, as a fresh model
+    there computes it, and the model's parameters are left where they were; in a run it differs from the
+    worker's own gradient."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    params = list(model.parameters())
+    before = [p.detach().clone() for p in params]
+    points = [[p.detach() + torch.randn_like(p) for p in params] for _ in range(2)]
+    batches = [(torch.randn(5, 4), torch.randint(0, 3, (5,))) for _ in range(2)]
+    got = gradients_at_mean_point(model, params, points, batches)
+    reference = torch.nn.Linear(4, 3)
+    with torch.no_grad():
+        for r, a, b in zip(reference.parameters(), *points):
+            r.copy_((a + b) / 2)
+    for grads, (x, y) in zip(got, batches):
+        reference.zero_grad()
+        torch.nn.functional.cross_entropy(reference(x), y).backward()
+        assert all(torch.allclose(g, r.grad, rtol=0, atol=1e-6) for g, r in zip(grads, reference.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(params, before))
+    two_epochs = {**ONE_EPOCH, "epochs": 2}  # LeNet barely moves in one: both losses round to 2.30019
+    local = simulate(SimSpec(width=3, staleness="lookahead", **two_epochs))
+    meanpoint = simulate(SimSpec(width=3, staleness="lookahead", standin="meanpoint", **two_epochs))
+    assert meanpoint["final_loss"] != local["final_loss"] and "meanpoint-stand-in" in meanpoint["key"]
 
 
 def test_an_unknown_stand_in_is_one_line_and_exit_2():

@@ -10,7 +10,10 @@ trainer's: ``shard_batches`` gives worker w of W the same batches as rank w of a
 The same runs diagnose a gap: ``standin="oracle"`` gives every worker the true average of each step in flight
 as its stand-in (something no rank has in a real run) and so separates the stand-in's noise from the rest of
 the delayed update; ``"shrunk"`` and ``"frozen-v"`` try two ways to lessen that noise with what a worker holds
-(``experiments.harness.standin_variants``). ``charlm`` is the accuracy study's transformer task: the character
+(``experiments.harness.standin_variants``); ``"meanpoint"`` gives each worker its own batch's gradient evaluated
+at the workers' mean look-ahead point instead of at its own (one more gradient per worker and step, which no real
+run would pay): the same batch noise, without the worker's response to its own look-ahead error (the Hessian times
+that error), so it separates the two. ``charlm`` is the accuracy study's transformer task: the character
 GPT with AdamW, warm-up and cosine decay, 300 steps at a local batch of 32.
 
 Steps of one simulated iteration t:
@@ -45,9 +48,11 @@ from experiments.harness.standin_variants import FrozenMomentLookahead, ShrunkLo
 TASKS = {"digits": lambda seed: load_digits(seed), "mnist1d": lambda seed: make_mnist1d(seed),
          "charlm": lambda seed: load_pysrc()}
 # A worker's own gradient (the library's); the true average; two attempts at a better one (``standin_variants``).
-STANDINS = ("local", "oracle", "shrunk", "frozen-v")
-STANDIN_TITLES = {"oracle": "true-average stand-in", "shrunk": "shrunk stand-in", "frozen-v": "frozen second moment"}
-LOOKAHEADS = {"local": Lookahead, "oracle": Lookahead, "shrunk": ShrunkLookahead, "frozen-v": FrozenMomentLookahead}
+STANDINS = ("local", "oracle", "shrunk", "frozen-v", "meanpoint")
+STANDIN_TITLES = {"oracle": "true-average stand-in", "shrunk": "shrunk stand-in", "frozen-v": "frozen second moment",
+                  "meanpoint": "own batch at the mean point"}
+LOOKAHEADS = {"local": Lookahead, "oracle": Lookahead, "shrunk": ShrunkLookahead, "frozen-v": FrozenMomentLookahead,
+              "meanpoint": Lookahead}
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +119,28 @@ def _seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _gradients(model: torch.nn.Module, params: list[torch.Tensor], batch) -> list[torch.Tensor]:
+    x, y = batch
+    model.zero_grad(set_to_none=True)
+    cross_entropy(model(x), y).backward()
+    return [p.grad.detach().clone() for p in params]
+
+
+def gradients_at_mean_point(model: torch.nn.Module, params: list[torch.Tensor], points: list[list[torch.Tensor]],
+                            batches) -> list[list[torch.Tensor]]:
+    """Each worker's batch gradient at the mean of the workers' look-ahead ``points`` (the "meanpoint" stand-in);
+    ``params`` are left as they were."""
+    with torch.no_grad():
+        saved = [p.detach().clone() for p in params]
+        for p, *coordinates in zip(params, *points):
+            p.copy_(torch.stack(coordinates).mean(0))
+    grads = [_gradients(model, params, batch) for batch in batches]
+    with torch.no_grad():
+        for p, value in zip(params, saved):
+            p.copy_(value)
+    return grads
+
+
 def simulate(spec: SimSpec) -> dict:
     """Train as ``spec`` says; return its final test accuracy and loss."""
     ds = TASKS[spec.task](spec.seed)
@@ -151,21 +178,24 @@ def simulate(spec: SimSpec) -> dict:
             if t == total:
                 break
             # Step 1: every worker's gradient at its own look-ahead weights.
-            grads = []
-            for worker, (x, y) in zip(workers, batches):
+            grads, points = [], []
+            for worker, batch in zip(workers, batches):
                 if worker is not None:
                     worker.advance()
-                model.zero_grad(set_to_none=True)
-                cross_entropy(model(x), y).backward()
-                grads.append([p.grad.detach().clone() for p in params])
+                if spec.standin == "meanpoint":
+                    points.append([p.detach().clone() for p in params])
+                grads.append(_gradients(model, params, batch))
                 if worker is not None:
                     worker.restore()
             # Step 2: the average the all-reduce would deliver.
             mean = [torch.stack(gs).mean(0) for gs in zip(*grads)]
             # Step 3: stand-ins kept while step t is in flight; the due step applied to the master weights.
             if looking and pipeline.depth(t) > 1:
-                for worker, own in zip(workers, grads):
-                    worker.record(t, mean if spec.standin == "oracle" else own)
+                stand_ins = ([mean] * len(workers) if spec.standin == "oracle" else
+                             gradients_at_mean_point(model, params, points, batches) if spec.standin == "meanpoint"
+                             else grads)
+                for worker, stand_in in zip(workers, stand_ins):
+                    worker.record(t, stand_in)
             pipeline.submit(t, CompletedWork(mean))
             due = pipeline.pop_due(t)
             if due is not None:
