@@ -4,6 +4,7 @@ width 2, five seeds. Logic in experiments/harness/staleness_sim.py.
 
     python experiments/staleness_sim.py                                   # the whole study (~15 min on 2 cores)
     python experiments/staleness_sim.py --workers 4 --seeds 0 --result /tmp/sim.json   # a quick look
+    python experiments/staleness_sim.py --jobs 2 ...                      # two runs at a time (one per core)
     # the charlm gap at width 3 taken apart: the library's stand-in against the true average and three other
     # stand-ins (~25 min)
     python experiments/staleness_sim.py --tasks charlm --workers 2 --width 3 --seeds 0,1,2 \
@@ -24,7 +25,7 @@ import torch  # noqa: E402
 from experiments.harness.one_line import OneLineParser  # noqa: E402
 from experiments.harness.provenance import read_result, write_result  # noqa: E402
 from experiments.harness.staleness_sim import (  # noqa: E402
-    STANDINS, TASKS, plan, simulate, summarise, summary_markdown)
+    STANDINS, TASKS, plan, run_all, summarise, summary_markdown)
 
 RESULT = os.path.join("experiments", "results", "staleness_sim", "staleness_sim.json")
 
@@ -37,6 +38,16 @@ def _ints(text: str) -> list[int]:
     if not values or min(values) < 0:
         raise argparse.ArgumentTypeError(f"need non-negative integers: {text!r}")
     return values
+
+
+def _jobs(text: str) -> int:
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise argparse.ArgumentTypeError(f"not a whole number from 1 up: {text!r}")
+    return jobs
 
 
 def _tasks(text: str) -> list[str]:
@@ -68,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                              "mean look-ahead point: one more gradient per step)")
     parser.add_argument("--result", default=RESULT, help=f"result JSON (default {RESULT})")
     parser.add_argument("--resume", action="store_true", help="skip runs already in the result")
+    parser.add_argument("--jobs", type=_jobs, default=1,
+                        help="runs side by side, one process and one thread each (default 1)")
     args = parser.parse_args(argv)
     try:
         specs = plan(args.tasks, args.workers, args.seeds, args.width, args.standins)
@@ -79,11 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     done = {r["key"] for r in runs}
     todo = [s for s in specs if s.key not in done]
     started = time.monotonic()
-    for i, spec in enumerate(todo, 1):
-        run = simulate(spec)
+    order = {spec.key: i for i, spec in enumerate(specs)}  # the file keeps plan order, whatever ends first
+    for i, run in enumerate(run_all(todo, args.jobs), 1):
         runs.append(run)
+        runs.sort(key=lambda r: order.get(r["key"], -1))
         eta = (time.monotonic() - started) / i * (len(todo) - i)
-        print(f"[{i}/{len(todo)}] {spec.key}: {100 * run['final_accuracy']:.1f} %, loss {run['final_loss']:.4f} "
+        print(f"[{i}/{len(todo)}] {run['key']}: {100 * run['final_accuracy']:.1f} %, loss {run['final_loss']:.4f} "
               f"(ETA {eta / 60:.1f} min)", flush=True)
         write_result(args.result, {"experiment": "staleness_sim", "summary": summarise(runs), "runs": runs})
     print(summary_markdown(summarise(runs)))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from experiments.harness.staleness_sim import (
-    SimSpec, gradients_at_mean_point, plan, simulate, summarise, summary_markdown)
+    SimSpec, gradients_at_mean_point, plan, run_all, simulate, summarise, summary_markdown)
 from experiments.harness.standin_variants import FrozenMomentLookahead, ShrunkLookahead
 from pipesgd.delay.lookahead import Lookahead
 
@@ -132,6 +132,20 @@ def test_the_mean_point_stand_in_is_each_batch_gradient_at_the_mean_look_ahead_p
     local = simulate(SimSpec(width=3, staleness="lookahead", **two_epochs))
     meanpoint = simulate(SimSpec(width=3, staleness="lookahead", standin="meanpoint", **two_epochs))
     assert meanpoint["final_loss"] != local["final_loss"] and "meanpoint-stand-in" in meanpoint["key"]
+
+
+def test_runs_side_by_side_in_processes_are_the_runs_made_one_after_another():
+    specs = [SimSpec(width=1, **ONE_EPOCH), SimSpec(width=2, staleness="lookahead", **ONE_EPOCH)]
+    alone = list(run_all(specs, jobs=1))
+    side_by_side = sorted(run_all(specs, jobs=2), key=lambda run: run["width"])
+    assert side_by_side == alone and len({run["key"] for run in alone}) == 2
+
+
+@pytest.mark.parametrize("jobs", ["0", "-1", "two", "1.5"])
+def test_a_bad_jobs_count_is_one_line_and_exit_2(jobs):
+    result = subprocess.run([sys.executable, "experiments/staleness_sim.py", "--jobs", jobs],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "--jobs" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 def test_an_unknown_stand_in_is_one_line_and_exit_2():

@@ -24,9 +24,12 @@ Steps of one simulated iteration t:
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import multiprocessing
 import random
 import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -208,6 +211,20 @@ def simulate(spec: SimSpec) -> dict:
     accuracy, loss = evaluate(model, ds, torch.device("cpu"))
     return {"key": spec.key, **dataclasses.asdict(spec), "steps": t, "steps_per_epoch": per_epoch,
             "final_accuracy": round(accuracy, 5), "final_loss": round(loss, 5)}
+
+
+def run_all(specs: list[SimSpec], jobs: int = 1) -> Iterator[dict]:
+    """Simulate every spec and yield each run as it ends: one after another here, or in ``jobs`` processes side by
+    side, one thread each. A run depends only on its spec, so the runs are the same either way."""
+    if jobs <= 1:
+        for spec in specs:
+            yield simulate(spec)
+        return
+    # spawn, not fork: the parent has torch's thread pools running
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                                                initializer=torch.set_num_threads, initargs=(1,)) as pool:
+        for future in concurrent.futures.as_completed([pool.submit(simulate, spec) for spec in specs]):
+            yield future.result()
 
 
 def plan(tasks: list[str], workers: list[int], seeds: list[int], width: int = 2,
