@@ -1,7 +1,9 @@
 """The many-workers simulation (``experiments/harness/staleness_sim.py``): with the true average standing in, look-ahead
 is synchronous SGD bit for bit (so the diagnostic isolates the stand-in's noise); with a worker's own gradient it is
 not; the charlm recipe is the accuracy study's; the two diagnostic stand-ins (``standin_variants``) do what their
-docs say; the mean-point stand-in is each worker's batch gradient at the mean look-ahead point; a bad stand-in name is one line and exit 2."""
+docs say; the mean-point stand-in is each worker's batch gradient at the mean look-ahead point, and its runs say how
+large the reaction it leaves out is; runs side by side are the runs one after another; a bad stand-in name or jobs
+count is one line and exit 2."""
 from __future__ import annotations
 
 import subprocess
@@ -11,7 +13,7 @@ import pytest
 import torch
 
 from experiments.harness.staleness_sim import (
-    SimSpec, gradients_at_mean_point, plan, run_all, simulate, summarise, summary_markdown)
+    ReactionSize, SimSpec, gradients_at_mean_point, plan, run_all, simulate, summarise, summary_markdown)
 from experiments.harness.standin_variants import FrozenMomentLookahead, ShrunkLookahead
 from pipesgd.delay.lookahead import Lookahead
 
@@ -132,6 +134,21 @@ def test_the_mean_point_stand_in_is_each_batch_gradient_at_the_mean_look_ahead_p
     local = simulate(SimSpec(width=3, staleness="lookahead", **two_epochs))
     meanpoint = simulate(SimSpec(width=3, staleness="lookahead", standin="meanpoint", **two_epochs))
     assert meanpoint["final_loss"] != local["final_loss"] and "meanpoint-stand-in" in meanpoint["key"]
+    assert 0 < meanpoint["reaction_ratio"] and "reaction_ratio" not in local
+
+
+def test_the_reaction_size_is_the_reaction_beside_the_deviation_from_the_average():
+    size = ReactionSize()
+    average = [torch.zeros(2)]
+    size.add([[torch.tensor([3.0, 4.0])]], [[torch.tensor([3.0, 4.0 - 2.5])]], average)  # |dev| 5, |reaction| 2.5
+    size.add([[torch.tensor([0.0, 0.0])]], [[torch.tensor([0.0, 0.0])]], average)  # nothing on a zero step
+    assert size.steps == 2 and size.ratio == pytest.approx(0.5)
+    assert ReactionSize().ratio == 0.0
+    specs = plan(["charlm"], [2], [0, 1], width=3, standins=("local", "meanpoint"))
+    runs = [{**{k: getattr(s, k) for k in ("task", "workers", "width", "staleness", "standin", "global_batch",
+                                           "seed")}, "final_accuracy": 0.5, "final_loss": 2.0,
+             **({"reaction_ratio": 0.5 + s.seed / 10} if s.standin == "meanpoint" else {})} for s in specs]
+    assert summary_markdown(summarise(runs)).endswith("mean-point runs): charlm W=2 width 3: 0.55")
 
 
 def test_runs_side_by_side_in_processes_are_the_runs_made_one_after_another():

@@ -144,6 +144,26 @@ def gradients_at_mean_point(model: torch.nn.Module, params: list[torch.Tensor], 
     return grads
 
 
+class ReactionSize:
+    """How large each worker's reaction to its own look-ahead error is beside its deviation from the average, over
+    a run: sqrt(sum |own - stand-in at the mean point|^2 / sum |own - average|^2), summed over workers and steps."""
+
+    def __init__(self) -> None:
+        self.reaction = self.deviation = 0.0
+        self.steps = 0
+
+    def add(self, own: list[list[torch.Tensor]], at_mean_point: list[list[torch.Tensor]],
+            average: list[torch.Tensor]) -> None:
+        for mine, there in zip(own, at_mean_point):
+            self.reaction += sum(float((a - b).pow(2).sum()) for a, b in zip(mine, there))
+            self.deviation += sum(float((a - m).pow(2).sum()) for a, m in zip(mine, average))
+        self.steps += 1
+
+    @property
+    def ratio(self) -> float:
+        return (self.reaction / self.deviation) ** 0.5 if self.deviation else 0.0
+
+
 def simulate(spec: SimSpec) -> dict:
     """Train as ``spec`` says; return its final test accuracy and loss."""
     ds = TASKS[spec.task](spec.seed)
@@ -173,6 +193,7 @@ def simulate(spec: SimSpec) -> dict:
             p.grad = g
         optimizer.step()
 
+    reaction = ReactionSize()
     model.train()
     t = 0
     for epoch in range(-(-total // per_epoch)):
@@ -199,6 +220,8 @@ def simulate(spec: SimSpec) -> dict:
                              else grads)
                 for worker, stand_in in zip(workers, stand_ins):
                     worker.record(t, stand_in)
+                if spec.standin == "meanpoint":
+                    reaction.add(grads, stand_ins, mean)
             pipeline.submit(t, CompletedWork(mean))
             due = pipeline.pop_due(t)
             if due is not None:
@@ -209,8 +232,9 @@ def simulate(spec: SimSpec) -> dict:
     for entry in pipeline.flush():
         apply(entry.step, entry.handle.wait())
     accuracy, loss = evaluate(model, ds, torch.device("cpu"))
+    extra = {"reaction_ratio": round(reaction.ratio, 4)} if reaction.steps else {}
     return {"key": spec.key, **dataclasses.asdict(spec), "steps": t, "steps_per_epoch": per_epoch,
-            "final_accuracy": round(accuracy, 5), "final_loss": round(loss, 5)}
+            "final_accuracy": round(accuracy, 5), "final_loss": round(loss, 5), **extra}
 
 
 def run_all(specs: list[SimSpec], jobs: int = 1) -> Iterator[dict]:
@@ -258,6 +282,9 @@ def summarise(runs: list[dict]) -> list[dict]:
             values = [m[f"final_{metric}"] for m in members]
             row[f"{metric}_mean"] = round(statistics.fmean(values), 5)
             row[f"{metric}_std"] = round(statistics.stdev(values), 5) if len(values) > 1 else 0.0
+        ratios = [m["reaction_ratio"] for m in members if "reaction_ratio" in m]
+        if ratios:
+            row["reaction_ratio_mean"] = round(statistics.fmean(ratios), 4)
         out.append(row)
     return out
 
@@ -305,4 +332,9 @@ def summary_markdown(summary: list[dict]) -> str:
                 loss(cs.get((width, "lookahead", s))) for s in ("local", *others)]
             lines.append(f"| {task} | {workers} | {batch} | " + " | ".join(cells) + " |")
         tables.append("\n".join(lines))
+    reactions = [f"{c['task']} W={c['workers']} width {c['width']}: {c['reaction_ratio_mean']:.2f}"
+                 for c in summary if "reaction_ratio_mean" in c]
+    if reactions:
+        tables.append("Each worker's reaction to its own look-ahead error beside its deviation from the average "
+                      "(root-mean-square ratio, mean-point runs): " + "; ".join(reactions))
     return "\n\n".join(tables)
