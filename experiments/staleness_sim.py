@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=2, help="the pipelined width (default 2)")
     parser.add_argument("--standins", type=_standins, default=("local",),
                         help="look-ahead's stand-ins: local (the library's); diagnostics: oracle (the true "
-                             "average), shrunk, frozen-v (Adam's second moment held; charlm), meanpoint (own batch at the workers' "
-                             "mean look-ahead point: one more gradient per step)")
+                             "average), shrunk, frozen-v (Adam's second moment held; charlm), meanpoint (own batch "
+                             "at the workers' mean look-ahead point: one more gradient per step)")
     parser.add_argument("--result", default=RESULT, help=f"result JSON (default {RESULT})")
     parser.add_argument("--resume", action="store_true", help="skip runs already in the result")
     parser.add_argument("--jobs", type=_jobs, default=1,

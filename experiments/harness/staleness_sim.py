@@ -50,7 +50,8 @@ from experiments.harness.standin_variants import FrozenMomentLookahead, ShrunkLo
 
 TASKS = {"digits": lambda seed: load_digits(seed), "mnist1d": lambda seed: make_mnist1d(seed),
          "charlm": lambda seed: load_pysrc()}
-# A worker's own gradient (the library's); the true average; two attempts at a better one (``standin_variants``).
+# A worker's own gradient (the library's); the true average; two attempts at a better one (``standin_variants``);
+# the own batch at the workers' mean look-ahead point (the noise without the worker's reaction to its own error).
 STANDINS = ("local", "oracle", "shrunk", "frozen-v", "meanpoint")
 STANDIN_TITLES = {"oracle": "true-average stand-in", "shrunk": "shrunk stand-in", "frozen-v": "frozen second moment",
                   "meanpoint": "own batch at the mean point"}

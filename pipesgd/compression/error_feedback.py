@@ -162,7 +162,8 @@ class FeedbackEncoder(HopEncoder):
                  deferred: bool = False) -> None:
         super().__init__(compressor, flat, deferred)
         if residual.shape != flat.shape:
-            raise ValueError(f"a residual of shape {tuple(residual.shape)} cannot serve a tensor of {tuple(flat.shape)}")
+            raise ValueError(f"a residual of shape {tuple(residual.shape)} cannot serve a tensor of "
+                             f"{tuple(flat.shape)}")
         self._residual = residual
         # Final chunks hold sum / mean_over; the residual is kept in sum units.
         self._mean_over = mean_over
