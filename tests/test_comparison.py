@@ -1,6 +1,7 @@
 """The comparison grid's logic without a cluster: tidy records from hand-made metrics files, speedup tables,
 resume/skip of the result store, the wall-time estimate, config validation and the driver's refusals."""
 import json
+from dataclasses import replace
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from experiments.harness.comparison_store import ResultStore, estimate_wall
 from experiments.harness.provenance import read_result
 from experiments.harness.speedup import cell_speedups, headline, markdown_tables
 from pipesgd.runlog.results import load_run
+from pipesgd.train.config import resolve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "experiments", "configs", "comparison.toml")
@@ -131,6 +133,15 @@ def test_config_file_loads_and_builds_flags():
     assert flags[flags.index("--steps") + 1] == "12" and "--epochs" not in flags
     assert "--epochs" in cfg.train_flags(cfg.workload("lenet"), "1gbit")
     assert flags[flags.index("--warmup-steps") + 1] == "3"
+    assert flags[flags.index("--eval-every") + 1] == "1" and "--eval-deferred" not in flags  # every epoch, live
+
+
+def test_eval_steps_evaluates_copies_every_n_steps_after_the_run():
+    cfg = replace(load_config(CONFIG), eval_steps=2)
+    flags = cfg.train_flags(cfg.workload("lenet"), "1gbit")
+    assert flags[flags.index("--eval-steps") + 1] == "2" and "--eval-deferred" in flags
+    assert flags[flags.index("--eval-every") + 1] == "0"
+    assert resolve([*flags, "--mode", "pipe"]).eval_deferred  # flags the trainer takes
 
 
 @pytest.mark.parametrize("text,needle", [
@@ -143,6 +154,7 @@ def test_config_file_loads_and_builds_flags():
     ("variants=['sync']\n[workload.a]\nmodel='lenet'\nepochs=0\n", "epochs"),
     ("variants=['sync']\nnodes=1\n[workload.a]\nmodel='lenet'\n", "nodes"),
     ("variants=['sync']\ncores_per_node=-2\n[workload.a]\nmodel='lenet'\n", "cores_per_node must be >= 0"),
+    ("variants=['sync']\neval_steps=-1\n[workload.a]\nmodel='lenet'\n", "eval_steps must be an integer >= 0"),
     ("variants=['sync'\n", "not valid TOML"),
 ])
 def test_config_errors_name_the_problem(tmp_path, text, needle):

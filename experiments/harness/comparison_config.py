@@ -57,6 +57,9 @@ class GridConfig:
     threads: int = 1
     warmup_steps: int = 3  # every mode: pipe's synchronous warm-up, PowerSGD's uncompressed start
     target_accuracy: float = 0.90  # time to target: the first evaluation at or above it
+    # Evaluation points: 0 = at every epoch's end, during the run; N = the weights every N steps, evaluated after
+    # the run at the wall clock of their copy (pipesgd-train --eval-steps N --eval-deferred): finer, and free
+    eval_steps: int = 0
     timeout_s: float = 900.0  # per trainer run
     seed: int = 0
     # The timing model (one calibration per cell)
@@ -88,6 +91,8 @@ class GridConfig:
             raise ValueError(f"cores_per_node must be >= 0, got {self.cores_per_node}")
         if self.batch_size < 1 or self.threads < 1 or self.warmup_steps < 0:
             raise ValueError("batch_size and threads must be >= 1 and warmup_steps >= 0")
+        if not isinstance(self.eval_steps, int) or self.eval_steps < 0:
+            raise ValueError(f"eval_steps must be an integer >= 0 (0: every epoch), got {self.eval_steps!r}")
         if not 0 < self.target_accuracy <= 1:
             raise ValueError("target_accuracy must be in (0, 1]")
         if self.timeout_s <= 0 or self.calib_timeout_s <= 0 or self.calib_repeats < 1 or self.calib_warmup < 0:
@@ -109,12 +114,18 @@ class GridConfig:
         return [(w, b) for w in self.workloads for b in self.bandwidths
                 if not self.only_cells or cell_name(w.name, b) in self.only_cells]
 
+    def eval_flags(self) -> list[str]:
+        """Where a run is evaluated (``eval_steps``)."""
+        if self.eval_steps:
+            return ["--eval-every", "0", "--eval-steps", str(self.eval_steps), "--eval-deferred"]
+        return ["--eval-every", "1"]
+
     def train_flags(self, workload: Workload, bandwidth: str) -> list[str]:
         """The ``pipesgd-train`` flags every variant of the cell shares."""
         length = (["--steps", str(workload.steps[bandwidth])] if bandwidth in workload.steps
                   else ["--epochs", str(workload.epochs)])
         return ["--model", workload.model, "--dataset", "digits", "--batch-size", str(self.batch_size),
-                *length, "--eval-every", "1", "--lr", f"{workload.lr:g}", "--threads", str(self.threads),
+                *length, *self.eval_flags(), "--lr", f"{workload.lr:g}", "--threads", str(self.threads),
                 "--warmup-steps", str(self.warmup_steps), "--seed", str(self.seed), "--timeout", "300"]
 
 

@@ -135,6 +135,10 @@ class TrainConfig:
     metrics: str = _field("", "JSONL path; with world size > 1 each rank writes FILE.rankN.jsonl; an existing file is "
                           "refused (nothing is overwritten), except with --resume, which appends")
     eval_every: int = _field(1, "evaluate on the held-out split every N epochs (0 = only at the end)")
+    eval_steps: int = _field(0, "also evaluate every N steps, as HF Trainer's eval_steps (0 = off)")
+    eval_deferred: bool = _field(False, "copy the weights at each evaluation point and evaluate the copies after "
+                                 "training, each record with its copy's wall clock: the evaluations take no time "
+                                 "from the run (for time to accuracy; one model copy in host memory per point)")
     checkpoint: str = _field("", "checkpoint directory (one file per rank); empty = no checkpoints")
     checkpoint_every: int = _field(0, "also checkpoint every N steps (0 = only at the end)")
     resume: bool = _field(False, "continue from the checkpoint in --checkpoint; with none there yet, say so and start "
@@ -199,9 +203,11 @@ class TrainConfig:
             if getattr(self, name) != "auto" and getattr(self, name) < 1:
                 raise ConfigError(f"--{_flag(name)} must be at least 1 (got {getattr(self, name)})")
         for name in ("steps", "servers", "warmup_steps", "auto_recheck_every", "check_replicas", "eval_every",
-                     "checkpoint_every", "weight_decay", "clip_grad_norm"):
+                     "eval_steps", "checkpoint_every", "weight_decay", "clip_grad_norm"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{_flag(name)} must not be negative (got {getattr(self, name)})")
+        if self.eval_deferred and not (self.eval_every or self.eval_steps):
+            raise ConfigError("--eval-deferred needs evaluation points: --eval-every N or --eval-steps N")
         if self.synthetic_classes < 2:
             raise ConfigError(f"--synthetic-classes must be at least 2 (got {self.synthetic_classes})")
         if not self.lr > 0:

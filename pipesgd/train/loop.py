@@ -28,6 +28,7 @@ from . import checkpoint, faults
 from .checkpoint import Position, RunIdentity
 from .config import TrainConfig
 from .data import Dataset, shard_batches, steps_per_epoch
+from .eval_points import EvalPoints
 from .metrics import MetricsWriter, StepTimes, Timings, summarize
 from .precision import Precision
 from .progress import Progress
@@ -95,6 +96,7 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
     skip = SUMMARY_SKIP_STEPS if total_steps - start.step > 2 * SUMMARY_SKIP_STEPS else 0  # short runs: all
     pos = Position(start.epoch, start.step_in_epoch, start.step)
     compute = ComputeTimer(device)
+    evals = EvalPoints(cfg.eval_every, cfg.eval_steps, total_steps, cfg.eval_deferred)
     schedule = build_schedule(cfg.lr_schedule, cfg.lr, cfg.lr_warmup_steps, total_steps)
     if schedule is not None:
         schedule.apply(opt.param_groups, pos.step)  # a resumed run continues the schedule where it stopped
@@ -142,12 +144,13 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
             # advance the data position, then evaluate / checkpoint at that position (left out of t_iter)
             end_of_epoch = pos.advance(spe)
             pause_s, pause_cpu = time.perf_counter(), time.process_time()
-            if leader and end_of_epoch and cfg.eval_every and pos.epoch % cfg.eval_every == 0 \
-                    and pos.step < total_steps:
+            if leader and evals.due(pos, end_of_epoch):
                 with trace.span("eval", "eval"):
-                    accuracy, eval_loss = evaluate(model, ds, device)
-                metrics.write_eval(pos, accuracy, eval_loss)
-                progress.message(f"epoch {pos.epoch}: test accuracy {100 * accuracy:.1f} %, loss {eval_loss:.4f}")
+                    result = evals.run(model, pos, metrics.wall(), lambda: evaluate(model, ds, device))
+                if result is not None:
+                    metrics.write_eval(pos, *result)
+                    progress.message(f"{_point(pos, end_of_epoch)}: test accuracy {100 * result[0]:.1f} %, "
+                                     f"loss {result[1]:.4f}")
             if cfg.checkpoint and cfg.checkpoint_every and pos.step % cfg.checkpoint_every == 0 \
                     and pos.step < total_steps:
                 checkpoint.save_run(cfg.checkpoint, rank, run, model, opt, pos)
@@ -166,5 +169,12 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
     if not leader:
         return None
     accuracy, eval_loss = evaluate(model, ds, device)
+    for point, wall_s, point_accuracy, point_loss in evals.finish(model, lambda: evaluate(model, ds, device)):
+        metrics.write_eval(point, point_accuracy, point_loss, wall=wall_s)
     metrics.write_eval(pos, accuracy, eval_loss)
     return summarize(cfg, timings, pos, accuracy, eval_loss, world_size, strategy.num_workers)
+
+
+def _point(pos: Position, end_of_epoch: bool) -> str:
+    """How the progress line names an evaluation point: its epoch at an epoch's end, else its step."""
+    return f"epoch {pos.epoch}" if end_of_epoch else f"step {pos.step}"

@@ -19,7 +19,8 @@ seconds since start):
   --clip-grad-norm), t_buffers (seconds spent making module buffers identical across ranks, with --buffers
   broadcast|average and a model that has buffers; with the -delayed modes the snapshot's copy), t_lookahead
   (seconds of look-ahead work since the step before: mode pipe, width >= 2, --staleness lookahead)
-- ``eval``: step, epoch, accuracy, loss, wall
+- ``eval``: step, epoch, accuracy, loss, wall (with ``--eval-deferred``: the wall clock when the evaluated weights
+  were copied, and ``deferred: true``; those records are written after training)
 - ``summary``: the end-of-run figures printed on rank 0
 
 A resumed run (``--resume``) appends to the same files: a new ``config`` record with ``resumed_at_step``,
@@ -106,8 +107,12 @@ class MetricsWriter:
         return self.write("step", step=pos.step, epoch=pos.epoch, rank=rank, mode=mode, loss=loss,
                           **times.as_metrics(), **stats.as_metrics())
 
-    def write_eval(self, pos: Position, accuracy: float, loss: float) -> dict:
-        return self.write("eval", step=pos.step, epoch=pos.epoch, accuracy=accuracy, loss=loss)
+    def write_eval(self, pos: Position, accuracy: float, loss: float, wall: float | None = None) -> dict:
+        """An evaluation at ``pos``; ``wall``: when its weights were copied (``--eval-deferred``), else now."""
+        if wall is None:
+            return self.write("eval", step=pos.step, epoch=pos.epoch, accuracy=accuracy, loss=loss)
+        return self.write("eval", step=pos.step, epoch=pos.epoch, accuracy=accuracy, loss=loss, wall=wall,
+                          deferred=True)
 
     def write_summary(self, summary: dict) -> dict:
         return self.write("summary", **summary)
