@@ -62,6 +62,8 @@ def main() -> int:
     parser.add_argument("--cores-per-node", type=int, default=0,
                         help="pin each emulated node to this many cores of its own (default 0: nodes share the cores)")
     parser.add_argument("--steps", type=int, help="override every run's length with this step budget (smoke runs)")
+    parser.add_argument("--seed", type=int, help="override the config's seed (model init and data order:"
+                        "another trajectory)")
     parser.add_argument("--result", help="runs.json to write (default: the config's result)")
     parser.add_argument("--out", help="raw metrics folder (default: the config's out)")
     parser.add_argument("--resume", action="store_true", help="skip runs already recorded as ok in the result")
@@ -105,6 +107,8 @@ def main() -> int:
                 raise ValueError(f"--steps ({args.steps}) must exceed the skipped steps ({cfg.skip})")
             cfg = replace(cfg, workloads=tuple(replace(w, steps={b: args.steps for b in cfg.bandwidths})
                                                for w in cfg.workloads))
+        if args.seed is not None:
+            cfg = replace(cfg, seed=args.seed)
         cfg = replace(cfg, result=args.result or cfg.result, out=args.out or cfg.out)
         probes = tuple(dict.fromkeys([*(_names(args.probe) or []), *(["ps"] if args.ps_probe else [])]))
         if probes and not args.calibrate:

@@ -154,6 +154,7 @@ def test_eval_steps_evaluates_copies_every_n_steps_after_the_run():
     ("variants=['sync']\n[workload.a]\nmodel='lenet'\nepochs=0\n", "epochs"),
     ("variants=['sync']\nnodes=1\n[workload.a]\nmodel='lenet'\n", "nodes"),
     ("variants=['sync']\ncores_per_node=-2\n[workload.a]\nmodel='lenet'\n", "cores_per_node must be >= 0"),
+    ("variants=['sync']\nseed=-1\n[workload.a]\nmodel='lenet'\n", "seed must be an integer >= 0"),
     ("variants=['sync']\neval_steps=-1\n[workload.a]\nmodel='lenet'\n", "eval_steps must be an integer >= 0"),
     ("variants=['sync'\n", "not valid TOML"),
 ])

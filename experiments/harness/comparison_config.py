@@ -91,6 +91,8 @@ class GridConfig:
             raise ValueError(f"cores_per_node must be >= 0, got {self.cores_per_node}")
         if self.batch_size < 1 or self.threads < 1 or self.warmup_steps < 0:
             raise ValueError("batch_size and threads must be >= 1 and warmup_steps >= 0")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
         if not isinstance(self.eval_steps, int) or self.eval_steps < 0:
             raise ValueError(f"eval_steps must be an integer >= 0 (0: every epoch), got {self.eval_steps!r}")
         if not 0 < self.target_accuracy <= 1:
