@@ -4,7 +4,7 @@ variant's ratio to it, per iteration and in time to the target accuracy, with wh
     python experiments/auto_choice_report.py                                   # the committed runs.json
     python experiments/auto_choice_report.py --result experiments/results/auto_choice/repeat_1.json
     python experiments/auto_choice_report.py --result experiments/results/auto_choice/runs.json \
-        experiments/results/auto_choice/repeat_resnet20_*.json      # several sittings: each ratio's mean and range
+        experiments/results/auto_choice/resnet20_seed*.json         # several sittings: each ratio's mean and range
 
 Every ratio is taken within one sitting (auto against the best fixed configuration of the same sitting, run side by
 side); across sittings the summary gives the mean, the range and how many sittings were within 10 %.

@@ -62,7 +62,7 @@ def main() -> int:
     parser.add_argument("--cores-per-node", type=int, default=0,
                         help="pin each emulated node to this many cores of its own (default 0: nodes share the cores)")
     parser.add_argument("--steps", type=int, help="override every run's length with this step budget (smoke runs)")
-    parser.add_argument("--seed", type=int, help="override the config's seed (model init and data order:"
+    parser.add_argument("--seed", type=int, help="override the config's seed (model init and data order: "
                         "another trajectory)")
     parser.add_argument("--result", help="runs.json to write (default: the config's result)")
     parser.add_argument("--out", help="raw metrics folder (default: the config's out)")
