@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--standins", type=_standins, default=("local",),
                         help="look-ahead's stand-ins: local (the library's); diagnostics: oracle (the true "
                              "average), shrunk, frozen-v (Adam's second moment held; charlm), meanpoint (own batch "
-                             "at the workers' mean look-ahead point: one more gradient per step)")
+                             "at the workers' mean look-ahead point: one more gradient per step), overshoot (own "
+                             "gradient, the look-ahead moved 1.2 times as far)")
     parser.add_argument("--result", default=RESULT, help=f"result JSON (default {RESULT})")
     parser.add_argument("--resume", action="store_true", help="skip runs already in the result")
     parser.add_argument("--jobs", type=_jobs, default=1,

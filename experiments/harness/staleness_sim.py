@@ -46,17 +46,18 @@ from pipesgd.train.models import build_model
 from pipesgd.train.optimizers import build_inner_optimizer
 from pipesgd.train.schedule import build_schedule
 
-from experiments.harness.standin_variants import FrozenMomentLookahead, ShrunkLookahead
+from experiments.harness.standin_variants import OVERSHOOT, FrozenMomentLookahead, OvershootLookahead, ShrunkLookahead
 
 TASKS = {"digits": lambda seed: load_digits(seed), "mnist1d": lambda seed: make_mnist1d(seed),
          "charlm": lambda seed: load_pysrc()}
 # A worker's own gradient (the library's); the true average; two attempts at a better one (``standin_variants``);
-# the own batch at the workers' mean look-ahead point (the noise without the worker's reaction to its own error).
-STANDINS = ("local", "oracle", "shrunk", "frozen-v", "meanpoint")
+# the own batch at the workers' mean look-ahead point (the noise without the worker's reaction to its own error);
+# the own gradient with the look-ahead's reach scaled past the weights in flight (``OVERSHOOT``).
+STANDINS = ("local", "oracle", "shrunk", "frozen-v", "meanpoint", "overshoot")
 STANDIN_TITLES = {"oracle": "true-average stand-in", "shrunk": "shrunk stand-in", "frozen-v": "frozen second moment",
-                  "meanpoint": "own batch at the mean point"}
+                  "meanpoint": "own batch at the mean point", "overshoot": f"reach x{OVERSHOOT:g}"}
 LOOKAHEADS = {"local": Lookahead, "oracle": Lookahead, "shrunk": ShrunkLookahead, "frozen-v": FrozenMomentLookahead,
-              "meanpoint": Lookahead}
+              "meanpoint": Lookahead, "overshoot": OvershootLookahead}
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,8 +301,10 @@ def summary_markdown(summary: list[dict]) -> str:
     tables = []
     accuracy = [(key, cs) for key, cs in rows.items() if RECIPES[key[0]].model != "gpt"]
     if accuracy:
+        others = [s for s in STANDINS[1:] if any((width, "lookahead", s) in cs for _, cs in accuracy)]
         lines = [f"| task | workers | local batch | width 1 | plain width {width} | look-ahead width {width} | "
-                 f"look-ahead − width 1 |", "|---|---|---|---|---|---|---|"]
+                 f"look-ahead − width 1 | " + "".join(f"look-ahead, {STANDIN_TITLES[s]} | " for s in others).rstrip(),
+                 "|---|---|---|---|---|---|---|" + "---|" * len(others)]
 
         def cell(c: dict | None) -> str:
             return f"{100 * c['accuracy_mean']:.1f} ± {100 * c['accuracy_std']:.1f}" if c else "-"
@@ -311,7 +314,9 @@ def summary_markdown(summary: list[dict]) -> str:
                                   cs.get((width, "lookahead", "local")))
             gap = f"{100 * (ahead['accuracy_mean'] - sync['accuracy_mean']):+.1f}" if sync and ahead else "-"
             batch = (sync or plain or ahead)["local_batch"]
-            lines.append(f"| {task} | {workers} | {batch} | {cell(sync)} | {cell(plain)} | {cell(ahead)} | {gap} |")
+            extra = "".join(f" {cell(cs.get((width, 'lookahead', s)))} |" for s in others)
+            lines.append(f"| {task} | {workers} | {batch} | {cell(sync)} | {cell(plain)} | {cell(ahead)} | {gap} |"
+                         + extra)
         tables.append("\n".join(lines))
     losses = [(key, cs) for key, cs in rows.items() if RECIPES[key[0]].model == "gpt"]
     if losses:

@@ -1,4 +1,4 @@
-"""Two other stand-ins for look-ahead, as diagnostics of the charlm gap at width 3 (issue 36); not in the library.
+"""Other stand-ins for look-ahead, as diagnostics of the charlm gap at widths 2-3 (issue 36); not in the library.
 
 The library's stand-in for an average still in flight is the worker's own gradient. Averaged over the workers the
 stand-ins are then exactly the average, so for an update rule linear in the gradient (SGD, or Adam with its second
@@ -16,6 +16,10 @@ what a worker holds:
   moment held at the master's bias-corrected value, so that the replay is linear in the stand-in and the workers'
   errors cancel to first order even through Adam's normalisation. (No loss scaling or clipping: the simulation
   has neither.)
+- ``OvershootLookahead`` ("overshoot"): the worker's own gradient as the library replays it, and the parameters moved
+  ``OVERSHOOT`` times the replayed displacement (past the weights the steps in flight will produce). Not a stand-in
+  but a probe of the look-ahead's reach: a scratch run found the charlm gap at width 2 shrinking as the reach grew
+  past 1.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import torch
 from pipesgd.delay.lookahead import Lookahead
 
 SHRINK_DECAY = 0.9  # the exponential averages of the applied averages and of the least-squares sums
+OVERSHOOT = 1.2  # the "overshoot" look-ahead's reach, in replayed displacements
 
 
 class ShrunkLookahead(Lookahead):
@@ -106,3 +111,14 @@ class FrozenMomentReplay:
                     first.mul_(beta1).add_(grad, alpha=1 - beta1)
                     p.addcdiv_(first, denominator, value=-lr / (1 - beta1 ** count))
         return len(steps)
+
+
+class OvershootLookahead(Lookahead):
+    """Look-ahead that moves the parameters ``OVERSHOOT`` times the replayed displacement (module doc)."""
+
+    def advance(self) -> None:
+        moving = not self.active and bool(self._pending)
+        super().advance()
+        if moving:  # params = master + OVERSHOOT * (look-ahead - master)
+            with torch.no_grad():
+                torch._foreach_lerp_(self.params, self._master, 1 - OVERSHOOT)
