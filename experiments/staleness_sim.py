@@ -26,6 +26,7 @@ from experiments.harness.one_line import OneLineParser  # noqa: E402
 from experiments.harness.provenance import read_result, write_result  # noqa: E402
 from experiments.harness.staleness_sim import (  # noqa: E402
     STANDINS, TASKS, plan, run_all, summarise, summary_markdown)
+from experiments.harness.standin_variants import OVERSHOOT  # noqa: E402
 
 RESULT = os.path.join("experiments", "results", "staleness_sim", "staleness_sim.json")
 
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="look-ahead's stand-ins: local (the library's); diagnostics: oracle (the true "
                              "average), shrunk, frozen-v (Adam's second moment held; charlm), meanpoint (own batch "
                              "at the workers' mean look-ahead point: one more gradient per step), overshoot (own "
-                             "gradient, the look-ahead moved 1.2 times as far)")
+                             f"gradient, the look-ahead moved {OVERSHOOT:g} times as far)")
     parser.add_argument("--result", default=RESULT, help=f"result JSON (default {RESULT})")
     parser.add_argument("--resume", action="store_true", help="skip runs already in the result")
     parser.add_argument("--jobs", type=_jobs, default=1,

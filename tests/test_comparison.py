@@ -1,10 +1,10 @@
 """The comparison grid's logic without a cluster: tidy records from hand-made metrics files, speedup tables,
 resume/skip of the result store, the wall-time estimate, config validation and the driver's refusals."""
 import json
-from dataclasses import replace
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 

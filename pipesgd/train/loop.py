@@ -97,6 +97,7 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
     pos = Position(start.epoch, start.step_in_epoch, start.step)
     compute = ComputeTimer(device)
     evals = EvalPoints(cfg.eval_every, cfg.eval_steps, total_steps, cfg.eval_deferred)
+    evaluate_now = lambda: evaluate(model, ds, device)  # noqa: E731 - the held-out split at the model's weights
     schedule = build_schedule(cfg.lr_schedule, cfg.lr, cfg.lr_warmup_steps, total_steps)
     if schedule is not None:
         schedule.apply(opt.param_groups, pos.step)  # a resumed run continues the schedule where it stopped
@@ -146,7 +147,7 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
             pause_s, pause_cpu = time.perf_counter(), time.process_time()
             if leader and evals.due(pos, end_of_epoch):
                 with trace.span("eval", "eval"):
-                    result = evals.run(model, pos, metrics.wall(), lambda: evaluate(model, ds, device))
+                    result = evals.run(model, pos, metrics.wall(), evaluate_now)
                 if result is not None:
                     metrics.write_eval(pos, *result)
                     progress.message(f"{_point(pos, end_of_epoch)}: test accuracy {100 * result[0]:.1f} %, "
@@ -168,8 +169,8 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
     opt.flush()  # the parameter server ends its protocol here and leaves every rank with the final weights
     if not leader:
         return None
-    accuracy, eval_loss = evaluate(model, ds, device)
-    for point, wall_s, point_accuracy, point_loss in evals.finish(model, lambda: evaluate(model, ds, device)):
+    accuracy, eval_loss = evaluate_now()
+    for point, wall_s, point_accuracy, point_loss in evals.finish(model, evaluate_now):
         metrics.write_eval(point, point_accuracy, point_loss, wall=wall_s)
     metrics.write_eval(pos, accuracy, eval_loss)
     return summarize(cfg, timings, pos, accuracy, eval_loss, world_size, strategy.num_workers)

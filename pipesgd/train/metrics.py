@@ -109,10 +109,8 @@ class MetricsWriter:
 
     def write_eval(self, pos: Position, accuracy: float, loss: float, wall: float | None = None) -> dict:
         """An evaluation at ``pos``; ``wall``: when its weights were copied (``--eval-deferred``), else now."""
-        if wall is None:
-            return self.write("eval", step=pos.step, epoch=pos.epoch, accuracy=accuracy, loss=loss)
-        return self.write("eval", step=pos.step, epoch=pos.epoch, accuracy=accuracy, loss=loss, wall=wall,
-                          deferred=True)
+        copied = {} if wall is None else {"wall": wall, "deferred": True}
+        return self.write("eval", step=pos.step, epoch=pos.epoch, accuracy=accuracy, loss=loss, **copied)
 
     def write_summary(self, summary: dict) -> dict:
         return self.write("summary", **summary)
