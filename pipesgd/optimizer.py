@@ -87,6 +87,7 @@ class PipeSGD:
         init_sync: bool = True,
         staleness: str = STALENESS,
         auto_recheck_every: int = 0,
+        lookahead_reach: float = 1.0,
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"PipeSGD wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -96,7 +97,7 @@ class PipeSGD:
             allreduce=allreduce, timeout_s=timeout_s, nonfinite=nonfinite, check_replicas_every=check_replicas_every,
             max_grad_norm=max_grad_norm, buffers=buffers, grad_scaler=grad_scaler,
             gradient_as_bucket_view=gradient_as_bucket_view, check_uneven=check_uneven, init_sync=init_sync,
-            staleness=staleness, auto_recheck_every=auto_recheck_every,
+            staleness=staleness, auto_recheck_every=auto_recheck_every, lookahead_reach=lookahead_reach,
         )
         user_group = require_group(process_group, "PipeSGD")
         if not isinstance(model_or_params, torch.nn.Module):
@@ -377,5 +378,6 @@ class PipeSGD:
         self._lookahead, self._lookahead_hooks = None, []
         if self.options.staleness == "lookahead" and width > 1:
             self._lookahead = Lookahead(self.optimizer, self._params, width, self.options.max_grad_norm,
-                                        skip_nonfinite=self.options.nonfinite == "skip")
+                                        skip_nonfinite=self.options.nonfinite == "skip",
+                                        reach=self.options.lookahead_reach)
             self._lookahead_hooks = self._lookahead.attach(self._model)

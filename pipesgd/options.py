@@ -26,6 +26,7 @@ from pipesgd.defaults import (
 )
 
 NONFINITE_POLICIES = ("raise", "skip")
+MAX_LOOKAHEAD_REACH = 2.0  # twice the displacement of the steps in flight: past it a reach is a different method
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,9 @@ class PipeSGDOptions:
     # Stale gradients (width >= 2): "lookahead" computes each at the weights the updates in flight will produce
     # (pipesgd.delay.lookahead), "none" is the paper's plain update.
     staleness: str = STALENESS
+    # Look-ahead's displacement in replayed updates (pipesgd.delay.lookahead "Reach"); 1: the weights the steps in
+    # flight will produce.
+    lookahead_reach: float = 1.0
     # Codec on every ring hop (pipesgd.compression registry name and its options); "auto": chosen at the end of
     # the warm-up from what it measured (pipesgd.auto), uncompressed until then.
     compression: str = "none"
@@ -76,6 +80,12 @@ class PipeSGDOptions:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
         if self.staleness not in STALENESS_MODES:
             raise ValueError(f"staleness must be one of {STALENESS_MODES}, got {self.staleness!r}")
+        if (isinstance(self.lookahead_reach, bool) or not isinstance(self.lookahead_reach, (int, float))
+                or not 0 < self.lookahead_reach <= MAX_LOOKAHEAD_REACH):
+            raise ValueError(f"lookahead_reach must be a number in (0, {MAX_LOOKAHEAD_REACH}], got "
+                             f"{self.lookahead_reach!r}")
+        if self.lookahead_reach != 1.0 and self.staleness != "lookahead":
+            raise ValueError(f"lookahead_reach applies to staleness='lookahead' only, not {self.staleness!r}")
         if self.nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {self.nonfinite!r}")
         if not self.bucket_mb > 0:

@@ -186,7 +186,7 @@ def test_config_file_then_flags():
 @pytest.mark.parametrize("task", sorted(accuracy.TASKS))
 def test_every_task_is_a_valid_trainer_run(task):
     """Each task's flags, as the study passes them (task first, then epochs, width, ...), resolve in the trainer."""
-    from pipesgd.train.config import resolve
+    from pipesgd.train.flags import resolve
 
     cfg = AccuracyConfig(tasks=(task,))
     train = resolve(accuracy.trainer_flags(RunSpec(task, 3, "q8", True, 1), cfg))

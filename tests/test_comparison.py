@@ -16,7 +16,7 @@ from experiments.harness.comparison_store import ResultStore, estimate_wall
 from experiments.harness.provenance import read_result
 from experiments.harness.speedup import cell_speedups, headline, markdown_tables
 from pipesgd.runlog.results import load_run
-from pipesgd.train.config import resolve
+from pipesgd.train.flags import resolve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "experiments", "configs", "comparison.toml")

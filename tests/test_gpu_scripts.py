@@ -106,7 +106,7 @@ import gpu_session  # noqa: E402
 
 
 def test_gpu_session_plan_covers_every_stage_and_its_flags_parse(tmp_path):
-    from pipesgd.train.config import resolve
+    from pipesgd.train.flags import resolve
     from timing_model.cli import build_parser
 
     steps = gpu_session.plan(list(gpu_session.STAGES), tmp_path, "cuda", str(tmp_path), gpus=2)

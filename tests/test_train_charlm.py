@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipesgd.train import cli, faults
-from pipesgd.train.config import ConfigError, TrainConfig, resolve
+from pipesgd.train.config import ConfigError, TrainConfig
+from pipesgd.train.flags import resolve
 from pipesgd.train.data import Dataset, build_dataset
 from pipesgd.train.loop import cross_entropy, evaluate, forward_backward
 from pipesgd.train.models import build_model

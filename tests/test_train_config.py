@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from pipesgd.train.cli import main
-from pipesgd.train.config import ConfigError, TrainConfig, resolve
+from pipesgd.train.config import ConfigError, TrainConfig
+from pipesgd.train.flags import resolve
 
 
 def test_defaults_are_the_readme_run():
@@ -85,6 +86,10 @@ BAD_INPUTS = [
     (["--auto-recheck-every", "5"], "--auto-recheck-every needs --width auto or --compression auto"),
     (["--width", "auto", "--auto-recheck-every", "-1"], "--auto-recheck-every must not be negative"),
     (["--resume"], "--resume needs --checkpoint"),
+    (["--lookahead-reach", "0"], "--lookahead-reach must be in (0, 2]"),
+    (["--lookahead-reach", "2.5"], "--lookahead-reach must be in (0, 2]"),
+    (["--lookahead-reach", "1.2", "--staleness", "none"], "--lookahead-reach applies to --mode pipe with --staleness"),
+    (["--lookahead-reach", "1.2", "--mode", "sync"], "--lookahead-reach applies to --mode pipe with --staleness"),
     (["--lr", "-1"], "--lr must be positive"),
     (["--servers", "1"], "--servers applies to --mode ps-sync|ps-async only"),
     (["--epochs", "two"], "invalid int value"),
@@ -141,7 +146,7 @@ def test_shared_defaults_come_from_their_owner():
 def test_help_shows_every_flag_with_its_default_and_its_valid_names(monkeypatch):
     from dataclasses import fields
 
-    from pipesgd.train.config import build_parser
+    from pipesgd.train.flags import build_parser
     from pipesgd.train.modes import MODES
 
     monkeypatch.setenv("COLUMNS", "400")  # argparse wraps at the terminal width, hyphenated words too

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipesgd.train.config import resolve
+from pipesgd.train.flags import resolve
 from pipesgd.train.data import (
     DataError, build_dataset, load_cifar10, load_mnist, make_mnist1d, make_synthetic, shard_batches, shard_indices,
     steps_per_epoch,

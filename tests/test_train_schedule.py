@@ -10,7 +10,8 @@ from torch import nn
 
 from pipesgd.train import loop
 from pipesgd.train.checkpoint import Position
-from pipesgd.train.config import ConfigError, TrainConfig, resolve
+from pipesgd.train.config import ConfigError, TrainConfig
+from pipesgd.train.flags import resolve
 from pipesgd.train.data import make_synthetic
 from pipesgd.train.metrics import MetricsWriter
 from pipesgd.train.schedule import FINAL_LR_FRACTION, LRSchedule, build_schedule

@@ -31,6 +31,7 @@ import random
 import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -46,7 +47,7 @@ from pipesgd.train.models import build_model
 from pipesgd.train.optimizers import build_inner_optimizer
 from pipesgd.train.schedule import build_schedule
 
-from experiments.harness.standin_variants import OVERSHOOT, FrozenMomentLookahead, OvershootLookahead, ShrunkLookahead
+from experiments.harness.standin_variants import OVERSHOOT, FrozenMomentLookahead, ShrunkLookahead
 
 TASKS = {"digits": lambda seed: load_digits(seed), "mnist1d": lambda seed: make_mnist1d(seed),
          "charlm": lambda seed: load_pysrc()}
@@ -57,7 +58,7 @@ STANDINS = ("local", "oracle", "shrunk", "frozen-v", "meanpoint", "overshoot")
 STANDIN_TITLES = {"oracle": "true-average stand-in", "shrunk": "shrunk stand-in", "frozen-v": "frozen second moment",
                   "meanpoint": "own batch at the mean point", "overshoot": f"reach x{OVERSHOOT:g}"}
 LOOKAHEADS = {"local": Lookahead, "oracle": Lookahead, "shrunk": ShrunkLookahead, "frozen-v": FrozenMomentLookahead,
-              "meanpoint": Lookahead, "overshoot": OvershootLookahead}
+              "meanpoint": Lookahead, "overshoot": partial(Lookahead, reach=OVERSHOOT)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,10 +16,10 @@ what a worker holds:
   moment held at the master's bias-corrected value, so that the replay is linear in the stand-in and the workers'
   errors cancel to first order even through Adam's normalisation. (No loss scaling or clipping: the simulation
   has neither.)
-- ``OvershootLookahead`` ("overshoot"): the worker's own gradient as the library replays it, and the parameters moved
-  ``OVERSHOOT`` times the replayed displacement (past the weights the steps in flight will produce). Not a stand-in
-  but a probe of the look-ahead's reach: a scratch run found the charlm gap at width 2 shrinking as the reach grew
-  past 1.
+- "overshoot": the library's look-ahead with ``reach=OVERSHOOT`` (``PipeSGD(lookahead_reach=...)``): the worker's
+  own gradient, and the parameters moved ``OVERSHOOT`` times the replayed displacement (past the weights the steps
+  in flight will produce). Not a stand-in but a probe of the look-ahead's reach: a scratch run found the charlm gap
+  at width 2 shrinking as the reach grew past 1.
 """
 from __future__ import annotations
 
@@ -111,14 +111,3 @@ class FrozenMomentReplay:
                     first.mul_(beta1).add_(grad, alpha=1 - beta1)
                     p.addcdiv_(first, denominator, value=-lr / (1 - beta1 ** count))
         return len(steps)
-
-
-class OvershootLookahead(Lookahead):
-    """Look-ahead that moves the parameters ``OVERSHOOT`` times the replayed displacement (module doc)."""
-
-    def advance(self) -> None:
-        moving = not self.active and bool(self._pending)
-        super().advance()
-        if moving:  # params = master + OVERSHOOT * (look-ahead - master)
-            with torch.no_grad():
-                torch._foreach_lerp_(self.params, self._master, 1 - OVERSHOOT)

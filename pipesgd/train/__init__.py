@@ -3,7 +3,8 @@
 Launch with ``torchrun --nproc-per-node N -m pipesgd.train [flags]`` or alone (world size 1); see
 ``pipesgd-train --help``.
 """
-from pipesgd.train.config import ConfigError, TrainConfig, resolve
+from pipesgd.train.config import ConfigError, TrainConfig
+from pipesgd.train.flags import resolve
 from pipesgd.train.models import MODELS, build_model
 
 __all__ = ["TrainConfig", "ConfigError", "resolve", "MODELS", "build_model", "main"]

@@ -26,7 +26,8 @@ from pipesgd.comm.uneven import UnevenInputsError
 
 from . import checkpoint, faults
 from .checkpoint import CheckpointError, Position, RunIdentity
-from .config import ConfigError, TrainConfig, resolve
+from .config import ConfigError, TrainConfig
+from .flags import resolve
 from .data import DataError, build_dataset, shard_size
 from .loop import train
 from .metrics import MetricsWriter, format_summary, pipe_staleness, write_config_files

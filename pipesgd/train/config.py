@@ -1,17 +1,15 @@
 """The trainer's configuration: one dataclass, resolved as CLI flags over an optional TOML file over defaults.
 
-``resolve(argv)`` returns a validated ``TrainConfig``; any bad value raises ``ConfigError`` (a
+``pipesgd.train.flags.resolve(argv)`` returns a validated ``TrainConfig``; any bad value raises ``ConfigError`` (a
 ``ValueError``) with a one-line reason, before a process group exists. Each field carries its help text
 and, where it names something, the registry it is checked against (the owner of the names); defaults
 shared with other layers come from ``pipesgd.defaults``.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import tomllib
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -20,6 +18,7 @@ from pipesgd import compression
 from pipesgd.runlog.atomic import write_text_atomic
 from pipesgd.baselines.ddp import DDP_HOOKS
 from pipesgd.grads.buffers import BUFFER_MODES
+from pipesgd.options import MAX_LOOKAHEAD_REACH
 from pipesgd.defaults import BUCKET_MB, NEEDS_ERROR_FEEDBACK, STALENESS, STALENESS_MODES, WARMUP_STEPS
 from pipesgd.runlog.trace import parse_steps
 
@@ -64,6 +63,9 @@ class TrainConfig:
                             "the steps in flight will produce (this rank's own gradients standing in for their "
                             "averages); none is the paper's plain update (gradients K-1 steps stale)",
                             lambda: STALENESS_MODES)
+    lookahead_reach: float = _field(1.0, "--staleness lookahead: move the weights this many times the displacement "
+                                    "of the steps in flight (1: to the weights they will produce; 1.2 closed the "
+                                    "AdamW gap at width 2 in our study, docs/training.md; at most 2)")
     compression: str = _field("none", "codec on every ring hop (pipe/sync only); auto: chosen at the end of the "
                               "warm-up from what it measured (compute, the link, each codec's speed)",
                               lambda: [*compression.available(), "auto"])
@@ -241,6 +243,10 @@ class TrainConfig:
                               "(1-bit SGD does not converge without it)")
         if self.staleness != STALENESS and self.mode != "pipe":
             raise ConfigError(f"--staleness applies to --mode pipe only, not {self.mode}")
+        if not 0 < self.lookahead_reach <= MAX_LOOKAHEAD_REACH:
+            raise ConfigError(f"--lookahead-reach must be in (0, {MAX_LOOKAHEAD_REACH:g}] (got {self.lookahead_reach})")
+        if self.lookahead_reach != 1.0 and (self.mode != "pipe" or self.staleness != "lookahead"):
+            raise ConfigError("--lookahead-reach applies to --mode pipe with --staleness lookahead only")
         if self.allreduce != "auto" and self.mode not in ("pipe", "sync"):
             raise ConfigError(f"--allreduce applies to --mode pipe or sync only, not {self.mode}")
         if self.ddp_hook != "none" and self.mode != "ddp":
@@ -313,88 +319,3 @@ def _choice(flag: str, value: str, valid: tuple[str, ...]) -> None:
 
 def _flag(field_name: str) -> str:
     return field_name.replace("_", "-")
-
-
-def help_text(f) -> str:
-    """A field's flag help: its text, the valid names from the owning registry, and its default."""
-    choices = f"; one of {', '.join(_choices(f))}" if f.metadata["choices"] is not None else ""
-    return f"{f.metadata['help']}{choices} (default: {f.default!r})"
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag as one line (no usage dump), raising instead of exiting."""
-
-    def error(self, message: str):  # type: ignore[override]
-        raise ConfigError(message)
-
-
-def _width(text: str) -> int | str:
-    """--width: an integer, or auto."""
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer or auto: {text!r}") from None
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """Flags mirror TrainConfig's fields; every default is None so that only given flags override."""
-    parser = _OneLineParser(
-        prog="pipesgd-train",
-        description="Data-parallel training with Pipe-SGD and its baselines. Launch with torchrun "
-                    "(e.g. torchrun --nproc-per-node 4 -m pipesgd.train) or alone (world size 1). "
-                    "With no flags it trains an MLP on scikit-learn's digits with Pipe-SGD width 2 for "
-                    "20 epochs of batch 32 per worker (220 steps with 4 workers), SGD lr 0.02, momentum 0.9: "
-                    "about 97 % test accuracy after ~10 s of training on 2 CPU cores; lr 0.05 oscillates "
-                    "under width 2's one-step staleness.",
-        argument_default=argparse.SUPPRESS,
-    )
-    parser.add_argument("--config", metavar="FILE.toml", help="TOML file of field = value (flags win over it)")
-    for f in fields(TrainConfig):
-        default = f.default
-        flag = f"--{_flag(f.name)}"
-        text = help_text(f).replace("%", "%%")
-        if isinstance(default, bool):
-            parser.add_argument(flag, dest=f.name, action="store_true", help=text)
-        else:
-            kind = _width if f.name == "width" else type(default)
-            parser.add_argument(flag, dest=f.name, type=kind, metavar=f.name.upper(), help=text)
-    return parser
-
-
-def load_toml(path: str) -> dict:
-    """Read a flat TOML file whose keys are TrainConfig fields (dashes or underscores)."""
-    try:
-        with open(path, "rb") as f:
-            raw = tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"--config {path} is a directory, expected a TOML file") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    known = {f.name: f for f in fields(TrainConfig)}
-    values = {}
-    for key, value in raw.items():
-        name = key.replace("-", "_")
-        if name not in known:
-            raise ConfigError(f"unknown key {key!r} in {path}")
-        default = known[name].default
-        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if type(value) is not type(default) and not (name == "width" and value == "auto"):
-            raise ConfigError(f"key {key!r} in {path} must be {type(default).__name__}, got {value!r}")
-        values[name] = value
-    return values
-
-
-def resolve(argv: list[str] | None = None) -> TrainConfig:
-    """Defaults, then the TOML file, then flags; validated."""
-    args = vars(build_parser().parse_args(argv))
-    config_path = args.pop("config", None)
-    values = load_toml(config_path) if config_path else {}
-    values.update(args)
-    return TrainConfig(**values)

@@ -175,8 +175,12 @@ def summarize(cfg: TrainConfig, timings: Timings, pos: Position, accuracy: float
 
 
 def pipe_staleness(cfg: TrainConfig) -> str:
-    """", staleness lookahead" where a pipeline has stale gradients to treat (width >= 2), else ""."""
-    return f", staleness {cfg.staleness}" if cfg.mode == "pipe" and cfg.effective_width != 1 else ""
+    """", staleness lookahead" where a pipeline has stale gradients to treat (width >= 2), else ""; with a reach
+    other than 1 ", staleness lookahead (reach 1.2)"."""
+    if cfg.mode != "pipe" or cfg.effective_width == 1:
+        return ""
+    reach = f" (reach {cfg.lookahead_reach:g})" if cfg.lookahead_reach != 1.0 else ""
+    return f", staleness {cfg.staleness}{reach}"
 
 
 def format_summary(cfg: TrainConfig, s: dict) -> str:
