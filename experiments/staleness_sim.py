@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="look-ahead's stand-ins: local (the library's); diagnostics: oracle (the true "
                              "average), shrunk, frozen-v (Adam's second moment held; charlm), meanpoint (own batch "
                              "at the workers' mean look-ahead point: one more gradient per step), overshoot (own "
-                             f"gradient, the look-ahead moved {OVERSHOOT:g} times as far)")
+                             f"gradient, the look-ahead moved {OVERSHOOT:g} times as far), oracle-overshoot (the "
+                             "true average moved as far: a control)")
     parser.add_argument("--result", default=RESULT, help=f"result JSON (default {RESULT})")
     parser.add_argument("--resume", action="store_true", help="skip runs already in the result")
     parser.add_argument("--jobs", type=_jobs, default=1,

@@ -27,6 +27,12 @@ def test_the_true_average_as_stand_in_is_synchronous_sgd_and_a_workers_own_gradi
     assert oracle["final_loss"] == sync["final_loss"] and oracle["final_accuracy"] == sync["final_accuracy"]
     assert local["final_loss"] != sync["final_loss"]
     assert oracle["key"].endswith("oracle-stand-in seed=0") and "oracle" not in local["key"]
+    # the control: the true average with a longer reach is no longer synchronous SGD (over one epoch the loss
+    # barely leaves log 10, to the 5 digits kept)
+    three = dict(ONE_EPOCH, epochs=3)
+    reaching = simulate(SimSpec(width=2, staleness="lookahead", standin="oracle-overshoot", **three))
+    assert reaching["final_loss"] != simulate(SimSpec(width=1, **three))["final_loss"]
+    assert reaching["key"].endswith("oracle-overshoot-stand-in seed=0")
 
 
 def test_the_charlm_plan_is_the_studys_recipe_and_its_table_reports_the_loss():

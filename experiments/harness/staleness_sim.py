@@ -13,8 +13,11 @@ the delayed update; ``"shrunk"`` and ``"frozen-v"`` try two ways to lessen that 
 (``experiments.harness.standin_variants``); ``"meanpoint"`` gives each worker its own batch's gradient evaluated
 at the workers' mean look-ahead point instead of at its own (one more gradient per worker and step, which no real
 run would pay): the same batch noise, without the worker's response to its own look-ahead error (the Hessian times
-that error), so it separates the two. ``charlm`` is the accuracy study's transformer task: the character
-GPT with AdamW, warm-up and cosine decay, 300 steps at a local batch of 32.
+that error), so it separates the two; ``"overshoot"`` is the own gradient with the library's look-ahead reach 1.2
+(``PipeSGD(lookahead_reach=...)``) and ``"oracle-overshoot"`` the true average with that reach: synchronous SGD
+whose gradients are taken 0.2 updates past the weights, a control for whether the reach helps staleness or
+the optimizer. ``charlm`` is the accuracy study's transformer task: the character GPT with AdamW, warm-up and
+cosine decay, 300 steps at a local batch of 32.
 
 Steps of one simulated iteration t:
   Step 1: each worker moves the master weights to its look-ahead (its stand-ins of the steps in flight), computes
@@ -54,11 +57,14 @@ TASKS = {"digits": lambda seed: load_digits(seed), "mnist1d": lambda seed: make_
 # A worker's own gradient (the library's); the true average; two attempts at a better one (``standin_variants``);
 # the own batch at the workers' mean look-ahead point (the noise without the worker's reaction to its own error);
 # the own gradient with the look-ahead's reach scaled past the weights in flight (``OVERSHOOT``).
-STANDINS = ("local", "oracle", "shrunk", "frozen-v", "meanpoint", "overshoot")
+STANDINS = ("local", "oracle", "shrunk", "frozen-v", "meanpoint", "overshoot", "oracle-overshoot")
+ORACLES = ("oracle", "oracle-overshoot")  # the true average stands in
 STANDIN_TITLES = {"oracle": "true-average stand-in", "shrunk": "shrunk stand-in", "frozen-v": "frozen second moment",
-                  "meanpoint": "own batch at the mean point", "overshoot": f"reach x{OVERSHOOT:g}"}
+                  "meanpoint": "own batch at the mean point", "overshoot": f"reach x{OVERSHOOT:g}",
+                  "oracle-overshoot": f"true average, reach x{OVERSHOOT:g}"}
 LOOKAHEADS = {"local": Lookahead, "oracle": Lookahead, "shrunk": ShrunkLookahead, "frozen-v": FrozenMomentLookahead,
-              "meanpoint": Lookahead, "overshoot": partial(Lookahead, reach=OVERSHOOT)}
+              "meanpoint": Lookahead, "overshoot": partial(Lookahead, reach=OVERSHOOT),
+              "oracle-overshoot": partial(Lookahead, reach=OVERSHOOT)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +224,7 @@ def simulate(spec: SimSpec) -> dict:
             mean = [torch.stack(gs).mean(0) for gs in zip(*grads)]
             # Step 3: stand-ins kept while step t is in flight; the due step applied to the master weights.
             if looking and pipeline.depth(t) > 1:
-                stand_ins = ([mean] * len(workers) if spec.standin == "oracle" else
+                stand_ins = ([mean] * len(workers) if spec.standin in ORACLES else
                              gradients_at_mean_point(model, params, points, batches) if spec.standin == "meanpoint"
                              else grads)
                 for worker, stand_in in zip(workers, stand_ins):
