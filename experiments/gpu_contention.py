@@ -28,7 +28,8 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import build, device_name, launch, markdown, rank_device, stall, write_results  # noqa: E402
+from gpu_common import (add_switch_interval, apply_switch_interval, build, check_switch_interval,  # noqa: E402
+                        device_name, launch, markdown, rank_device, stall, write_results)
 
 from pipesgd.comm.channel import open_private_channel  # noqa: E402
 from pipesgd.compression import build as build_codec  # noqa: E402
@@ -54,6 +55,7 @@ def spin(seconds: float) -> None:
 
 
 def main_rank(rank: int, world: int, args) -> None:
+    interval = apply_switch_interval(args)
     device = rank_device(args.device, rank)
     torch.manual_seed(0)
     model = build(args.model).to(device)
@@ -106,7 +108,7 @@ def main_rank(rank: int, world: int, args) -> None:
     if rank == 0:
         header = (f"# The ring beside loads on the caller's thread\n\ndevice: {device_name(device)}; gloo, {world} "
                   f"rank(s); {args.model} ({n_params / 1e6:.2f} M parameters), batch {args.batch} per rank; "
-                  f"slowest rank's median of {args.repeats}")
+                  f"slowest rank's median of {args.repeats}{interval}")
         table = markdown(rows, ["codec", "all-reduce", "load", "ring ms", "load ms", "ring vs alone"])
         print(header + "\n\n" + table, flush=True)
         write_results(args.out, "gpu_contention", header, table, {"device": device_name(device), "world": world,
@@ -122,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--out", required=True, help="results folder")
+    add_switch_interval(parser)
     args = parser.parse_args(argv)
+    check_switch_interval(parser, args)
     if args.ranks < 2 or args.batch < 1 or args.repeats < 1:
         parser.error("--ranks must be at least 2 (a ring needs a peer), --batch and --repeats at least 1")
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -33,7 +33,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import build, check_backend, device_name, launch, markdown, rank_device, write_results  # noqa: E402
+from gpu_common import (add_switch_interval, apply_switch_interval, build, check_backend,  # noqa: E402
+                        check_switch_interval, device_name, launch, markdown, rank_device, write_results)
 
 from pipesgd import PipeSGD  # noqa: E402
 from pipesgd.compression import build as build_codec  # noqa: E402
@@ -180,6 +181,7 @@ def bench_codecs(device: torch.device, codec_mb: int) -> list[dict]:
 
 
 def main_rank(rank: int, world: int, args) -> None:
+    interval = apply_switch_interval(args)
     device = rank_device(args.device, rank)
     rows = []
     for name in args.models.split(","):
@@ -189,7 +191,7 @@ def main_rank(rank: int, world: int, args) -> None:
     codec_rows = bench_codecs(device, args.codec_mb)
     header = (f"# GPU path speed\n\ndevice: {device_name(device)}; backend {dist.get_backend()}, {world} rank(s); "
               f"batch {args.batch} per rank, synthetic 3x32x32 data; slowest rank's median of {args.repeats} "
-              "(step() host ms: rank 0's)")
+              f"(step() host ms: rank 0's){interval}")
     table = markdown(rows, ["model", "params", "variant", "ms / iter", "comm ms", "overlap efficiency", "vs DDP",
                             "step() host ms", "of which wait ms", "look-ahead ms"])
     table += "\n\n" + markdown(codec_rows, ["codec", "input", "encode GB/s", "decode GB/s", "encode + decode ms"])
@@ -209,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--codec-mb", type=int, default=100, help="input size of the codec-throughput table")
     parser.add_argument("--out", required=True, help="results folder")
+    add_switch_interval(parser)
     args = parser.parse_args(argv)
+    check_switch_interval(parser, args)
     unknown = [m for m in args.models.split(",") if m not in ("lenet", "resnet20", "resnet18")]
     if unknown:
         parser.error(f"unknown --models {','.join(unknown)} (valid: lenet, resnet20, resnet18)")

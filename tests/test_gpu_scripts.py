@@ -60,9 +60,9 @@ def test_gpu_speed_runs_on_cpu_and_reports_overlap_efficiency(tmp_path):
 @pytest.mark.slow
 def test_gpu_contention_runs_on_cpu_and_times_every_codec_beside_every_load(tmp_path):
     proc = run_script("gpu_contention.py", "--device", "cpu", "--ranks", "2", "--model", "lenet", "--batch", "4",
-                      "--repeats", "2", "--out", str(tmp_path))
+                      "--repeats", "2", "--out", str(tmp_path), "--switch-interval-ms", "0.25")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "device: CPU" in proc.stdout
+    assert "device: CPU" in proc.stdout and "GIL switch interval 0.25 ms" in proc.stdout
     rows = json.loads((tmp_path / "gpu_contention.json").read_text())["rows"]
     timed = {(r["codec"], r["all-reduce"], r["load"]) for r in rows if r.get("ring ms")}
     runs = [("none", "backend")] + [(c, a) for c in ("bf16", "q8") for a in ("alltoall", "ring")]
@@ -164,6 +164,12 @@ def test_deb_unpacking_without_dpkg(tmp_path):
     (tmp_path / "bad.deb").write_bytes(b"not an archive")
     with pytest.raises(ValueError, match="not a Debian package"):
         gpu_session.unpack_deb(tmp_path / "bad.deb", tmp_path / "root")
+
+
+@pytest.mark.parametrize("script", ["gpu_speed.py", "gpu_contention.py"])
+def test_a_switch_interval_must_be_positive(script, tmp_path):
+    proc = run_script(script, "--device", "cpu", "--out", str(tmp_path), "--switch-interval-ms", "0", timeout_s=60)
+    assert proc.returncode == 2 and "--switch-interval-ms must be positive" in proc.stderr.strip().splitlines()[-1]
 
 
 @pytest.mark.parametrize("args,needle", [(["--stages", "gpu"], "unknown stage gpu"),
