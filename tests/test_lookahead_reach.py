@@ -1,7 +1,8 @@
 """Look-ahead's reach (``PipeSGD(lookahead_reach=...)``, ``pipesgd-train --lookahead-reach``): the parameters move
 that many times the replayed displacement and come back to the master weights; 1 is the default and changes
 nothing; any other reach gives up the synchronous trajectory at world size 1 (so the option can be seen to act);
-the master weights stay identical on every rank; bad values are refused."""
+the master weights stay identical on every rank and a resumed run repeats the uninterrupted one; bad values are
+refused."""
 from __future__ import annotations
 
 import math
@@ -96,6 +97,39 @@ def _replicas(rank: int, world: int) -> list[torch.Tensor]:
 def test_master_weights_stay_identical_across_ranks_with_a_longer_reach():
     per_rank = run_ranks(_replicas, 2)
     assert all(torch.equal(a, b) for a, b in zip(*per_rank))
+
+
+RESUME_AT = 5
+
+
+def _resumable(rank: int, world: int, path: str, resume: bool) -> list[torch.Tensor]:
+    """AdamW at width 3 with the reach and q8 + error feedback; saved per rank at RESUME_AT, or resumed from there."""
+    model = make_model()
+    opt = PipeSGD(torch.optim.AdamW(model.parameters(), lr=0.01), model, width=3, warmup_steps=1, compression="q8",
+                  error_feedback=True, lookahead_reach=REACH)
+    start = 0
+    if resume:
+        state = torch.load(f"{path}.{rank}", weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = RESUME_AT
+    for t in range(start, 10):
+        if t == RESUME_AT and not resume:
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, f"{path}.{rank}")
+        _loss(model, t, rank).backward()
+        opt.step()
+        opt.zero_grad()
+    opt.flush()
+    opt.close()
+    return snapshot(model)
+
+
+def test_a_resumed_run_with_a_reach_repeats_the_uninterrupted_one(tmp_path):
+    path = str(tmp_path / "state")
+    uninterrupted = run_ranks(_resumable, 2, path, False)
+    resumed = run_ranks(_resumable, 2, path, True)
+    for want, got in zip(uninterrupted, resumed):
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, 2.5, math.nan, True, "1.2"])
