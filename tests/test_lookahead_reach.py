@@ -80,14 +80,18 @@ def test_the_wrapper_passes_its_reach_to_the_look_ahead(process_group):
         torch.testing.assert_close(f, m + REACH * (n - m))
 
 
+def _train(model: torch.nn.Module, opt: PipeSGD, steps: range, rank: int) -> None:
+    for t in steps:
+        _loss(model, t, rank).backward()
+        opt.step()
+        opt.zero_grad()
+
+
 def _replicas(rank: int, world: int) -> list[torch.Tensor]:
     model = make_model()
     opt = PipeSGD(torch.optim.AdamW(model.parameters(), lr=0.01), model, width=3, warmup_steps=1,
                   compression="q8", error_feedback=True, lookahead_reach=REACH, check_replicas_every=1)
-    for t in range(8):
-        _loss(model, t, rank).backward()
-        opt.step()
-        opt.zero_grad()
+    _train(model, opt, range(8), rank)
     opt.flush()
     opt.check_replicas()
     opt.close()
@@ -107,18 +111,14 @@ def _resumable(rank: int, world: int, path: str, resume: bool) -> list[torch.Ten
     model = make_model()
     opt = PipeSGD(torch.optim.AdamW(model.parameters(), lr=0.01), model, width=3, warmup_steps=1, compression="q8",
                   error_feedback=True, lookahead_reach=REACH)
-    start = 0
     if resume:
         state = torch.load(f"{path}.{rank}", weights_only=True)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
-        start = RESUME_AT
-    for t in range(start, 10):
-        if t == RESUME_AT and not resume:
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, f"{path}.{rank}")
-        _loss(model, t, rank).backward()
-        opt.step()
-        opt.zero_grad()
+    else:
+        _train(model, opt, range(RESUME_AT), rank)
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, f"{path}.{rank}")
+    _train(model, opt, range(RESUME_AT, 10), rank)
     opt.flush()
     opt.close()
     return snapshot(model)
