@@ -136,7 +136,9 @@ def test_study_writes_result_and_resume_skips_done_runs(tmp_path):
     third = FakeLauncher()
     run_study(cfg, resume=True, log=lines.append, launcher=third)
     assert len(third.calls) == 1 and third.calls[0][third.calls[0].index("--seed") + 1] == "1"
-    assert len(read_result(cfg.result)["runs"]) == 8
+    resumed = read_result(cfg.result)
+    assert len(resumed["runs"]) == 8
+    assert resumed["earlier"] == [result["provenance"]]  # the invocation whose runs the resume kept
 
     # Without --resume everything runs again.
     fresh = FakeLauncher()

@@ -258,18 +258,23 @@ def summarise(runs: list[dict]) -> list[dict]:
     return out
 
 
-def _result(cfg: AccuracyConfig, runs: list[dict], failed: list[dict]) -> dict:
+def _result(cfg: AccuracyConfig, runs: list[dict], failed: list[dict], earlier: list[dict] | None = None) -> dict:
+    """The result file's content; ``settings`` are this invocation's, ``earlier`` the provenance of those before
+    it whose runs a ``--resume`` kept (each run records its own flags)."""
     settings = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
     return {"experiment": "accuracy", "settings": settings, "summary": summarise(runs), "runs": runs,
-            "failed": failed}
+            "failed": failed, **({"earlier": earlier} if earlier else {})}
 
 
 def run_study(cfg: AccuracyConfig, resume: bool = False, log: Callable[[str], None] = print,
               launcher: Callable[..., int | None] = launch) -> dict:
     """Every planned run not already in the result (with ``resume``); the result is re-written after each run."""
     runs: list[dict] = []
+    earlier: list[dict] = []  # the invocations that made the runs kept (the file's provenance is the latest's)
     if resume and os.path.exists(cfg.result):
-        runs = read_result(cfg.result).get("runs", [])
+        old = read_result(cfg.result)
+        runs = old.get("runs", [])
+        earlier = [*old.get("earlier", []), *([old["provenance"]] if "provenance" in old else [])]
     specs = plan(cfg)
     done = {r["key"] for r in runs}
     todo = [s for s in specs if s.key not in done]
@@ -302,8 +307,8 @@ def run_study(cfg: AccuracyConfig, resume: bool = False, log: Callable[[str], No
             eta = (time.monotonic() - started) / i * (len(todo) - i)
             log(f"{index}: {100 * record['final_accuracy']:.1f} % in {wall_s:.0f} s (ETA {eta / 60:.1f} min)")
         os.makedirs(os.path.dirname(os.path.abspath(cfg.result)), exist_ok=True)
-        write_result(cfg.result, _result(cfg, _ordered(runs, specs), failed))  # Step 5
-    result = _result(cfg, _ordered(runs, specs), failed)
+        write_result(cfg.result, _result(cfg, _ordered(runs, specs), failed, earlier))  # Step 5
+    result = _result(cfg, _ordered(runs, specs), failed, earlier)
     if not todo:
         log("nothing to run")
     return result
