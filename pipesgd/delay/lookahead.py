@@ -25,10 +25,11 @@ optimizer's rule: SGD's, Adam's and AdamW's written out in foreach operations (`
 ``StepStats.t_lookahead_s``).
 
 Reach (``reach``, ``PipeSGD(lookahead_reach=...)``; 1.0 by default): the parameters move ``reach`` times the
-replayed displacement, ``master + reach * (look-ahead - master)``. Opt-in and measured on one kind of task: in the
-staleness simulation a reach of 1.2 ended the gap of AdamW on the character GPT at width 2 (+1.8 % validation loss
-at reach 1, -0.5 % at 1.2, six seeds) and cost nothing on momentum SGD (digits, MNIST-1D), but did not close the
-gap at width 3 (``experiments/results/staleness_sim/report.md``). Why it helps is not known. Any reach but 1
+replayed displacement, ``master + reach * (look-ahead - master)``. Opt-in and measured on one kind of task: a reach
+of 1.2 ended the gap of AdamW on the character GPT at width 2 (validation loss +1.8 % at reach 1, -0.5 % at 1.2, six
+seeds, the trainer and the simulation alike) and cost nothing with momentum SGD (digits, MNIST-1D, ResNet-20), but
+did not close the gap at width 3. Most of the gain is the optimizer's, not the staleness's: synchronous AdamW with
+its gradients taken that far ahead ends at -1.3 % (``experiments/results/accuracy/report.md``). Any reach but 1
 gives up the exactness at world size 1 (the parameters pass the weights synchronous SGD would have).
 """
 from __future__ import annotations

@@ -185,7 +185,7 @@ class TrainConfig:
             value = self.dataset_name if f.name == "dataset" else getattr(self, f.name)
             if value == "" and f.default == "":  # an empty default means "chosen by context" (backend)
                 continue
-            _choice(_flag(f.name), value, _choices(f))
+            _choice(flag_name(f.name), value, registry_names(f))
         if self.dataset_name in DATASETS_WITH_DIR:
             if not self.dataset_dir:
                 raise ConfigError(f"--dataset {self.dataset_name} needs a directory: --dataset {self.dataset_name}:DIR")
@@ -197,17 +197,17 @@ class TrainConfig:
         for f in fields(self):  # inf, nan and overflowing literals (1e400) would only fail once training runs
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
-                raise ConfigError(f"--{_flag(f.name)} must be a finite number (got {value})")
+                raise ConfigError(f"--{flag_name(f.name)} must be a finite number (got {value})")
         if self.width == "auto" and self.mode != "pipe":
             raise ConfigError(f"--width auto applies to --mode pipe only, not {self.mode}")
         for name in ("width", "epochs", "batch_size", "accumulate", "threads", "hidden", "push_every", "pull_every",
                      "synthetic_samples", "synthetic_features"):
             if getattr(self, name) != "auto" and getattr(self, name) < 1:
-                raise ConfigError(f"--{_flag(name)} must be at least 1 (got {getattr(self, name)})")
+                raise ConfigError(f"--{flag_name(name)} must be at least 1 (got {getattr(self, name)})")
         for name in ("steps", "servers", "warmup_steps", "auto_recheck_every", "check_replicas", "eval_every",
                      "eval_steps", "checkpoint_every", "weight_decay", "clip_grad_norm"):
             if getattr(self, name) < 0:
-                raise ConfigError(f"--{_flag(name)} must not be negative (got {getattr(self, name)})")
+                raise ConfigError(f"--{flag_name(name)} must not be negative (got {getattr(self, name)})")
         if self.eval_deferred and not (self.eval_every or self.eval_steps):
             raise ConfigError("--eval-deferred needs evaluation points: --eval-every N or --eval-steps N")
         if self.synthetic_classes < 2:
@@ -308,7 +308,8 @@ class TrainConfig:
         write_text_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
-def _choices(f) -> tuple[str, ...]:
+def registry_names(f) -> tuple[str, ...]:
+    """The names a field's value must be one of, from the registry that owns them."""
     return tuple(f.metadata["choices"]())
 
 
@@ -317,5 +318,6 @@ def _choice(flag: str, value: str, valid: tuple[str, ...]) -> None:
         raise ConfigError(f"unknown --{flag} {value!r} (valid: {', '.join(valid)})")
 
 
-def _flag(field_name: str) -> str:
+def flag_name(field_name: str) -> str:
+    """A field's flag without its dashes: ``eval_steps`` -> ``eval-steps``."""
     return field_name.replace("_", "-")

@@ -6,12 +6,12 @@ import argparse
 import tomllib
 from dataclasses import fields
 
-from .config import ConfigError, TrainConfig, _choices, _flag
+from .config import ConfigError, TrainConfig, flag_name, registry_names
 
 
 def help_text(f) -> str:
     """A field's flag help: its text, the valid names from the owning registry, and its default."""
-    choices = f"; one of {', '.join(_choices(f))}" if f.metadata["choices"] is not None else ""
+    choices = f"; one of {', '.join(registry_names(f))}" if f.metadata["choices"] is not None else ""
     return f"{f.metadata['help']}{choices} (default: {f.default!r})"
 
 
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", metavar="FILE.toml", help="TOML file of field = value (flags win over it)")
     for f in fields(TrainConfig):
         default = f.default
-        flag = f"--{_flag(f.name)}"
+        flag = f"--{flag_name(f.name)}"
         text = help_text(f).replace("%", "%%")
         if isinstance(default, bool):
             parser.add_argument(flag, dest=f.name, action="store_true", help=text)
