@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -178,3 +179,26 @@ def test_a_switch_interval_must_be_positive(script, tmp_path):
 def test_gpu_session_bad_arguments_are_one_line(args, needle, tmp_path):
     proc = run_script("gpu_session.py", "--dry-run", "--out", str(tmp_path), *args, timeout_s=60)
     assert proc.returncode == 2 and needle in proc.stderr.strip().splitlines()[-1]
+
+
+def test_the_prepared_gpu_call_runs_every_step_and_packs_its_results(tmp_path):
+    """experiments/gpu_next.sh with stand-ins for the GPU machine's tools (python3, pip, nvidia-*: they print their
+    arguments): every step runs within the budget, says its exit code, and the results come packed."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name in ("python3", "pip", "nvidia-smi", "nvidia-cuda-mps-control"):
+        (tools / name).write_text('#!/bin/sh\necho "$0 $*"\n')
+        (tools / name).chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {"PATH": f"{tools}:/usr/bin:/bin", "OUT": str(out), "HOME": str(tmp_path)}
+    script = Path(__file__).resolve().parent.parent / "experiments" / "gpu_next.sh"
+    proc = subprocess.run(["bash", str(script), "300"], capture_output=True, text=True, timeout=60, env=env,
+                          cwd=script.parent.parent)
+    assert proc.returncode == 0, proc.stderr
+    steps = (out / "gpu8" / "steps.txt").read_text()
+    assert steps.count("rc=0") == 7 and "skip" not in steps, steps
+    with tarfile.open(out / "gpu8.tgz") as packed:
+        names = packed.getnames()
+    assert "gpu8/contention-0.1ms.log" in names and "gpu8/steps.txt" in names
+    assert "--switch-interval-ms 0.1" in (out / "gpu8" / "contention-0.1ms.log").read_text()
