@@ -14,7 +14,7 @@ import torch
 
 from experiments.harness.staleness_sim import (
     ReactionSize, SimSpec, gradients_at_mean_point, plan, run_all, simulate, summarise, summary_markdown)
-from experiments.harness.standin_variants import FrozenMomentLookahead, ShrunkLookahead
+from experiments.harness.standin_variants import FrozenMomentLookahead, ShrunkLookahead, coarse_average
 from pipesgd.delay.lookahead import Lookahead
 
 ONE_EPOCH = dict(task="digits", workers=2, epochs=1, warmup_steps=2)
@@ -176,6 +176,15 @@ def test_an_unknown_stand_in_is_one_line_and_exit_2():
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "psychic" in result.stderr and "oracle" in result.stderr
+
+
+def test_the_coarse_stand_in_is_everyones_average_after_a_codec_round_trip():
+    torch.manual_seed(0)
+    grads = [[torch.randn(4, 8), torch.randn(16)] for _ in range(3)]  # 3 workers, 2 parameters
+    exact = [torch.stack(per_param).mean(0) for per_param in zip(*grads)]
+    assert all(torch.equal(a, b) for a, b in zip(coarse_average(grads, "none"), exact))  # a lossless codec
+    coarse = coarse_average(grads)  # q4: close, not equal
+    assert all(a.shape == b.shape and not torch.equal(a, b) and (a - b).abs().max() < 0.5 for a, b in zip(coarse, exact))
 
 
 @pytest.mark.parametrize("bad", [dict(standin="psychic"), dict(task="imagenet")])

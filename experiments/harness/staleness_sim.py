@@ -50,21 +50,21 @@ from pipesgd.train.models import build_model
 from pipesgd.train.optimizers import build_inner_optimizer
 from pipesgd.train.schedule import build_schedule
 
-from experiments.harness.standin_variants import OVERSHOOT, FrozenMomentLookahead, ShrunkLookahead
+from experiments.harness.standin_variants import OVERSHOOT, FrozenMomentLookahead, ShrunkLookahead, coarse_average
 
 TASKS = {"digits": lambda seed: load_digits(seed), "mnist1d": lambda seed: make_mnist1d(seed),
          "charlm": lambda seed: load_pysrc()}
 # A worker's own gradient (the library's); the true average; two attempts at a better one (``standin_variants``);
 # the own batch at the workers' mean look-ahead point (the noise without the worker's reaction to its own error);
-# the own gradient with the look-ahead's reach scaled past the weights in flight (``OVERSHOOT``).
-STANDINS = ("local", "oracle", "shrunk", "frozen-v", "meanpoint", "overshoot", "oracle-overshoot")
+# the own gradient with the look-ahead's reach scaled past the weights in flight (``OVERSHOOT``); everyone's q4 average.
+STANDINS = ("local", "oracle", "shrunk", "frozen-v", "meanpoint", "overshoot", "oracle-overshoot", "coarse")
 ORACLES = ("oracle", "oracle-overshoot")  # the true average stands in
 STANDIN_TITLES = {"oracle": "true-average stand-in", "shrunk": "shrunk stand-in", "frozen-v": "frozen second moment",
                   "meanpoint": "own batch at the mean point", "overshoot": f"reach x{OVERSHOOT:g}",
-                  "oracle-overshoot": f"true average, reach x{OVERSHOOT:g}"}
+                  "oracle-overshoot": f"true average, reach x{OVERSHOOT:g}", "coarse": "q4 average of all"}
 LOOKAHEADS = {"local": Lookahead, "oracle": Lookahead, "shrunk": ShrunkLookahead, "frozen-v": FrozenMomentLookahead,
               "meanpoint": Lookahead, "overshoot": partial(Lookahead, reach=OVERSHOOT),
-              "oracle-overshoot": partial(Lookahead, reach=OVERSHOOT)}
+              "oracle-overshoot": partial(Lookahead, reach=OVERSHOOT), "coarse": Lookahead}
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +226,7 @@ def simulate(spec: SimSpec) -> dict:
             if looking and pipeline.depth(t) > 1:
                 stand_ins = ([mean] * len(workers) if spec.standin in ORACLES else
                              gradients_at_mean_point(model, params, points, batches) if spec.standin == "meanpoint"
-                             else grads)
+                             else [coarse_average(grads)] * len(workers) if spec.standin == "coarse" else grads)
                 for worker, stand_in in zip(workers, stand_ins):
                     worker.record(t, stand_in)
                 if spec.standin == "meanpoint":

@@ -16,6 +16,9 @@ what a worker holds:
   moment held at the master's bias-corrected value, so that the replay is linear in the stand-in and the workers'
   errors cancel to first order even through Adam's normalisation. (No loss scaling or clipping: the simulation
   has neither.)
+- "coarse" (``coarse_average``): every worker's stand-in is the mean of all workers' gradients after a q4 round trip
+  (encode, decode), what an all-gather of q4 payloads beside the exact all-reduce would give each worker at an
+  eighth of its bytes: the average's direction without the own error's reaction, with q4's rounding error.
 - "overshoot": the library's look-ahead with ``reach=OVERSHOOT`` (``PipeSGD(lookahead_reach=...)``): the worker's
   own gradient, and the parameters moved ``OVERSHOOT`` times the replayed displacement (past the weights the steps
   in flight will produce). Not a stand-in but a probe of the look-ahead's reach: a scratch run found the charlm gap
@@ -27,6 +30,7 @@ from collections.abc import Sequence
 
 import torch
 
+from pipesgd.compression import build
 from pipesgd.delay.lookahead import Lookahead
 
 SHRINK_DECAY = 0.9  # the exponential averages of the applied averages and of the least-squares sums
@@ -111,3 +115,16 @@ class FrozenMomentReplay:
                     first.mul_(beta1).add_(grad, alpha=1 - beta1)
                     p.addcdiv_(first, denominator, value=-lr / (1 - beta1 ** count))
         return len(steps)
+
+
+def coarse_average(grads: Sequence[Sequence[torch.Tensor]], codec: str = "q4") -> list[torch.Tensor]:
+    """The mean over workers (``grads``: per worker, per parameter) of each gradient after an encode and decode with
+    ``codec`` (round to nearest), parameter by parameter."""
+    coder = build(codec)
+
+    def round_trip(g: torch.Tensor) -> torch.Tensor:
+        payload, ctx = coder.compress(g.reshape(-1))
+        return coder.decompress(payload, ctx).reshape(g.shape)
+
+    return [torch.stack([round_trip(g) for g in per_param]).mean(0) for per_param in zip(*grads)]
+
