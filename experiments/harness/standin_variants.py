@@ -18,7 +18,8 @@ what a worker holds:
   has neither.)
 - "coarse" (``coarse_average``): every worker's stand-in is the mean of all workers' gradients after a q4 round trip
   (encode, decode), what an all-gather of q4 payloads beside the exact all-reduce would give each worker at an
-  eighth of its bytes: the average's direction without the own error's reaction, with q4's rounding error.
+  eighth of its bytes: the average's direction without the own error's reaction, with q4's rounding error
+  ("coarse-sign": 1-bit sign with a scale per block, a 32nd of the bytes).
 - "overshoot": the library's look-ahead with ``reach=OVERSHOOT`` (``PipeSGD(lookahead_reach=...)``): the worker's
   own gradient, and the parameters moved ``OVERSHOOT`` times the replayed displacement (past the weights the steps
   in flight will produce). Not a stand-in but a probe of the look-ahead's reach: a scratch run found the charlm gap
