@@ -184,7 +184,10 @@ def test_the_coarse_stand_in_is_everyones_average_after_a_codec_round_trip():
     exact = [torch.stack(per_param).mean(0) for per_param in zip(*grads)]
     assert all(torch.equal(a, b) for a, b in zip(coarse_average(grads, "none"), exact))  # a lossless codec
     coarse = coarse_average(grads)  # q4: close, not equal
-    assert all(a.shape == b.shape and not torch.equal(a, b) and (a - b).abs().max() < 0.5 for a, b in zip(coarse, exact))
+    assert all(a.shape == b.shape and not torch.equal(a, b) and (a - b).abs().max() < 0.5
+               for a, b in zip(coarse, exact))
+    again = coarse_average(grads, requantize=True)  # the exchange's: the mean encoded once more
+    assert all(not torch.equal(a, b) and (a - b).abs().max() < 0.5 for a, b in zip(again, coarse))
 
 
 @pytest.mark.parametrize("bad", [dict(standin="psychic"), dict(task="imagenet")])

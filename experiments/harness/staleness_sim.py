@@ -58,17 +58,18 @@ TASKS = {"digits": lambda seed: load_digits(seed), "mnist1d": lambda seed: make_
 # the own batch at the workers' mean look-ahead point (the noise without the worker's reaction to its own error);
 # the own gradient with the look-ahead's reach scaled past the weights in flight (``OVERSHOOT``); everyone's q4 average.
 STANDINS = ("local", "oracle", "shrunk", "frozen-v", "meanpoint", "overshoot", "oracle-overshoot", "coarse",
-            "coarse-sign")
-COARSE = {"coarse": "q4", "coarse-sign": "sign"}  # everyone's average after a round trip through this codec
+            "coarse-sign", "coarse-exchange")
+# everyone's average after a round trip through this codec (and, the exchange's, the mean once more)
+COARSE = {"coarse": ("q4", False), "coarse-sign": ("sign", False), "coarse-exchange": ("q4", True)}
 ORACLES = ("oracle", "oracle-overshoot")  # the true average stands in
 STANDIN_TITLES = {"oracle": "true-average stand-in", "shrunk": "shrunk stand-in", "frozen-v": "frozen second moment",
                   "meanpoint": "own batch at the mean point", "overshoot": f"reach x{OVERSHOOT:g}",
                   "oracle-overshoot": f"true average, reach x{OVERSHOOT:g}", "coarse": "q4 average of all",
-                  "coarse-sign": "sign average of all"}
+                  "coarse-sign": "sign average of all", "coarse-exchange": "q4 exchange of all"}
 LOOKAHEADS = {"local": Lookahead, "oracle": Lookahead, "shrunk": ShrunkLookahead, "frozen-v": FrozenMomentLookahead,
               "meanpoint": Lookahead, "overshoot": partial(Lookahead, reach=OVERSHOOT),
               "oracle-overshoot": partial(Lookahead, reach=OVERSHOOT), "coarse": Lookahead,
-              "coarse-sign": Lookahead}
+              "coarse-sign": Lookahead, "coarse-exchange": Lookahead}
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +231,7 @@ def simulate(spec: SimSpec) -> dict:
             if looking and pipeline.depth(t) > 1:
                 stand_ins = ([mean] * len(workers) if spec.standin in ORACLES else
                              gradients_at_mean_point(model, params, points, batches) if spec.standin == "meanpoint"
-                             else [coarse_average(grads, COARSE[spec.standin])] * len(workers)
+                             else [coarse_average(grads, *COARSE[spec.standin])] * len(workers)
                              if spec.standin in COARSE else grads)
                 for worker, stand_in in zip(workers, stand_ins):
                     worker.record(t, stand_in)

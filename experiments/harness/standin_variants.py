@@ -19,7 +19,8 @@ what a worker holds:
 - "coarse" (``coarse_average``): every worker's stand-in is the mean of all workers' gradients after a q4 round trip
   (encode, decode), what an all-gather of q4 payloads beside the exact all-reduce would give each worker at an
   eighth of its bytes: the average's direction without the own error's reaction, with q4's rounding error
-  ("coarse-sign": 1-bit sign with a scale per block, a 32nd of the bytes).
+  ("coarse-sign": 1-bit sign with a scale per block, a 32nd of the bytes; "coarse-exchange": q4 with the mean
+  encoded once more, as the library's two-collective exchange would deliver it).
 - "overshoot": the library's look-ahead with ``reach=OVERSHOOT`` (``PipeSGD(lookahead_reach=...)``): the worker's
   own gradient, and the parameters moved ``OVERSHOOT`` times the replayed displacement (past the weights the steps
   in flight will produce). Not a stand-in but a probe of the look-ahead's reach: a scratch run found the charlm gap
@@ -118,14 +119,17 @@ class FrozenMomentReplay:
         return len(steps)
 
 
-def coarse_average(grads: Sequence[Sequence[torch.Tensor]], codec: str = "q4") -> list[torch.Tensor]:
+def coarse_average(grads: Sequence[Sequence[torch.Tensor]], codec: str = "q4",
+                   requantize: bool = False) -> list[torch.Tensor]:
     """The mean over workers (``grads``: per worker, per parameter) of each gradient after an encode and decode with
-    ``codec`` (round to nearest), parameter by parameter."""
+    ``codec`` (round to nearest), parameter by parameter; with ``requantize`` that mean once more through the codec,
+    as the two-collective exchange's owners encode the sum they hand on (``pipesgd.comm.alltoall``)."""
     coder = build(codec)
 
     def round_trip(g: torch.Tensor) -> torch.Tensor:
         payload, ctx = coder.compress(g.reshape(-1))
         return coder.decompress(payload, ctx).reshape(g.shape)
 
-    return [torch.stack([round_trip(g) for g in per_param]).mean(0) for per_param in zip(*grads)]
+    means = [torch.stack([round_trip(g) for g in per_param]).mean(0) for per_param in zip(*grads)]
+    return [round_trip(m) for m in means] if requantize else means
 
