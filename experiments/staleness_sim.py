@@ -79,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
                              "average), shrunk, frozen-v (Adam's second moment held; charlm), meanpoint (own batch "
                              "at the workers' mean look-ahead point: one more gradient per step), overshoot (own "
                              f"gradient, the look-ahead moved {OVERSHOOT:g} times as far), oracle-overshoot (the "
-                             "true average moved as far: a control)")
+                             "true average moved as far: a control), coarse (everyone's gradients averaged after a "
+                             "q4 round trip), coarse-sign (after a sign one), coarse-exchange (q4, the mean encoded "
+                             "once more, as the exchange delivers it)")
     parser.add_argument("--result", default=RESULT, help=f"result JSON (default {RESULT})")
     parser.add_argument("--resume", action="store_true", help="skip runs already in the result")
     parser.add_argument("--jobs", type=_jobs, default=1,

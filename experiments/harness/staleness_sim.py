@@ -66,10 +66,9 @@ STANDIN_TITLES = {"oracle": "true-average stand-in", "shrunk": "shrunk stand-in"
                   "meanpoint": "own batch at the mean point", "overshoot": f"reach x{OVERSHOOT:g}",
                   "oracle-overshoot": f"true average, reach x{OVERSHOOT:g}", "coarse": "q4 average of all",
                   "coarse-sign": "sign average of all", "coarse-exchange": "q4 exchange of all"}
-LOOKAHEADS = {"local": Lookahead, "oracle": Lookahead, "shrunk": ShrunkLookahead, "frozen-v": FrozenMomentLookahead,
-              "meanpoint": Lookahead, "overshoot": partial(Lookahead, reach=OVERSHOOT),
-              "oracle-overshoot": partial(Lookahead, reach=OVERSHOOT), "coarse": Lookahead,
-              "coarse-sign": Lookahead, "coarse-exchange": Lookahead}
+# the worker's look-ahead where it is not the library's ``Lookahead``
+LOOKAHEADS = {"shrunk": ShrunkLookahead, "frozen-v": FrozenMomentLookahead,
+              "overshoot": partial(Lookahead, reach=OVERSHOOT), "oracle-overshoot": partial(Lookahead, reach=OVERSHOOT)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +192,7 @@ def simulate(spec: SimSpec) -> dict:
     if schedule is not None:
         schedule.apply(optimizer.param_groups, 0)
     looking = spec.width > 1 and spec.staleness == "lookahead"
-    kind = LOOKAHEADS[spec.standin]
+    kind = LOOKAHEADS.get(spec.standin, Lookahead)
     workers = [kind(optimizer, params, spec.width) if looking else None for _ in range(spec.workers)]
     pipeline: Pipeline[list[torch.Tensor]] = Pipeline(spec.width, spec.warmup_steps)
 

@@ -132,4 +132,3 @@ def coarse_average(grads: Sequence[Sequence[torch.Tensor]], codec: str = "q4",
 
     means = [torch.stack([round_trip(g) for g in per_param]).mean(0) for per_param in zip(*grads)]
     return [round_trip(m) for m in means] if requantize else means
-
