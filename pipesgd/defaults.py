@@ -43,6 +43,10 @@ GRADIENT_AS_BUCKET_VIEW = True
 # of width 1 (experiments/results/accuracy/report.md).
 STALENESS_MODES = ("lookahead", "none")
 STALENESS = "lookahead"
+# What stands in, during look-ahead, for the averages still in flight: "local", this rank's own gradients (free);
+# "coarse", every rank's averaged in 4 bits before the exact exchange (pipesgd.delay.coarse: a q4 all-reduce per step
+# that the next forward waits for). "coarse" closed the AdamW character GPT's gap at width 3 where "local" left +4 %.
+LOOKAHEAD_STANDINS = ("local", "coarse")
 
 # How long the end of a script waits for a background ring still in flight (pipesgd.lifecycle) before it leaves the
 # thread running: the rings of every rank finish together unless a peer stopped answering.

@@ -47,6 +47,7 @@ from pipesgd.comm.exchange import ExchangeResult
 from pipesgd.comm.groups import require_group
 from pipesgd.init_sync import sync_initial_state
 from pipesgd.delay.apply import DelayedApply, NonFiniteGradientError  # noqa: F401 - public here too
+from pipesgd.delay.coarse import CoarseAverage
 from pipesgd.delay.lookahead import Lookahead
 from pipesgd.options import PipeSGDOptions
 from pipesgd.params import FreshGradients, communicated_params
@@ -88,6 +89,7 @@ class PipeSGD:
         staleness: str = STALENESS,
         auto_recheck_every: int = 0,
         lookahead_reach: float = 1.0,
+        lookahead_standin: str = "local",
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"PipeSGD wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -98,6 +100,7 @@ class PipeSGD:
             max_grad_norm=max_grad_norm, buffers=buffers, grad_scaler=grad_scaler,
             gradient_as_bucket_view=gradient_as_bucket_view, check_uneven=check_uneven, init_sync=init_sync,
             staleness=staleness, auto_recheck_every=auto_recheck_every, lookahead_reach=lookahead_reach,
+            lookahead_standin=lookahead_standin,
         )
         user_group = require_group(process_group, "PipeSGD")
         if not isinstance(model_or_params, torch.nn.Module):
@@ -205,8 +208,9 @@ class PipeSGD:
     def lookahead_memory_bytes(self) -> int:
         """Bytes that look-ahead holds beside plain width K (0 without it): a copy of the weights, this rank's
         gradients of the K-1 steps in flight and the replay's copy of the optimizer state
-        (``pipesgd.delay.lookahead``)."""
-        return self._lookahead.memory_bytes if self._lookahead is not None else 0
+        (``pipesgd.delay.lookahead``), and the coarse averages' bucket sets (``pipesgd.delay.coarse``)."""
+        coarse = self._coarse.memory_bytes if self._coarse is not None else 0
+        return self._lookahead.memory_bytes + coarse if self._lookahead is not None else 0
 
     def step(self) -> StepStats:
         """Hand this step's gradients to the ring; apply the averaged gradient of step t-K+1 if due."""
@@ -225,10 +229,11 @@ class PipeSGD:
         self._fresh.value = False
         if self._loss_scale is not None:
             self._loss_scale.record(t)
-        if lookahead is not None and self._pipeline.depth(t) > 1:  # its stand-in while its average is in flight
-            lookahead.record(t, buffers.slots, self._loss_scale.scale_of(t) if self._loss_scale else None)
         # Step 2: hand off (under a delayed buffer mode with a snapshot of the buffers, reduced after the buckets).
         job, t_buffers = self._buffer_sync.job(self._exchange, self._channel)
+        if lookahead is not None and self._pipeline.depth(t) > 1:  # its stand-in while its average is in flight
+            job, coarse = self._coarse.wrap(job) if self._coarse is not None else (job, None)
+            lookahead.record(t, buffers.slots, self._loss_scale.scale_of(t) if self._loss_scale else None, later=coarse)
         self._pipeline.submit(t, self._channel.submit(self._participation.exchange, job, buffers, t))
         # Step 3: buffers, while the ring runs.
         if self._buffer_sync.active and not self._buffer_sync.delayed:
@@ -240,7 +245,8 @@ class PipeSGD:
         stats = self._apply(due, t, self._lookahead) if due is not None else StepStats(step=t, applied_step=None)
         stats.t_buffers_s = t_buffers
         if lookahead is not None:
-            stats.t_lookahead_s = lookahead.end_step()
+            stats.t_lookahead_s, waited = lookahead.end_step()
+            stats.t_wait_s += waited  # a coarse stand-in (pipesgd.delay.coarse) the last forward waited for
         if self._auto is not None:  # the warm-up's end, or a re-check that switches
             blocked = stats.t_wait_s + (stats.t_buffers_s or 0.0)  # what the caller waited on the network for
             choice = self._auto.end(t, stats.t_comm_busy_s if stats.applied_step is not None else None, blocked)
@@ -279,7 +285,10 @@ class PipeSGD:
             self._lookahead.restore()
         # Joins a peer's job of this step with zeros if that peer still trains (then both raise, naming this rank).
         def shadow() -> None:
-            self._buffer_sync.job(self._exchange, self._channel)[0]([b.empty().zero_() for b in self._buckets])
+            job = self._buffer_sync.job(self._exchange, self._channel)[0]
+            if self._coarse is not None and self._pipeline.depth(self._step) > 1:  # as the peers' step() sends
+                job = self._coarse.wrap(job)[0]
+            job([b.empty().zero_() for b in self._buckets])
 
         finished = None if alone else self._channel.submit(self._participation.finish, self._step, shadow)
         applied = [self._apply(entry, self._step, self._lookahead) for entry in self._pipeline.flush()]
@@ -375,8 +384,10 @@ class PipeSGD:
         """Look-ahead for a pipeline of ``width`` (none at width 1 or with ``staleness="none"``); nothing in flight."""
         for hook in self._lookahead_hooks:
             hook.remove()
-        self._lookahead, self._lookahead_hooks = None, []
+        self._lookahead, self._lookahead_hooks, self._coarse = None, [], None
         if self.options.staleness == "lookahead" and width > 1:
+            if self.options.lookahead_standin == "coarse" and self._channel.size > 1:  # alone: the own is the average
+                self._coarse = CoarseAverage(self._buckets, self._params, self._channel.topology, self._device)
             self._lookahead = Lookahead(self.optimizer, self._params, width, self.options.max_grad_norm,
                                         skip_nonfinite=self.options.nonfinite == "skip",
                                         reach=self.options.lookahead_reach)

@@ -18,6 +18,7 @@ from pipesgd.defaults import (
     ALLREDUCE_CHOICES,
     BUCKET_MB,
     GRADIENT_AS_BUCKET_VIEW,
+    LOOKAHEAD_STANDINS,
     NEEDS_ERROR_FEEDBACK,
     STALENESS,
     STALENESS_MODES,
@@ -43,6 +44,8 @@ class PipeSGDOptions:
     # Look-ahead's displacement in replayed updates (pipesgd.delay.lookahead "Reach"); 1: the weights the steps in
     # flight will produce.
     lookahead_reach: float = 1.0
+    # What stands in for the averages in flight (pipesgd.defaults.LOOKAHEAD_STANDINS; pipesgd.delay.coarse).
+    lookahead_standin: str = "local"
     # Codec on every ring hop (pipesgd.compression registry name and its options); "auto": chosen at the end of
     # the warm-up from what it measured (pipesgd.auto), uncompressed until then.
     compression: str = "none"
@@ -86,6 +89,10 @@ class PipeSGDOptions:
                              f"{self.lookahead_reach!r}")
         if self.lookahead_reach != 1.0 and self.staleness != "lookahead":
             raise ValueError(f"lookahead_reach applies to staleness='lookahead' only, not {self.staleness!r}")
+        if self.lookahead_standin not in LOOKAHEAD_STANDINS:
+            raise ValueError(f"lookahead_standin must be one of {LOOKAHEAD_STANDINS}, got {self.lookahead_standin!r}")
+        if self.lookahead_standin != "local" and self.staleness != "lookahead":
+            raise ValueError(f"lookahead_standin applies to staleness='lookahead' only, not {self.staleness!r}")
         if self.nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {self.nonfinite!r}")
         if not self.bucket_mb > 0:

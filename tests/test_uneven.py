@@ -18,10 +18,11 @@ from tests.test_pipesgd import batch, make_model
 TIMEOUT_S = 20.0
 
 
-def _uneven(rank: int, world: int, width: int, compression: str = "none"):
+def _uneven(rank: int, world: int, width: int, compression: str = "none", standin: str = "local"):
     model = make_model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, width=width, warmup_steps=1,
-                  timeout_s=TIMEOUT_S, compression=compression, error_feedback=compression != "none")
+                  timeout_s=TIMEOUT_S, compression=compression, error_feedback=compression != "none",
+                  lookahead_standin=standin)
     steps = 5 if rank == world - 1 else 7  # the last rank has two batches fewer
     start = time.monotonic()
     try:

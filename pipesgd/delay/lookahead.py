@@ -40,6 +40,7 @@ from collections.abc import Sequence
 
 import torch
 
+from pipesgd.comm.handles import Work
 from pipesgd.delay.replay import OptimizerReplay
 
 
@@ -54,11 +55,13 @@ class Lookahead:
         self._skip_nonfinite = skip_nonfinite
         # A step's stand-in serves the K-1 forwards until its average is applied; the last may consume it.
         self._uses = width - 1
-        self._pending: dict[int, list] = {}  # step -> [grads, loss scale, forwards left that use it]
+        # step -> [grads, loss scale, forwards left that use it, handle of a stand-in still on its way or None]
+        self._pending: dict[int, list] = {}
         self._free: list[list[torch.Tensor]] = []
         self._master: list[torch.Tensor] | None = None  # the master weights while the parameters look ahead
         self.active = False
         self.seconds = 0.0  # look-ahead work on the calling thread since the last ``end_step()``
+        self.waited = 0.0  # of which waiting for coarse stand-ins (communication, not look-ahead work)
         self._hooked = False  # a forward pre-hook moves the parameters; else ``end_step()`` does
         self._warned = False
 
@@ -81,30 +84,43 @@ class Lookahead:
                           stacklevel=3)
         self.restore()
 
-    def end_step(self) -> float:
+    def end_step(self) -> tuple[float, float]:
         """At the end of ``step()``: without a hook the parameters look ahead from here. Returns the seconds of
-        look-ahead work since the last call."""
+        look-ahead work since the last call, and of waiting for coarse stand-ins (``pipesgd.delay.coarse``) then."""
         if not self._hooked:
             self.advance()
-        seconds, self.seconds = self.seconds, 0.0
-        return seconds
+        seconds, waited, self.seconds, self.waited = self.seconds, self.waited, 0.0, 0.0
+        return seconds, waited
 
     def record(self, step: int, grads: Sequence[torch.Tensor], scale: float | None = None,
-               uses: int | None = None) -> None:
+               uses: int | None = None, later: Work | None = None) -> None:
         """Keep a copy of this rank's gradients of ``step`` (shaped like the parameters; ``scale``: the loss
         scale its backward used), the stand-in for its average until ``discard(step)``; ``uses``: how many forward
-        passes it serves (K-1 from a fresh step, fewer for one restored later)."""
+        passes it serves (K-1 from a fresh step, fewer for one restored later). ``later``: a handle whose result
+        (a ``pipesgd.delay.coarse.CoarseResult``) stands in instead, copied once the next forward needs it."""
         start = time.perf_counter()
         copy = self._free.pop() if self._free else [torch.empty_like(g) for g in grads]
-        torch._foreach_copy_(copy, list(grads))
-        self._pending[step] = [copy, scale, self._uses if uses is None else uses]
+        if later is None:
+            torch._foreach_copy_(copy, list(grads))
+        self._pending[step] = [copy, scale, self._uses if uses is None else uses, later]
         self.seconds += time.perf_counter() - start
 
     def discard(self, step: int) -> None:
         """``step``'s average has been applied: its stand-in is no longer needed."""
         entry = self._pending.pop(step, None)
         if entry is not None:
+            self._resolve(entry)  # a coarse average never used: its set goes back only once the worker is done
             self._free.append(entry[0])
+
+    def _resolve(self, entry: list) -> None:
+        """A stand-in still on its way (``record(later=...)``): wait for it and copy it in."""
+        later, entry[3] = entry[3], None
+        if later is not None:
+            start = time.perf_counter()
+            result = later.wait()
+            self.waited += time.perf_counter() - start
+            torch._foreach_copy_(entry[0], result.slots)
+            result.release()
 
     @property
     def pending_steps(self) -> list[int]:
@@ -114,20 +130,24 @@ class Lookahead:
         """Move the parameters to the look-ahead weights (a no-op if they are there or nothing is pending)."""
         if self.active or not self._pending:
             return
+        entries = [self._pending[s] for s in sorted(self._pending)]
+        waited = self.waited
         start = time.perf_counter()
         with torch.no_grad():
+            for entry in entries:  # coarse stand-ins first: an error leaves the master weights in place
+                self._resolve(entry)
             if self._master is None:
                 self._master = [p.detach().clone() for p in self.params]
             else:
                 torch._foreach_copy_(self._master, self.params)
             self.active = True
-            entries = [self._pending[s] for s in sorted(self._pending)]
-            self._replay.replay_([(grads, scale, uses <= 1) for grads, scale, uses in entries], self._skip_nonfinite)
+            self._replay.replay_([(grads, scale, uses <= 1) for grads, scale, uses, _ in entries],
+                                 self._skip_nonfinite)
             for entry in entries:
                 entry[2] -= 1
             if self.reach != 1.0:  # params = master + reach * (look-ahead - master)
                 torch._foreach_lerp_(self.params, self._master, 1.0 - self.reach)
-        self.seconds += time.perf_counter() - start
+        self.seconds += time.perf_counter() - start - (self.waited - waited)  # the wait is not look-ahead work
 
     def restore(self) -> None:
         """Put the master weights back into the parameters (a no-op if they are there)."""
@@ -162,8 +182,10 @@ class Lookahead:
         if self.active:
             raise RuntimeError("save the look-ahead state while the parameters hold the master weights (after "
                                "step(), before the next forward pass): a stand-in may have been used up since")
+        for entry in self._pending.values():
+            self._resolve(entry)
         return [{"step": s, "grads": [g.clone() for g in grads], "scale": scale, "uses": uses}
-                for s, (grads, scale, uses) in sorted(self._pending.items())]
+                for s, (grads, scale, uses, _) in sorted(self._pending.items())]
 
     def load_state_dict(self, entries: list[dict]) -> None:
         """Restore ``state_dict()``'s stand-ins (replacing any pending ones); the parameters must be the master's."""

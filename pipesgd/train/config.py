@@ -19,7 +19,8 @@ from pipesgd.runlog.atomic import write_text_atomic
 from pipesgd.baselines.ddp import DDP_HOOKS
 from pipesgd.grads.buffers import BUFFER_MODES
 from pipesgd.options import MAX_LOOKAHEAD_REACH
-from pipesgd.defaults import BUCKET_MB, NEEDS_ERROR_FEEDBACK, STALENESS, STALENESS_MODES, WARMUP_STEPS
+from pipesgd.defaults import (BUCKET_MB, LOOKAHEAD_STANDINS, NEEDS_ERROR_FEEDBACK, STALENESS, STALENESS_MODES,
+                              WARMUP_STEPS)
 from pipesgd.runlog.trace import parse_steps
 
 from .data import DATASETS, DATASETS_WITH_DIR, TOKEN_DATASETS
@@ -66,6 +67,11 @@ class TrainConfig:
     lookahead_reach: float = _field(1.0, "--staleness lookahead: move the weights this many times the displacement "
                                     "of the steps in flight (1: to the weights they will produce; 1.2 closed the "
                                     "AdamW gap at width 2 in our study, docs/training.md; at most 2)")
+    lookahead_standin: str = _field("local", "--staleness lookahead: what stands in for the averages in flight: local "
+                                    "= this rank's own gradients (free), coarse = every rank's averaged in q4 "
+                                    "before the exact exchange (a q4 all-reduce per step that the next forward "
+                                    "waits for; closed AdamW's gap at width 3, docs/training.md)",
+                                    lambda: LOOKAHEAD_STANDINS)
     compression: str = _field("none", "codec on every ring hop (pipe/sync only); auto: chosen at the end of the "
                               "warm-up from what it measured (compute, the link, each codec's speed)",
                               lambda: [*compression.available(), "auto"])
@@ -247,6 +253,8 @@ class TrainConfig:
             raise ConfigError(f"--lookahead-reach must be in (0, {MAX_LOOKAHEAD_REACH:g}] (got {self.lookahead_reach})")
         if self.lookahead_reach != 1.0 and (self.mode != "pipe" or self.staleness != "lookahead"):
             raise ConfigError("--lookahead-reach applies to --mode pipe with --staleness lookahead only")
+        if self.lookahead_standin != "local" and (self.mode != "pipe" or self.staleness != "lookahead"):
+            raise ConfigError("--lookahead-standin applies to --mode pipe with --staleness lookahead only")
         if self.allreduce != "auto" and self.mode not in ("pipe", "sync"):
             raise ConfigError(f"--allreduce applies to --mode pipe or sync only, not {self.mode}")
         if self.ddp_hook != "none" and self.mode != "ddp":

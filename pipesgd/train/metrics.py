@@ -176,11 +176,12 @@ def summarize(cfg: TrainConfig, timings: Timings, pos: Position, accuracy: float
 
 def pipe_staleness(cfg: TrainConfig) -> str:
     """", staleness lookahead" where a pipeline has stale gradients to treat (width >= 2), else ""; with a reach
-    other than 1 ", staleness lookahead (reach 1.2)"."""
+    other than 1 ", staleness lookahead (reach 1.2)", with the coarse stand-in "(coarse stand-in)"."""
     if cfg.mode != "pipe" or cfg.effective_width == 1:
         return ""
-    reach = f" (reach {cfg.lookahead_reach:g})" if cfg.lookahead_reach != 1.0 else ""
-    return f", staleness {cfg.staleness}{reach}"
+    notes = ([f"reach {cfg.lookahead_reach:g}"] if cfg.lookahead_reach != 1.0 else []) + \
+        ([f"{cfg.lookahead_standin} stand-in"] if cfg.lookahead_standin != "local" else [])
+    return f", staleness {cfg.staleness}" + (f" ({', '.join(notes)})" if notes else "")
 
 
 def format_summary(cfg: TrainConfig, s: dict) -> str:

@@ -75,7 +75,8 @@ def trace_updates(optimizer: torch.optim.Optimizer) -> None:
 def _ring(cfg: TrainConfig, inner: torch.optim.Optimizer, model: nn.Module, device: torch.device,
           precision: Precision) -> Strategy:
     opt = PipeSGD(inner, model, width=cfg.effective_width, staleness=cfg.staleness, compression=cfg.compression,
-                  lookahead_reach=cfg.lookahead_reach, error_feedback=cfg.error_feedback, allreduce=cfg.allreduce,
+                  lookahead_reach=cfg.lookahead_reach,
+                  lookahead_standin=cfg.lookahead_standin, error_feedback=cfg.error_feedback, allreduce=cfg.allreduce,
                   bucket_mb=cfg.bucket_mb,
                   warmup_steps=cfg.warmup_steps,
                   check_replicas_every=cfg.check_replicas, timeout_s=cfg.timeout,

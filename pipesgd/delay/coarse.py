@@ -1,0 +1,101 @@
+"""The coarse stand-in (``PipeSGD(lookahead_standin="coarse")``): every rank's gradients of a step averaged in 4 bits,
+on the channel's worker before the step's exact exchange, standing in for the exact average during look-ahead.
+
+Why: look-ahead's default stand-in is a rank's own gradient (``pipesgd.delay.lookahead``). Averaged over the ranks
+the stand-ins are the average, so the errors cancel to first order, but their second-order effect remains: on the
+character GPT with AdamW it cost +4.2 % validation loss at width 3 in simulation (+6.8 % with four workers), where
+everyone's gradients averaged after a q4 round trip cost +0.2 % (``experiments/results/staleness_sim/report.md``).
+What: the step's job on the worker first all-reduces a copy of its buckets with the q4 codec (no error feedback:
+a stand-in is used and dropped, nothing is owed to later steps), signals that result at once on its own handle,
+then runs the exact exchange as before. The result is identical on every rank, so a checkpoint may keep it.
+
+Cost: a q4 all-reduce per step (an eighth of the uncompressed bytes, half of q8's), and its wait: the next forward
+pass needs it, so where the link is the bottleneck it lies on the critical path. The worker runs jobs in order, so
+at width 3 and more the coarse average of step t also waits for the exact exchange of step t-1 still running: the
+pipeline then runs no faster than at width 2 (the staleness is still width K's). World size 1 has no coarse job:
+the own gradient is the average.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import torch
+
+from pipesgd.comm.exchange import GradientExchange
+from pipesgd.comm.handles import Work
+from pipesgd.comm.topology import RingTopology
+from pipesgd.comm.worker import StreamWork
+from pipesgd.compression import build
+from pipesgd.defaults import resolve_allreduce
+from pipesgd.grads.bucket_sets import BucketSet
+from pipesgd.grads.buckets import Bucket
+
+COARSE_CODEC = "q4"  # q4's precision is needed: a 1-bit sign average cost more than the own gradient (+17.7 %)
+
+
+class CoarseResult:
+    """A coarse average: its gradients shaped like the parameters, and the set to give back once copied."""
+
+    __slots__ = ("slots", "_flats", "_pool")
+
+    def __init__(self, flats: BucketSet, pool: "CoarseAverage") -> None:
+        self.slots, self._flats, self._pool = flats.slots, flats, pool
+
+    def release(self) -> None:
+        self._pool.recycle(self._flats)
+
+
+class CoarseAverage:
+    """Adds the coarse all-reduce of a copy of the buckets in front of a step's job (``wrap``)."""
+
+    def __init__(self, buckets: list[Bucket], params: list[torch.Tensor], topology: RingTopology,
+                 device: torch.device) -> None:
+        codec = build(COARSE_CODEC)  # round to nearest: no random state to keep across a resume
+        self._exchange = GradientExchange(topology, codec, resolve_allreduce("auto", False, topology.stages(device)))
+        self._buckets, self._params = buckets, params
+        self._device = device if device.type == "cuda" else None
+        self._free: list[BucketSet] = []
+        self._lock = threading.Lock()  # the caller acquires and recycles; the worker only fills
+        self.sets = 0  # bucket sets ever allocated for coarse averages (one per step in flight at most)
+
+    def wrap(self, job: Callable[[list[torch.Tensor]], object]) -> tuple[Callable, Work]:
+        """``job`` preceded by the coarse average of the buckets it receives, and the handle of that average
+        (a ``CoarseResult``), set as soon as it is known, before ``job`` runs."""
+        out, early = self._acquire(), StreamWork(self._device)
+
+        def coarse_then_exact(buffers: list[torch.Tensor]):
+            try:
+                for flat, copy in zip(buffers, out):
+                    copy.copy_(flat)
+                sent = self._exchange(list(out)).report
+                if self._device is not None:  # the caller's stream waits for this event, not for the job's end
+                    early.done_event = torch.cuda.Event()
+                    early.done_event.record(torch.cuda.current_stream(self._device))
+            except BaseException as error:  # noqa: BLE001 - the waiting caller sees it, and so does the job's handle
+                early.set_error(error)
+                raise
+            early.set_result(CoarseResult(out, self))
+            result = job(buffers)
+            # The step's record counts both exchanges' bytes and busy time (its ratio: raw bytes over all sent).
+            result.report.bytes_sent += sent.bytes_sent
+            result.report.busy_s += sent.busy_s
+            return result
+
+        coarse_then_exact.__name__ = getattr(job, "__name__", "exchange")  # the trace names the job as before
+        return coarse_then_exact, early
+
+    def recycle(self, flats: BucketSet) -> None:
+        with self._lock:
+            self._free.append(flats)
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.sets * sum(b.numel * torch.empty((), dtype=b.dtype).element_size() for b in self._buckets)
+
+    def _acquire(self) -> BucketSet:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+            self.sets += 1
+        return BucketSet([b.empty() for b in self._buckets], self._buckets, self._params)
