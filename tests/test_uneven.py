@@ -18,12 +18,12 @@ from tests.test_pipesgd import batch, make_model
 TIMEOUT_S = 20.0
 
 
-def _uneven(rank: int, world: int, width: int, compression: str = "none", standin: str = "local"):
+def _uneven(rank: int, world: int, width: int, compression: str = "none", standin: str = "local", steps: int = 7):
     model = make_model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, width=width, warmup_steps=1,
                   timeout_s=TIMEOUT_S, compression=compression, error_feedback=compression != "none",
                   lookahead_standin=standin)
-    steps = 5 if rank == world - 1 else 7  # the last rank has two batches fewer
+    steps = 5 if rank == world - 1 else steps  # the last rank has two batches fewer (or more)
     start = time.monotonic()
     try:
         for t in range(steps):

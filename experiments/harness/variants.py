@@ -3,7 +3,7 @@ same run in every experiment."""
 from __future__ import annotations
 
 __all__ = ["TRAINER_FLAGS", "SPEED_VARIANTS", "ACCURACY_VARIANTS", "FIDELITY_VARIANTS", "DEFAULT_FIDELITY_VARIANTS",
-           "COMPARISON_VARIANTS", "PLAIN_VARIANTS", "TIME_TO_ACCURACY_VARIANTS", "PIPE_VARIANTS",
+           "COMPARISON_VARIANTS", "PLAIN_VARIANTS", "COARSE_VARIANTS", "TIME_TO_ACCURACY_VARIANTS", "PIPE_VARIANTS",
            "AUTO_CHOICE_VARIANTS", "CONVENTIONAL_BASELINES", "DDP_BASELINES", "trainer_flags"]
 
 TRAINER_FLAGS: dict[str, list[str]] = {  # variant name: pipesgd-train flags
@@ -24,6 +24,10 @@ TRAINER_FLAGS: dict[str, list[str]] = {  # variant name: pipesgd-train flags
     "pipe-plain": ["--mode", "pipe", "--width", "2", "--staleness", "none"],
     "pipe+q8-plain": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback",
                       "--staleness", "none"],
+    # Look-ahead with every rank's q4 average standing in (a q4 all-reduce per step before the exact one; issue 36)
+    "pipe+q8+coarse": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback",
+                       "--lookahead-standin", "coarse"],
+    "pipe-w3+coarse": ["--mode", "pipe", "--width", "3", "--lookahead-standin", "coarse"],
     "sync+bf16": ["--mode", "sync", "--compression", "bf16"],
     "sync+q8": ["--mode", "sync", "--compression", "q8", "--error-feedback"],
     "ddp": ["--mode", "ddp"],
@@ -46,6 +50,8 @@ COMPARISON_VARIANTS = ("ps-sync", "ps-async", "sync", "ddp", "ddp+fp16", "ddp+po
 # issue 36 (configs/time_to_accuracy.toml): the grid's variants and the plain update beside the look-ahead default
 PLAIN_VARIANTS = ("pipe-plain", "pipe+q8-plain")
 TIME_TO_ACCURACY_VARIANTS = COMPARISON_VARIANTS + PLAIN_VARIANTS
+# issue 36 (configs/coarse_standin.toml): the coarse stand-in's price in time, beside the own-gradient default
+COARSE_VARIANTS = ("ddp", "ddp+fp16", "pipe+q8", "pipe+q8+coarse", "pipe-w3", "pipe-w3+coarse")
 PIPE_VARIANTS = ("pipe", "pipe+bf16", "pipe+q8", "pipe+sign", "pipe-w3")  # the Pipe-SGD side of the speedup tables
 # issue 39 (configs/auto_choice.toml): --compression auto against every codec it chooses among
 AUTO_CHOICE_VARIANTS = ("sync", "pipe", "pipe+bf16", "pipe+q8", "pipe+q4", "pipe+auto", "pipe-wauto+auto",

@@ -12,7 +12,9 @@ Step 2: the agreement is one all-reduce of one integer per rank (0: still traini
         1.9 M-parameter MLP started a compute time late every step, 160 ms per iteration against a 122 ms ring).
 Step 3: a rank that finished (``finish``) reads the answer first; if someone still trains, that rank is already
         in this step's ring, so the finished rank joins the ring with zeros (``shadow``) to let it complete. Then
-        both sides raise ``UnevenInputsError`` naming the rank(s) that ran out.
+        both sides raise ``UnevenInputsError`` naming the rank(s) that ran out. The jobs a rank that still trains
+        queued after that step raise the same error at once: no peer would ever answer their collectives (a
+        caller waiting on one, as look-ahead's coarse stand-in does, would otherwise wait for the timeout).
 """
 from __future__ import annotations
 
@@ -49,19 +51,22 @@ class Participation:
         self._group = group
         # Disabled (PipeSGD(check_uneven=False)) when every rank runs the same number of steps by construction.
         self._agreeing = enabled and topology.size > 1
+        self._ended: str | None = None  # the error of the step that found a rank gone; every later step raises it
 
     def exchange(self, run: Callable[[list[torch.Tensor]], T], buffers: list[torch.Tensor], step: int) -> T:
         """Step ``step``'s job: post the agreement, run the gradient exchange, then raise if someone finished."""
         if not self._agreeing:
             return run(buffers)
+        if self._ended is not None:  # a rank ran out at an earlier step: no one will answer this step's collectives
+            raise UnevenInputsError(self._ended)
         word, pending = self._post(None)  # answered while the ring runs
         result = run(buffers)
         pending.wait()
         finished = {r: n for r, n in self._read(word).items() if n is not None}
         if finished:
             who = ", ".join(f"rank {r} ran out of data after {n} steps" for r, n in finished.items())
-            raise UnevenInputsError(f"{who} while rank {self._global(self._topology.rank)} is at step {step}; "
-                                    f"{HINT}")
+            self._ended = (f"{who} while rank {self._global(self._topology.rank)} is at step {step}; {HINT}")
+            raise UnevenInputsError(self._ended)
         return result
 
     def finish(self, steps: int, shadow: Callable[[], object]) -> None:

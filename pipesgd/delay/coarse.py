@@ -59,22 +59,19 @@ class CoarseAverage:
         self._lock = threading.Lock()  # the caller acquires and recycles; the worker only fills
         self.sets = 0  # bucket sets ever allocated for coarse averages (one per step in flight at most)
 
-    def wrap(self, job: Callable[[list[torch.Tensor]], object]) -> tuple[Callable, Work]:
-        """``job`` preceded by the coarse average of the buckets it receives, and the handle of that average
-        (a ``CoarseResult``), set as soon as it is known, before ``job`` runs."""
+    def wrap(self, outer: Callable, job: Callable[[list[torch.Tensor]], object]) -> tuple[Callable, Callable, Work]:
+        """A step's submission with the coarse average in front: ``outer(job, buffers, step)`` (the uneven-input
+        agreement around the job) and ``job`` become the returned pair, and the third is the handle of the average
+        (a ``CoarseResult``), set as soon as it is known, before ``job`` runs; if the step fails first, its error."""
         out, early = self._acquire(), StreamWork(self._device)
 
         def coarse_then_exact(buffers: list[torch.Tensor]):
-            try:
-                for flat, copy in zip(buffers, out):
-                    copy.copy_(flat)
-                sent = self._exchange(list(out)).report
-                if self._device is not None:  # the caller's stream waits for this event, not for the job's end
-                    early.done_event = torch.cuda.Event()
-                    early.done_event.record(torch.cuda.current_stream(self._device))
-            except BaseException as error:  # noqa: BLE001 - the waiting caller sees it, and so does the job's handle
-                early.set_error(error)
-                raise
+            for flat, copy in zip(buffers, out):
+                copy.copy_(flat)
+            sent = self._exchange(list(out)).report
+            if self._device is not None:  # the caller's stream waits for this event, not for the job's end
+                early.done_event = torch.cuda.Event()
+                early.done_event.record(torch.cuda.current_stream(self._device))
             early.set_result(CoarseResult(out, self))
             result = job(buffers)
             # The step's record counts both exchanges' bytes and busy time (its ratio: raw bytes over all sent).
@@ -82,8 +79,17 @@ class CoarseAverage:
             result.report.busy_s += sent.busy_s
             return result
 
+        def settled(run: Callable, buffers: list[torch.Tensor], step: int):
+            try:
+                return outer(run, buffers, step)
+            except BaseException as error:  # noqa: BLE001 - the step's handle raises it too
+                if not early.is_completed():  # the average never came: its waiter gets the step's error
+                    early.set_error(error)
+                raise
+
         coarse_then_exact.__name__ = getattr(job, "__name__", "exchange")  # the trace names the job as before
-        return coarse_then_exact, early
+        settled.__name__ = getattr(outer, "__name__", "exchange")
+        return settled, coarse_then_exact, early
 
     def recycle(self, flats: BucketSet) -> None:
         with self._lock:

@@ -24,6 +24,11 @@ optimizer's rule: SGD's, Adam's and AdamW's written out in foreach operations (`
 ``pipesgd.delay.adam_rule``), any other optimizer's as a copy of its state and a step of a replica (reported as
 ``StepStats.t_lookahead_s``).
 
+Stand-in (``PipeSGD(lookahead_standin=...)``): "local", this rank's own gradients, as above; "coarse", every rank's
+gradients averaged in q4 on the channel's worker before the exact exchange (``pipesgd.delay.coarse``), recorded as a
+handle and used in place once the next forward needs it (its wait is reported as communication, ``StepStats.t_wait_s``).
+It removes what the own gradient leaves: each rank's reaction to its own look-ahead error.
+
 Reach (``reach``, ``PipeSGD(lookahead_reach=...)``; 1.0 by default): the parameters move ``reach`` times the
 replayed displacement, ``master + reach * (look-ahead - master)``. Opt-in and measured on one kind of task: a reach
 of 1.2 ended the gap of AdamW on the character GPT at width 2 (validation loss +1.8 % at reach 1, -0.5 % at 1.2, six
@@ -61,7 +66,7 @@ class Lookahead:
         self._master: list[torch.Tensor] | None = None  # the master weights while the parameters look ahead
         self.active = False
         self.seconds = 0.0  # look-ahead work on the calling thread since the last ``end_step()``
-        self.waited = 0.0  # of which waiting for coarse stand-ins (communication, not look-ahead work)
+        self.waited = 0.0  # waiting for coarse stand-ins since the last ``end_step()`` (communication, not work)
         self._hooked = False  # a forward pre-hook moves the parameters; else ``end_step()`` does
         self._warned = False
 
@@ -97,10 +102,11 @@ class Lookahead:
         """Keep a copy of this rank's gradients of ``step`` (shaped like the parameters; ``scale``: the loss
         scale its backward used), the stand-in for its average until ``discard(step)``; ``uses``: how many forward
         passes it serves (K-1 from a fresh step, fewer for one restored later). ``later``: a handle whose result
-        (a ``pipesgd.delay.coarse.CoarseResult``) stands in instead, copied once the next forward needs it."""
+        (a ``pipesgd.delay.coarse.CoarseResult``) stands in instead, used in place once the next forward needs it."""
         start = time.perf_counter()
-        copy = self._free.pop() if self._free else [torch.empty_like(g) for g in grads]
+        copy = None
         if later is None:
+            copy = self._free.pop() if self._free else [torch.empty_like(g) for g in grads]
             torch._foreach_copy_(copy, list(grads))
         self._pending[step] = [copy, scale, self._uses if uses is None else uses, later]
         self.seconds += time.perf_counter() - start
@@ -108,19 +114,21 @@ class Lookahead:
     def discard(self, step: int) -> None:
         """``step``'s average has been applied: its stand-in is no longer needed."""
         entry = self._pending.pop(step, None)
-        if entry is not None:
-            self._resolve(entry)  # a coarse average never used: its set goes back only once the worker is done
+        if entry is None:
+            return
+        self._resolve(entry)  # a coarse average never used: its set goes back only once the worker is done with it
+        if entry[3] is not None:
+            entry[3].release()
+        else:
             self._free.append(entry[0])
 
     def _resolve(self, entry: list) -> None:
-        """A stand-in still on its way (``record(later=...)``): wait for it and copy it in."""
-        later, entry[3] = entry[3], None
-        if later is not None:
+        """A stand-in still on its way (``record(later=...)``): wait for it; its gradients stand in from here."""
+        if isinstance(entry[3], Work):
             start = time.perf_counter()
-            result = later.wait()
+            entry[3] = entry[3].wait()
             self.waited += time.perf_counter() - start
-            torch._foreach_copy_(entry[0], result.slots)
-            result.release()
+            entry[0] = list(entry[3].slots)
 
     @property
     def pending_steps(self) -> list[int]:
@@ -172,7 +180,7 @@ class Lookahead:
     @property
     def memory_bytes(self) -> int:
         """Bytes held beside plain width K: master copy, local gradients in flight and pooled, replay state."""
-        sets = [entry[0] for entry in self._pending.values()] + self._free
+        sets = [entry[0] for entry in self._pending.values() if entry[3] is None] + self._free  # coarse: its own
         grad_bytes = sum(g.numel() * g.element_size() for grads in sets for g in grads)
         master = sum(t.numel() * t.element_size() for t in self._master) if self._master is not None else 0
         return grad_bytes + master + self._replay.state_bytes
