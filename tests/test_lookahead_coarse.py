@@ -150,3 +150,27 @@ def test_the_trainer_names_the_stand_in_in_its_summary_and_its_config():
     assert pipe_staleness(cfg) == ", staleness lookahead (coarse stand-in)"
     assert pipe_staleness(resolve(["--lookahead-standin", "coarse", "--lookahead-reach", "1.2"])) == \
         ", staleness lookahead (reach 1.2, coarse stand-in)"
+
+
+def _scaled(rank: int, world: int) -> list[torch.Tensor]:
+    """fp16-style loss scaling with an overflow on one rank at step 4 (the scaler skips it and backs off), under the
+    coarse stand-in: the stand-in of step 4 is non-finite on every rank."""
+    model = make_model(torch.float32)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model, width=2, warmup_steps=1,
+                  grad_scaler=scaler, lookahead_standin="coarse", check_replicas_every=1)
+    skipped = 0
+    for t in range(10):
+        scaler.scale(_loss(model, t, rank) * (float("inf") if (t, rank) == (4, 1) else 1.0)).backward()
+        skipped += bool(opt.step().skipped_nonfinite)
+        opt.zero_grad()
+    opt.flush()
+    opt.close()
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    return snapshot(model), skipped, scaler.get_scale()
+
+
+def test_under_loss_scaling_overflowing_stand_ins_are_skipped_and_replicas_stay_identical():
+    (first, skipped, scale), (second, _, _) = run_ranks(_scaled, 2)
+    assert skipped == 1 and scale != 2.0**10  # step 4's overflow skipped; the scale backed off and regrew
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
