@@ -388,8 +388,9 @@ class PipeSGD:
             hook.remove()
         self._lookahead, self._lookahead_hooks, self._coarse = None, [], None
         if self.options.staleness == "lookahead" and width > 1:
-            if self.options.lookahead_standin == "coarse" and self._channel.size > 1:  # alone: the own is the average
-                self._coarse = CoarseAverage(self._buckets, self._params, self._channel.topology, self._device)
+            standin = self.options.lookahead_standin
+            if standin != "local" and self._channel.size > 1:  # alone: the own gradient is the average
+                self._coarse = CoarseAverage(standin, self._buckets, self._params, self._channel.topology, self._device)
             self._lookahead = Lookahead(self.optimizer, self._params, width, self.options.max_grad_norm,
                                         skip_nonfinite=self.options.nonfinite == "skip",
                                         reach=self.options.lookahead_reach)

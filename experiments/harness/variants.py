@@ -24,10 +24,10 @@ TRAINER_FLAGS: dict[str, list[str]] = {  # variant name: pipesgd-train flags
     "pipe-plain": ["--mode", "pipe", "--width", "2", "--staleness", "none"],
     "pipe+q8-plain": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback",
                       "--staleness", "none"],
-    # Look-ahead with every rank's q4 average standing in (a q4 all-reduce per step before the exact one; issue 36)
+    # Look-ahead with every rank's q8 average standing in (a q8 all-reduce per step before the exact one; issue 36)
     "pipe+q8+coarse": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback",
-                       "--lookahead-standin", "coarse"],
-    "pipe-w3+coarse": ["--mode", "pipe", "--width", "3", "--lookahead-standin", "coarse"],
+                       "--lookahead-standin", "coarse-q8"],
+    "pipe-w3+coarse": ["--mode", "pipe", "--width", "3", "--lookahead-standin", "coarse-q8"],
     "sync+bf16": ["--mode", "sync", "--compression", "bf16"],
     "sync+q8": ["--mode", "sync", "--compression", "q8", "--error-feedback"],
     "ddp": ["--mode", "ddp"],

@@ -1,19 +1,21 @@
-"""The coarse stand-in (``PipeSGD(lookahead_standin="coarse")``): every rank's gradients of a step averaged in 4 bits,
-on the channel's worker before the step's exact exchange, standing in for the exact average during look-ahead.
+"""The coarse stand-in (``PipeSGD(lookahead_standin="coarse-q8")`` or ``"coarse-q4"``): every rank's gradients of a
+step averaged with a lossy codec, on the channel's worker before the step's exact exchange, standing in for the exact
+average during look-ahead.
 
 Why: look-ahead's default stand-in is a rank's own gradient (``pipesgd.delay.lookahead``). Averaged over the ranks
 the stand-ins are the average, so the errors cancel to first order, but their second-order effect remains: on the
-character GPT with AdamW it cost +4.2 % validation loss at width 3 in simulation (+6.8 % with four workers), where
-everyone's gradients averaged after a q4 round trip cost +0.2 % (``experiments/results/staleness_sim/report.md``).
-What: the step's job on the worker first all-reduces a copy of its buckets with the q4 codec (no error feedback:
-a stand-in is used and dropped, nothing is owed to later steps), signals that result at once on its own handle,
-then runs the exact exchange as before. The result is identical on every rank, so a checkpoint may keep it.
+character GPT with AdamW it cost +6.2 % validation loss at width 3 (four ranks, six seeds), where everyone's
+gradients averaged in q8 cost -0.1 % and in q4 +2.2 % (``experiments/results/accuracy/report.md``, "The coarse
+stand-in"). What: the step's job on the worker first all-reduces a copy of its buckets with the codec (the lossy
+codecs' exchange; no error feedback: a stand-in is used and dropped, nothing is owed to later steps), signals that
+result at once on its own handle, then runs the exact exchange as before. The result is identical on every rank, so
+a checkpoint may keep it.
 
-Cost: a q4 all-reduce per step (an eighth of the uncompressed bytes, half of q8's), and its wait: the next forward
-pass needs it, so where the link is the bottleneck it lies on the critical path. The worker runs jobs in order, so
-at width 3 and more the coarse average of step t also waits for the exact exchange of step t-1 still running: the
-pipeline then runs no faster than at width 2 (the staleness is still width K's). World size 1 has no coarse job:
-the own gradient is the average.
+Cost: an all-reduce per step of a quarter (q8) or an eighth (q4) of the uncompressed bytes, and its wait: the next
+forward pass needs it, so it lies on the critical path (``StepStats.t_wait_s``). Jobs run in order on one worker,
+so the coarse average of step t also waits for the exact exchanges submitted before it; in the steady state the
+step then takes the longer of compute and the exact exchange, plus the coarse one, at any width (a wider pipeline
+still absorbs jitter). World size 1 has no coarse job: the own gradient is the average.
 """
 from __future__ import annotations
 
@@ -31,7 +33,9 @@ from pipesgd.defaults import resolve_allreduce
 from pipesgd.grads.bucket_sets import BucketSet
 from pipesgd.grads.buckets import Bucket
 
-COARSE_CODEC = "q4"  # q4's precision is needed: a 1-bit sign average cost more than the own gradient (+17.7 %)
+# A stand-in's codec, by its name (pipesgd.defaults.LOOKAHEAD_STANDINS). Nothing coarser than q4: a 1-bit sign
+# average cost more than the own gradient in simulation (+17.7 %, experiments/results/staleness_sim/report.md).
+CODECS = {"coarse-q8": "q8", "coarse-q4": "q4"}
 
 
 class CoarseResult:
@@ -49,9 +53,9 @@ class CoarseResult:
 class CoarseAverage:
     """Adds the coarse all-reduce of a copy of the buckets in front of a step's job (``wrap``)."""
 
-    def __init__(self, buckets: list[Bucket], params: list[torch.Tensor], topology: RingTopology,
+    def __init__(self, standin: str, buckets: list[Bucket], params: list[torch.Tensor], topology: RingTopology,
                  device: torch.device) -> None:
-        codec = build(COARSE_CODEC)  # round to nearest: no random state to keep across a resume
+        codec = build(CODECS[standin])  # round to nearest: no random state to keep across a resume
         self._exchange = GradientExchange(topology, codec, resolve_allreduce("auto", False, topology.stages(device)))
         self._buckets, self._params = buckets, params
         self._device = device if device.type == "cuda" else None

@@ -24,8 +24,8 @@ optimizer's rule: SGD's, Adam's and AdamW's written out in foreach operations (`
 ``pipesgd.delay.adam_rule``), any other optimizer's as a copy of its state and a step of a replica (reported as
 ``StepStats.t_lookahead_s``).
 
-Stand-in (``PipeSGD(lookahead_standin=...)``): "local", this rank's own gradients, as above; "coarse", every rank's
-gradients averaged in q4 on the channel's worker before the exact exchange (``pipesgd.delay.coarse``), recorded as a
+Stand-in (``PipeSGD(lookahead_standin=...)``): "local", this rank's own gradients, as above; "coarse-q8" or
+"coarse-q4", every rank's gradients averaged with that codec on the channel's worker before the exact exchange (``pipesgd.delay.coarse``), recorded as a
 handle and used in place once the next forward needs it (its wait is reported as communication, ``StepStats.t_wait_s``).
 It removes what the own gradient leaves: each rank's reaction to its own look-ahead error.
 

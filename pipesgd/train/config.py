@@ -68,9 +68,10 @@ class TrainConfig:
                                     "of the steps in flight (1: to the weights they will produce; 1.2 closed the "
                                     "AdamW gap at width 2 in our study, docs/training.md; at most 2)")
     lookahead_standin: str = _field("local", "--staleness lookahead: what stands in for the averages in flight: local "
-                                    "= this rank's own gradients (free), coarse = every rank's averaged in q4 "
-                                    "before the exact exchange (a q4 all-reduce per step that the next forward "
-                                    "waits for; closed AdamW's gap at width 3, docs/training.md)",
+                                    "= this rank's own gradients (free); coarse-q8, coarse-q4 = every rank's "
+                                    "averaged in q8 or q4 before the exact exchange (an all-reduce per step that "
+                                    "the next forward waits for; coarse-q8 closed AdamW's gap at width 3, "
+                                    "docs/training.md)",
                                     lambda: LOOKAHEAD_STANDINS)
     compression: str = _field("none", "codec on every ring hop (pipe/sync only); auto: chosen at the end of the "
                               "warm-up from what it measured (compute, the link, each codec's speed)",

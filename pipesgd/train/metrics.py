@@ -176,7 +176,7 @@ def summarize(cfg: TrainConfig, timings: Timings, pos: Position, accuracy: float
 
 def pipe_staleness(cfg: TrainConfig) -> str:
     """", staleness lookahead" where a pipeline has stale gradients to treat (width >= 2), else ""; with a reach
-    other than 1 ", staleness lookahead (reach 1.2)", with the coarse stand-in "(coarse stand-in)"."""
+    other than 1 ", staleness lookahead (reach 1.2)", with a coarse stand-in "(coarse-q8 stand-in)"."""
     if cfg.mode != "pipe" or cfg.effective_width == 1:
         return ""
     notes = ([f"reach {cfg.lookahead_reach:g}"] if cfg.lookahead_reach != 1.0 else []) + \
