@@ -18,7 +18,7 @@ from pipesgd.train.metrics import pipe_staleness
 from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
 from tests.test_lookahead import _loss, _run
-from tests.test_lookahead_reach import _train
+from tests.test_lookahead_reach import _train, resumable
 from tests.test_pipesgd import make_model, snapshot
 from tests.test_uneven import TIMEOUT_S, _uneven
 
@@ -91,33 +91,13 @@ def test_master_weights_stay_identical_across_ranks(compression):
     assert all(torch.equal(a, b) for a, b in zip(per_rank[0], per_rank[2]))
 
 
-RESUME_AT = 5
-
-
-def _resumable(rank: int, world: int, path: str, resume: bool, standin: str) -> list[torch.Tensor]:
-    model = make_model()
-    opt = PipeSGD(torch.optim.AdamW(model.parameters(), lr=0.01), model, width=3, warmup_steps=1, compression="q8",
-                  error_feedback=True, lookahead_standin=standin)
-    if resume:
-        state = torch.load(f"{path}.{rank}", weights_only=True)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-    else:
-        _train(model, opt, range(RESUME_AT), rank)
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, f"{path}.{rank}")
-    _train(model, opt, range(RESUME_AT, 10), rank)
-    opt.flush()
-    opt.close()
-    return snapshot(model)
-
-
 def test_a_resumed_run_repeats_the_uninterrupted_one_and_differs_from_the_local_stand_in(tmp_path):
     path = str(tmp_path / "state")
-    uninterrupted = run_ranks(_resumable, 2, path, False, "coarse-q8")
-    resumed = run_ranks(_resumable, 2, path, True, "coarse-q8")
+    uninterrupted = run_ranks(resumable, 2, path, False, dict(lookahead_standin="coarse-q8"))
+    resumed = run_ranks(resumable, 2, path, True, dict(lookahead_standin="coarse-q8"))
     for want, got in zip(uninterrupted, resumed):
         assert all(torch.equal(g, w) for g, w in zip(got, want))
-    local = run_ranks(_resumable, 2, str(tmp_path / "local"), False, "local")
+    local = run_ranks(resumable, 2, str(tmp_path / "local"), False, {})
     assert not all(torch.equal(a, b) for a, b in zip(local[0], uninterrupted[0]))  # the option acts
 
 

@@ -106,11 +106,12 @@ def test_master_weights_stay_identical_across_ranks_with_a_longer_reach():
 RESUME_AT = 5
 
 
-def _resumable(rank: int, world: int, path: str, resume: bool) -> list[torch.Tensor]:
-    """AdamW at width 3 with the reach and q8 + error feedback; saved per rank at RESUME_AT, or resumed from there."""
+def resumable(rank: int, world: int, path: str, resume: bool, options: dict) -> list[torch.Tensor]:
+    """AdamW at width 3 with q8 + error feedback and ``options`` (PipeSGD's); saved per rank at RESUME_AT, or resumed
+    from there. The final weights."""
     model = make_model()
     opt = PipeSGD(torch.optim.AdamW(model.parameters(), lr=0.01), model, width=3, warmup_steps=1, compression="q8",
-                  error_feedback=True, lookahead_reach=REACH)
+                  error_feedback=True, **options)
     if resume:
         state = torch.load(f"{path}.{rank}", weights_only=True)
         model.load_state_dict(state["model"])
@@ -126,8 +127,8 @@ def _resumable(rank: int, world: int, path: str, resume: bool) -> list[torch.Ten
 
 def test_a_resumed_run_with_a_reach_repeats_the_uninterrupted_one(tmp_path):
     path = str(tmp_path / "state")
-    uninterrupted = run_ranks(_resumable, 2, path, False)
-    resumed = run_ranks(_resumable, 2, path, True)
+    uninterrupted = run_ranks(resumable, 2, path, False, dict(lookahead_reach=REACH))
+    resumed = run_ranks(resumable, 2, path, True, dict(lookahead_reach=REACH))
     for want, got in zip(uninterrupted, resumed):
         assert all(torch.equal(g, w) for g, w in zip(got, want))
 
