@@ -24,9 +24,12 @@ TRAINER_FLAGS: dict[str, list[str]] = {  # variant name: pipesgd-train flags
     "pipe-plain": ["--mode", "pipe", "--width", "2", "--staleness", "none"],
     "pipe+q8-plain": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback",
                       "--staleness", "none"],
-    # Look-ahead with every rank's q8 average standing in (a q8 all-reduce per step before the exact one; issue 36)
+    # Look-ahead with every rank's q8 (q4) average standing in: an all-reduce per step before the exact one (issue 36)
+    "pipe+coarse": ["--mode", "pipe", "--width", "2", "--lookahead-standin", "coarse-q8"],
     "pipe+q8+coarse": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback",
                        "--lookahead-standin", "coarse-q8"],
+    "pipe+q8+coarse-q4": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback",
+                          "--lookahead-standin", "coarse-q4"],
     "pipe-w3+coarse": ["--mode", "pipe", "--width", "3", "--lookahead-standin", "coarse-q8"],
     "sync+bf16": ["--mode", "sync", "--compression", "bf16"],
     "sync+q8": ["--mode", "sync", "--compression", "q8", "--error-feedback"],
@@ -51,7 +54,8 @@ COMPARISON_VARIANTS = ("ps-sync", "ps-async", "sync", "ddp", "ddp+fp16", "ddp+po
 PLAIN_VARIANTS = ("pipe-plain", "pipe+q8-plain")
 TIME_TO_ACCURACY_VARIANTS = COMPARISON_VARIANTS + PLAIN_VARIANTS
 # issue 36 (configs/coarse_standin.toml): the coarse stand-in's price in time, beside the own-gradient default
-COARSE_VARIANTS = ("ddp", "ddp+fp16", "pipe+q8", "pipe+q8+coarse", "pipe-w3", "pipe-w3+coarse")
+COARSE_VARIANTS = ("ddp", "ddp+fp16", "pipe+q8", "pipe+q8+coarse", "pipe-w3", "pipe-w3+coarse", "sync", "sync+q8",
+                   "pipe", "pipe+coarse", "pipe+q8+coarse-q4")
 PIPE_VARIANTS = ("pipe", "pipe+bf16", "pipe+q8", "pipe+sign", "pipe-w3")  # the Pipe-SGD side of the speedup tables
 # issue 39 (configs/auto_choice.toml): --compression auto against every codec it chooses among
 AUTO_CHOICE_VARIANTS = ("sync", "pipe", "pipe+bf16", "pipe+q8", "pipe+q4", "pipe+auto", "pipe-wauto+auto",
