@@ -28,6 +28,9 @@ class StepStats:
     #   making module buffers identical across ranks (buffers synced)
     t_lookahead_s: float | None = field(default=None, metadata={"optional": True})  # seconds of look-ahead
     #   work since the previous step(): the stand-in's copy, the replay (in the forward pre-hook) and the restore
+    t_standin_wait_s: float | None = field(default=None, metadata={"optional": True})  # coarse stand-ins
+    #   (pipesgd.delay.coarse): seconds the forward pass since the previous step() waited for one, in ``t_wait_s``
+    #   too; a caller that timed that forward as compute subtracts it there (the trainer does)
     auto_choice: str | None = field(default=None, metadata={"optional": True})  # width/compression "auto": what
     #   the warm-up's end or a re-check chose at this step, e.g. "width 2, q8 + error feedback" (pipesgd.auto)
 

@@ -247,8 +247,9 @@ class PipeSGD:
         stats = self._apply(due, t, self._lookahead) if due is not None else StepStats(step=t, applied_step=None)
         stats.t_buffers_s = t_buffers
         if lookahead is not None:
-            stats.t_lookahead_s, waited = lookahead.end_step()
-            stats.t_wait_s += waited  # a coarse stand-in (pipesgd.delay.coarse) the last forward waited for
+            stats.t_lookahead_s, waited, in_forward = lookahead.end_step()
+            stats.t_wait_s += waited  # for coarse stand-ins (pipesgd.delay.coarse), mostly in the last forward pass
+            stats.t_standin_wait_s = in_forward if self._coarse is not None else None
         if self._auto is not None:  # the warm-up's end, or a re-check that switches
             blocked = stats.t_wait_s + (stats.t_buffers_s or 0.0)  # what the caller waited on the network for
             choice = self._auto.end(t, stats.t_comm_busy_s if stats.applied_step is not None else None, blocked)

@@ -48,14 +48,14 @@ def _standins(rank: int, world: int, standin: str = "coarse-q8"):
     stats = opt.last_stats
     opt.flush()
     opt.close()
-    return rows, stats.bytes_sent
+    return rows, stats.bytes_sent, stats.t_standin_wait_s, "t_standin_wait" in stats.as_metrics()
 
 
 @pytest.mark.parametrize("world, standin, bound", [(2, "coarse-q8", 0.02), (3, "coarse-q8", 0.02),
                                                    (3, "coarse-q4", 0.2)])
 def test_the_stand_in_is_the_same_on_every_rank_and_near_the_average(world, standin, bound):
     per_rank = run_ranks(_standins, world, standin)
-    rows = [rows for rows, _ in per_rank]
+    rows = [rows for rows, *_ in per_rank]
     assert len(rows[0]) == 5  # every step after the warm-up
     for step_rows in zip(*rows):
         standins = [standin for _, _, standin in step_rows]
@@ -66,10 +66,11 @@ def test_the_stand_in_is_the_same_on_every_rank_and_near_the_average(world, stan
             assert (standin - mean).norm() < (own - mean).norm()
 
 
-def test_the_coarse_bytes_are_counted_in_the_step_record():
-    coarse = [sent for _, sent in run_ranks(_standins, 2)]
-    local = [sent for _, sent in run_ranks(_standins, 2, "local")]
-    assert all(c > plain > 0 for c, plain in zip(coarse, local))
+def test_the_coarse_bytes_and_wait_are_in_the_step_record():
+    coarse, local = run_ranks(_standins, 2), run_ranks(_standins, 2, "local")
+    assert all(c[1] > plain[1] > 0 for c, plain in zip(coarse, local))
+    assert all(c[2] is not None and c[2] >= 0 and c[3] for c in coarse)  # its forward's wait, in the metrics
+    assert all(plain[2] is None and not plain[3] for plain in local)
 
 
 def _replicas(rank: int, world: int, compression: str) -> list[torch.Tensor]:

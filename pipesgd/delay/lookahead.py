@@ -67,6 +67,7 @@ class Lookahead:
         self.active = False
         self.seconds = 0.0  # look-ahead work on the calling thread since the last ``end_step()``
         self.waited = 0.0  # waiting for coarse stand-ins since the last ``end_step()`` (communication, not work)
+        self.waited_in_forward = 0.0  # of which inside a forward pass (the pre-hook): the caller timed it as compute
         self._hooked = False  # a forward pre-hook moves the parameters; else ``end_step()`` does
         self._warned = False
 
@@ -89,13 +90,15 @@ class Lookahead:
                           stacklevel=3)
         self.restore()
 
-    def end_step(self) -> tuple[float, float]:
+    def end_step(self) -> tuple[float, float, float]:
         """At the end of ``step()``: without a hook the parameters look ahead from here. Returns the seconds of
-        look-ahead work since the last call, and of waiting for coarse stand-ins (``pipesgd.delay.coarse``) then."""
+        look-ahead work since the last call, of waiting for coarse stand-ins (``pipesgd.delay.coarse``) then, and of
+        that wait the part inside a forward pass."""
         if not self._hooked:
             self.advance()
-        seconds, waited, self.seconds, self.waited = self.seconds, self.waited, 0.0, 0.0
-        return seconds, waited
+        taken = self.seconds, self.waited, self.waited_in_forward
+        self.seconds = self.waited = self.waited_in_forward = 0.0
+        return taken
 
     def record(self, step: int, grads: Sequence[torch.Tensor], scale: float | None = None,
                uses: int | None = None, later: Work | None = None) -> None:
@@ -175,7 +178,9 @@ class Lookahead:
     def before_forward(self, _module: torch.nn.Module, _args) -> None:
         """Forward pre-hook: a forward that will be differentiated runs at the look-ahead weights."""
         if torch.is_grad_enabled():
+            waited = self.waited
             self.advance()
+            self.waited_in_forward += self.waited - waited
 
     @property
     def memory_bytes(self) -> int:

@@ -18,7 +18,9 @@ seconds since start):
   only when their feature is on: grad_norm (the applied averaged gradient's L2 norm before clipping, with
   --clip-grad-norm), t_buffers (seconds spent making module buffers identical across ranks, with --buffers
   broadcast|average and a model that has buffers; with the -delayed modes the snapshot's copy), t_lookahead
-  (seconds of look-ahead work since the step before: mode pipe, width >= 2, --staleness lookahead)
+  (seconds of look-ahead work since the step before: mode pipe, width >= 2, --staleness lookahead), t_standin_wait
+  (with --lookahead-standin coarse-q8|coarse-q4: seconds the forward pass waited for the coarse stand-in, counted in
+  t_wait and not in t_compute)
 - ``eval``: step, epoch, accuracy, loss, wall (with ``--eval-deferred``: the wall clock when the evaluated weights
   were copied, and ``deferred: true``; those records are written after training)
 - ``summary``: the end-of-run figures printed on rank 0
@@ -45,7 +47,7 @@ from .config import TrainConfig
 STEP_FIELDS = ("step", "epoch", "rank", "mode", "loss", "t_iter", "t_compute", "t_wait", "t_update",
                "bytes_sent", "wall", "applied_step", "compression_ratio", "residual_norm", "t_comm_busy")
 # In a step record only when their feature is on (StepStats' optional fields).
-OPTIONAL_STEP_FIELDS = ("grad_norm", "t_buffers", "t_lookahead")
+OPTIONAL_STEP_FIELDS = ("grad_norm", "t_buffers", "t_lookahead", "t_standin_wait")
 EVAL_FIELDS = ("step", "epoch", "accuracy", "loss", "wall")
 # The per-iteration times the summary averages (means of the measured steps).
 SUMMARY_TIMES = ("t_iter", "t_compute", "t_wait", "t_update")
