@@ -58,14 +58,18 @@ TASKS = {"digits": lambda seed: load_digits(seed), "mnist1d": lambda seed: make_
 # the own batch at the workers' mean look-ahead point (the noise without the worker's reaction to its own error);
 # the own gradient with the look-ahead's reach scaled past the weights in flight (``OVERSHOOT``); everyone's q4 average.
 STANDINS = ("local", "oracle", "shrunk", "frozen-v", "meanpoint", "overshoot", "oracle-overshoot", "coarse",
-            "coarse-sign", "coarse-exchange")
+            "coarse-sign", "coarse-exchange", "own-then-coarse")
+# The own gradient for the newest step in flight, everyone's q8 exchange average for the older ones (width >= 3): a
+# coarse average that arrives during a compute phase, so that no forward pass waits for one.
+LATE_COARSE = ("q8", True)
 # everyone's average after a round trip through this codec (and, the exchange's, the mean once more)
 COARSE = {"coarse": ("q4", False), "coarse-sign": ("sign", False), "coarse-exchange": ("q4", True)}
 ORACLES = ("oracle", "oracle-overshoot")  # the true average stands in
 STANDIN_TITLES = {"oracle": "true-average stand-in", "shrunk": "shrunk stand-in", "frozen-v": "frozen second moment",
                   "meanpoint": "own batch at the mean point", "overshoot": f"reach x{OVERSHOOT:g}",
                   "oracle-overshoot": f"true average, reach x{OVERSHOOT:g}", "coarse": "q4 average of all",
-                  "coarse-sign": "sign average of all", "coarse-exchange": "q4 exchange of all"}
+                  "coarse-sign": "sign average of all", "coarse-exchange": "q4 exchange of all",
+                  "own-then-coarse": "own, then q8 exchange of all"}
 # the worker's look-ahead where it is not the library's ``Lookahead``
 LOOKAHEADS = {"shrunk": ShrunkLookahead, "frozen-v": FrozenMomentLookahead,
               "overshoot": partial(Lookahead, reach=OVERSHOOT), "oracle-overshoot": partial(Lookahead, reach=OVERSHOOT)}
@@ -207,6 +211,7 @@ def simulate(spec: SimSpec) -> dict:
         optimizer.step()
 
     reaction = ReactionSize()
+    grads_before = None  # "own-then-coarse": the workers' gradients of the step before
     model.train()
     t = 0
     for epoch in range(-(-total // per_epoch)):
@@ -232,6 +237,13 @@ def simulate(spec: SimSpec) -> dict:
                              gradients_at_mean_point(model, params, points, batches) if spec.standin == "meanpoint"
                              else [coarse_average(grads, *COARSE[spec.standin])] * len(workers)
                              if spec.standin in COARSE else grads)
+                if spec.standin == "own-then-coarse":  # step t-1's own stand-in gives way to everyone's average
+                    late = coarse_average(grads_before, *LATE_COARSE) if grads_before is not None else None
+                    for worker in workers:
+                        if late is not None and t - 1 in worker.pending_steps:
+                            worker.discard(t - 1)
+                            worker.record(t - 1, late, uses=spec.width - 2)  # one forward pass has used it
+                    grads_before = grads
                 for worker, stand_in in zip(workers, stand_ins):
                     worker.record(t, stand_in)
                 if spec.standin == "meanpoint":
