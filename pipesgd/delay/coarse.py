@@ -39,7 +39,8 @@ CODECS = {"coarse-q8": "q8", "coarse-q4": "q4"}
 
 
 class CoarseResult:
-    """A coarse average: its gradients shaped like the parameters, and the set to give back once copied."""
+    """A coarse average: its gradients shaped like the parameters (used in place), and the set to give back once its
+    step is applied."""
 
     __slots__ = ("slots", "_flats", "_pool")
 
