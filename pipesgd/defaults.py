@@ -46,8 +46,11 @@ STALENESS = "lookahead"
 # What stands in, during look-ahead, for the averages still in flight: "local", this rank's own gradients (free);
 # "coarse-q8" and "coarse-q4", every rank's averaged with that codec before the exact exchange (pipesgd.delay.coarse:
 # an all-reduce per step that the next forward waits for). On the AdamW character GPT at width 3 (4 ranks) the own
-# gradients left +6.2 % validation loss, the q4 average +2.2 %, the q8 average -0.1 % (experiments/results/accuracy).
-LOOKAHEAD_STANDINS = ("local", "coarse-q8", "coarse-q4")
+# gradients left +6.2 % validation loss, the q4 average +2.2 %, the q8 average +0.2 % (experiments/results/accuracy),
+# but waiting for it cost more time than synchronous q8 all-reduce. "local-then-q8": the own gradients for the newest
+# step in flight, the q8 average for the older ones (it arrives during a compute phase: no forward waits for it);
+# width 3 and more (at width 2 it is "local").
+LOOKAHEAD_STANDINS = ("local", "coarse-q8", "coarse-q4", "local-then-q8")
 
 # How long the end of a script waits for a background ring still in flight (pipesgd.lifecycle) before it leaves the
 # thread running: the rings of every rank finish together unless a peer stopped answering.

@@ -234,7 +234,7 @@ class PipeSGD:
         run, coarse = self._participation.exchange, None
         if lookahead is not None and self._pipeline.depth(t) > 1:  # its stand-in while its average is in flight
             if self._coarse is not None:  # every rank's q4 average first (pipesgd.delay.coarse)
-                run, job, coarse = self._coarse.wrap(run, job)
+                run, job, coarse = self._coarse.wrap(run, job, self._pipeline.width)
             lookahead.record(t, buffers.slots, self._loss_scale.scale_of(t) if self._loss_scale else None, later=coarse)
         self._pipeline.submit(t, self._channel.submit(run, job, buffers, t))
         # Step 3: buffers, while the ring runs.
@@ -290,7 +290,7 @@ class PipeSGD:
         def shadow() -> None:
             job = self._buffer_sync.job(self._exchange, self._channel)[0]
             if self._coarse is not None and self._pipeline.depth(self._step) > 1:  # as the peers' step() sends
-                job = self._coarse.wrap(None, job)[1]
+                job = self._coarse.wrap(None, job, self._pipeline.width)[1]
             job([b.empty().zero_() for b in self._buckets])
 
         finished = None if alone else self._channel.submit(self._participation.finish, self._step, shadow)

@@ -73,10 +73,10 @@ def test_the_coarse_bytes_and_wait_are_in_the_step_record():
     assert all(plain[2] is None and not plain[3] for plain in local)
 
 
-def _replicas(rank: int, world: int, compression: str) -> list[torch.Tensor]:
+def _replicas(rank: int, world: int, compression: str, standin: str) -> list[torch.Tensor]:
     model = make_model()
     opt = PipeSGD(torch.optim.AdamW(model.parameters(), lr=0.01), model, width=3, warmup_steps=1,
-                  compression=compression, error_feedback=compression in ("q8", "sign"), lookahead_standin="coarse-q4",
+                  compression=compression, error_feedback=compression in ("q8", "sign"), lookahead_standin=standin,
                   check_replicas_every=1)
     _train(model, opt, range(8), rank)
     opt.flush()
@@ -85,36 +85,41 @@ def _replicas(rank: int, world: int, compression: str) -> list[torch.Tensor]:
     return snapshot(model)
 
 
-@pytest.mark.parametrize("compression", ["none", "q8", "sign"])
-def test_master_weights_stay_identical_across_ranks(compression):
-    per_rank = run_ranks(_replicas, 3, compression)
+@pytest.mark.parametrize("compression, standin", [("none", "coarse-q4"), ("q8", "coarse-q4"), ("sign", "coarse-q4"),
+                                                   ("q8", "local-then-q8")])
+def test_master_weights_stay_identical_across_ranks(compression, standin):
+    per_rank = run_ranks(_replicas, 3, compression, standin)
     assert all(torch.equal(a, b) for a, b in zip(per_rank[0], per_rank[1]))
     assert all(torch.equal(a, b) for a, b in zip(per_rank[0], per_rank[2]))
 
 
-def test_a_resumed_run_repeats_the_uninterrupted_one_and_differs_from_the_local_stand_in(tmp_path):
+@pytest.mark.parametrize("standin", ["coarse-q8", "local-then-q8"])
+def test_a_resumed_run_repeats_the_uninterrupted_one_and_differs_from_the_local_stand_in(tmp_path, standin):
     path = str(tmp_path / "state")
-    uninterrupted = run_ranks(resumable, 2, path, False, dict(lookahead_standin="coarse-q8"))
-    resumed = run_ranks(resumable, 2, path, True, dict(lookahead_standin="coarse-q8"))
+    uninterrupted = run_ranks(resumable, 2, path, False, dict(lookahead_standin=standin))
+    resumed = run_ranks(resumable, 2, path, True, dict(lookahead_standin=standin))
     for want, got in zip(uninterrupted, resumed):
         assert all(torch.equal(g, w) for g, w in zip(got, want))
     local = run_ranks(resumable, 2, str(tmp_path / "local"), False, {})
     assert not all(torch.equal(a, b) for a, b in zip(local[0], uninterrupted[0]))  # the option acts
 
 
-@pytest.mark.parametrize("world, width, steps", [(2, 2, 7), (3, 3, 7), (3, 3, 10), (2, 2, 10)])
-def test_the_rank_that_ran_out_is_named_not_waited_for(world, width, steps):
+@pytest.mark.parametrize("world, width, steps, standin", [(2, 2, 7, "coarse-q8"), (3, 3, 7, "coarse-q8"),
+                                                          (3, 3, 10, "coarse-q8"), (2, 2, 10, "coarse-q8"),
+                                                          (3, 3, 10, "local-then-q8")])
+def test_the_rank_that_ran_out_is_named_not_waited_for(world, width, steps, standin):
     """The finished rank joins the others' step with zeros in both all-reduces, the coarse one first; a rank that
     steps on afterwards gets the same error from its next forward pass, not a timeout."""
     last = world - 1
-    for rank, (message, seconds) in enumerate(run_ranks(_uneven, world, width, "none", "coarse-q8", steps)):
+    for rank, (message, seconds) in enumerate(run_ranks(_uneven, world, width, "none", standin, steps)):
         assert f"rank {last} ran out of data after 5 steps" in message, (rank, message)
         assert seconds < TIMEOUT_S / 2
 
 
-def test_at_world_size_one_the_coarse_stand_in_is_the_own_gradient(process_group):
+@pytest.mark.parametrize("standin", ["coarse-q8", "local-then-q8"])
+def test_at_world_size_one_the_coarse_stand_in_is_the_own_gradient(process_group, standin):
     want = _run(1, "adamw", warmup_steps=2)
-    got = _run(3, "adamw", warmup_steps=2, lookahead_standin="coarse-q8")
+    got = _run(3, "adamw", warmup_steps=2, lookahead_standin=standin)
     assert got[0] == want[0]
     assert all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
 
@@ -158,3 +163,44 @@ def test_under_loss_scaling_overflowing_stand_ins_are_skipped_and_replicas_stay_
     (first, skipped, scale), (second, _, _) = run_ranks(_scaled, 2)
     assert skipped == 1 and scale != 2.0**10  # step 4's overflow skipped; the scale backed off and regrew
     assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def _late(rank: int, world: int, width: int, standin: str):
+    """Per step after the pipeline fills: the stand-ins pending after step(), newest last, as (step, gradients);
+    and the final weights."""
+    model = make_model(torch.float32)
+    opt = PipeSGD(torch.optim.AdamW(model.parameters(), lr=0.01), model, width=width, warmup_steps=1,
+                  lookahead_standin=standin, check_replicas_every=1)
+    seen = []
+    for t in range(7):
+        _loss(model, t, rank).backward()
+        own = _flat(p.grad for p in model.parameters())
+        opt.step()
+        opt.zero_grad()
+        pending = opt._lookahead.state_dict() if opt._lookahead is not None else []
+        seen.append((own, [(entry["step"], _flat(entry["grads"])) for entry in pending]))
+    opt.flush()
+    opt.close()
+    return seen, snapshot(model)
+
+
+def test_local_then_q8_keeps_the_own_gradient_for_the_newest_step_and_the_average_for_the_older():
+    first, second = run_ranks(_late, 2, 3, "local-then-q8")
+    steps_with_two = 0
+    for (own0, pending0), (own1, pending1) in zip(first[0], second[0]):
+        if not pending0:
+            continue
+        newest0, newest1 = pending0[-1][1], pending1[-1][1]
+        assert torch.equal(newest0, own0) and torch.equal(newest1, own1)  # the newest: each rank's own
+        for (_, older0), (_, older1) in zip(pending0[:-1], pending1[:-1]):
+            assert torch.equal(older0, older1)  # the older: everyone's average, the same on both ranks
+            steps_with_two += 1
+    assert steps_with_two >= 3
+    local = run_ranks(_late, 2, 3, "local")
+    assert not all(torch.equal(a, b) for a, b in zip(first[1], local[0][1]))  # it acts at width 3
+
+
+def test_local_then_q8_at_width_two_is_the_local_stand_in():
+    late, local = run_ranks(_late, 2, 2, "local-then-q8"), run_ranks(_late, 2, 2, "local")
+    for (_, weights), (_, want) in zip(late, local):
+        assert all(torch.equal(a, b) for a, b in zip(weights, want))

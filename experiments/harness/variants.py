@@ -31,6 +31,7 @@ TRAINER_FLAGS: dict[str, list[str]] = {  # variant name: pipesgd-train flags
     "pipe+q8+coarse-q4": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback",
                           "--lookahead-standin", "coarse-q4"],
     "pipe-w3+coarse": ["--mode", "pipe", "--width", "3", "--lookahead-standin", "coarse-q8"],
+    "pipe-w3+late": ["--mode", "pipe", "--width", "3", "--lookahead-standin", "local-then-q8"],  # no wait for it
     "sync+bf16": ["--mode", "sync", "--compression", "bf16"],
     "sync+q8": ["--mode", "sync", "--compression", "q8", "--error-feedback"],
     "ddp": ["--mode", "ddp"],
@@ -55,7 +56,7 @@ PLAIN_VARIANTS = ("pipe-plain", "pipe+q8-plain")
 TIME_TO_ACCURACY_VARIANTS = COMPARISON_VARIANTS + PLAIN_VARIANTS
 # issue 36 (configs/coarse_standin.toml): the coarse stand-in's price in time, beside the own-gradient default
 COARSE_VARIANTS = ("ddp", "ddp+fp16", "pipe+q8", "pipe+q8+coarse", "pipe-w3", "pipe-w3+coarse", "sync", "sync+q8",
-                   "pipe", "pipe+coarse", "pipe+q8+coarse-q4")
+                   "pipe", "pipe+coarse", "pipe+q8+coarse-q4", "pipe-w3+late")
 PIPE_VARIANTS = ("pipe", "pipe+bf16", "pipe+q8", "pipe+sign", "pipe-w3")  # the Pipe-SGD side of the speedup tables
 # issue 39 (configs/auto_choice.toml): --compression auto against every codec it chooses among
 AUTO_CHOICE_VARIANTS = ("sync", "pipe", "pipe+bf16", "pipe+q8", "pipe+q4", "pipe+auto", "pipe-wauto+auto",

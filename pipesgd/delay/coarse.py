@@ -11,6 +11,9 @@ codecs' exchange; no error feedback: a stand-in is used and dropped, nothing is 
 result at once on its own handle, then runs the exact exchange as before. The result is identical on every rank, so
 a checkpoint may keep it.
 
+"local-then-q8" (width 3 and more): the same q8 average, but standing in only for the older steps in flight; the
+newest keeps the own gradient, so no forward pass waits for step t's average (it arrives during step t+1's compute).
+
 Cost: an all-reduce per step of a quarter (q8) or an eighth (q4) of the uncompressed bytes, and its wait: the next
 forward pass needs it, so it lies on the critical path (``StepStats.t_wait_s``). Jobs run in order on one worker,
 so the coarse average of step t also waits for the exact exchanges submitted before it; in the steady state the
@@ -35,7 +38,8 @@ from pipesgd.grads.buckets import Bucket
 
 # A stand-in's codec, by its name (pipesgd.defaults.LOOKAHEAD_STANDINS). Nothing coarser than q4: a 1-bit sign
 # average cost more than the own gradient in simulation (+17.7 %, experiments/results/staleness_sim/report.md).
-CODECS = {"coarse-q8": "q8", "coarse-q4": "q4"}
+CODECS = {"coarse-q8": "q8", "coarse-q4": "q4", "local-then-q8": "q8"}
+LATE = ("local-then-q8",)  # the own copy serves the first forward pass, the average the later ones (width >= 3)
 
 
 class CoarseResult:
@@ -57,6 +61,7 @@ class CoarseAverage:
     def __init__(self, standin: str, buckets: list[Bucket], params: list[torch.Tensor], topology: RingTopology,
                  device: torch.device) -> None:
         codec = build(CODECS[standin])  # round to nearest: no random state to keep across a resume
+        self.late = standin in LATE
         self._exchange = GradientExchange(topology, codec, resolve_allreduce("auto", False, topology.stages(device)))
         self._buckets, self._params = buckets, params
         self._device = device if device.type == "cuda" else None
@@ -64,11 +69,16 @@ class CoarseAverage:
         self._lock = threading.Lock()  # the caller acquires and recycles; the worker only fills
         self.sets = 0  # bucket sets ever allocated for coarse averages (one per step in flight at most)
 
-    def wrap(self, outer: Callable, job: Callable[[list[torch.Tensor]], object]) -> tuple[Callable, Callable, Work]:
+    def wrap(self, outer: Callable, job: Callable[[list[torch.Tensor]], object],
+             width: int) -> tuple[Callable, Callable, Work | None]:
         """A step's submission with the coarse average in front: ``outer(job, buffers, step)`` (the uneven-input
         agreement around the job) and ``job`` become the returned pair, and the third is the handle of the average
-        (a ``CoarseResult``), set as soon as it is known, before ``job`` runs; if the step fails first, its error."""
+        (a ``CoarseResult``), set as soon as it is known, before ``job`` runs; if the step fails first, its error.
+        A late stand-in at ``width`` 2 would never serve a forward pass: nothing is added (the handle is None)."""
+        if self.late and width <= 2:
+            return outer, job, None
         out, early = self._acquire(), StreamWork(self._device)
+        early.late = self.late  # Lookahead.record() reads it
 
         def coarse_then_exact(buffers: list[torch.Tensor]):
             for flat, copy in zip(buffers, out):

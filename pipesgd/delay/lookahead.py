@@ -45,7 +45,7 @@ from collections.abc import Sequence
 
 import torch
 
-from pipesgd.comm.handles import Work
+from pipesgd.comm.handles import CompletedWork, Work
 from pipesgd.delay.replay import OptimizerReplay
 
 
@@ -105,13 +105,18 @@ class Lookahead:
         """Keep a copy of this rank's gradients of ``step`` (shaped like the parameters; ``scale``: the loss
         scale its backward used), the stand-in for its average until ``discard(step)``; ``uses``: how many forward
         passes it serves (K-1 from a fresh step, fewer for one restored later). ``later``: a handle whose result
-        (a ``pipesgd.delay.coarse.CoarseResult``) stands in instead, used in place once the next forward needs it."""
+        (a ``pipesgd.delay.coarse.CoarseResult``) stands in instead, used in place once the next forward needs it;
+        a handle marked ``late`` stands in only from the next ``record()`` on (the own copy serves the first forward).
+        The late stand-ins recorded before are swapped in first: a forward pass has used them once since."""
         start = time.perf_counter()
+        for entry in self._pending.values():
+            self._swap(entry)
+        late = bool(getattr(later, "late", False))
         copy = None
-        if later is None:
+        if later is None or late:
             copy = self._free.pop() if self._free else [torch.empty_like(g) for g in grads]
             torch._foreach_copy_(copy, list(grads))
-        self._pending[step] = [copy, scale, self._uses if uses is None else uses, later]
+        self._pending[step] = [copy, scale, self._uses if uses is None else uses, later, late]
         self.seconds += time.perf_counter() - start
 
     def discard(self, step: int) -> None:
@@ -119,19 +124,33 @@ class Lookahead:
         entry = self._pending.pop(step, None)
         if entry is None:
             return
-        self._resolve(entry)  # a coarse average never used: its set goes back only once the worker is done with it
+        self._take(entry)  # a coarse average never used: its set goes back only once the worker is done with it
+        if entry[4]:  # a late one never swapped in: the own copy goes back too
+            self._free.append(entry[0])
         if entry[3] is not None:
             entry[3].release()
         else:
             self._free.append(entry[0])
 
-    def _resolve(self, entry: list) -> None:
-        """A stand-in still on its way (``record(later=...)``): wait for it; its gradients stand in from here."""
+    def _take(self, entry: list) -> None:
+        """Wait for a coarse stand-in still on its way (``record(later=...)``)."""
         if isinstance(entry[3], Work):
             start = time.perf_counter()
             entry[3] = entry[3].wait()
             self.waited += time.perf_counter() - start
+
+    def _resolve(self, entry: list) -> None:
+        """A coarse stand-in (not a late one): wait for it; its gradients stand in from here."""
+        if entry[3] is not None and not entry[4]:
+            self._take(entry)
             entry[0] = list(entry[3].slots)
+
+    def _swap(self, entry: list) -> None:
+        """A late stand-in: from here the coarse average stands in, not the own copy."""
+        if entry[4]:
+            self._take(entry)
+            self._free.append(entry[0])
+            entry[0], entry[4] = list(entry[3].slots), False
 
     @property
     def pending_steps(self) -> list[int]:
@@ -152,7 +171,7 @@ class Lookahead:
             else:
                 torch._foreach_copy_(self._master, self.params)
             self.active = True
-            self._replay.replay_([(grads, scale, uses <= 1) for grads, scale, uses, _ in entries],
+            self._replay.replay_([(grads, scale, uses <= 1) for grads, scale, uses, *_ in entries],
                                  self._skip_nonfinite)
             for entry in entries:
                 entry[2] -= 1
@@ -185,7 +204,8 @@ class Lookahead:
     @property
     def memory_bytes(self) -> int:
         """Bytes held beside plain width K: master copy, local gradients in flight and pooled, replay state."""
-        sets = [entry[0] for entry in self._pending.values() if entry[3] is None] + self._free  # coarse: its own
+        own = [entry[0] for entry in self._pending.values() if entry[3] is None or entry[4]]  # coarse: its own
+        sets = own + self._free
         grad_bytes = sum(g.numel() * g.element_size() for grads in sets for g in grads)
         master = sum(t.numel() * t.element_size() for t in self._master) if self._master is not None else 0
         return grad_bytes + master + self._replay.state_bytes
@@ -195,10 +215,15 @@ class Lookahead:
         if self.active:
             raise RuntimeError("save the look-ahead state while the parameters hold the master weights (after "
                                "step(), before the next forward pass): a stand-in may have been used up since")
-        for entry in self._pending.values():
+        saved = []
+        for step, entry in sorted(self._pending.items()):
             self._resolve(entry)
-        return [{"step": s, "grads": [g.clone() for g in grads], "scale": scale, "uses": uses}
-                for s, (grads, scale, uses, _) in sorted(self._pending.items())]
+            self._take(entry)
+            kept = {"step": step, "grads": [g.clone() for g in entry[0]], "scale": entry[1], "uses": entry[2]}
+            if entry[4]:  # a late stand-in not swapped in yet: the coarse average that replaces the own copy
+                kept["coarse"] = [g.clone() for g in entry[3].slots]
+            saved.append(kept)
+        return saved
 
     def load_state_dict(self, entries: list[dict]) -> None:
         """Restore ``state_dict()``'s stand-ins (replacing any pending ones); the parameters must be the master's."""
@@ -208,4 +233,18 @@ class Lookahead:
             self.discard(step)
         for entry in entries:
             grads = [g.to(p.device) for g, p in zip(entry["grads"], self.params)]
-            self.record(int(entry["step"]), grads, entry.get("scale"), int(entry.get("uses", self._uses)))
+            coarse = [g.to(p.device) for g, p in zip(entry.get("coarse", ()), self.params)]
+            later = CompletedWork(_Kept(coarse)) if coarse else None
+            if later is not None:
+                later.late = True
+            self.record(int(entry["step"]), grads, entry.get("scale"), int(entry.get("uses", self._uses)), later)
+
+
+class _Kept:
+    """A late coarse stand-in restored from a checkpoint (``record(later=...)`` takes it as the worker's result)."""
+
+    def __init__(self, slots: list[torch.Tensor]) -> None:
+        self.slots = slots
+
+    def release(self) -> None:
+        """Nothing to give back: no worker's pool owns it."""

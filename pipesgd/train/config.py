@@ -71,7 +71,8 @@ class TrainConfig:
                                     "= this rank's own gradients (free); coarse-q8, coarse-q4 = every rank's "
                                     "averaged in q8 or q4 before the exact exchange (an all-reduce per step that "
                                     "the next forward waits for; coarse-q8 closed AdamW's gap at width 3, "
-                                    "docs/training.md)",
+                                    "docs/training.md); local-then-q8 = the own gradients for the newest step, "
+                                    "the q8 average for the older ones (width >= 3, no wait)",
                                     lambda: LOOKAHEAD_STANDINS)
     compression: str = _field("none", "codec on every ring hop (pipe/sync only); auto: chosen at the end of the "
                               "warm-up from what it measured (compute, the link, each codec's speed)",
