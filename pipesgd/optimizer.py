@@ -233,7 +233,7 @@ class PipeSGD:
         job, t_buffers = self._buffer_sync.job(self._exchange, self._channel)
         run, coarse = self._participation.exchange, None
         if lookahead is not None and self._pipeline.depth(t) > 1:  # its stand-in while its average is in flight
-            if self._coarse is not None:  # every rank's q4 average first (pipesgd.delay.coarse)
+            if self._coarse is not None:  # every rank's coarse average first (pipesgd.delay.coarse)
                 run, job, coarse = self._coarse.wrap(run, job, self._pipeline.width)
             lookahead.record(t, buffers.slots, self._loss_scale.scale_of(t) if self._loss_scale else None, later=coarse)
         self._pipeline.submit(t, self._channel.submit(run, job, buffers, t))

@@ -5,7 +5,7 @@ average during look-ahead.
 Why: look-ahead's default stand-in is a rank's own gradient (``pipesgd.delay.lookahead``). Averaged over the ranks
 the stand-ins are the average, so the errors cancel to first order, but their second-order effect remains: on the
 character GPT with AdamW it cost +6.2 % validation loss at width 3 (four ranks, six seeds), where everyone's
-gradients averaged in q8 cost -0.1 % and in q4 +2.2 % (``experiments/results/accuracy/report.md``, "The coarse
+gradients averaged in q8 cost +0.2 % and in q4 +2.2 % (``experiments/results/accuracy/report.md``, "The coarse
 stand-in"). What: the step's job on the worker first all-reduces a copy of its buckets with the codec (the lossy
 codecs' exchange; no error feedback: a stand-in is used and dropped, nothing is owed to later steps), signals that
 result at once on its own handle, then runs the exact exchange as before. The result is identical on every rank, so

@@ -25,9 +25,11 @@ optimizer's rule: SGD's, Adam's and AdamW's written out in foreach operations (`
 ``StepStats.t_lookahead_s``).
 
 Stand-in (``PipeSGD(lookahead_standin=...)``): "local", this rank's own gradients, as above; "coarse-q8" or
-"coarse-q4", every rank's gradients averaged with that codec on the channel's worker before the exact exchange (``pipesgd.delay.coarse``), recorded as a
-handle and used in place once the next forward needs it (its wait is reported as communication, ``StepStats.t_wait_s``).
-It removes what the own gradient leaves: each rank's reaction to its own look-ahead error.
+"coarse-q4", every rank's gradients averaged with that codec on the channel's worker before the exact exchange
+(``pipesgd.delay.coarse``), recorded as a handle and used in place once the next forward needs it (its wait is
+reported as communication, ``StepStats.t_wait_s``): it removes what the own gradient leaves, each rank's reaction to
+its own look-ahead error. "local-then-q8": the own copy serves a step's first forward pass, the q8 average (a handle
+marked ``late``) the later ones, swapped in by the next ``record()``.
 
 Reach (``reach``, ``PipeSGD(lookahead_reach=...)``; 1.0 by default): the parameters move ``reach`` times the
 replayed displacement, ``master + reach * (look-ahead - master)``. Opt-in and measured on one kind of task: a reach
@@ -60,7 +62,8 @@ class Lookahead:
         self._skip_nonfinite = skip_nonfinite
         # A step's stand-in serves the K-1 forwards until its average is applied; the last may consume it.
         self._uses = width - 1
-        # step -> [grads, loss scale, forwards left that use it, handle of a stand-in still on its way or None]
+        # step -> [grads, loss scale, forwards left that use it, the coarse stand-in (its handle while on its way,
+        # then its result) or None, whether it is a late one not swapped in yet (the own copy in grads meanwhile)]
         self._pending: dict[int, list] = {}
         self._free: list[list[torch.Tensor]] = []
         self._master: list[torch.Tensor] | None = None  # the master weights while the parameters look ahead

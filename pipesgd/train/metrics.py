@@ -19,7 +19,7 @@ seconds since start):
   --clip-grad-norm), t_buffers (seconds spent making module buffers identical across ranks, with --buffers
   broadcast|average and a model that has buffers; with the -delayed modes the snapshot's copy), t_lookahead
   (seconds of look-ahead work since the step before: mode pipe, width >= 2, --staleness lookahead), t_standin_wait
-  (with --lookahead-standin coarse-q8|coarse-q4: seconds the forward pass waited for the coarse stand-in, counted in
+  (with --lookahead-standin other than local: seconds the forward pass waited for the coarse stand-in, counted in
   t_wait and not in t_compute)
 - ``eval``: step, epoch, accuracy, loss, wall (with ``--eval-deferred``: the wall clock when the evaluated weights
   were copied, and ``deferred: true``; those records are written after training)
