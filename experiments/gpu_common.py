@@ -40,24 +40,43 @@ def device_name(device: torch.device) -> str:
     return f"CPU {platform.processor() or platform.machine()}, {os.cpu_count()} cores (torch {torch.__version__})"
 
 
-def add_switch_interval(parser) -> None:
-    """``--switch-interval-ms``: the GIL's switch interval on every rank (``sys.setswitchinterval``; Python's default
-    5 ms). A thread that wants the GIL while another runs Python waits up to that long before the holder is made to
-    drop it, so a ring hop that wakes from the wire beside a training thread dispatching kernels may wait that long
-    at each of its GIL acquisitions (issue 38: the ring loses 18-22 % beside training, 2.0-2.4x beside a Python
-    loop)."""
+def add_ab_flags(parser) -> None:
+    """The A/B flags of the speed scripts, each applied on every rank before anything is built:
+
+    ``--switch-interval-ms``: the GIL's switch interval (``sys.setswitchinterval``; Python's default 5 ms). A thread
+    that wants the GIL while another runs Python waits up to that long before the holder is made to drop it, so a ring
+    hop that wakes from the wire beside a training thread dispatching kernels may wait that long at each of its GIL
+    acquisitions (issue 38: the ring loses 18-22 % beside training, 2.0-2.4x beside a Python loop).
+    ``--side-stream-priority``: the communication worker's CUDA stream priority (``CommWorker.STREAM_PRIORITY``;
+    negative is more urgent than the training step's kernels).
+    ``--gather-through-device``: the compressed ring's all-gather copies each received payload to the GPU and back
+    before forwarding it, as before ``RingTopology.FORWARDS_ON_HOST``."""
     parser.add_argument("--switch-interval-ms", type=float, default=None, dest="switch_interval_ms",
                         help="the interpreter's GIL switch interval on every rank (default: Python's, 5 ms)")
+    parser.add_argument("--side-stream-priority", type=int, default=None,
+                        help="CUDA priority of the communication side stream (default 0; -1 is more urgent)")
+    parser.add_argument("--gather-through-device", action="store_true",
+                        help="forward the compressed ring's all-gather payloads through the GPU, not from host memory")
 
 
-def apply_switch_interval(args) -> str:
-    """Set ``--switch-interval-ms`` on this rank (none given: leave Python's); the header's note of it."""
+def apply_ab_flags(args) -> str:
+    """Set the A/B flags on this rank (none given: the library's defaults); the header's note of them."""
+    from pipesgd.comm.topology import RingTopology
+    from pipesgd.comm.worker import CommWorker
+
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
-    return f"; GIL switch interval {sys.getswitchinterval() * 1e3:g} ms"
+    note = f"; GIL switch interval {sys.getswitchinterval() * 1e3:g} ms"
+    if args.side_stream_priority is not None:
+        CommWorker.STREAM_PRIORITY = args.side_stream_priority
+        note += f"; side stream priority {args.side_stream_priority}"
+    if args.gather_through_device:
+        RingTopology.FORWARDS_ON_HOST = False
+        note += "; ring all-gather through the device"
+    return note
 
 
-def check_switch_interval(parser, args) -> None:
+def check_ab_flags(parser, args) -> None:
     if args.switch_interval_ms is not None and not args.switch_interval_ms > 0:
         parser.error(f"--switch-interval-ms must be positive (got {args.switch_interval_ms})")
 

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import (add_switch_interval, apply_switch_interval, build, check_switch_interval,  # noqa: E402
+from gpu_common import (add_ab_flags, apply_ab_flags, build, check_ab_flags,  # noqa: E402
                         device_name, launch, markdown, rank_device, stall, write_results)
 
 from pipesgd.comm.channel import open_private_channel  # noqa: E402
@@ -55,7 +55,7 @@ def spin(seconds: float) -> None:
 
 
 def main_rank(rank: int, world: int, args) -> None:
-    interval = apply_switch_interval(args)
+    interval = apply_ab_flags(args)
     device = rank_device(args.device, rank)
     torch.manual_seed(0)
     model = build(args.model).to(device)
@@ -124,9 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--out", required=True, help="results folder")
-    add_switch_interval(parser)
+    add_ab_flags(parser)
     args = parser.parse_args(argv)
-    check_switch_interval(parser, args)
+    check_ab_flags(parser, args)
     if args.ranks < 2 or args.batch < 1 or args.repeats < 1:
         parser.error("--ranks must be at least 2 (a ring needs a peer), --batch and --repeats at least 1")
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -33,8 +33,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import (add_switch_interval, apply_switch_interval, build, check_backend,  # noqa: E402
-                        check_switch_interval, device_name, launch, markdown, rank_device, write_results)
+from gpu_common import (add_ab_flags, apply_ab_flags, build, check_backend,  # noqa: E402
+                        check_ab_flags, device_name, launch, markdown, rank_device, write_results)
 
 from pipesgd import PipeSGD  # noqa: E402
 from pipesgd.compression import build as build_codec  # noqa: E402
@@ -181,7 +181,7 @@ def bench_codecs(device: torch.device, codec_mb: int) -> list[dict]:
 
 
 def main_rank(rank: int, world: int, args) -> None:
-    interval = apply_switch_interval(args)
+    interval = apply_ab_flags(args)
     device = rank_device(args.device, rank)
     rows = []
     for name in args.models.split(","):
@@ -211,9 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--codec-mb", type=int, default=100, help="input size of the codec-throughput table")
     parser.add_argument("--out", required=True, help="results folder")
-    add_switch_interval(parser)
+    add_ab_flags(parser)
     args = parser.parse_args(argv)
-    check_switch_interval(parser, args)
+    check_ab_flags(parser, args)
     unknown = [m for m in args.models.split(",") if m not in ("lenet", "resnet20", "resnet18")]
     if unknown:
         parser.error(f"unknown --models {','.join(unknown)} (valid: lenet, resnet20, resnet18)")

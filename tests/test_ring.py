@@ -136,6 +136,45 @@ def test_error_feedback_conserves_the_sum():
             assert residual_size > 0  # the codec really dropped something
 
 
+class _ForwardingOnCpu(RingTopology):
+    """The all-gather's forwarding from host memory (gloo + CUDA only) taken on CPU, to check its bookkeeping."""
+
+    def __init__(self, group) -> None:
+        super().__init__(group)
+        self.marked = 0
+
+    def forwards_on_host(self, device: torch.device) -> bool:
+        return True
+
+    def forwarded(self, device: torch.device) -> None:
+        self.marked += 1
+
+
+def _host_forwarding_keeps_the_bits(rank: int, world: int):
+    plain, forwarding = RingTopology(dist.group.WORLD), _ForwardingOnCpu(dist.group.WORLD)
+    mismatches = []
+    for name in ("q8", "q4", "sign"):
+        for numel in (1000, 10_001, 3 * PIECE_ELEMENTS * world + 5):  # one piece per hop, then several
+            for call in range(2):  # the second reuses the first's slots
+                x = rank_data(rank + 10 * call, numel)
+                feedback = [ErrorFeedback(build(name)) for _ in range(2)]
+                results = []
+                for topology, fb in zip((plain, forwarding), feedback):
+                    flat = x.clone()
+                    ring_allreduce_(flat, fb.compressor, topology, "mean", fb.residual("b", flat))
+                    results.append((flat, fb.residual("b", flat)))
+                (a, ra), (b, rb) = results
+                if not (torch.equal(a, b) and torch.equal(ra, rb)):
+                    mismatches.append((name, numel, call))
+    return mismatches, forwarding.marked
+
+
+def test_forwarding_the_all_gather_from_host_memory_keeps_the_ring_s_bits():
+    for mismatches, marked in run_ranks(_host_forwarding_keeps_the_bits, 3):
+        assert mismatches == []
+        assert marked == 3 * 3 * 2  # every ring marked the end of its copies out of the slots
+
+
 def test_chunk_bounds_cover_everything_evenly():
     for numel in (0, 1, 2, 7, 100):
         for parts in (1, 2, 3, 4, 7):

@@ -150,7 +150,14 @@ def ring_allreduce_(
         # Encoded now, settled in place (and, with feedback, booked) while all-gather hop 0 waits on the wire.
         forward = [encoder.settle_(x, position) for position, x in placed_pieces(own)]
 
-    # Step 3: all-gather; lossy payloads are forwarded unchanged and decoded once.
+    # Step 3: all-gather; lossy payloads are forwarded unchanged and decoded once. Where gloo carries CUDA tensors
+    # they stay in host memory and are forwarded from there, their decode queued behind a copy nobody waits for:
+    # the hop then never waits for the GPU, whose queue the training step fills (one sync per hop otherwise).
+    on_host = not lossless and topology.forwards_on_host(flat.device)
+
+    def decode_into(target: torch.Tensor, payload: torch.Tensor) -> None:
+        target.copy_(encoder.decode(payload.to(flat.device, non_blocking=True), target))
+
     for s in range(p - 1):
         send_i, recv_i = (r + 1 - s) % p, (r - s) % p
         if lossless:
@@ -158,12 +165,16 @@ def ring_allreduce_(
             topology.exchange_pieces(1, lambda _: chunk[send_i], [chunk[recv_i]], lambda _, received: None)
             report.bytes_sent += chunk[send_i].numel() * item
         else:
-            incoming, targets, outgoing = receive_buffers(recv_i), pieces(chunk[recv_i]), forward
+            targets, outgoing = pieces(chunk[recv_i]), forward
+            incoming = ([topology.forwarding_slot(s, k, compressor.payload_bytes(x.numel(), flat.dtype))
+                         for k, x in enumerate(targets)] if on_host else receive_buffers(recv_i))
             topology.exchange_pieces(len(outgoing), outgoing.__getitem__, incoming,
-                                     lambda k, buf: targets[k].copy_(encoder.decode(buf, targets[k])), encoder.drain)
+                                     lambda k, buf: decode_into(targets[k], buf), encoder.drain)
             report.bytes_sent += sum(payload.numel() for payload in outgoing)
             forward = incoming
         report.raw_bytes += chunk[send_i].numel() * item
+    if on_host and p > 1:
+        topology.forwarded(flat.device)
     encoder.drain()  # nothing is left at p > 1 (hop 0 of each phase drained); kept so no path can skip it
     report.busy_s = time.perf_counter() - start
     return report

@@ -36,6 +36,10 @@ class HostStaging:
 class RingTopology:
     """Who sends to whom in a process group, and how bytes cross the wire (staged via host for gloo+CUDA).
 
+    ``FORWARDS_ON_HOST``: where payloads are staged, a compressed ring's all-gather keeps what it receives in host
+    memory and forwards it from there (``forwarding_slot``), copying it to the device only to decode it, without
+    waiting for that copy; False restores the round trip through the device (the benchmarks' A/B).
+
     It keeps receive buffers between calls, so one topology serves one thread: the background worker that
     runs a group's rings (``pipesgd.comm.channel``) or one caller of the synchronous ``ring_allreduce``.
     ``batched``: post each piece as one send+recv pair through ``dist.batch_isend_irecv`` (what NCCL needs;
@@ -47,6 +51,7 @@ class RingTopology:
         self._scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
         self._wire: dict[tuple[str, torch.device], torch.Tensor] = {}
         self._staging = HostStaging()
+        self._forwarded: torch.cuda.Event | None = None  # the last ring's copies out of its forwarding slots
         # The exchange's all-gather as an all-to-all (payload_collectives): None, where payloads are staged through
         # host memory (gloo's all-gather took 8-10 ms for 4 ranks x 34 KB on the GPU host, an all-to-all of 4x the
         # bytes 0.23-0.26 ms), not elsewhere (on 200 Mbit/s links its concurrent flows made q8's exchange 1.2x
@@ -87,6 +92,26 @@ class RingTopology:
         if buf is None or buf.numel() < n_bytes:
             buf = self._wire[key] = torch.empty(n_bytes, dtype=torch.uint8, device=device)
         return buf[:n_bytes]
+
+    FORWARDS_ON_HOST = True
+
+    def forwards_on_host(self, device: torch.device) -> bool:
+        """Whether a compressed ring's all-gather forwards payloads from host memory (module doc of the class)."""
+        return self.FORWARDS_ON_HOST and self.stages(device)
+
+    def forwarding_slot(self, hop: int, piece: int, n_bytes: int) -> torch.Tensor:
+        """The pinned host buffer that all-gather hop ``hop`` receives ``piece`` into and the next hop sends it from:
+        the device copy that decodes it is queued without waiting, so a slot is written again only once the last
+        ring's copies out of it have run (``forwarded``); by then they have, as a whole reduce-scatter came between."""
+        if hop == 0 and self._forwarded is not None:
+            self._forwarded.synchronize()
+            self._forwarded = None
+        return self._staging.slot(f"forward-{hop}", piece, n_bytes, torch.uint8)
+
+    def forwarded(self, device: torch.device) -> None:
+        """Mark the end of a ring's copies out of its forwarding slots (queued on ``device``'s current stream)."""
+        self._forwarded = torch.cuda.Event()
+        self._forwarded.record(torch.cuda.current_stream(device))
 
     def stages(self, device: torch.device) -> bool:
         """Whether bytes for tensors on ``device`` travel through host buffers (gloo with CUDA tensors)."""
