@@ -1,5 +1,6 @@
 #!/bin/bash
-# The next GPU machine's call, prepared (issue 38 part 4): one call of about 5 minutes.
+# A GPU machine's call (issue 38 part 4), run 2026-11-27 14:07 UTC (experiments/results/gpu/forwarding_ab-mps.md); kept
+# as the pattern for the next one: one call of about 5 minutes.
 #   run (device tool): command "bash experiments/gpu_next.sh 420", timeout_s 460; the results come back packed in
 #   $OUT/gpu9.tgz (one folder per step, each step's log, steps.txt with each step's time and exit code).
 # All under MPS (the 4 ranks' kernels run concurrently): the gloo-CUDA correctness check first (the compressed ring's
