@@ -49,17 +49,12 @@ def add_ab_flags(parser) -> None:
     acquisitions (issue 38: the ring loses 18-22 % beside training, 2.0-2.4x beside a Python loop).
     ``--side-stream-priority``: the communication worker's CUDA stream priority (``CommWorker.STREAM_PRIORITY``;
     negative is more urgent than the training step's kernels).
-    ``--host-ring-elements``: the largest compressed ring that runs on a host copy with the CPU codec
-    (``RingTopology.HOST_RING_ELEMENTS``; 0 keeps every ring on the GPU).
     ``--gather-through-device``: the compressed ring's all-gather copies each received payload to the GPU and back
     before forwarding it, as before ``RingTopology.FORWARDS_ON_HOST``."""
     parser.add_argument("--switch-interval-ms", type=float, default=None, dest="switch_interval_ms",
                         help="the interpreter's GIL switch interval on every rank (default: Python's, 5 ms)")
     parser.add_argument("--side-stream-priority", type=int, default=None,
                         help="CUDA priority of the communication side stream (default 0; -1 is more urgent)")
-    parser.add_argument("--host-ring-elements", type=int, default=None,
-                        help="largest compressed ring run on a host copy where gloo carries CUDA tensors "
-                             "(default: the library's RingTopology.HOST_RING_ELEMENTS; 0: none)")
     parser.add_argument("--gather-through-device", action="store_true",
                         help="forward the compressed ring's all-gather payloads through the GPU, not from host memory")
 
@@ -75,9 +70,6 @@ def apply_ab_flags(args) -> str:
     if args.side_stream_priority is not None:
         CommWorker.STREAM_PRIORITY = args.side_stream_priority
         note += f"; side stream priority {args.side_stream_priority}"
-    if args.host_ring_elements is not None:
-        RingTopology.HOST_RING_ELEMENTS = args.host_ring_elements
-        note += f"; compressed rings of up to {args.host_ring_elements} elements on host"
     if args.gather_through_device:
         RingTopology.FORWARDS_ON_HOST = False
         note += "; ring all-gather through the device"
@@ -87,8 +79,6 @@ def apply_ab_flags(args) -> str:
 def check_ab_flags(parser, args) -> None:
     if args.switch_interval_ms is not None and not args.switch_interval_ms > 0:
         parser.error(f"--switch-interval-ms must be positive (got {args.switch_interval_ms})")
-    if args.host_ring_elements is not None and args.host_ring_elements < 0:
-        parser.error(f"--host-ring-elements must be >= 0 (got {args.host_ring_elements})")
 
 
 def check_backend(backend: str, ranks: int, device_kind: str) -> None:

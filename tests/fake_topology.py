@@ -16,9 +16,6 @@ class LoopbackTopology:
     def forwards_on_host(self, device) -> bool:  # only where gloo carries CUDA tensors
         return False
 
-    def runs_on_host(self, flat) -> bool:  # the same
-        return False
-
     def exchange_pieces(self, n_send, make_payload, recv_bufs, on_receive, while_waiting=None):
         sent = [make_payload(k) for k in range(n_send)]
         self.sends_posted()

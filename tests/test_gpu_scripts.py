@@ -193,13 +193,12 @@ def test_the_prepared_gpu_call_runs_every_step_and_packs_its_results(tmp_path):
     out.mkdir()
     env = {"PATH": f"{tools}:/usr/bin:/bin", "OUT": str(out), "HOME": str(tmp_path)}
     script = Path(__file__).resolve().parent.parent / "experiments" / "gpu_next.sh"
-    proc = subprocess.run(["bash", str(script), "200"], capture_output=True, text=True, timeout=60, env=env,
+    proc = subprocess.run(["bash", str(script), "300"], capture_output=True, text=True, timeout=60, env=env,
                           cwd=script.parent.parent)
     assert proc.returncode == 0, proc.stderr
-    steps = (out / "gpu10" / "steps.txt").read_text()
+    steps = (out / "gpu11" / "steps.txt").read_text()
     assert steps.count("rc=0") == 4 and "skip" not in steps, steps
-    with tarfile.open(out / "gpu10.tgz") as packed:
+    with tarfile.open(out / "gpu11.tgz") as packed:
         names = packed.getnames()
-    assert "gpu10/speed-B-host.log" in names and "gpu10/steps.txt" in names
-    assert "--host-ring-elements 0" in (out / "gpu10" / "speed-A2-device.log").read_text()
-    assert "--hidden 512" in (out / "gpu10" / "check-host-ring.log").read_text()
+    assert "gpu11/speed-mps.log" in names and "gpu11/steps.txt" in names
+    assert "--backend nccl" in (out / "gpu11" / "check-nccl1.log").read_text()

@@ -175,41 +175,6 @@ def test_forwarding_the_all_gather_from_host_memory_keeps_the_ring_s_bits():
         assert marked == 3 * 3 * 2  # every ring marked the end of its copies out of the slots
 
 
-class _HostRingOnCpu(RingTopology):
-    """A small ring's detour through a host copy (gloo + CUDA only) taken on CPU: every outer call, not the inner."""
-
-    def __init__(self, group) -> None:
-        super().__init__(group)
-        self.calls = 0
-
-    def runs_on_host(self, flat: torch.Tensor) -> bool:
-        self.calls += 1
-        return self.calls % 2 == 1
-
-
-def _host_ring_keeps_the_bits_and_the_residual(rank: int, world: int):
-    plain, detour = RingTopology(dist.group.WORLD), _HostRingOnCpu(dist.group.WORLD)
-    mismatches = []
-    for name in ("q8", "sign"):
-        feedback = [ErrorFeedback(build(name)) for _ in range(2)]
-        for call in range(2):  # the second ring starts from the first's residual
-            x = rank_data(rank + 10 * call, 10_001)
-            results = []
-            for topology, fb in zip((plain, detour), feedback):
-                flat = x.clone()
-                ring_allreduce_(flat, fb.compressor, topology, "mean", fb.residual("b", flat))
-                results.append((flat, fb.residual("b", flat).clone()))
-            (a, ra), (b, rb) = results
-            if not (torch.equal(a, b) and torch.equal(ra, rb) and ra.abs().max() > 0):
-                mismatches.append((name, call))
-    return mismatches, detour.calls
-
-
-def test_a_small_ring_on_a_host_copy_keeps_the_bits_and_the_residual():
-    for mismatches, calls in run_ranks(_host_ring_keeps_the_bits_and_the_residual, 3):
-        assert mismatches == [] and calls == 2 * 2 * 2  # each ring asked twice: the detour, then the ring inside
-
-
 def test_chunk_bounds_cover_everything_evenly():
     for numel in (0, 1, 2, 7, 100):
         for parts in (1, 2, 3, 4, 7):

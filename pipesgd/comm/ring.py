@@ -95,8 +95,6 @@ def ring_allreduce_(
     """All-reduce the contiguous 1-D ``flat`` (fp32/fp64) in place; returns what it sent and how long it took.
 
     ``residual``: this rank's error-feedback buffer for ``flat`` (``ErrorFeedback.residual``), or None."""
-    if not compressor.lossless and topology.runs_on_host(flat):
-        return _ring_on_host_(flat, compressor, topology, op, residual)
     start = time.perf_counter()
     report = RingReport()
     p, r = topology.size, topology.rank
@@ -178,25 +176,6 @@ def ring_allreduce_(
     if on_host and p > 1:
         topology.forwarded(flat.device)
     encoder.drain()  # nothing is left at p > 1 (hop 0 of each phase drained); kept so no path can skip it
-    report.busy_s = time.perf_counter() - start
-    return report
-
-
-def _ring_on_host_(flat: torch.Tensor, compressor: Compressor, topology: RingTopology, op: str,
-                   residual: torch.Tensor | None) -> RingReport:
-    """``ring_allreduce_`` of a small CUDA tensor that gloo would stage hop by hop anyway: on a pinned host copy, with
-    the CPU codec (every rank takes this path for the same sizes, so replicas stay identical), copied back without
-    waiting (the pinned buffers are not reused before their copies ran: torch's host allocator keeps them until then)."""
-    start = time.perf_counter()
-    def pinned_copy(x: torch.Tensor) -> torch.Tensor:
-        return torch.empty(x.shape, dtype=x.dtype, pin_memory=x.is_cuda).copy_(x)
-
-    host = pinned_copy(flat)
-    kept = None if residual is None else pinned_copy(residual)
-    report = ring_allreduce_(host, compressor, topology, op, kept)
-    flat.copy_(host, non_blocking=True)
-    if residual is not None:
-        residual.copy_(kept, non_blocking=True)
     report.busy_s = time.perf_counter() - start
     return report
 

@@ -36,9 +36,6 @@ class HostStaging:
 class RingTopology:
     """Who sends to whom in a process group, and how bytes cross the wire (staged via host for gloo+CUDA).
 
-    ``HOST_RING_ELEMENTS``: where payloads are staged, a compressed ring of at most this many elements runs on a host
-    copy of the tensor with the CPU codec (``runs_on_host``): one copy each way per ring instead of kernel launches, a
-    blocking copy and a wait behind the training step's kernels at every hop. 0 keeps every ring on the device.
     ``FORWARDS_ON_HOST``: where payloads are staged, a compressed ring's all-gather keeps what it receives in host
     memory and forwards it from there (``forwarding_slot``), copying it to the device only to decode it, without
     waiting for that copy; False restores the round trip through the device (the benchmarks' A/B).
@@ -97,12 +94,6 @@ class RingTopology:
         return buf[:n_bytes]
 
     FORWARDS_ON_HOST = True
-    HOST_RING_ELEMENTS = 1 << 20  # 4 MiB of fp32: a hop's CPU codec work (a quarter of it at p = 4) then stays under
-    # about 0.3 ms, what one hop's launches and syncs cost on the GPU host (LeNet's q8 ring: 4-7 ms for 12 hops)
-
-    def runs_on_host(self, flat: torch.Tensor) -> bool:
-        """Whether a compressed ring of ``flat`` runs on a host copy of it (module doc of the class)."""
-        return self.stages(flat.device) and flat.numel() <= self.HOST_RING_ELEMENTS
 
     def forwards_on_host(self, device: torch.device) -> bool:
         """Whether a compressed ring's all-gather forwards payloads from host memory (module doc of the class)."""
