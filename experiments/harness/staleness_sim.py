@@ -58,7 +58,10 @@ TASKS = {"digits": lambda seed: load_digits(seed), "mnist1d": lambda seed: make_
 # the own batch at the workers' mean look-ahead point (the noise without the worker's reaction to its own error);
 # the own gradient with the look-ahead's reach scaled past the weights in flight (``OVERSHOOT``); everyone's q4 average.
 STANDINS = ("local", "oracle", "shrunk", "frozen-v", "meanpoint", "overshoot", "oracle-overshoot", "coarse",
-            "coarse-sign", "coarse-exchange", "own-then-coarse")
+            "coarse-sign", "coarse-exchange", "own-then-coarse", "last-average", "own-share")
+# The last average applied to the master, the same on every worker and known without waiting ("last-average"); the
+# own gradient's 1/W share beside it, (own + (W-1) last) / W ("own-share"): what the worker knows of the average.
+LAST_AVERAGE = ("last-average", "own-share")
 # The own gradient for the newest step in flight, everyone's q8 exchange average for the older ones (width >= 3): a
 # coarse average that arrives during a compute phase, so that no forward pass waits for one.
 LATE_COARSE = ("q8", True)
@@ -69,7 +72,8 @@ STANDIN_TITLES = {"oracle": "true-average stand-in", "shrunk": "shrunk stand-in"
                   "meanpoint": "own batch at the mean point", "overshoot": f"reach x{OVERSHOOT:g}",
                   "oracle-overshoot": f"true average, reach x{OVERSHOOT:g}", "coarse": "q4 average of all",
                   "coarse-sign": "sign average of all", "coarse-exchange": "q4 exchange of all",
-                  "own-then-coarse": "own, then q8 exchange of all"}
+                  "own-then-coarse": "own, then q8 exchange of all", "last-average": "last average applied",
+                  "own-share": "own 1/W share beside the last average"}
 # the worker's look-ahead where it is not the library's ``Lookahead``
 LOOKAHEADS = {"shrunk": ShrunkLookahead, "frozen-v": FrozenMomentLookahead,
               "overshoot": partial(Lookahead, reach=OVERSHOOT), "oracle-overshoot": partial(Lookahead, reach=OVERSHOOT)}
@@ -200,7 +204,10 @@ def simulate(spec: SimSpec) -> dict:
     workers = [kind(optimizer, params, spec.width) if looking else None for _ in range(spec.workers)]
     pipeline: Pipeline[list[torch.Tensor]] = Pipeline(spec.width, spec.warmup_steps)
 
+    last: list[list[torch.Tensor]] = []  # the last average applied (LAST_AVERAGE)
+
     def apply(step: int, mean: list[torch.Tensor]) -> None:
+        last[:] = [mean]
         for worker in workers:
             if worker is not None:
                 worker.discard(step)
@@ -237,6 +244,9 @@ def simulate(spec: SimSpec) -> dict:
                              gradients_at_mean_point(model, params, points, batches) if spec.standin == "meanpoint"
                              else [coarse_average(grads, *COARSE[spec.standin])] * len(workers)
                              if spec.standin in COARSE else grads)
+                if spec.standin in LAST_AVERAGE and last:
+                    share = 1.0 if spec.standin == "last-average" else 1 - 1 / spec.workers
+                    stand_ins = [[torch.lerp(g, a, share) for g, a in zip(own, last[0])] for own in grads]
                 if spec.standin == "own-then-coarse":  # step t-1's own stand-in gives way to everyone's average
                     late = coarse_average(grads_before, *LATE_COARSE) if grads_before is not None else None
                     for worker in workers:
