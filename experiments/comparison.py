@@ -64,6 +64,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, help="override every run's length with this step budget (smoke runs)")
     parser.add_argument("--seed", type=int, help="override the config's seed (model init and data order: "
                         "another trajectory)")
+    parser.add_argument("--target-loss", type=float,
+                        help="time to this validation loss for every workload (default: each workload's target_loss, "
+                             "else the config's target accuracy)")
     parser.add_argument("--result", help="runs.json to write (default: the config's result)")
     parser.add_argument("--out", help="raw metrics folder (default: the config's out)")
     parser.add_argument("--resume", action="store_true", help="skip runs already recorded as ok in the result")
@@ -109,6 +112,10 @@ def main() -> int:
                                                for w in cfg.workloads))
         if args.seed is not None:
             cfg = replace(cfg, seed=args.seed)
+        if args.target_loss is not None:
+            if not args.target_loss > 0:
+                raise ValueError(f"--target-loss must be > 0, got {args.target_loss}")
+            cfg = replace(cfg, workloads=tuple(replace(w, target_loss=args.target_loss) for w in cfg.workloads))
         cfg = replace(cfg, result=args.result or cfg.result, out=args.out or cfg.out)
         probes = tuple(dict.fromkeys([*(_names(args.probe) or []), *(["ps"] if args.ps_probe else [])]))
         if probes and not args.calibrate:
@@ -135,7 +142,7 @@ def main() -> int:
     if args.rescore:
         try:
             store = ResultStore(cfg.result, cfg)
-            remade, kept = rescore(store, cfg.skip, cfg.target_accuracy)
+            remade, kept = rescore(store, cfg.skip, cfg.target_accuracy, targets=cfg.targets())
         except (OSError, ValueError) as error:
             print(f"comparison: {error}", file=sys.stderr)
             return 1

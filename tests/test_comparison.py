@@ -86,6 +86,16 @@ def test_run_record_throughput_accuracy_and_time_to_target(tmp_path):
     assert missed["time_to_target_s"] is None and not missed["reached_target"]
 
 
+def test_time_to_a_loss_target_is_the_first_evaluation_at_or_below_it(tmp_path):
+    # evals (step, wall, accuracy) with loss = 1 - accuracy: 0.5 at 1.5 s, 0.07 at 3.0 s
+    rec = run_record(load_run(write_metrics(tmp_path / "a.jsonl")), skip=2, target=0.5, metric="loss")
+    assert rec["time_to_target_s"] == 1.5 and rec["reached_target"] and rec["target_loss"] == 0.5
+    assert "target_accuracy" not in rec
+    missed = run_record(load_run(write_metrics(tmp_path / "b.jsonl")), skip=2, target=0.05, metric="loss")
+    assert missed["time_to_target_s"] is None and not missed["reached_target"]
+    assert time_to_target([{"loss": 2.0, "wall_s": 1.0}, {"loss": None, "wall_s": 2.0}], 1.9, "loss") is None
+
+
 def test_curve_is_thinned_and_keeps_the_last_point(tmp_path):
     evals = tuple((s, 0.1 * s, min(1.0, 0.01 * s)) for s in range(1, 201))
     run = load_run(write_metrics(tmp_path / "c.jsonl", evals=evals))
@@ -136,6 +146,20 @@ def test_config_file_loads_and_builds_flags():
     assert flags[flags.index("--eval-every") + 1] == "1" and "--eval-deferred" not in flags  # every epoch, live
 
 
+def test_the_charlm_config_trains_the_transformer_to_a_loss_target():
+    cfg = load_config(os.path.join(ROOT, "experiments", "configs", "charlm_time.toml"))
+    charlm = cfg.workload("charlm")
+    assert cfg.target_of(charlm) == (charlm.target_loss, "loss") and charlm.target_loss > 0
+    assert cfg.targets() == {"charlm": (charlm.target_loss, "loss")}
+    flags = cfg.train_flags(charlm, "100mbit")
+    assert flags[flags.index("--dataset") + 1] == "pysrc" and flags[flags.index("--steps") + 1] == "300"
+    assert flags[-len(charlm.flags):] == list(charlm.flags)
+    parsed = resolve([*flags, "--mode", "pipe", "--width", "2", "--lookahead-reach", "1.2"])  # flags the trainer takes
+    assert parsed.optimizer == "adamw" and parsed.lr_schedule == "cosine"
+    lenet = load_config(CONFIG).workload("lenet")
+    assert load_config(CONFIG).target_of(lenet) == (0.9, "accuracy") and lenet.dataset == "digits"
+
+
 def test_eval_steps_evaluates_copies_every_n_steps_after_the_run():
     cfg = replace(load_config(CONFIG), eval_steps=2)
     flags = cfg.train_flags(cfg.workload("lenet"), "1gbit")
@@ -156,6 +180,8 @@ def test_eval_steps_evaluates_copies_every_n_steps_after_the_run():
     ("variants=['sync']\ncores_per_node=-2\n[workload.a]\nmodel='lenet'\n", "cores_per_node must be >= 0"),
     ("variants=['sync']\nseed=-1\n[workload.a]\nmodel='lenet'\n", "seed must be an integer >= 0"),
     ("variants=['sync']\neval_steps=-1\n[workload.a]\nmodel='lenet'\n", "eval_steps must be an integer >= 0"),
+    ("variants=['sync']\n[workload.a]\nmodel='lenet'\ntarget_loss=-1\n", "target_loss must be >= 0"),
+    ("variants=['sync']\n[workload.a]\nmodel='lenet'\nflags=[1]\n", "flags must be a list of strings"),
     ("variants=['sync'\n", "not valid TOML"),
 ])
 def test_config_errors_name_the_problem(tmp_path, text, needle):
@@ -185,6 +211,7 @@ def test_select_subsets_and_refuses_unknown_names():
     (["--report", "--result", "/nonexistent/runs.json"], "No such file"),
     (["--loopback", "--cells", "lenet-1gbit"], "--loopback runs its own loopback cells"),
     (["--loopback", "--cores-per-node", "2"], "does not apply to --loopback"),
+    (["--target-loss", "0", "--report"], "--target-loss must be > 0"),
 ])
 def test_driver_refusals_are_one_line(argv, needle):
     done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "comparison.py"), *argv],

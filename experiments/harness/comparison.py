@@ -183,7 +183,7 @@ def run_cell(cfg: GridConfig, workload: Workload, bandwidth: str, store: ResultS
                 log(f"{progress[0]}/{total} {cell} {variant}: FAILED ({reason}, {seconds:.0f} s); see {run_log}")
                 continue
             try:
-                record = run_record(load_run(metrics), skip=cfg.skip, target=cfg.target_accuracy)
+                record = run_record(load_run(metrics), skip=cfg.skip, **_target(cfg.target_of(workload)))
             except (ValueError, KeyError, json.JSONDecodeError) as error:
                 store.put_run({**base, "status": "failed", "reason": f"unreadable metrics: {error}",
                                "run_wall_s": seconds})
@@ -233,16 +233,23 @@ def calibrate_cell(cfg: GridConfig, workload: Workload, bandwidth: str, store: R
                 return False
         elif _calibrate(cluster, cfg, workload, cell, cell_dir, store, False, logfile) is None:
             return False
-    remade, kept = rescore(store, cfg.skip, cfg.target_accuracy, cells={cell})
+    remade, kept = rescore(store, cfg.skip, cfg.target_accuracy, cells={cell}, targets=cfg.targets())
     log(f"{cell}: {remade} runs predicted" + (f"; kept as recorded: {'; '.join(kept)}" if kept else ""))
     return True
 
 
-def rescore(store: ResultStore, skip: int, target: float, cells: set[str] | None = None) -> tuple[int, list[str]]:
+def _target(value_and_metric: tuple[float, str]) -> dict:
+    """``run_record``'s target arguments from ``GridConfig.target_of``."""
+    return {"target": value_and_metric[0], "metric": value_and_metric[1]}
+
+
+def rescore(store: ResultStore, skip: int, target: float, cells: set[str] | None = None,
+            targets: dict[str, tuple[float, str]] | None = None) -> tuple[int, list[str]]:
     """Re-make the record and prediction of every finished run in ``store`` whose raw metrics are on this machine
     (its cell's ``calib.json`` beside them), keeping what the grid recorded about the run (flags, paths, wall time);
-    saved once at the end; only ``cells`` when given. Returns (runs re-made, why each other finished run was kept as
-    it was)."""
+    saved once at the end; only ``cells`` when given. Time to target is to ``target`` accuracy, or to a workload's
+    own target in ``targets`` (workload -> (value, metric), ``GridConfig.targets``). Returns (runs re-made, why
+    each other finished run was kept as it was)."""
     remade, kept = 0, []
     runs = [r for r in store.data["runs"] if r.get("status") == "ok" and (cells is None or r["cell"] in cells)]
     present = {(r["cell"], r["variant"]): r["metrics"] for r in runs if metrics_files(r["metrics"])}
@@ -254,7 +261,8 @@ def rescore(store: ResultStore, skip: int, target: float, cells: set[str] | None
         done = {v: path for (cell, v), path in present.items() if cell == old["cell"]}
         calib = os.path.join(os.path.dirname(old["metrics"]), "calib.json")
         try:
-            record = run_record(load_run(old["metrics"]), skip=skip, target=target)
+            goal = (targets or {}).get(old.get("workload"), (target, "accuracy"))
+            record = run_record(load_run(old["metrics"]), skip=skip, **_target(goal))
         except (ValueError, KeyError, json.JSONDecodeError) as error:
             kept.append(f"{old['cell']} {old['variant']}: unreadable metrics: {error}")
             continue

@@ -17,10 +17,13 @@ __all__ = ["Workload", "GridConfig", "load_config", "select", "cell_name", "spli
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """One training job of the grid, on the embedded digits data (no download)."""
+    """One training job of the grid, on data made or embedded on the machine (no download)."""
 
-    name: str  # the grid's label (lenet, resnet20, alexnet)
+    name: str  # the grid's label (lenet, resnet20, alexnet, charlm)
     model: str  # pipesgd-train --model
+    dataset: str = "digits"  # pipesgd-train --dataset
+    flags: tuple[str, ...] = ()  # more pipesgd-train flags every variant shares (optimizer, schedule)
+    target_loss: float = 0.0  # > 0: time to target is to this validation loss, not to the grid's target accuracy
     epochs: int = 10  # train to completion: every epoch evaluated
     steps: dict[str, int] = field(default_factory=dict)  # per bandwidth: a step budget instead of epochs
     lr: float = 0.02  # pipesgd-train --lr
@@ -34,6 +37,10 @@ class Workload:
             raise ValueError(f"workload {self.name}: epochs and step budgets must be integers >= 1")
         if self.lr <= 0:
             raise ValueError(f"workload {self.name}: lr must be > 0")
+        if self.target_loss < 0:
+            raise ValueError(f"workload {self.name}: target_loss must be >= 0 (0: the grid's target accuracy)")
+        if not all(isinstance(f, str) for f in self.flags):
+            raise ValueError(f"workload {self.name}: flags must be a list of strings")
         if not isinstance(self.calib_repeats, int) or self.calib_repeats < 0:
             raise ValueError(f"workload {self.name}: calib_repeats must be an integer >= 0 (0: the grid's)")
         try:
@@ -105,6 +112,14 @@ class GridConfig:
         """Steps dropped before the medians: the warm-up and two more (the pipeline filling, first allocations)."""
         return self.warmup_steps + 2
 
+    def target_of(self, workload: Workload) -> tuple[float, str]:
+        """Time to target's (value, metric) for ``workload``: its validation loss target, else the grid's accuracy."""
+        return (workload.target_loss, "loss") if workload.target_loss else (self.target_accuracy, "accuracy")
+
+    def targets(self) -> dict[str, tuple[float, str]]:
+        """``target_of`` of every workload, by name."""
+        return {w.name: self.target_of(w) for w in self.workloads}
+
     def workload(self, name: str) -> Workload:
         for w in self.workloads:
             if w.name == name:
@@ -126,9 +141,9 @@ class GridConfig:
         """The ``pipesgd-train`` flags every variant of the cell shares."""
         length = (["--steps", str(workload.steps[bandwidth])] if bandwidth in workload.steps
                   else ["--epochs", str(workload.epochs)])
-        return ["--model", workload.model, "--dataset", "digits", "--batch-size", str(self.batch_size),
+        return ["--model", workload.model, "--dataset", workload.dataset, "--batch-size", str(self.batch_size),
                 *length, *self.eval_flags(), "--lr", f"{workload.lr:g}", "--threads", str(self.threads),
-                "--warmup-steps", str(self.warmup_steps), "--seed", str(self.seed), "--timeout", "300"]
+                "--warmup-steps", str(self.warmup_steps), "--seed", str(self.seed), "--timeout", "300", *workload.flags]
 
 
 def cell_name(workload: str, bandwidth: str) -> str:
@@ -171,6 +186,8 @@ def load_config(path: str) -> GridConfig:
         if bad:
             valid = ", ".join(sorted(_WORKLOAD_KEYS))
             raise ValueError(f"{path}: workload {name}: unknown keys {sorted(bad)}; valid: {valid}")
+        if isinstance(table.get("flags"), list):
+            table = {**table, "flags": tuple(table["flags"])}
         try:
             workloads.append(Workload(name=name, **table))
         except TypeError as error:

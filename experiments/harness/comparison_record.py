@@ -78,16 +78,20 @@ def curve(run: Run, max_points: int = MAX_CURVE_POINTS) -> list[dict]:
     return kept + [points[-1]]
 
 
-def time_to_target(points: list[dict], target: float) -> float | None:
-    """``wall_s`` of the first evaluation with accuracy >= ``target``; None when none reached it."""
+def time_to_target(points: list[dict], target: float, metric: str = "accuracy") -> float | None:
+    """``wall_s`` of the first evaluation with accuracy >= ``target`` (``metric`` "loss": validation loss <=
+    ``target``); None when none reached it."""
     for p in points:
-        if p["accuracy"] is not None and p["accuracy"] >= target and p["wall_s"] is not None:
+        value = p.get(metric)
+        reached = value is not None and (value <= target if metric == "loss" else value >= target)
+        if reached and p["wall_s"] is not None:
             return float(p["wall_s"])
     return None
 
 
-def run_record(run: Run, *, skip: int, target: float) -> dict:
-    """The tidy figures of one finished run (the caller adds the cell, variant, flags and paths)."""
+def run_record(run: Run, *, skip: int, target: float, metric: str = "accuracy") -> dict:
+    """The tidy figures of one finished run (the caller adds the cell, variant, flags and paths); time to ``target``
+    in ``metric`` (accuracy, or validation loss)."""
     cfg = run.config
     split = step_split(run, skip)
     workers = int(cfg.get("num_workers") or cfg.get("world_size") or len({r.get("rank") for r in run.steps}))
@@ -100,8 +104,9 @@ def run_record(run: Run, *, skip: int, target: float) -> dict:
             "world_size": cfg.get("world_size"), "batch_size": batch, "steps": steps_run, **split,
             "throughput_sps": workers * batch / split["t_iter_s"] if split["t_iter_s"] > 0 else None,
             "final_accuracy": accuracy, "final_loss": final.get("loss"),
-            "target_accuracy": target, "time_to_target_s": time_to_target(points, target),
-            "reached_target": accuracy is not None and time_to_target(points, target) is not None,
+            **({"target_loss": target} if metric == "loss" else {"target_accuracy": target}),
+            "time_to_target_s": time_to_target(points, target, metric),
+            "reached_target": accuracy is not None and time_to_target(points, target, metric) is not None,
             "train_wall_s": run.summary.get("wall") or (final.get("wall_s") if final else None),
             "curve": points, **_auto_choice(run)}
 

@@ -32,6 +32,10 @@ TRAINER_FLAGS: dict[str, list[str]] = {  # variant name: pipesgd-train flags
                           "--lookahead-standin", "coarse-q4"],
     "pipe-w3+coarse": ["--mode", "pipe", "--width", "3", "--lookahead-standin", "coarse-q8"],
     "pipe-w3+late": ["--mode", "pipe", "--width", "3", "--lookahead-standin", "local-then-q8"],  # no wait for it
+    # the look-ahead reaching 1.2x the replayed displacement (charlm: -0.5 % at width 2; opt-in)
+    "pipe+reach": ["--mode", "pipe", "--width", "2", "--lookahead-reach", "1.2"],
+    "pipe+q8+reach": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback",
+                      "--lookahead-reach", "1.2"],
     "sync+bf16": ["--mode", "sync", "--compression", "bf16"],
     "sync+q8": ["--mode", "sync", "--compression", "q8", "--error-feedback"],
     "ddp": ["--mode", "ddp"],
