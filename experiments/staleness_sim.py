@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
                              f"gradient, the look-ahead moved {OVERSHOOT:g} times as far), oracle-overshoot (the "
                              "true average moved as far: a control), coarse (everyone's gradients averaged after a "
                              "q4 round trip), coarse-sign (after a sign one), coarse-exchange (q4, the mean encoded "
-                             "once more, as the exchange delivers it)")
+                             "once more, as the exchange delivers it), own-then-coarse (own for the newest step, "
+                             "q8 average for the older), last-average (the last average applied), own-share ((own + (W-1) last) / W)")
     parser.add_argument("--result", default=RESULT, help=f"result JSON (default {RESULT})")
     parser.add_argument("--resume", action="store_true", help="skip runs already in the result")
     parser.add_argument("--jobs", type=_jobs, default=1,

@@ -16,8 +16,9 @@ run would pay): the same batch noise, without the worker's response to its own l
 that error), so it separates the two; ``"overshoot"`` is the own gradient with the library's look-ahead reach 1.2
 (``PipeSGD(lookahead_reach=...)``) and ``"oracle-overshoot"`` the true average with that reach: synchronous SGD
 whose gradients are taken 0.2 updates past the weights, a control for whether the reach helps staleness or
-the optimizer. ``charlm`` is the accuracy study's transformer task: the character GPT with AdamW, warm-up and
-cosine decay, 300 steps at a local batch of 32.
+the optimizer; ``"last-average"`` is the last average applied to the master (the same on every worker, known
+without waiting) and ``"own-share"`` the own gradient's 1/W share beside it. ``charlm`` is the accuracy study's
+transformer task: the character GPT with AdamW, warm-up and cosine decay, 300 steps at a local batch of 32.
 
 Steps of one simulated iteration t:
   Step 1: each worker moves the master weights to its look-ahead (its stand-ins of the steps in flight), computes
