@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __all__ = ["TRAINER_FLAGS", "SPEED_VARIANTS", "ACCURACY_VARIANTS", "FIDELITY_VARIANTS", "DEFAULT_FIDELITY_VARIANTS",
            "COMPARISON_VARIANTS", "PLAIN_VARIANTS", "COARSE_VARIANTS", "TIME_TO_ACCURACY_VARIANTS", "PIPE_VARIANTS",
-           "AUTO_CHOICE_VARIANTS", "CONVENTIONAL_BASELINES", "DDP_BASELINES", "trainer_flags"]
+           "CHARLM_TIME_VARIANTS", "AUTO_CHOICE_VARIANTS", "CONVENTIONAL_BASELINES", "DDP_BASELINES", "trainer_flags"]
 
 TRAINER_FLAGS: dict[str, list[str]] = {  # variant name: pipesgd-train flags
     "sync": ["--mode", "sync"],
@@ -61,6 +61,8 @@ TIME_TO_ACCURACY_VARIANTS = COMPARISON_VARIANTS + PLAIN_VARIANTS
 # issue 36 (configs/coarse_standin.toml): the coarse stand-in's price in time, beside the own-gradient default
 COARSE_VARIANTS = ("ddp", "ddp+fp16", "pipe+q8", "pipe+q8+coarse", "pipe-w3", "pipe-w3+coarse", "sync", "sync+q8",
                    "pipe", "pipe+coarse", "pipe+q8+coarse-q4", "pipe-w3+late")
+# AdamW's time to a target loss on the character GPT (experiments/configs/charlm_time.toml, issue 36)
+CHARLM_TIME_VARIANTS = ("ddp", "sync+q8", "pipe", "pipe+reach", "pipe+q8+reach", "pipe+coarse", "pipe+q8")
 PIPE_VARIANTS = ("pipe", "pipe+bf16", "pipe+q8", "pipe+sign", "pipe-w3")  # the Pipe-SGD side of the speedup tables
 # issue 39 (configs/auto_choice.toml): --compression auto against every codec it chooses among
 AUTO_CHOICE_VARIANTS = ("sync", "pipe", "pipe+bf16", "pipe+q8", "pipe+q4", "pipe+auto", "pipe-wauto+auto",
