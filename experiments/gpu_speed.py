@@ -41,6 +41,7 @@ from pipesgd.compression import build as build_codec  # noqa: E402
 from pipesgd.compression.throughput import measure_codec_gbps  # noqa: E402
 from pipesgd.measure import time_collective  # noqa: E402
 from pipesgd.comm.alltoall import alltoall_allreduce_  # noqa: E402
+from pipesgd.comm.gather import gather_allreduce_  # noqa: E402
 from pipesgd.comm.ring import RingTopology, ring_allreduce_  # noqa: E402
 from pipesgd.train.step_timer import wait_for_compute  # noqa: E402
 
@@ -76,12 +77,13 @@ def bench_model(rank: int, world: int, device: torch.device, name: str, args) ->
     compute_s = iteration_time(compute_only, device, args.repeats)
     grads = torch.randn(n_params, device=device)
     topology = RingTopology(dist.group.WORLD)
-    # keyed (codec, all-reduce): the backend's for none; for a codec the two-collective exchange
-    # and the paper's per-hop ring
+    # keyed (codec, all-reduce): the backend's for none; for a codec the two-collective exchange, the paper's per-hop
+    # ring and the one-collective gather (pipesgd.comm.gather: not yet a PipeSGD choice)
     comm_s = {("none", "backend"): time_collective(lambda: dist.all_reduce(grads), args.repeats, 2, device=device)}
     for codec_name in PIPE_CODECS[1:]:
         codec = build_codec(codec_name)
-        for allreduce, run in (("alltoall", alltoall_allreduce_), ("ring", ring_allreduce_)):
+        for allreduce, run in (("alltoall", alltoall_allreduce_), ("ring", ring_allreduce_),
+                               ("gather", gather_allreduce_)):
             comm_s[(codec_name, allreduce)] = time_collective(lambda: run(grads, codec, topology, "mean"),
                                                               args.repeats, 2, device=device)
 

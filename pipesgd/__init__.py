@@ -25,6 +25,7 @@ _EXPORTS = {
     "NonFiniteGradientError": "pipesgd.optimizer",
     "ring_allreduce": "pipesgd.comm.ring",
     "alltoall_allreduce": "pipesgd.comm.alltoall",
+    "gather_allreduce": "pipesgd.comm.gather",
     "StepStats": "pipesgd.accounting",
     "Work": "pipesgd.comm.handles",
     "CompletedWork": "pipesgd.comm.handles",
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from pipesgd.wrapper import OptimizerWrapper
     from pipesgd.comm.ring import ring_allreduce
     from pipesgd.comm.alltoall import alltoall_allreduce
+    from pipesgd.comm.gather import gather_allreduce
 
 
 def __getattr__(name: str) -> Any:

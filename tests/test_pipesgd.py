@@ -334,5 +334,6 @@ def test_parameters_without_gradients_get_zeros_and_bf16_models_train():
 
 
 def test_public_api():
-    assert set(pipesgd.__all__) >= {"PipeSGD", "ring_allreduce", "alltoall_allreduce", "compression"}
+    assert set(pipesgd.__all__) >= {"PipeSGD", "ring_allreduce", "alltoall_allreduce", "gather_allreduce",
+                                    "compression"}
     assert pipesgd.compression.available() == ["bf16", "fp16", "none", "q4", "q8", "sign"]
