@@ -172,7 +172,8 @@ def _host_forwarding_keeps_the_bits(rank: int, world: int):
 def test_forwarding_the_all_gather_from_host_memory_keeps_the_ring_s_bits():
     for mismatches, marked in run_ranks(_host_forwarding_keeps_the_bits, 3):
         assert mismatches == []
-        assert marked == 3 * 3 * 2  # every ring marked the end of its copies out of the slots
+        # every received piece marked after its copy out of a slot: at least p-1 per ring, 3 codecs x 3 sizes x 2 calls
+        assert marked >= 3 * 3 * 2 * 2
 
 
 def test_chunk_bounds_cover_everything_evenly():

@@ -157,6 +157,8 @@ def ring_allreduce_(
 
     def decode_into(target: torch.Tensor, payload: torch.Tensor) -> None:
         target.copy_(encoder.decode(payload.to(flat.device, non_blocking=True), target))
+        if on_host:  # marked after every copy out of a slot, so even a ring that fails later leaves no copy unmarked
+            topology.forwarded(flat.device)
 
     for s in range(p - 1):
         send_i, recv_i = (r + 1 - s) % p, (r - s) % p
@@ -173,8 +175,6 @@ def ring_allreduce_(
             report.bytes_sent += sum(payload.numel() for payload in outgoing)
             forward = incoming
         report.raw_bytes += chunk[send_i].numel() * item
-    if on_host and p > 1:
-        topology.forwarded(flat.device)
     encoder.drain()  # nothing is left at p > 1 (hop 0 of each phase drained); kept so no path can skip it
     report.busy_s = time.perf_counter() - start
     return report

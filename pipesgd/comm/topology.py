@@ -109,7 +109,8 @@ class RingTopology:
         return self._staging.slot(f"forward-{hop}", piece, n_bytes, torch.uint8)
 
     def forwarded(self, device: torch.device) -> None:
-        """Mark the end of a ring's copies out of its forwarding slots (queued on ``device``'s current stream)."""
+        """Mark the copies out of the forwarding slots queued so far on ``device``'s current stream (the last mark of
+        a ring is what the next ring's first slot waits for)."""
         self._forwarded = torch.cuda.Event()
         self._forwarded.record(torch.cuda.current_stream(device))
 
