@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 from pipesgd.comm.alltoall import alltoall_allreduce, alltoall_allreduce_
+from pipesgd.comm.gather import gather_allreduce, gather_allreduce_
 from pipesgd.compression import ErrorFeedback, build
 from pipesgd.comm.topology import RingTopology
 from tests.distributed import run_ranks
@@ -38,12 +39,13 @@ def reference_mean(inputs: list[torch.Tensor], codec) -> torch.Tensor:
     return out
 
 
-def _every_codec_and_size(rank: int, world: int):
-    """This rank's results, whether every rank got the same bits, and (for `none`) the backend's mean."""
+def _every_codec_and_size(rank: int, world: int, allreduce=alltoall_allreduce):
+    """This rank's results of ``allreduce``, whether every rank got the same bits, and (for `none`) the backend's
+    mean (also for ``tests.test_gather``)."""
     results = {}
     for name in CODECS:
         for numel in SIZES:
-            got = alltoall_allreduce(rank_data(rank, numel), compression=name)
+            got = allreduce(rank_data(rank, numel), compression=name)
             gathered = [torch.empty_like(got) for _ in range(world)]
             dist.all_gather(gathered, got)
             results[name, numel] = (got, all(torch.equal(g, got) for g in gathered))
@@ -54,17 +56,23 @@ def _every_codec_and_size(rank: int, world: int):
     return results, backend
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
-def test_matches_the_reference_bit_for_bit_on_every_rank(world):
-    per_rank = run_ranks(_every_codec_and_size, world)
+def assert_matches_the_reference(per_rank: list, world: int, reference) -> None:
+    """Every rank's result of every codec and size (``_every_codec_and_size``) the same and equal, bit for bit, to
+    ``reference(inputs, codec)`` (also for ``tests.test_gather``)."""
     for name in CODECS:
         codec = build(name)
         for numel in SIZES:
-            want = reference_mean([rank_data(q, numel) for q in range(world)], codec)
+            want = reference([rank_data(q, numel) for q in range(world)], codec)
             for rank, (results, _) in enumerate(per_rank):
                 got, identical = results[name, numel]
                 assert identical, (name, numel, rank)
                 assert torch.equal(got, want), (name, numel, rank, float((got - want).abs().max()))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_matches_the_reference_bit_for_bit_on_every_rank(world):
+    per_rank = run_ranks(_every_codec_and_size, world)
+    assert_matches_the_reference(per_rank, world, reference_mean)
     for numel, want in per_rank[0][1].items():  # and the lossless exchange is the backend's mean
         torch.testing.assert_close(per_rank[0][0]["none", numel][0], want, rtol=1e-5, atol=1e-5)
 
@@ -132,23 +140,39 @@ def test_stochastic_rounding_is_identical_on_every_rank_and_the_entry_point_keep
         assert out["async"] and out["non-contiguous"] and out["bf16"]
 
 
-def _feedback_conserves_the_sum(rank: int, world: int, name: str):
-    """Two calls: sum_i x_i + sum_i r_i(before) == p * mean + sum_i r_i(after), worker and owner residuals alike."""
+def feedback_gap(world: int, x: torch.Tensor, residual: torch.Tensor, reduce_) -> tuple[float, object]:
+    """One mean all-reduce ``reduce_(flat, residual)`` of ``x`` with feedback; returns the largest gap of
+    sum_i x_i + sum_i r_i(before) == p * mean + sum_i r_i(after) and what ``reduce_`` returned (also for
+    ``tests.test_gather``)."""
+    lhs = x + residual
+    dist.all_reduce(lhs)
+    flat = x.clone()
+    returned = reduce_(flat, residual)
+    rhs = residual.clone()
+    dist.all_reduce(rhs)
+    rhs += world * flat
+    return float((lhs - rhs).abs().max()), returned
+
+
+def feedback_rounds(rank: int, world: int, name: str, reduce_):
+    """Two calls of ``reduce_(flat, compressor, topology, op, residual)`` with ``name``'s feedback on 100_003 fp64
+    elements: yields each call's residual after it, its ``feedback_gap`` and what it returned."""
     feedback = ErrorFeedback(build(name))
     topology = RingTopology(dist.group.WORLD)
-    gaps, owner_parts, worker_parts = [], [], []
     for call in range(2):
         x = rank_data(rank + 10 * call, 100_003, torch.float64)
         residual = feedback.residual("bucket", x)
-        lhs = x + residual
-        dist.all_reduce(lhs)
-        flat = x.clone()
-        alltoall_allreduce_(flat, feedback.compressor, topology, "mean", residual)
-        rhs = residual.clone()
-        dist.all_reduce(rhs)
-        rhs += world * flat
-        gaps.append(float((lhs - rhs).abs().max()))
-        lo, hi = rank * x.numel() // world, (rank + 1) * x.numel() // world
+        gap, returned = feedback_gap(world, x, residual,
+                                     lambda flat, r: reduce_(flat, feedback.compressor, topology, "mean", r))
+        yield residual, gap, returned
+
+
+def _feedback_conserves_the_sum(rank: int, world: int, name: str):
+    """Two calls: the sum conserved (``feedback_gap``), worker and owner residuals alike."""
+    gaps, owner_parts, worker_parts = [], [], []
+    for residual, gap, _ in feedback_rounds(rank, world, name, alltoall_allreduce_):
+        gaps.append(gap)
+        lo, hi = rank * residual.numel() // world, (rank + 1) * residual.numel() // world
         owner_parts.append(float(residual[lo:hi].abs().max()))
         worker_parts.append(float(torch.cat([residual[:lo], residual[hi:]]).abs().max()))
     return gaps, owner_parts, worker_parts
@@ -165,9 +189,11 @@ def test_error_feedback_conserves_the_sum():
             assert min(owner_parts) > 0 and min(worker_parts) > 0  # both encodes really dropped something
 
 
-def test_world_size_one_is_exact_sends_nothing_and_folds_the_residual(process_group):
+@pytest.mark.parametrize("reduce_,public", [(alltoall_allreduce_, alltoall_allreduce),
+                                            (gather_allreduce_, gather_allreduce)])  # and pipesgd.comm.gather's
+def test_world_size_one_is_exact_sends_nothing_and_folds_the_residual(process_group, reduce_, public):
     x, r = torch.randn(100), torch.randn(100)
     flat, residual = x.clone(), r.clone()
-    report = alltoall_allreduce_(flat, build("q4"), RingTopology(dist.group.WORLD), "mean", residual)
+    report = reduce_(flat, build("q4"), RingTopology(dist.group.WORLD), "mean", residual)
     assert torch.equal(flat, x + r) and torch.equal(residual, torch.zeros(100)) and report.bytes_sent == 0
-    assert torch.equal(alltoall_allreduce(x.clone(), compression="sign"), x)
+    assert torch.equal(public(x.clone(), compression="sign"), x)

@@ -29,13 +29,8 @@ from pipesgd.comm.topology import RingTopology
 __all__ = ["gather_allreduce", "gather_allreduce_"]
 
 
-def gather_allreduce_(
-    flat: torch.Tensor,
-    compressor: Compressor,
-    topology: RingTopology,
-    op: str = "mean",
-    residual: torch.Tensor | None = None,
-) -> RingReport:
+def gather_allreduce_(flat: torch.Tensor, compressor: Compressor, topology: RingTopology, op: str = "mean",
+                      residual: torch.Tensor | None = None) -> RingReport:
     """``ring_allreduce_``'s contract (``flat`` reduced in place, ``residual`` this rank's error-feedback buffer or
     None, a ``RingReport`` back), in the one collective of the module doc."""
     p = topology.size
@@ -61,13 +56,9 @@ def gather_allreduce_(
                       busy_s=time.perf_counter() - start)
 
 
-def gather_allreduce(
-    tensor: torch.Tensor,
-    compression: str | Compressor = "none",
-    op: str = "mean",
-    group: dist.ProcessGroup | None = None,
-    async_op: bool = False,
-) -> torch.Tensor | Work[torch.Tensor]:
+def gather_allreduce(tensor: torch.Tensor, compression: str | Compressor = "none", op: str = "mean",
+                     group: dist.ProcessGroup | None = None,
+                     async_op: bool = False) -> torch.Tensor | Work[torch.Tensor]:
     """All-reduce ``tensor`` in place in one all-gather of payloads (see module doc); the same contract as
     ``pipesgd.ring_allreduce`` (dtypes, ``op``, ``async_op`` on the group's shared channel). Returns ``tensor``."""
     return run_allreduce(gather_allreduce_, "gather_allreduce", tensor, compression, op, group, async_op)
