@@ -29,8 +29,8 @@ def summary_rows(sittings: list[dict], baseline: str) -> list[str]:
     rows = [f"| cell | variant | sittings | ms / iter | vs {baseline} per iteration | final loss | final accuracy | "
             f"to target s, per sitting | mean | vs {baseline} to target |", "|" + "---|" * 10]
     for cell, variant in keys:
-        mine = [runs[cell, variant] for runs in ok if (cell, variant) in runs]
         base = [(runs[cell, variant], runs.get((cell, baseline))) for runs in ok if (cell, variant) in runs]
+        mine = [r for r, _ in base]
         per_iter = [b["t_iter_s"] / r["t_iter_s"] for r, b in base if b]
         reached = [r.get("time_to_target_s") for r in mine]
         shown = ", ".join("-" if t is None else f"{t:.1f}" for t in reached)

@@ -100,13 +100,14 @@ def run_record(run: Run, *, skip: int, target: float, metric: str = "accuracy") 
     final = points[-1] if points else {}
     accuracy = run.final_accuracy
     steps_run = max(r["step"] for r in run.steps) + 1 if run.steps else 0
+    reached_at = time_to_target(points, target, metric)
     return {"params": cfg.get("params"), "grad_bytes": cfg.get("grad_bytes"), "workers": workers,
             "world_size": cfg.get("world_size"), "batch_size": batch, "steps": steps_run, **split,
             "throughput_sps": workers * batch / split["t_iter_s"] if split["t_iter_s"] > 0 else None,
             "final_accuracy": accuracy, "final_loss": final.get("loss"),
             **({"target_loss": target} if metric == "loss" else {"target_accuracy": target}),
-            "time_to_target_s": time_to_target(points, target, metric),
-            "reached_target": accuracy is not None and time_to_target(points, target, metric) is not None,
+            "time_to_target_s": reached_at,
+            "reached_target": accuracy is not None and reached_at is not None,
             "train_wall_s": run.summary.get("wall") or (final.get("wall_s") if final else None),
             "curve": points, **_auto_choice(run)}
 

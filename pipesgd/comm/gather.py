@@ -3,8 +3,8 @@
 The per-hop ring makes 2(p-1) Python round trips per bucket and the two-collective exchange two collective calls;
 for a small bucket those fixed costs, not bytes, set the time (LeNet's q8 ring took 4-7 ms on the H100 host against
 1.1-1.3 ms for gloo's own uncompressed all-reduce: about 0.35 ms of Python and loopback round trip per hop,
-``experiments/results/gpu/README.md``). Here there is one call, at (p-1)/p x p = p-1 payloads per rank on the wire
-instead of the ring's 2(p-1)/p, so it pays where latency dominates and loses where bytes do:
+``experiments/results/gpu/README.md``). Here there is one call, with p-1 payloads per rank on the wire instead of
+the ring's 2(p-1)/p, so it pays where latency dominates and loses where bytes do:
   Step 1: encode the whole flat tensor once (error feedback books what the encode dropped, as for the ring).
   Step 2 (all-gather): every rank's payload reaches every rank (``payload_collectives.all_gather_payload``).
   Step 3: decode every payload, one's own too, and sum them in rank order in the working dtype (fp32/fp64); divide

@@ -46,6 +46,8 @@ class RingTopology:
     its unbatched point-to-point ops deadlock when both neighbours are one peer). None picks it for NCCL.
     """
 
+    FORWARDS_ON_HOST = True
+
     def __init__(self, group: dist.ProcessGroup | None, batched: bool | None = None) -> None:
         self.group = group
         self._scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
@@ -92,8 +94,6 @@ class RingTopology:
         if buf is None or buf.numel() < n_bytes:
             buf = self._wire[key] = torch.empty(n_bytes, dtype=torch.uint8, device=device)
         return buf[:n_bytes]
-
-    FORWARDS_ON_HOST = True
 
     def forwards_on_host(self, device: torch.device) -> bool:
         """Whether a compressed ring's all-gather forwards payloads from host memory (module doc of the class)."""
