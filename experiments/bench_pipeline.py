@@ -50,7 +50,7 @@ def main() -> int:
     parser.add_argument("--baselines", help=f"comma-separated, of {', '.join(BASELINES)} (default: both; "
                         "'-' for none)")
     parser.add_argument("--steps", type=int, help="timed iterations per variant (default 8; --quick 4)")
-    parser.add_argument("--allreduce", default="auto", choices=("auto", "ring", "alltoall"),
+    parser.add_argument("--allreduce", default="auto", choices=("auto", "ring", "alltoall", "gather"),
                         help="PipeSGD's allreduce for every variant: auto (default), ring or alltoall (a lossless "
                         "variant runs the backend's under auto)")
     parser.add_argument("--label", help="result file names (default: loopback or the bandwidth)")

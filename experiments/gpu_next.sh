@@ -1,9 +1,9 @@
 #!/bin/bash
 # The next GPU machine's call, prepared (issue 38 part 4): one call of about 4 minutes.
 #   run (device tool): command "bash experiments/gpu_next.sh 300", timeout_s 330; the results come back packed in
-#   $OUT/gpu11.tgz (one folder per step, each step's log, steps.txt with each step's time and exit code).
-# The GPU tables again at the tree's commit, for whatever changed since 8b9ec5e (experiments/results/gpu/README.md):
-# under MPS the gloo-CUDA check, the speed table of all three models and the ring beside loads; then, without MPS,
+#   $OUT/gpu12.tgz (one folder per step, each step's log, steps.txt with each step's time and exit code).
+# PipeSGD with allreduce="gather" (one all-gather of whole payloads) in training beside the ring and the exchange:
+# under MPS the gloo-CUDA check (gather rows added) and the speed table of all three models; then, without MPS,
 # NCCL at world size 1. A step that no longer fits the budget (first argument, seconds) is skipped and says so.
 # Installs with --no-build-isolation (no network for build dependencies) and runs from the checkout either way
 # (PYTHONPATH).
@@ -11,7 +11,7 @@ set -u
 BUDGET=${1:-500}
 START=$(date +%s)
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-R=$OUT/gpu11; mkdir -p $R
+R=$OUT/gpu12; mkdir -p $R
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 step() {  # name timeout cmd...
   local name=$1 t=$2; shift 2
@@ -22,14 +22,13 @@ step() {  # name timeout cmd...
   echo "   rc=$rc in $(( $(date +%s) - s ))s" | tee -a $R/steps.txt
   tail -3 $R/$name.log
 }
-pack() { tar czf $OUT/gpu11.tgz -C $OUT gpu11; }
+pack() { tar czf $OUT/gpu12.tgz -C $OUT gpu12; }
 trap pack EXIT
 (nvidia-smi -L; python3 -c "import torch,sys; print(torch.__version__, torch.version.cuda, sys.version)"; git log --oneline -1; nproc) > $R/env.txt 2>&1
 pip install -q --no-deps --no-build-isolation -e . > $R/install.log 2>&1 || echo "install failed (PYTHONPATH used)" >> $R/install.log
 nvidia-cuda-mps-control -d && echo "MPS on" >> $R/env.txt
-step check-gloo 90 python3 experiments/gpu_check.py --device cuda --ranks 4 --out $R/check
+step check-gloo 110 python3 experiments/gpu_check.py --device cuda --ranks 4 --out $R/check
 step speed-mps 150 python3 experiments/gpu_speed.py --device cuda --ranks 4 --out $R/speed
-step contention-mps 60 python3 experiments/gpu_contention.py --device cuda --ranks 4 --out $R/contention
 echo quit | nvidia-cuda-mps-control
 step check-nccl1 60 python3 experiments/gpu_check.py --device cuda --ranks 1 --backend nccl --out $R/check-nccl
 echo "done in $(( $(date +%s) - START ))s" | tee -a $R/steps.txt

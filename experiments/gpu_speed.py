@@ -78,7 +78,7 @@ def bench_model(rank: int, world: int, device: torch.device, name: str, args) ->
     grads = torch.randn(n_params, device=device)
     topology = RingTopology(dist.group.WORLD)
     # keyed (codec, all-reduce): the backend's for none; for a codec the two-collective exchange, the paper's per-hop
-    # ring and the one-collective gather (pipesgd.comm.gather: not yet a PipeSGD choice)
+    # ring and the one-collective gather (pipesgd.comm.gather)
     comm_s = {("none", "backend"): time_collective(lambda: dist.all_reduce(grads), args.repeats, 2, device=device)}
     for codec_name in PIPE_CODECS[1:]:
         codec = build_codec(codec_name)
@@ -134,14 +134,14 @@ def bench_model(rank: int, world: int, device: torch.device, name: str, args) ->
         iters[variant] = timed_training(ddp, sgd(net), variant)
     net = fresh()
     iters["sync (K = 1)"] = timed_training(net, PipeSGD(sgd(net), net, width=1), "sync (K = 1)")
-    # Look-ahead (the default) in every codec's row, each lossy codec with the exchange and the per-hop
-    # ring; the paper's plain update beside them for none and q8; the BatchNorm buffers exchanged with the gradients
+    # Look-ahead (the default) in every codec's row, each lossy codec with the exchange, the per-hop ring and the
+    # one-collective gather; the paper's plain update beside them for none and q8; the BatchNorm buffers exchanged with the gradients
     # ("broadcast-delayed") instead of by the default blocking broadcast in step(), as DDP's forward does.
     runs = [(c, "lookahead", "auto" if c == "none" else "alltoall", "broadcast") for c in PIPE_CODECS]
-    runs += [(c, "lookahead", "ring", "broadcast") for c in PIPE_CODECS[1:]]
+    runs += [(c, "lookahead", a, "broadcast") for a in ("ring", "gather") for c in PIPE_CODECS[1:]]
     runs += [("none", "none", "auto", "broadcast"), ("q8", "none", "alltoall", "broadcast")]
     runs += [(c, "lookahead", a, "broadcast-delayed")
-             for c, a in (("none", "auto"), ("q8", "alltoall"), ("q8", "ring"))]
+             for c, a in (("none", "auto"), ("q8", "alltoall"), ("q8", "ring"), ("q8", "gather"))]
     for codec_name, staleness, allreduce, buffers in runs:
         net = fresh()
         opt = PipeSGD(sgd(net), net, width=2, warmup_steps=0, compression=codec_name, staleness=staleness,

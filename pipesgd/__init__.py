@@ -1,8 +1,8 @@
 """pipesgd: Pipe-SGD (NeurIPS 2018) for PyTorch — compute iteration t while iteration t-1's gradients are
 ring-all-reduced (optionally compressed on every hop) in the background.
 
-Data path: gradients -> flat buckets (``buckets``) -> codec and error feedback (``compression``) -> ring or
-all-to-all all-reduce on the background worker (``ring``, ``alltoall``, ``topology``; ``exchange`` runs one step's
+Data path: gradients -> flat buckets (``buckets``) -> codec and error feedback (``compression``) -> ring,
+all-to-all or gather all-reduce on the background worker (``ring``, ``alltoall``, ``gather``, ``topology``; ``exchange`` runs one step's
 buckets on a ``channel``) -> which step is due (``pipeline``) -> delayed apply (``optimizer.PipeSGD``, options in
 ``options``) -> the wrapped torch optimizer. Every way of averaging gradients satisfies ``wrapper.OptimizerWrapper``.
 

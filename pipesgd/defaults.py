@@ -18,7 +18,11 @@ QUANT_BLOCK_SIZE = 4096
 
 # Which all-reduce runs a bucket. "ring": the paper's, the codec on every hop (a lossy codec re-encodes a growing
 # partial sum p-1 times); "alltoall": two collectives, every contribution and every chunk's sum encoded once
-# (pipesgd.comm.alltoall); "backend": the backend's own all_reduce, which cannot compress. "auto": the backend's for a
+# (pipesgd.comm.alltoall); "gather": one all-gather of every rank's whole payload, each rank decoding all p
+# (pipesgd.comm.gather: one collective call, p-1 payloads per rank on the wire, so for small buckets where calls and
+# not bytes set the time: LeNet's q8 all-reduce on the H100 host 2.50 ms against the ring's 4.72 and the exchange's
+# 5.81, ResNet-18's 26.6 against 15.1, experiments/results/gather/report.md; a user's choice, never "auto"'s);
+# "backend": the backend's own all_reduce, which cannot compress. "auto": the backend's for a
 # lossless codec (its C++ ring has no per-hop Python round trip, which dominates small buckets); for a lossy one
 # "alltoall", except where gloo carries CUDA tensors (every payload staged through host memory): there "ring".
 # Why, measured (experiments/results/allreduce_choice/report.md): on loopback the exchange was 1.2-7x faster for
@@ -30,7 +34,7 @@ QUANT_BLOCK_SIZE = 4096
 # once; one flow per link did better), and at 2 ranks on loopback the ring was 1.2-1.7x faster for 25 MiB buckets
 # (experiments/results/exchange_model/): no static rule wins everywhere, so compression="auto" measures both in the
 # warm-up (pipesgd.auto.allreduce_trial); a named codec keeps this rule.
-ALLREDUCE_CHOICES = ("auto", "ring", "alltoall", "backend")
+ALLREDUCE_CHOICES = ("auto", "ring", "alltoall", "gather", "backend")
 
 # p.grad as views into the flat buckets (pipesgd.grads.bucket_sets): no copy in or out of a step; K sets of
 # gradient memory for width K instead of K + 1 (the K sets plus the gradients themselves).
@@ -61,12 +65,12 @@ NEEDS_ERROR_FEEDBACK = ("sign",)
 
 
 def resolve_allreduce(choice: str, lossless: bool, staged: bool = False) -> str:
-    """"ring", "alltoall" or "backend" for an ``allreduce`` choice, whether the codec is lossless and whether the
+    """"ring", "alltoall", "gather" or "backend" for an ``allreduce`` choice, whether the codec is lossless and whether the
     payloads are staged through host memory (gloo with CUDA tensors); ValueError if invalid."""
     if choice not in ALLREDUCE_CHOICES:
         raise ValueError(f"allreduce must be one of {ALLREDUCE_CHOICES}, got {choice!r}")
     if choice == "auto":
         return "backend" if lossless else "ring" if staged else "alltoall"
     if choice == "backend" and not lossless:
-        raise ValueError("allreduce='backend' cannot compress; use 'alltoall', 'ring' or 'auto' with a lossy codec")
+        raise ValueError("allreduce='backend' cannot compress; use 'alltoall', 'ring', 'gather' or 'auto' with a lossy codec")
     return choice

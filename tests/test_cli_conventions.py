@@ -42,7 +42,7 @@ TRAIN_BAD = [  # {dir}: an existing directory, {file}: an existing file
     (["--lr", "-1e-3"], "--lr must be positive"),
     (["--steps", "abc"], "argument --steps: invalid int value: 'abc'"),
     (["--bogus"], "unrecognized arguments: --bogus"),
-    (["--allreduce", "mesh"], "unknown --allreduce 'mesh' (valid: auto, ring, alltoall)"),
+    (["--allreduce", "mesh"], "unknown --allreduce 'mesh' (valid: auto, ring, alltoall, gather)"),
     (["--mode", "ddp", "--allreduce", "ring"], "--allreduce applies to --mode pipe or sync only, not ddp"),
 ]
 

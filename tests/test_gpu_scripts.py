@@ -46,10 +46,11 @@ def test_gpu_speed_runs_on_cpu_and_reports_overlap_efficiency(tmp_path):
     variants = {r["variant"]: r for r in data["rows"]}
     for name in ("compute only", "DDP", "DDP + fp16 hook", "sync (K = 1)", "Pipe-SGD K = 2, lookahead, none, backend",
                  "Pipe-SGD K = 2, lookahead, bf16, alltoall", "Pipe-SGD K = 2, lookahead, q8, alltoall",
-                 "Pipe-SGD K = 2, lookahead, q8, ring", "Pipe-SGD K = 2, none, q8, alltoall",
+                 "Pipe-SGD K = 2, lookahead, q8, ring", "Pipe-SGD K = 2, lookahead, q8, gather",
+                 "Pipe-SGD K = 2, none, q8, alltoall", "all-reduce only, q8, gather",
                  "all-reduce only, q8, alltoall", "all-reduce only, q8, ring", "all-reduce only, none, backend"):
         assert name in variants, name
-    for allreduce in ("alltoall", "ring"):  # each against its own all-reduce's time
+    for allreduce in ("alltoall", "ring", "gather"):  # each against its own all-reduce's time
         q8 = variants[f"Pipe-SGD K = 2, lookahead, q8, {allreduce}"]
         assert float(q8["overlap efficiency"]) > 0 and q8["comm ms"] == variants[f"all-reduce only, q8, {allreduce}"][
             "comm ms"]

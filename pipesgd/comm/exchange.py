@@ -1,5 +1,6 @@
 """One step's gradient exchange, as the background worker runs it: every bucket all-reduced to its mean
-(our ring with the codec on every hop, our two-collective all-to-all all-reduce, or the backend's all_reduce),
+(our ring with the codec on every hop, our two-collective all-to-all all-reduce, our one all-gather of whole
+payloads, or the backend's all_reduce),
 then the checks the caller must not synchronise for (finiteness, the error-feedback residual norm). A residual
 that a non-finite gradient made non-finite is zeroed here, on the worker, before the next step's ring can fold it in.
 """
@@ -13,12 +14,13 @@ import torch
 from pipesgd.runlog import phases
 from pipesgd.comm.alltoall import alltoall_allreduce_
 from pipesgd.compression import Compressor, ErrorFeedback
+from pipesgd.comm.gather import gather_allreduce_
 from pipesgd.grads.finite import all_finite
 from pipesgd.comm.ring import RingReport, backend_allreduce_, ring_allreduce_
 from pipesgd.comm.topology import RingTopology
 
 # The all-reduces that take a codec, by their ``allreduce`` name (pipesgd.defaults.ALLREDUCE_CHOICES).
-_COMPRESSED = {"ring": ring_allreduce_, "alltoall": alltoall_allreduce_}
+_COMPRESSED = {"ring": ring_allreduce_, "alltoall": alltoall_allreduce_, "gather": gather_allreduce_}
 
 
 @dataclass(slots=True)
