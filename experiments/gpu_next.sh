@@ -2,7 +2,7 @@
 # The next GPU machine's call, prepared (issue 38 part 4): one call of about 4 minutes.
 #   run (device tool): command "bash experiments/gpu_next.sh 300", timeout_s 330; the results come back packed in
 #   $OUT/gpu12.tgz (one folder per step, each step's log, steps.txt with each step's time and exit code).
-# PipeSGD with allreduce="gather" (one all-gather of whole payloads) in training beside the ring and the exchange:
+# Last run at 3d8f680 (experiments/results/gpu/README.md, fifth session). PipeSGD with allreduce="gather" (one all-gather of whole payloads) in training beside the ring and the exchange:
 # under MPS the gloo-CUDA check (gather rows added) and the speed table of all three models; then, without MPS,
 # NCCL at world size 1. A step that no longer fits the budget (first argument, seconds) is skipped and says so.
 # Installs with --no-build-isolation (no network for build dependencies) and runs from the checkout either way
