@@ -200,7 +200,9 @@ class Calibration:
     def codec_call_s(self, name: str, nodes: int = 2, allreduce: str = "ring") -> float:
         """Seconds one call of our ``allreduce`` with ``name`` costs beyond its wire and codec bytes, at the nearest
         calibrated cluster size (``fit_codec_costs``; the exchange lends the ring's when it has none); 0 when not
-        fitted."""
+        fitted, and for the gather (one call, none of the ring's hops)."""
+        if allreduce == "gather":
+            return 0.0
         return _nearest(self._own(self.codec_exchange_call_s, self.codec_ring_call_s, name, allreduce), name, nodes,
                         0.0)
 
@@ -253,8 +255,9 @@ class Calibration:
         staged = self.meta.get("backend") == "gloo" and str(self.meta.get("device", "")).startswith("cuda")
         chosen = resolve_allreduce(allreduce, lossless=compression == "none", staged=staged) \
             if mode in ("sync", "pipe") else "backend"
-        order = {"alltoall": ("alltoall", "ring", "backend"), "ring": ("ring", "backend")}.get(chosen,
-                                                                                                ("backend", "ring"))
+        # the gather is one backend collective call with no hop of ours: it lends the backend's fit (never timed)
+        order = {"alltoall": ("alltoall", "ring", "backend"), "ring": ("ring", "backend"),
+                 "gather": ("gather", "backend", "ring")}.get(chosen, ("backend", "ring"))
         for name in order:
             if name in self.fits:
                 return self.fits[name]

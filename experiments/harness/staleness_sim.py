@@ -51,7 +51,8 @@ from pipesgd.train.models import build_model
 from pipesgd.train.optimizers import build_inner_optimizer
 from pipesgd.train.schedule import build_schedule
 
-from experiments.harness.standin_variants import OVERSHOOT, FrozenMomentLookahead, ShrunkLookahead, coarse_average
+from experiments.harness.standin_variants import (OVERSHOOT, CorrectedLookahead, FrozenMomentLookahead,
+                                                  ShrunkLookahead, coarse_average)
 
 TASKS = {"digits": lambda seed: load_digits(seed), "mnist1d": lambda seed: make_mnist1d(seed),
          "charlm": lambda seed: load_pysrc()}
@@ -59,7 +60,7 @@ TASKS = {"digits": lambda seed: load_digits(seed), "mnist1d": lambda seed: make_
 # the own batch at the workers' mean look-ahead point (the noise without the worker's reaction to its own error);
 # the own gradient with the look-ahead's reach scaled past the weights in flight (``OVERSHOOT``); everyone's q4 average.
 STANDINS = ("local", "oracle", "shrunk", "frozen-v", "meanpoint", "overshoot", "oracle-overshoot", "coarse",
-            "coarse-sign", "coarse-exchange", "own-then-coarse", "last-average", "own-share")
+            "coarse-sign", "coarse-exchange", "own-then-coarse", "last-average", "own-share", "corrected")
 # The last average applied to the master, the same on every worker and known without waiting ("last-average"); the
 # own gradient's 1/W share beside it, (own + (W-1) last) / W ("own-share"): what the worker knows of the average.
 LAST_AVERAGE = ("last-average", "own-share")
@@ -74,9 +75,10 @@ STANDIN_TITLES = {"oracle": "true-average stand-in", "shrunk": "shrunk stand-in"
                   "oracle-overshoot": f"true average, reach x{OVERSHOOT:g}", "coarse": "q4 average of all",
                   "coarse-sign": "sign average of all", "coarse-exchange": "q4 exchange of all",
                   "own-then-coarse": "own, then q8 exchange of all", "last-average": "last average applied",
-                  "own-share": "own 1/W share beside the last average"}
+                  "own-share": "own 1/W share beside the last average",
+                  "corrected": "own, its reaction taken out"}
 # the worker's look-ahead where it is not the library's ``Lookahead``
-LOOKAHEADS = {"shrunk": ShrunkLookahead, "frozen-v": FrozenMomentLookahead,
+LOOKAHEADS = {"shrunk": ShrunkLookahead, "frozen-v": FrozenMomentLookahead, "corrected": CorrectedLookahead,
               "overshoot": partial(Lookahead, reach=OVERSHOOT), "oracle-overshoot": partial(Lookahead, reach=OVERSHOOT)}
 
 
@@ -212,7 +214,7 @@ def simulate(spec: SimSpec) -> dict:
         for worker in workers:
             if worker is not None:
                 worker.discard(step)
-                if isinstance(worker, ShrunkLookahead):
+                if isinstance(worker, (ShrunkLookahead, CorrectedLookahead)):
                     worker.observe(step, mean)
         for p, g in zip(params, mean):
             p.grad = g

@@ -119,6 +119,61 @@ class FrozenMomentReplay:
         return len(steps)
 
 
+class CorrectedLookahead(Lookahead):
+    """Look-ahead whose own-gradient stand-in has its predicted reaction to the worker's own look-ahead error taken
+    out: ``own - c * e`` per parameter tensor, ``e`` the worker's look-ahead point less the master weights it aimed
+    at (known exactly once the step in flight before it is applied) and ``c`` the worker's least-squares slope of its
+    gradient's deviation from the average on ``e`` (exponential sums, ``SHRINK_DECAY``; at least 0): a scalar
+    curvature per tensor standing in for the Hessian in ``g(own point) ~ g(aimed point) + H e``. Width 2 (the
+    newest stand-in is the one corrected); ``observe`` every applied average."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._point: list[torch.Tensor] | None = None  # where the gradient being computed now is taken
+        self._points: dict[int, list[torch.Tensor]] = {}  # step -> its gradient's look-ahead point, until corrected
+        self._errors: dict[int, list[torch.Tensor]] = {}  # step -> that point less the master weights it aimed at
+        self._own: dict[int, list[torch.Tensor]] = {}  # step -> the uncorrected gradient
+        self._cov: list[float] | None = None  # per tensor: <own - average, e>, exponentially summed
+        self._var: list[float] | None = None  # per tensor: |e|^2, exponentially summed
+
+    def slopes(self) -> list[float]:
+        if self._cov is None:
+            return [0.0] * len(self.params)
+        return [max(c / v, 0.0) if v > 0 else 0.0 for c, v in zip(self._cov, self._var)]
+
+    def record(self, step: int, grads: Sequence[torch.Tensor], scale: float | None = None,
+               uses: int | None = None) -> None:
+        self._own[step] = [g.detach().clone() for g in grads]
+        if self._point is not None:
+            self._points[step], self._point = self._point, None
+        super().record(step, grads, scale, uses)
+
+    def advance(self) -> None:
+        if self.active or not self._pending:
+            return
+        with torch.no_grad():
+            for step in [s for s in self._points if s in self._pending]:  # the master now is where it aimed
+                error = [q - p for q, p in zip(self._points.pop(step), self.params)]
+                self._errors[step] = error
+                entry = self._pending[step]
+                entry[0] = [g - c * e for g, c, e in zip(entry[0], self.slopes(), error)]
+        super().advance()
+        self._point = [p.detach().clone() for p in self.params]
+
+    def observe(self, step: int, average: Sequence[torch.Tensor]) -> None:
+        """``step``'s average is applied: fold its deviation against the error of its point into the slopes."""
+        own, error = self._own.pop(step, None), self._errors.pop(step, None)
+        self._points.pop(step, None)
+        if own is None or error is None:
+            return
+        cov = [float(torch.dot((o - a).flatten(), e.flatten())) for o, a, e in zip(own, average, error)]
+        var = [float(torch.dot(e.flatten(), e.flatten())) for e in error]
+        if self._cov is None:
+            self._cov, self._var = [0.0] * len(cov), [0.0] * len(var)
+        self._cov = [SHRINK_DECAY * x + (1 - SHRINK_DECAY) * y for x, y in zip(self._cov, cov)]
+        self._var = [SHRINK_DECAY * x + (1 - SHRINK_DECAY) * y for x, y in zip(self._var, var)]
+
+
 def coarse_average(grads: Sequence[Sequence[torch.Tensor]], codec: str = "q4",
                    requantize: bool = False) -> list[torch.Tensor]:
     """The mean over workers (``grads``: per worker, per parameter) of each gradient after an encode and decode with

@@ -130,7 +130,7 @@ def add_scenario_flags(parser: argparse.ArgumentParser, sweep: bool) -> None:
     add("--reduce-rate", metavar="RATE", help="local reduction rate: 10GB/s (default: free)")
     add("--collective", default="ring", metavar="NAME", help="sync/ddp all-reduce algorithm (default ring)")
     add("--allreduce", default="auto", metavar="NAME",
-        help="pipe/sync: ring|alltoall|auto (default auto: alltoall for a lossy codec, as the trainer)" + many)
+        help="pipe/sync: ring|alltoall|gather|auto (default auto: alltoall for a lossy codec, as the trainer)" + many)
     add("--codec-gbps", metavar="E[,D]", help="codec encode[,decode] GB/s of fp32 (default: free)")
     add("--compression-ratio", metavar="R", help="override the codec's raw/payload size ratio")
     add("--error-feedback", action="store_true", help="the codec keeps its error (adds its measured cost)")
