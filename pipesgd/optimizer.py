@@ -149,7 +149,7 @@ class PipeSGD:
         self._closer = lifecycle.close_when_dropped(self, self._background)
         identity = WrapperIdentity(width, warmup_steps, compression, self._channel.size, dist.get_rank(user_group))
         self._state = WrapperState(identity, optimizer, self._params, self._buckets, self._pipeline, self._exchange,
-                                   self._loss_scale, self._lookahead, user_group)
+                                   self._loss_scale, self._lookahead, user_group, self._coarse)
         # width or compression "auto": the warm-up times itself, and its last step chooses (pipesgd.auto).
         self._auto = None
         if auto.AUTO in (width, compression):
@@ -381,7 +381,7 @@ class PipeSGD:
         if width != self._pipeline.width:
             self._pipeline.width = width
             self._set_lookahead(width)
-        self._state.use(self._exchange, self._lookahead, self.options.width, self.options.compression)
+        self._state.use(self._exchange, self._lookahead, self.options.width, self.options.compression, self._coarse)
 
     def _set_lookahead(self, width: int) -> None:
         """Look-ahead for a pipeline of ``width`` (none at width 1 or with ``staleness="none"``); nothing in flight."""

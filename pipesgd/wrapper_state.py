@@ -29,6 +29,7 @@ from pipesgd.grads.buckets import Bucket, layout_signature
 from pipesgd.compression import codec_state, load_codec_state
 from pipesgd.comm.exchange import GradientExchange
 from pipesgd.comm.handles import CompletedWork
+from pipesgd.delay.coarse import CoarseAverage
 from pipesgd.delay.lookahead import Lookahead
 from pipesgd.delay.pipeline import InFlight, Pipeline
 
@@ -50,11 +51,12 @@ class WrapperState:
     def __init__(self, identity: WrapperIdentity, optimizer: torch.optim.Optimizer, params: list[torch.Tensor],
                  buckets: list[Bucket], pipeline: Pipeline, exchange: GradientExchange,
                  loss_scale: DelayedLossScale | None, lookahead: Lookahead | None,
-                 group: dist.ProcessGroup | None) -> None:
+                 group: dist.ProcessGroup | None, coarse: CoarseAverage | None = None) -> None:
         self.identity = identity
         self._optimizer, self._params, self._buckets = optimizer, params, buckets
         self._pipeline, self._exchange = pipeline, exchange
         self._loss_scale, self._lookahead = loss_scale, lookahead
+        self._coarse = coarse  # a coarse stand-in's shared state (the low-rank warm start), the same on every rank
         self._group = group
         self._consolidated: tuple[int, dict[int, dict]] | None = None  # (step, every rank's own state)
 
@@ -78,13 +80,15 @@ class WrapperState:
             "layout": layout_signature(self._params),
             "in_flight": in_flight,
             "loss_scales": self._loss_scale.state_dict() if self._loss_scale is not None else None,
+            "standin": self._coarse.state_dict() if self._coarse is not None else None,
             "ranks": ranks,
         }
 
-    def use(self, exchange: GradientExchange, lookahead: Lookahead | None, width: int, compression: str) -> None:
+    def use(self, exchange: GradientExchange, lookahead: Lookahead | None, width: int, compression: str,
+            coarse: CoarseAverage | None = None) -> None:
         """A width and codec chosen after construction (``pipesgd.auto``): its exchange and look-ahead, and the names
         a checkpoint holds."""
-        self._exchange, self._lookahead = exchange, lookahead
+        self._exchange, self._lookahead, self._coarse = exchange, lookahead, coarse
         self.identity = replace(self.identity, width=width, compression=compression)
 
     def consolidate(self, to: int, step: int) -> None:
@@ -127,6 +131,8 @@ class WrapperState:
         self._pipeline.restore(restored)
         if self._loss_scale is not None:
             self._loss_scale.load_state_dict(state.get("loss_scales"))
+        if self._coarse is not None:
+            self._coarse.load_state_dict(state.get("standin"))
         own = (state.get("ranks") or {}).get(self.identity.rank)
         if own is not None:
             self._load_own_state(own)

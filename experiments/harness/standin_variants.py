@@ -187,3 +187,37 @@ def coarse_average(grads: Sequence[Sequence[torch.Tensor]], codec: str = "q4",
 
     means = [torch.stack([round_trip(g) for g in per_param]).mean(0) for per_param in zip(*grads)]
     return [round_trip(m) for m in means] if requantize else means
+
+
+class LowRankAverage:
+    """Every worker's stand-in with the average's part in a shared low-rank subspace (``lowrank``): for each matrix
+    gradient (first dimension by the rest), ``own - U U^T own + U U^T average``, ``U`` the ``rank`` orthonormal
+    columns of one warm-started power iteration on the average (PowerSGD's: ``P = average Q``, orthonormalized; ``Q``
+    for the next step ``average^T U``). What a rank would get from PowerSGD's two small all-reduces (P, then Q) of the
+    step's gradient beside the exact exchange: ``rank (rows + cols)`` numbers per matrix. Vectors (biases, norms) are
+    averaged exactly (their bytes are few). The stand-ins still average to the average: the projection is shared."""
+
+    def __init__(self, rank: int = 4, seed: int = 0) -> None:
+        self.rank = rank
+        self._generator = torch.Generator().manual_seed(seed)
+        self._q: dict[int, torch.Tensor] = {}  # parameter index -> the warm start
+
+    def standins(self, grads: Sequence[Sequence[torch.Tensor]], average: Sequence[torch.Tensor]) -> list:
+        out = [list(own) for own in grads]
+        for index, mean in enumerate(average):
+            if mean.dim() < 2:
+                for own in out:
+                    own[index] = mean.clone()
+                continue
+            matrix = mean.reshape(mean.shape[0], -1)
+            rank = min(self.rank, *matrix.shape)
+            q = self._q.get(index)
+            if q is None or q.shape[1] != rank:
+                q = torch.randn(matrix.shape[1], rank, generator=self._generator)
+            u, _ = torch.linalg.qr(matrix @ q)
+            self._q[index] = matrix.T @ u
+            shared = u @ (u.T @ matrix)
+            for own in out:
+                g = own[index].reshape(matrix.shape)
+                own[index] = (g - u @ (u.T @ g) + shared).reshape(mean.shape)
+        return out

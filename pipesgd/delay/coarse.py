@@ -11,6 +11,9 @@ codecs' exchange; no error feedback: a stand-in is used and dropped, nothing is 
 result at once on its own handle, then runs the exact exchange as before. The result is identical on every rank, so
 a checkpoint may keep it.
 
+"coarse-lowrank": not a codec but the own gradient with every rank's average in a shared rank-4 subspace of each
+weight matrix (``pipesgd.delay.lowrank``: two small all-reduces, about a twentieth of the bytes on a small GPT).
+
 "local-then-q8" (width 3 and more): the same q8 average, but standing in only for the older steps in flight; the
 newest keeps the own gradient, so no forward pass waits for step t's average (it arrives during step t+1's compute).
 
@@ -29,17 +32,20 @@ import torch
 
 from pipesgd.comm.exchange import GradientExchange
 from pipesgd.comm.handles import Work
+from pipesgd.comm.ring import RingReport
 from pipesgd.comm.topology import RingTopology
 from pipesgd.comm.worker import StreamWork
 from pipesgd.compression import build
 from pipesgd.defaults import resolve_allreduce
 from pipesgd.grads.bucket_sets import BucketSet
 from pipesgd.grads.buckets import Bucket
+from pipesgd.delay.lowrank import LowRankFill
 
 # A stand-in's codec, by its name (pipesgd.defaults.LOOKAHEAD_STANDINS). Nothing coarser than q4: a 1-bit sign
 # average cost more than the own gradient in simulation (+17.7 %, experiments/results/staleness_sim/report.md).
 CODECS = {"coarse-q8": "q8", "coarse-q4": "q4", "local-then-q8": "q8"}
 LATE = ("local-then-q8",)  # the own copy serves the first forward pass, the average the later ones (width >= 3)
+LOWRANK = "coarse-lowrank"  # pipesgd.delay.lowrank
 
 
 class CoarseResult:
@@ -60,9 +66,11 @@ class CoarseAverage:
 
     def __init__(self, standin: str, buckets: list[Bucket], params: list[torch.Tensor], topology: RingTopology,
                  device: torch.device) -> None:
-        codec = build(CODECS[standin])  # round to nearest: no random state to keep across a resume
         self.late = standin in LATE
-        self._exchange = GradientExchange(topology, codec, resolve_allreduce("auto", False, topology.stages(device)))
+        self._lowrank = LowRankFill(params, topology) if standin == LOWRANK else None
+        self._exchange = None if self._lowrank is not None else GradientExchange(
+            topology, build(CODECS[standin]),  # round to nearest: no random state to keep across a resume
+            resolve_allreduce("auto", False, topology.stages(device)))
         self._buckets, self._params = buckets, params
         self._device = device if device.type == "cuda" else None
         self._free: list[BucketSet] = []
@@ -83,7 +91,7 @@ class CoarseAverage:
         def coarse_then_exact(buffers: list[torch.Tensor]):
             for flat, copy in zip(buffers, out):
                 copy.copy_(flat)
-            sent = self._exchange(list(out)).report
+            sent = self._average(out)
             if self._device is not None:  # the caller's stream waits for this event, not for the job's end
                 early.done_event = torch.cuda.Event()
                 early.done_event.record(torch.cuda.current_stream(self._device))
@@ -106,13 +114,29 @@ class CoarseAverage:
         settled.__name__ = getattr(outer, "__name__", "exchange")
         return settled, coarse_then_exact, early
 
+    def _average(self, out: BucketSet) -> RingReport:
+        """Every rank's copy ``out`` (the own gradients) made the stand-in, in place."""
+        if self._lowrank is not None:
+            return self._lowrank(out.slots)
+        return self._exchange(list(out)).report
+
+    def state_dict(self) -> dict | None:
+        """What the next steps' stand-ins depend on beyond the gradients: the low-rank warm start (the same on every
+        rank); None for a codec's average (round to nearest: nothing)."""
+        return self._lowrank.state_dict() if self._lowrank is not None else None
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if self._lowrank is not None:
+            self._lowrank.load_state_dict(state)
+
     def recycle(self, flats: BucketSet) -> None:
         with self._lock:
             self._free.append(flats)
 
     @property
     def memory_bytes(self) -> int:
-        return self.sets * sum(b.numel * torch.empty((), dtype=b.dtype).element_size() for b in self._buckets)
+        warm = self._lowrank.memory_bytes if self._lowrank is not None else 0
+        return warm + self.sets * sum(b.numel * torch.empty((), dtype=b.dtype).element_size() for b in self._buckets)
 
     def _acquire(self) -> BucketSet:
         with self._lock:
