@@ -72,7 +72,9 @@ class TrainConfig:
                                     "averaged in q8 or q4 before the exact exchange (an all-reduce per step that "
                                     "the next forward waits for; coarse-q8 closed AdamW's gap at width 3, "
                                     "docs/training.md); local-then-q8 = the own gradients for the newest step, "
-                                    "the q8 average for the older ones (width >= 3, no wait)",
+                                    "the q8 average for the older ones (width >= 3, no wait); coarse-lowrank = the "
+                                    "own gradients with every rank's average in a shared rank-4 subspace of each "
+                                    "weight matrix (two small all-reduces the next forward waits for)",
                                     lambda: LOOKAHEAD_STANDINS)
     compression: str = _field("none", "codec on every ring hop (pipe/sync only); auto: chosen at the end of the "
                               "warm-up from what it measured (compute, the link, each codec's speed)",
