@@ -90,12 +90,13 @@ def reference(world: int, width: int, steps: int, hidden: int, staleness: str = 
 
 def train(rank: int, device: torch.device, hidden: int, steps: int, width: int, compression: str = "none",
           feedback: bool = False, stall_compute: bool = False, count_syncs: bool = False, staleness: str = "lookahead",
-          allreduce: str = "auto"):
+          allreduce: str = "auto", standin: str = "local"):
     """Final weights (float64, CPU) after ``steps`` steps and a flush; with ``count_syncs`` also where ``step()``
     synchronised on the calling thread (one ``file:line`` per sync warning)."""
     model = make_model(hidden).to(device)
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, width=width, warmup_steps=0,
-                  compression=compression, error_feedback=feedback, staleness=staleness, allreduce=allreduce)
+                  compression=compression, error_feedback=feedback, staleness=staleness, allreduce=allreduce,
+                  lookahead_standin=standin)
     main_thread_syncs: list[str] = []
     for t in range(steps):
         x, y = (v.to(device) for v in batch(t, rank))
@@ -176,6 +177,12 @@ def check_training(rank: int, world: int, device: torch.device, args) -> list[di
             rows.append(row(f"K = 2, {label}", "replicas bitwise identical, finite",
                             f"identical {same}, rel dev from exact {rel_error(got, want):.1e}",
                             same and bool(torch.isfinite(got).all())))
+    for standin in ("coarse-q8", "coarse-lowrank"):  # stand-ins from an exchange of the step just taken (issue 36)
+        got, _ = train(rank, device, args.hidden, args.steps, 2, "q8", True, allreduce="ring", standin=standin)
+        same = identical_across_ranks(got)
+        rows.append(row(f"K = 2, q8 + EF, ring, stand-in {standin}", "replicas bitwise identical, finite",
+                        f"identical {same}, rel dev from exact {rel_error(got, want):.1e}",
+                        same and bool(torch.isfinite(got).all())))
     return rows
 
 

@@ -1,9 +1,10 @@
 #!/bin/bash
 # The next GPU machine's call, prepared (issue 38 part 4): one call of about 4 minutes.
 #   run (device tool): command "bash experiments/gpu_next.sh 300", timeout_s 330; the results come back packed in
-#   $OUT/gpu12.tgz (one folder per step, each step's log, steps.txt with each step's time and exit code).
-# Last run at 3d8f680 (experiments/results/gpu/README.md, fifth session). PipeSGD with allreduce="gather" (one all-gather of whole payloads) in training beside the ring and the exchange:
-# under MPS the gloo-CUDA check (gather rows added) and the speed table of all three models; then, without MPS,
+#   $OUT/gpu13.tgz (one folder per step, each step's log, steps.txt with each step's time and exit code).
+# The look-ahead stand-ins that wait for an exchange of the step just taken (coarse-q8, coarse-lowrank) beside the
+# own gradient, in training and in the check; the gather rows again. One call:
+# under MPS the gloo-CUDA check (stand-in rows added) and the speed table of all three models; then, without MPS,
 # NCCL at world size 1. A step that no longer fits the budget (first argument, seconds) is skipped and says so.
 # Installs with --no-build-isolation (no network for build dependencies) and runs from the checkout either way
 # (PYTHONPATH).
@@ -11,7 +12,7 @@ set -u
 BUDGET=${1:-500}
 START=$(date +%s)
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-R=$OUT/gpu12; mkdir -p $R
+R=$OUT/gpu13; mkdir -p $R
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 step() {  # name timeout cmd...
   local name=$1 t=$2; shift 2
@@ -22,7 +23,7 @@ step() {  # name timeout cmd...
   echo "   rc=$rc in $(( $(date +%s) - s ))s" | tee -a $R/steps.txt
   tail -3 $R/$name.log
 }
-pack() { tar czf $OUT/gpu12.tgz -C $OUT gpu12; }
+pack() { tar czf $OUT/gpu13.tgz -C $OUT gpu13; }
 trap pack EXIT
 (nvidia-smi -L; python3 -c "import torch,sys; print(torch.__version__, torch.version.cuda, sys.version)"; git log --oneline -1; nproc) > $R/env.txt 2>&1
 pip install -q --no-deps --no-build-isolation -e . > $R/install.log 2>&1 || echo "install failed (PYTHONPATH used)" >> $R/install.log

@@ -142,12 +142,15 @@ def bench_model(rank: int, world: int, device: torch.device, name: str, args) ->
     runs += [("none", "none", "auto", "broadcast"), ("q8", "none", "alltoall", "broadcast")]
     runs += [(c, "lookahead", a, "broadcast-delayed")
              for c, a in (("none", "auto"), ("q8", "alltoall"), ("q8", "ring"), ("q8", "gather"))]
-    for codec_name, staleness, allreduce, buffers in runs:
+    # the stand-ins that wait for an exchange of the step just taken (issue 36): everyone's q8 average, and the
+    # average's part in a shared rank-4 subspace (pipesgd.delay.lowrank), beside the own gradient above
+    runs += [("q8", "lookahead", "ring", "broadcast", s) for s in ("coarse-q8", "coarse-lowrank")]
+    for codec_name, staleness, allreduce, buffers, *standin in runs:
         net = fresh()
         opt = PipeSGD(sgd(net), net, width=2, warmup_steps=0, compression=codec_name, staleness=staleness,
-                      allreduce=allreduce, buffers=buffers)
+                      allreduce=allreduce, buffers=buffers, lookahead_standin=(standin or ["local"])[0])
         variant = f"Pipe-SGD K = 2, {staleness}, {codec_name}, {opt.allreduce}" + (
-            "" if buffers == "broadcast" else f", buffers {buffers}")
+            "" if buffers == "broadcast" else f", buffers {buffers}") + (f", stand-in {standin[0]}" if standin else "")
         pipe_comm[variant] = (codec_name, opt.allreduce)
         iters[variant] = timed_training(net, opt, variant)
 

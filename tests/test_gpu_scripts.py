@@ -32,7 +32,8 @@ def test_gpu_check_runs_on_cpu_and_every_check_passes_or_is_skipped(tmp_path):
     assert results <= {"PASS", "skip"} and "PASS" in results
     checks = {r["check"] for r in rows}
     assert {"K = 1 vs reference", "K = 2 vs reference", "stalled side stream", "stalled compute stream",
-            "no sync from step()", "memory_allocated", "codec kernels CUDA vs CPU", "SyncBatchNorm, K = 2"} <= checks
+            "no sync from step()", "memory_allocated", "codec kernels CUDA vs CPU", "SyncBatchNorm, K = 2",
+            "K = 2, q8 + EF, ring, stand-in coarse-lowrank", "K = 2, q8, gather"} <= checks
     assert (tmp_path / "gpu_check.md").read_text().startswith("# GPU path correctness")
 
 
@@ -48,6 +49,7 @@ def test_gpu_speed_runs_on_cpu_and_reports_overlap_efficiency(tmp_path):
                  "Pipe-SGD K = 2, lookahead, bf16, alltoall", "Pipe-SGD K = 2, lookahead, q8, alltoall",
                  "Pipe-SGD K = 2, lookahead, q8, ring", "Pipe-SGD K = 2, lookahead, q8, gather",
                  "Pipe-SGD K = 2, none, q8, alltoall", "all-reduce only, q8, gather",
+                 "Pipe-SGD K = 2, lookahead, q8, ring, stand-in coarse-lowrank",
                  "all-reduce only, q8, alltoall", "all-reduce only, q8, ring", "all-reduce only, none, backend"):
         assert name in variants, name
     for allreduce in ("alltoall", "ring", "gather"):  # each against its own all-reduce's time
