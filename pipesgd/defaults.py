@@ -21,8 +21,9 @@ QUANT_BLOCK_SIZE = 4096
 # (pipesgd.comm.alltoall); "gather": one all-gather of every rank's whole payload, each rank decoding all p
 # (pipesgd.comm.gather: one collective call, p-1 payloads per rank on the wire, so for small buckets where calls and
 # not bytes set the time: LeNet's q8 all-reduce on the H100 host 2.50 ms against the ring's 4.72 and the exchange's
-# 5.81, ResNet-18's 26.6 against 15.1, experiments/results/gather/report.md; but in training beside the step it did
-# not win, LeNet's Pipe-SGD q8 iteration 9.02 against 8.34 ms on the ring: a user's choice, never "auto"'s);
+# 5.81, ResNet-18's 26.6 against 15.1, experiments/results/gather/report.md; but in training beside the step it won
+# nothing reliable, LeNet's Pipe-SGD q8 iteration 9.02 against 8.34 ms on the ring, then 11.52 against 12.40: a
+# user's choice, never "auto"'s);
 # "backend": the backend's own all_reduce, which cannot compress. "auto": the backend's for a
 # lossless codec (its C++ ring has no per-hop Python round trip, which dominates small buckets); for a lossy one
 # "alltoall", except where gloo carries CUDA tensors (every payload staged through host memory): there "ring".
