@@ -93,7 +93,7 @@ def test_master_weights_stay_identical_across_ranks(compression, standin):
     assert all(torch.equal(a, b) for a, b in zip(per_rank[0], per_rank[2]))
 
 
-@pytest.mark.parametrize("standin", ["coarse-q8", "local-then-q8"])
+@pytest.mark.parametrize("standin", ["coarse-q8", "local-then-q8", "coarse-lowrank"])  # lowrank: its warm start saved
 def test_a_resumed_run_repeats_the_uninterrupted_one_and_differs_from_the_local_stand_in(tmp_path, standin):
     path = str(tmp_path / "state")
     uninterrupted = run_ranks(resumable, 2, path, False, dict(lookahead_standin=standin))

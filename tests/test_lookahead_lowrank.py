@@ -1,8 +1,8 @@
 """The low-rank stand-in (``PipeSGD(lookahead_standin="coarse-lowrank")``, ``pipesgd.delay.lowrank``): each rank's own
 gradient with every rank's average in a shared rank-4 subspace of each weight matrix. The stand-ins average to the
 exact average and each is nearer it than the own gradient; a matrix of rank at most 4 and every vector stand in
-exactly; the master weights stay identical; a resumed run repeats the uninterrupted one (the warm start is in the
-checkpoint); a rank that runs out of data is named; at world size 1 nothing changes."""
+exactly; the master weights stay identical; a rank that runs out of data is named; at world size 1 nothing changes.
+(A resumed run repeats the uninterrupted one, its warm start saved: ``tests/test_lookahead_coarse.py``.)"""
 from __future__ import annotations
 
 import pytest
@@ -18,7 +18,6 @@ from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
 from tests.test_lookahead import _run
 from tests.test_lookahead_coarse import _replicas, _standins
-from tests.test_lookahead_reach import resumable
 from tests.test_uneven import TIMEOUT_S, _uneven
 
 STANDIN = "coarse-lowrank"
@@ -85,16 +84,6 @@ def test_master_weights_stay_identical_across_ranks(compression):
     per_rank = run_ranks(_replicas, 3, compression, STANDIN)
     assert all(torch.equal(a, b) for a, b in zip(per_rank[0], per_rank[1]))
     assert all(torch.equal(a, b) for a, b in zip(per_rank[0], per_rank[2]))
-
-
-def test_a_resumed_run_repeats_the_uninterrupted_one(tmp_path):
-    path = str(tmp_path / "state")
-    uninterrupted = run_ranks(resumable, 2, path, False, dict(lookahead_standin=STANDIN))
-    resumed = run_ranks(resumable, 2, path, True, dict(lookahead_standin=STANDIN))
-    for want, got in zip(uninterrupted, resumed):
-        assert all(torch.equal(g, w) for g, w in zip(got, want))
-    local = run_ranks(resumable, 2, str(tmp_path / "local"), False, {})
-    assert not all(torch.equal(a, b) for a, b in zip(local[0], uninterrupted[0]))  # the option acts
 
 
 def test_the_rank_that_ran_out_is_named_not_waited_for():
