@@ -135,8 +135,9 @@ def bench_model(rank: int, world: int, device: torch.device, name: str, args) ->
     net = fresh()
     iters["sync (K = 1)"] = timed_training(net, PipeSGD(sgd(net), net, width=1), "sync (K = 1)")
     # Look-ahead (the default) in every codec's row, each lossy codec with the exchange, the per-hop ring and the
-    # one-collective gather; the paper's plain update beside them for none and q8; the BatchNorm buffers exchanged with the gradients
-    # ("broadcast-delayed") instead of by the default blocking broadcast in step(), as DDP's forward does.
+    # one-collective gather; the paper's plain update beside them for none and q8; the BatchNorm buffers exchanged
+    # with the gradients ("broadcast-delayed") instead of by the default blocking broadcast in step(), as DDP's
+    # forward does.
     runs = [(c, "lookahead", "auto" if c == "none" else "alltoall", "broadcast") for c in PIPE_CODECS]
     runs += [(c, "lookahead", a, "broadcast") for a in ("ring", "gather") for c in PIPE_CODECS[1:]]
     runs += [("none", "none", "auto", "broadcast"), ("q8", "none", "alltoall", "broadcast")]

@@ -2,9 +2,10 @@
 ring-all-reduced (optionally compressed on every hop) in the background.
 
 Data path: gradients -> flat buckets (``buckets``) -> codec and error feedback (``compression``) -> ring,
-all-to-all or gather all-reduce on the background worker (``ring``, ``alltoall``, ``gather``, ``topology``; ``exchange`` runs one step's
-buckets on a ``channel``) -> which step is due (``pipeline``) -> delayed apply (``optimizer.PipeSGD``, options in
-``options``) -> the wrapped torch optimizer. Every way of averaging gradients satisfies ``wrapper.OptimizerWrapper``.
+all-to-all or gather all-reduce on the background worker (``ring``, ``alltoall``, ``gather``, ``topology``;
+``exchange`` runs one step's buckets on a ``channel``) -> which step is due (``pipeline``) -> delayed apply
+(``optimizer.PipeSGD``, options in ``options``) -> the wrapped torch optimizer. Every way of averaging gradients
+satisfies ``wrapper.OptimizerWrapper``.
 
 The public names load on first use, so torch-free modules (``pipesgd.defaults``, ``pipesgd.runlog.run_files``)
 can be imported by the analytic timing model without loading torch.

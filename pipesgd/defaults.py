@@ -69,12 +69,13 @@ NEEDS_ERROR_FEEDBACK = ("sign",)
 
 
 def resolve_allreduce(choice: str, lossless: bool, staged: bool = False) -> str:
-    """"ring", "alltoall", "gather" or "backend" for an ``allreduce`` choice, whether the codec is lossless and whether the
-    payloads are staged through host memory (gloo with CUDA tensors); ValueError if invalid."""
+    """"ring", "alltoall", "gather" or "backend" for an ``allreduce`` choice, whether the codec is lossless and whether
+    the payloads are staged through host memory (gloo with CUDA tensors); ValueError if invalid."""
     if choice not in ALLREDUCE_CHOICES:
         raise ValueError(f"allreduce must be one of {ALLREDUCE_CHOICES}, got {choice!r}")
     if choice == "auto":
         return "backend" if lossless else "ring" if staged else "alltoall"
     if choice == "backend" and not lossless:
-        raise ValueError("allreduce='backend' cannot compress; use 'alltoall', 'ring', 'gather' or 'auto' with a lossy codec")
+        raise ValueError("allreduce='backend' cannot compress; use 'alltoall', 'ring', 'gather' or 'auto' with a "
+                         "lossy codec")
     return choice

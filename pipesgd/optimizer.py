@@ -16,10 +16,10 @@ Every gradient is applied exactly once: during the K-1 steps after warm-up the p
 ``step()`` applies nothing; ``flush()`` applies the last K-1 at the end.
 
 Data path, one module per stage: ``buckets`` (pack) -> ``compression`` (codec; error feedback) -> ``ring``,
-``alltoall`` or ``gather`` over ``topology``, run per step by ``exchange`` on the ``channel``'s worker -> ``pipeline`` (which step
-is due) -> this wrapper (apply) -> the wrapped torch optimizer. ``options`` validates what the wrapper is asked.
-Every job carries an agreement on which ranks still train (``uneven``; posted beside the all-reduce, read after
-it), so uneven data ends in an error naming the rank that ran out instead of a hang.
+``alltoall`` or ``gather`` over ``topology``, run per step by ``exchange`` on the ``channel``'s worker ->
+``pipeline`` (which step is due) -> this wrapper (apply) -> the wrapped torch optimizer. ``options`` validates
+what the wrapper is asked. Every job carries an agreement on which ranks still train (``uneven``; posted beside the
+all-reduce, read after it), so uneven data ends in an error naming the rank that ran out instead of a hang.
 
 Gradient accumulation (DDP's ``no_sync()``): call ``backward()`` several times, then ``step()`` once; the gradients
 accumulated in ``p.grad`` are handed off, so nothing is sent in between (scale the loss by 1/N, as DDP users do).

@@ -32,8 +32,8 @@ HIDDEN_SHARE = 0.05  # an all-reduce "hides" when what it leaves exposed is at m
 NEAR_FASTEST = 1.10  # when nothing hides: the earliest candidate at most 10 % slower than the fastest
 CODEC_LADDER = (("none", False), ("bf16", False), ("q8", True), ("q4", True))  # most exact first
 SIGN = ("sign", True)
-ALLREDUCE_WORDS = {"ring": "per-hop ring", "alltoall": "two-collective exchange", "gather": "one all-gather of payloads",
-                   "backend": "the backend's all_reduce"}
+ALLREDUCE_WORDS = {"ring": "per-hop ring", "alltoall": "two-collective exchange",
+                   "gather": "one all-gather of payloads", "backend": "the backend's all_reduce"}
 
 
 def codec_label(compression: str, error_feedback: bool) -> str:

@@ -60,7 +60,8 @@ TASKS = {"digits": lambda seed: load_digits(seed), "mnist1d": lambda seed: make_
 # the own batch at the workers' mean look-ahead point (the noise without the worker's reaction to its own error);
 # the own gradient with the look-ahead's reach scaled past the weights in flight (``OVERSHOOT``); everyone's q4 average.
 STANDINS = ("local", "oracle", "shrunk", "frozen-v", "meanpoint", "overshoot", "oracle-overshoot", "coarse",
-            "coarse-sign", "coarse-exchange", "own-then-coarse", "last-average", "own-share", "corrected", "lowrank")
+            "coarse-sign", "coarse-exchange", "own-then-coarse", "last-average", "own-share", "corrected", "lowrank",
+            "lowrank8")
 # The last average applied to the master, the same on every worker and known without waiting ("last-average"); the
 # own gradient's 1/W share beside it, (own + (W-1) last) / W ("own-share"): what the worker knows of the average.
 LAST_AVERAGE = ("last-average", "own-share")
@@ -76,7 +77,8 @@ STANDIN_TITLES = {"oracle": "true-average stand-in", "shrunk": "shrunk stand-in"
                   "coarse-sign": "sign average of all", "coarse-exchange": "q4 exchange of all",
                   "own-then-coarse": "own, then q8 exchange of all", "last-average": "last average applied",
                   "own-share": "own 1/W share beside the last average",
-                  "corrected": "own, its reaction taken out", "lowrank": "own, the average's rank-4 part shared"}
+                  "corrected": "own, its reaction taken out", "lowrank": "own, the average's rank-4 part shared",
+                  "lowrank8": "own, the average's rank-8 part shared"}
 # the worker's look-ahead where it is not the library's ``Lookahead``
 LOOKAHEADS = {"shrunk": ShrunkLookahead, "frozen-v": FrozenMomentLookahead, "corrected": CorrectedLookahead,
               "overshoot": partial(Lookahead, reach=OVERSHOOT), "oracle-overshoot": partial(Lookahead, reach=OVERSHOOT)}
@@ -221,7 +223,7 @@ def simulate(spec: SimSpec) -> dict:
         optimizer.step()
 
     reaction = ReactionSize()
-    lowrank = LowRankAverage(seed=spec.seed)  # "lowrank": the shared subspace's warm start
+    lowrank = LowRankAverage(8 if spec.standin == "lowrank8" else 4, seed=spec.seed)  # the shared subspace's state
     grads_before = None  # "own-then-coarse": the workers' gradients of the step before
     model.train()
     t = 0
@@ -248,7 +250,7 @@ def simulate(spec: SimSpec) -> dict:
                              gradients_at_mean_point(model, params, points, batches) if spec.standin == "meanpoint"
                              else [coarse_average(grads, *COARSE[spec.standin])] * len(workers)
                              if spec.standin in COARSE else grads)
-                if spec.standin == "lowrank":
+                if spec.standin in ("lowrank", "lowrank8"):
                     stand_ins = lowrank.standins(grads, mean)
                 if spec.standin in LAST_AVERAGE and last:
                     share = 1.0 if spec.standin == "last-average" else 1 - 1 / spec.workers
