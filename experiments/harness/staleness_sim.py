@@ -52,7 +52,8 @@ from pipesgd.train.optimizers import build_inner_optimizer
 from pipesgd.train.schedule import build_schedule
 
 from experiments.harness.standin_variants import (OVERSHOOT, CorrectedLookahead, FrozenMomentLookahead,
-                                                  LowRankAverage, ShrunkLookahead, coarse_average)
+                                                  LaggedLowRankAverage, LowRankAverage, ShrunkLookahead,
+                                                  coarse_average)
 
 TASKS = {"digits": lambda seed: load_digits(seed), "mnist1d": lambda seed: make_mnist1d(seed),
          "charlm": lambda seed: load_pysrc()}
@@ -61,7 +62,7 @@ TASKS = {"digits": lambda seed: load_digits(seed), "mnist1d": lambda seed: make_
 # the own gradient with the look-ahead's reach scaled past the weights in flight (``OVERSHOOT``); everyone's q4 average.
 STANDINS = ("local", "oracle", "shrunk", "frozen-v", "meanpoint", "overshoot", "oracle-overshoot", "coarse",
             "coarse-sign", "coarse-exchange", "own-then-coarse", "last-average", "own-share", "corrected", "lowrank",
-            "lowrank8")
+            "lowrank8", "lowrank-lag")
 # The last average applied to the master, the same on every worker and known without waiting ("last-average"); the
 # own gradient's 1/W share beside it, (own + (W-1) last) / W ("own-share"): what the worker knows of the average.
 LAST_AVERAGE = ("last-average", "own-share")
@@ -78,7 +79,8 @@ STANDIN_TITLES = {"oracle": "true-average stand-in", "shrunk": "shrunk stand-in"
                   "own-then-coarse": "own, then q8 exchange of all", "last-average": "last average applied",
                   "own-share": "own 1/W share beside the last average",
                   "corrected": "own, its reaction taken out", "lowrank": "own, the average's rank-4 part shared",
-                  "lowrank8": "own, the average's rank-8 part shared"}
+                  "lowrank8": "own, the average's rank-8 part shared",
+                  "lowrank-lag": "own, the average's rank-4 part in last step's subspace"}
 # the worker's look-ahead where it is not the library's ``Lookahead``
 LOOKAHEADS = {"shrunk": ShrunkLookahead, "frozen-v": FrozenMomentLookahead, "corrected": CorrectedLookahead,
               "overshoot": partial(Lookahead, reach=OVERSHOOT), "oracle-overshoot": partial(Lookahead, reach=OVERSHOOT)}
@@ -223,7 +225,8 @@ def simulate(spec: SimSpec) -> dict:
         optimizer.step()
 
     reaction = ReactionSize()
-    lowrank = LowRankAverage(8 if spec.standin == "lowrank8" else 4, seed=spec.seed)  # the shared subspace's state
+    lowrank = (LaggedLowRankAverage(seed=spec.seed) if spec.standin == "lowrank-lag" else  # the shared subspace
+               LowRankAverage(8 if spec.standin == "lowrank8" else 4, seed=spec.seed))
     grads_before = None  # "own-then-coarse": the workers' gradients of the step before
     model.train()
     t = 0
@@ -250,7 +253,7 @@ def simulate(spec: SimSpec) -> dict:
                              gradients_at_mean_point(model, params, points, batches) if spec.standin == "meanpoint"
                              else [coarse_average(grads, *COARSE[spec.standin])] * len(workers)
                              if spec.standin in COARSE else grads)
-                if spec.standin in ("lowrank", "lowrank8"):
+                if spec.standin in ("lowrank", "lowrank8", "lowrank-lag"):
                     stand_ins = lowrank.standins(grads, mean)
                 if spec.standin in LAST_AVERAGE and last:
                     share = 1.0 if spec.standin == "last-average" else 1 - 1 / spec.workers

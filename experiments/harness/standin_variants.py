@@ -221,3 +221,34 @@ class LowRankAverage:
                 g = own[index].reshape(matrix.shape)
                 own[index] = (g - u @ (u.T @ g) + shared).reshape(mean.shape)
         return out
+
+
+class LaggedLowRankAverage:
+    """``LowRankAverage`` with one all-reduce on the critical path (``lowrank-lag``): the subspace ``U`` is last step's,
+    so a rank needs only the average's coordinates in it, ``average^T U`` (one all-reduce), before its next forward
+    pass; the next ``U`` comes from one power iteration on this step's average, ``orth(average average^T U)``, whose
+    all-reduce may run after the stand-in is known. Vectors averaged whole (in the first all-reduce)."""
+
+    def __init__(self, rank: int = 4, seed: int = 0) -> None:
+        self.rank = rank
+        self._generator = torch.Generator().manual_seed(seed)
+        self._u: dict[int, torch.Tensor] = {}  # parameter index -> the shared orthonormal basis
+
+    def standins(self, grads: Sequence[Sequence[torch.Tensor]], average: Sequence[torch.Tensor]) -> list:
+        out = [list(own) for own in grads]
+        for index, mean in enumerate(average):
+            if mean.dim() < 2:
+                for own in out:
+                    own[index] = mean.clone()
+                continue
+            matrix = mean.reshape(mean.shape[0], -1)
+            rank = min(self.rank, *matrix.shape)
+            u = self._u.get(index)
+            if u is None:
+                u, _ = torch.linalg.qr(torch.randn(matrix.shape[0], rank, generator=self._generator))
+            coordinates = matrix.T @ u  # the one all-reduce on the critical path
+            for own in out:
+                g = own[index].reshape(matrix.shape)
+                own[index] = (g + u @ (coordinates - g.T @ u).T).reshape(mean.shape)
+            self._u[index], _ = torch.linalg.qr(matrix @ coordinates)  # off the critical path
+        return out
