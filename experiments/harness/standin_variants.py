@@ -200,7 +200,7 @@ class LowRankAverage:
     def __init__(self, rank: int = 4, seed: int = 0) -> None:
         self.rank = rank
         self._generator = torch.Generator().manual_seed(seed)
-        self._q: dict[int, torch.Tensor] = {}  # parameter index -> the warm start
+        self._state: dict[int, torch.Tensor] = {}  # parameter index -> the warm start (or the basis, when lagged)
 
     def standins(self, grads: Sequence[Sequence[torch.Tensor]], average: Sequence[torch.Tensor]) -> list:
         out = [list(own) for own in grads]
@@ -210,45 +210,37 @@ class LowRankAverage:
                     own[index] = mean.clone()
                 continue
             matrix = mean.reshape(mean.shape[0], -1)
-            rank = min(self.rank, *matrix.shape)
-            q = self._q.get(index)
-            if q is None or q.shape[1] != rank:
-                q = torch.randn(matrix.shape[1], rank, generator=self._generator)
-            u, _ = torch.linalg.qr(matrix @ q)
-            self._q[index] = matrix.T @ u
-            shared = u @ (u.T @ matrix)
+            u = self._basis(index, matrix, min(self.rank, *matrix.shape))
             for own in out:
-                g = own[index].reshape(matrix.shape)
-                own[index] = (g - u @ (u.T @ g) + shared).reshape(mean.shape)
+                own[index] = self._standin(own[index].reshape(matrix.shape), u, matrix).reshape(mean.shape)
         return out
 
+    def _basis(self, index: int, matrix: torch.Tensor, rank: int) -> torch.Tensor:
+        q = self._state.get(index)
+        if q is None or q.shape[1] != rank:
+            q = torch.randn(matrix.shape[1], rank, generator=self._generator)
+        u, _ = torch.linalg.qr(matrix @ q)
+        self._state[index] = matrix.T @ u
+        return u
 
-class LaggedLowRankAverage:
+    @staticmethod
+    def _standin(own: torch.Tensor, u: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
+        return own - u @ (u.T @ own) + u @ (u.T @ matrix)
+
+
+class LaggedLowRankAverage(LowRankAverage):
     """``LowRankAverage`` with one all-reduce on the critical path (``lowrank-lag``): the subspace ``U`` is last step's,
     so a rank needs only the average's coordinates in it, ``average^T U`` (one all-reduce), before its next forward
     pass; the next ``U`` comes from one power iteration on this step's average, ``orth(average average^T U)``, whose
     all-reduce may run after the stand-in is known. Vectors averaged whole (in the first all-reduce)."""
 
-    def __init__(self, rank: int = 4, seed: int = 0) -> None:
-        self.rank = rank
-        self._generator = torch.Generator().manual_seed(seed)
-        self._u: dict[int, torch.Tensor] = {}  # parameter index -> the shared orthonormal basis
+    def _basis(self, index: int, matrix: torch.Tensor, rank: int) -> torch.Tensor:
+        u = self._state.get(index)
+        if u is None:
+            u, _ = torch.linalg.qr(torch.randn(matrix.shape[0], rank, generator=self._generator))
+        self._state[index], _ = torch.linalg.qr(matrix @ (matrix.T @ u))  # off the critical path
+        return u
 
-    def standins(self, grads: Sequence[Sequence[torch.Tensor]], average: Sequence[torch.Tensor]) -> list:
-        out = [list(own) for own in grads]
-        for index, mean in enumerate(average):
-            if mean.dim() < 2:
-                for own in out:
-                    own[index] = mean.clone()
-                continue
-            matrix = mean.reshape(mean.shape[0], -1)
-            rank = min(self.rank, *matrix.shape)
-            u = self._u.get(index)
-            if u is None:
-                u, _ = torch.linalg.qr(torch.randn(matrix.shape[0], rank, generator=self._generator))
-            coordinates = matrix.T @ u  # the one all-reduce on the critical path
-            for own in out:
-                g = own[index].reshape(matrix.shape)
-                own[index] = (g + u @ (coordinates - g.T @ u).T).reshape(mean.shape)
-            self._u[index], _ = torch.linalg.qr(matrix @ coordinates)  # off the critical path
-        return out
+    @staticmethod
+    def _standin(own: torch.Tensor, u: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
+        return own + u @ (matrix.T @ u - own.T @ u).T  # the one all-reduce on the critical path: matrix^T u
