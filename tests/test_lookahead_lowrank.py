@@ -104,7 +104,7 @@ def test_the_trainer_takes_it():
     assert pipe_staleness(cfg) == f", staleness lookahead ({STANDIN} stand-in)"
 
 
-def test_a_model_without_matrices_needs_no_second_all_reduce(process_group):  # noqa: F811
+def test_a_model_of_vectors_only_stands_in_with_their_average(process_group):  # noqa: F811
     fill = LowRankFill([nn.Parameter(torch.zeros(4))], RingTopology(dist.group.WORLD))
     slots = [torch.arange(4.0)]
     report = fill(slots)

@@ -87,7 +87,7 @@ class LowRankFill:
 
     def state_dict(self) -> dict:
         """The warm start: identical on every rank, so any rank's is every rank's."""
-        return {"rank": RANK, "warm": [self._warm[i].cpu().clone() for i in self._matrices]}
+        return {"warm": [self._warm[i].cpu().clone() for i in self._matrices]}
 
     def load_state_dict(self, state: dict | None) -> None:
         if not state:

@@ -109,8 +109,8 @@ def allreduce_gather(p: int, M: float, α: float, β: float, γ: float = 0.0, c0
 
     T = c0 + (p−1)α + (p−1)·Mβ + (p−1)·Mγ      (``allgather_ring`` of pM bytes, then p−1 local additions of M)
 
-    Half the ring's steps in one call, p/2 times its bytes: it wins where latency and calls dominate, loses where
-    bytes do (the crossover: 2(p−1)α·(1/2) against (p−1)(p−2)/p·Mβ, i.e. M below about α·p/((p−2)β))."""
+    Half the ring's steps in one call, p/2 times its bytes: it saves (p−1)α and sends (p−1)(p−2)/p·Mβ more, so it
+    wins for M below α·p/((p−2)β) (always at p = 2) and loses where bytes dominate."""
     if p <= 1:
         return 0.0
     return c0 + (p - 1) * α + (p - 1) * M * β + (p - 1) * M * γ
