@@ -56,8 +56,9 @@ STALENESS = "lookahead"
 # but waiting for it cost more time than synchronous q8 all-reduce. "local-then-q8": the own gradients for the newest
 # step in flight, the q8 average for the older ones (it arrives during a compute phase: no forward waits for it);
 # width 3 and more (at width 2 it is "local"). "coarse-lowrank": the own gradients with every rank's average in a
-# shared rank-4 subspace of each weight matrix (pipesgd.delay.lowrank: two small all-reduces the next forward waits
-# for, about a twentieth of the uncompressed bytes on the GPT; in simulation as good as the q4 average of all).
+# shared rank-4 subspace of each weight matrix (pipesgd.delay.lowrank: one small all-reduce the next forward waits
+# for and one after it, about a twentieth of the uncompressed bytes on the GPT; in simulation as good as the q4
+# average of all).
 LOOKAHEAD_STANDINS = ("local", "coarse-q8", "coarse-q4", "local-then-q8", "coarse-lowrank")
 
 # How long the end of a script waits for a background ring still in flight (pipesgd.lifecycle) before it leaves the

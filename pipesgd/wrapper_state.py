@@ -56,7 +56,7 @@ class WrapperState:
         self._optimizer, self._params, self._buckets = optimizer, params, buckets
         self._pipeline, self._exchange = pipeline, exchange
         self._loss_scale, self._lookahead = loss_scale, lookahead
-        self._coarse = coarse  # a coarse stand-in's shared state (the low-rank warm start), the same on every rank
+        self._coarse = coarse  # a coarse stand-in's shared state (the low-rank subspace), the same on every rank
         self._group = group
         self._consolidated: tuple[int, dict[int, dict]] | None = None  # (step, every rank's own state)
 

@@ -1,8 +1,9 @@
 """The low-rank stand-in (``PipeSGD(lookahead_standin="coarse-lowrank")``, ``pipesgd.delay.lowrank``): each rank's own
 gradient with every rank's average in a shared rank-4 subspace of each weight matrix. The stand-ins average to the
 exact average and each is nearer it than the own gradient; a matrix of rank at most 4 and every vector stand in
-exactly; the master weights stay identical; a rank that runs out of data is named; at world size 1 nothing changes.
-(A resumed run repeats the uninterrupted one, its warm start saved: ``tests/test_lookahead_coarse.py``.)"""
+exactly; the subspace follows the average; the master weights stay identical; a rank that runs out of data is named;
+at world size 1 nothing changes. (A resumed run repeats the uninterrupted one, its subspace saved:
+``tests/test_lookahead_coarse.py``.)"""
 from __future__ import annotations
 
 import pytest
@@ -39,8 +40,9 @@ def _fill(rank: int, world: int) -> dict:
             m.div_(world)
         slots = [o.clone() for o in own]
         fill(slots)
+        fill.advance()
         steps.append((own, slots, mean))
-    return {"steps": steps, "warm": fill.state_dict()}
+    return {"steps": steps, "basis": fill.state_dict()}
 
 
 def test_the_stand_ins_average_to_the_average_and_small_parts_are_exact():
@@ -56,14 +58,40 @@ def test_the_stand_ins_average_to_the_average_and_small_parts_are_exact():
                     assert 0 < (standin[0] - mean).norm() < (own[0] - mean).norm()
                 else:  # a matrix of rank 3 lies in its subspace whole; a vector is averaged exactly
                     assert torch.allclose(standin[index], mean, atol=1e-5), index
-    warm = [r["warm"]["warm"] for r in per_rank]
-    assert all(torch.equal(a, b) for w in warm[1:] for a, b in zip(w, warm[0]))  # one warm start on every rank
+    bases = [r["basis"]["basis"] for r in per_rank]
+    assert all(torch.equal(a, b) for w in bases[1:] for a, b in zip(w, bases[0]))  # one subspace on every rank
 
 
-def test_a_saved_warm_start_of_another_model_is_refused():
+def _follow(rank: int, world: int) -> dict:
+    """Two steps of the fill on a 12 x 10 gradient: a rank-2 part every rank shares, plus a little of its own."""
+    low = torch.randn(12, 2, generator=torch.Generator().manual_seed(7)) @ torch.randn(2, 10)
+    fill, outside = LowRankFill([torch.zeros(12, 10)], RingTopology(dist.group.WORLD)), []
+    for step in range(2):
+        u = fill.state_dict()["basis"][0]
+        outside.append(((low - u @ (u.T @ low)).norm() / low.norm()).item())
+        fill([low + 0.1 * torch.randn(12, 10, generator=torch.Generator().manual_seed(10 * step + rank))])
+        fill.advance()
+    return {"outside": outside, "basis": fill.state_dict()["basis"][0]}
+
+
+def test_the_subspace_follows_the_average():
+    """The first subspace is random; after one step it holds the average's dominant part (one power iteration on the
+    average), the same on every rank."""
+    per_rank = run_ranks(_follow, 2)
+    for result in per_rank:
+        first, second = result["outside"]
+        assert first > 0.3 and second < 0.05, result
+    assert torch.equal(per_rank[0]["basis"], per_rank[1]["basis"])
+
+
+def test_a_saved_subspace_of_another_model_is_refused_and_the_earlier_form_s_warns():
     fill = LowRankFill([torch.zeros(6, 5)], topology=None)
     with pytest.raises(ValueError, match="does not match this model's matrices"):
-        fill.load_state_dict({"warm": [torch.zeros(3, 2)]})
+        fill.load_state_dict({"basis": [torch.zeros(3, 2)]})
+    before = fill.state_dict()["basis"][0]
+    with pytest.warns(UserWarning, match="starts afresh"):
+        fill.load_state_dict({"warm": [torch.zeros(5, 4)]})
+    assert torch.equal(fill.state_dict()["basis"][0], before)
 
 
 def test_through_the_wrapper_each_stand_in_is_nearer_the_average_and_they_average_to_it():

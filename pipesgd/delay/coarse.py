@@ -12,7 +12,8 @@ result at once on its own handle, then runs the exact exchange as before. The re
 a checkpoint may keep it.
 
 "coarse-lowrank": not a codec but the own gradient with every rank's average in a shared rank-4 subspace of each
-weight matrix (``pipesgd.delay.lowrank``: two small all-reduces, about a twentieth of the bytes on a small GPT).
+weight matrix (``pipesgd.delay.lowrank``: about a twentieth of the bytes on a small GPT, in two small all-reduces of
+which the stand-in waits for one; the other moves the subspace on after the signal).
 
 "local-then-q8" (width 3 and more): the same q8 average, but standing in only for the older steps in flight; the
 newest keeps the own gradient, so no forward pass waits for step t's average (it arrives during step t+1's compute).
@@ -96,6 +97,8 @@ class CoarseAverage:
                 early.done_event = torch.cuda.Event()
                 early.done_event.record(torch.cuda.current_stream(self._device))
             early.set_result(CoarseResult(out, self))
+            if self._lowrank is not None:  # the next step's subspace: after the signal, before the exact exchange
+                sent.add(self._lowrank.advance())
             result = job(buffers)
             # The step's record counts both exchanges' bytes and busy time (its ratio: raw bytes over all sent).
             result.report.bytes_sent += sent.bytes_sent
@@ -121,7 +124,7 @@ class CoarseAverage:
         return self._exchange(list(out)).report
 
     def state_dict(self) -> dict | None:
-        """What the next steps' stand-ins depend on beyond the gradients: the low-rank warm start (the same on every
+        """What the next steps' stand-ins depend on beyond the gradients: the low-rank subspace (the same on every
         rank); None for a codec's average (round to nearest: nothing)."""
         return self._lowrank.state_dict() if self._lowrank is not None else None
 

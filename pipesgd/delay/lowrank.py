@@ -1,27 +1,30 @@
 """The low-rank stand-in (``PipeSGD(lookahead_standin="coarse-lowrank")``): each rank's own gradient with its part in
-a small subspace replaced by every rank's average there, from two small all-reduces per step.
+a small shared subspace replaced by every rank's average there; the next forward pass waits for one small all-reduce.
 
 Why: look-ahead's own-gradient stand-in leaves each rank reacting to its own look-ahead error (on the character GPT
 with AdamW +1.8 % validation loss at width 2, four ranks); everyone's q8 average closes the gap (+0.2 %) but it is a
 quarter of the uncompressed bytes on the critical path, as slow as synchronous q8 all-reduce
 (``experiments/results/charlm_time``). In simulation the average's part in a rank-4 subspace of each weight matrix,
-with the rank's own gradient outside it, did as well as the q4 average of everything (``experiments/results/
-staleness_sim/report.md``), for about a twentieth of the uncompressed bytes on the character GPT.
+with the rank's own gradient outside it, did as well as the q4 average of everything, and as well with last step's
+subspace as with this step's (``experiments/results/staleness_sim/report.md``, ``lowrank-lag`` and ``lowrank``),
+for about a twentieth of the uncompressed bytes on the character GPT.
 
-What, per step on the channel's worker (``pipesgd.delay.coarse`` runs it before the exact exchange):
-  Step 1: per weight matrix M (a parameter's gradient, first dimension by the rest), P = M Q with Q the shared warm
-          start (PowerSGD's power iteration, Vogels et al. 2019); vectors (biases, norms) whole. One all-reduce of
-          them all, to the mean.
-  Step 2: U = the orthonormal columns of the mean P (QR); every vector is its exact average from here.
-  Step 3: R = M^T U (this rank's coordinates in U); one all-reduce of them all, to the mean A (the average's).
-  Step 4: the stand-in is M + U (A - R)^T: the own gradient outside the subspace, the average's inside. A is the next
-          step's warm start Q, the same on every rank (a checkpoint keeps it).
+What, per step on the channel's worker (``pipesgd.delay.coarse`` runs it before the exact exchange), per weight
+matrix M (a parameter's gradient, first dimension by the rest) with U the shared orthonormal basis (rank columns):
+  Step 1: R = M^T U (this rank's coordinates in U); vectors (biases, norms) whole. One all-reduce of them all, to
+          the mean: A = average^T U, and every vector's exact average.
+  Step 2: the stand-in is M + U (A - R)^T: the own gradient outside the subspace, the average's inside. The next
+          forward pass may start from here (the caller signals it).
+  Step 3, after the signal (``advance``): one power iteration on the average with U as warm start (PowerSGD's,
+          Vogels et al. 2019): P = M A all-reduced to the mean (average average^T U); the next step's U is its QR.
+          The same on every rank; a checkpoint keeps it.
 The stand-ins average to the average (the subspace is shared), as the own gradients do. Bytes: rank x (rows + cols)
-per matrix plus the vectors, twice the latency of one all-reduce.
+per matrix plus the vectors, of which rank x cols and the vectors lie on the critical path.
 """
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -29,11 +32,12 @@ from pipesgd.comm.ring import RingReport, backend_allreduce_
 from pipesgd.comm.topology import RingTopology
 
 RANK = 4  # columns of the shared subspace per matrix (rank 4 matched the q4 average of all in simulation)
-SEED = 0  # the first warm start, the same on every rank
+SEED = 0  # the first basis, the same on every rank
 
 
 class LowRankFill:
-    """Turns a copy of this rank's gradients (parameter-shaped ``slots``) into the low-rank stand-in, in place."""
+    """Turns a copy of this rank's gradients (parameter-shaped ``slots``) into the low-rank stand-in, in place
+    (``__call__``), then moves the shared subspace on (``advance``)."""
 
     def __init__(self, params: list[torch.Tensor], topology: RingTopology, rank: int = RANK) -> None:
         self._topology = topology
@@ -42,34 +46,42 @@ class LowRankFill:
         self._shapes = {i: (params[i].shape[0], params[i].numel() // params[i].shape[0]) for i in self._matrices}
         self._ranks = {i: min(rank, *self._shapes[i]) for i in self._matrices}
         generator = torch.Generator().manual_seed(SEED)
-        self._warm = {i: torch.randn(self._shapes[i][1], self._ranks[i], generator=generator)
-                      .to(params[i].device, torch.float32) for i in self._matrices}
+        self._bases = {i: torch.linalg.qr(torch.randn(self._shapes[i][0], self._ranks[i], generator=generator)).Q
+                       .to(params[i].device, torch.float32) for i in self._matrices}
+        self._power: torch.Tensor | None = None  # this step's M A, which advance() all-reduces
 
     def __call__(self, slots: list[torch.Tensor]) -> RingReport:
+        """Steps 1 and 2: what the next forward pass waits for."""
         report = RingReport()
-        matrices = {i: slots[i].reshape(self._shapes[i]).float() for i in self._matrices}
+        matrices = [slots[i].reshape(self._shapes[i]).float() for i in self._matrices]
+        own = [m.T @ self._bases[i] for i, m in zip(self._matrices, matrices)]
         # Step 1
-        first = self._flat([matrices[i] @ self._warm[i] for i in self._matrices] +
-                           [slots[i].reshape(-1).float() for i in self._vectors])
+        first = self._flat(own + [slots[i].reshape(-1).float() for i in self._vectors])
         if first.numel():
             report.add(backend_allreduce_(first, self._topology, "mean"))
-        projected = self._split(first, [(self._shapes[i][0], self._ranks[i]) for i in self._matrices])
+        averaged = self._split(first, [(self._shapes[i][1], self._ranks[i]) for i in self._matrices])
+        # Step 3's input, from the own gradient before step 2 overwrites it
+        self._power = self._flat([m @ a for m, a in zip(matrices, averaged)])
         # Step 2
-        bases = [torch.linalg.qr(p).Q for p in projected]
-        offset = sum(p.numel() for p in projected)
+        offset = sum(a.numel() for a in averaged)
         for i in self._vectors:
             slots[i].copy_(first[offset:offset + slots[i].numel()].view_as(slots[i]))
             offset += slots[i].numel()
-        # Step 3
-        own = [matrices[i].T @ u for i, u in zip(self._matrices, bases)]
-        second = self._flat(own)
-        if second.numel():  # the same on every rank: no matrix, no second all-reduce
-            report.add(backend_allreduce_(second, self._topology, "mean"))
-        averaged = self._split(second, [(self._shapes[i][1], self._ranks[i]) for i in self._matrices])
-        # Step 4
-        for i, u, mine, theirs in zip(self._matrices, bases, own, averaged):
-            slots[i].add_((u @ (theirs - mine).T).view_as(slots[i]).to(slots[i].dtype))
-            self._warm[i] = theirs
+        for i, mine, theirs in zip(self._matrices, own, averaged):
+            slots[i].add_((self._bases[i] @ (theirs - mine).T).view_as(slots[i]).to(slots[i].dtype))
+        return report
+
+    def advance(self) -> RingReport:
+        """Step 3: the next step's subspace, off the critical path (after the stand-in is signalled)."""
+        report, power, self._power = RingReport(), self._power, None
+        if power is None or not power.numel():  # the same on every rank: no matrix, no all-reduce
+            return report
+        report.add(backend_allreduce_(power, self._topology, "mean"))
+        if not bool(torch.isfinite(power).all()):  # an overflowed step (GradScaler skips it): keep the subspace
+            return report
+        for i, p in zip(self._matrices, self._split(power, [(self._shapes[i][0], self._ranks[i])
+                                                             for i in self._matrices])):
+            self._bases[i] = torch.linalg.qr(p).Q
         return report
 
     @staticmethod
@@ -83,18 +95,23 @@ class LowRankFill:
 
     @property
     def memory_bytes(self) -> int:
-        return sum(q.numel() * q.element_size() for q in self._warm.values())
+        """The bases and one step's M A (each rows x rank per matrix, fp32)."""
+        return 2 * sum(u.numel() * u.element_size() for u in self._bases.values())
 
     def state_dict(self) -> dict:
-        """The warm start: identical on every rank, so any rank's is every rank's."""
-        return {"warm": [self._warm[i].cpu().clone() for i in self._matrices]}
+        """The subspace: identical on every rank, so any rank's is every rank's."""
+        return {"basis": [self._bases[i].cpu().clone() for i in self._matrices]}
 
     def load_state_dict(self, state: dict | None) -> None:
         if not state:
             return
-        warm = state.get("warm") or []
-        if len(warm) != len(self._matrices) or any(w.shape != self._warm[i].shape
-                                                    for w, i in zip(warm, self._matrices)):
-            raise ValueError("the low-rank stand-in's saved warm start does not match this model's matrices")
-        for w, i in zip(warm, self._matrices):
-            self._warm[i] = w.to(self._warm[i].device, torch.float32)
+        if "basis" not in state and "warm" in state:  # saved by the two-all-reduce form (before 2026-11-27)
+            warnings.warn("the low-rank stand-in's saved state is the earlier form's warm start: the subspace starts "
+                          "afresh, so this resumed run does not repeat the uninterrupted one exactly", stacklevel=2)
+            return
+        bases = state.get("basis") or []
+        if len(bases) != len(self._matrices) or any(u.shape != self._bases[i].shape
+                                                     for u, i in zip(bases, self._matrices)):
+            raise ValueError("the low-rank stand-in's saved subspace does not match this model's matrices")
+        for u, i in zip(bases, self._matrices):
+            self._bases[i] = u.to(self._bases[i].device, torch.float32)
