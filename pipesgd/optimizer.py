@@ -42,7 +42,7 @@ from pipesgd.grads.buffers import BufferSync
 from pipesgd.grads.bucket_sets import BucketSets
 from pipesgd.grads.buckets import build_buckets
 from pipesgd.comm.channel import open_private_channel, private_group
-from pipesgd.defaults import BUCKET_MB, GRADIENT_AS_BUCKET_VIEW, STALENESS, WARMUP_STEPS
+from pipesgd.defaults import BUCKET_MB, GRADIENT_AS_BUCKET_VIEW, STALENESS, WARMUP_STEPS, resolve_lookahead_standin
 from pipesgd.comm.exchange import ExchangeResult
 from pipesgd.comm.groups import require_group
 from pipesgd.init_sync import sync_initial_state
@@ -89,7 +89,7 @@ class PipeSGD:
         staleness: str = STALENESS,
         auto_recheck_every: int = 0,
         lookahead_reach: float = 1.0,
-        lookahead_standin: str = "local",
+        lookahead_standin: str = "auto",
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"PipeSGD wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -389,9 +389,10 @@ class PipeSGD:
             hook.remove()
         self._lookahead, self._lookahead_hooks, self._coarse = None, [], None
         if self.options.staleness == "lookahead" and width > 1:
-            standin = self.options.lookahead_standin
+            standin = resolve_lookahead_standin(self.options.lookahead_standin, type(self.optimizer).__mro__)
             if standin != "local" and self._channel.size > 1:  # alone: the own gradient is the average
-                self._coarse = CoarseAverage(standin, self._buckets, self._params, self._channel.topology, self._device)
+                self._coarse = CoarseAverage(standin, self._buckets, self._params, self._channel.topology, self._device,
+                                             width)
             self._lookahead = Lookahead(self.optimizer, self._params, width, self.options.max_grad_norm,
                                         skip_nonfinite=self.options.nonfinite == "skip",
                                         reach=self.options.lookahead_reach)

@@ -45,7 +45,7 @@ class PipeSGDOptions:
     # flight will produce.
     lookahead_reach: float = 1.0
     # What stands in for the averages in flight (pipesgd.defaults.LOOKAHEAD_STANDINS; pipesgd.delay.coarse).
-    lookahead_standin: str = "local"
+    lookahead_standin: str = "auto"
     # Codec on every ring hop (pipesgd.compression registry name and its options); "auto": chosen at the end of
     # the warm-up from what it measured (pipesgd.auto), uncompressed until then.
     compression: str = "none"
@@ -91,7 +91,7 @@ class PipeSGDOptions:
             raise ValueError(f"lookahead_reach applies to staleness='lookahead' only, not {self.staleness!r}")
         if self.lookahead_standin not in LOOKAHEAD_STANDINS:
             raise ValueError(f"lookahead_standin must be one of {LOOKAHEAD_STANDINS}, got {self.lookahead_standin!r}")
-        if self.lookahead_standin != "local" and self.staleness != "lookahead":
+        if self.lookahead_standin not in ("auto", "local") and self.staleness != "lookahead":
             raise ValueError(f"lookahead_standin applies to staleness='lookahead' only, not {self.staleness!r}")
         if self.nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {self.nonfinite!r}")

@@ -100,7 +100,7 @@ def test_a_resumed_run_repeats_the_uninterrupted_one_and_differs_from_the_local_
     resumed = run_ranks(resumable, 2, path, True, dict(lookahead_standin=standin))
     for want, got in zip(uninterrupted, resumed):
         assert all(torch.equal(g, w) for g, w in zip(got, want))
-    local = run_ranks(resumable, 2, str(tmp_path / "local"), False, {})
+    local = run_ranks(resumable, 2, str(tmp_path / "local"), False, dict(lookahead_standin="local"))
     assert not all(torch.equal(a, b) for a, b in zip(local[0], uninterrupted[0]))  # the option acts
 
 
@@ -138,7 +138,7 @@ def test_the_trainer_names_the_stand_in_in_its_summary_and_its_config():
     assert pipe_staleness(cfg) == ", staleness lookahead (coarse-q8 stand-in)"
     assert pipe_staleness(resolve(["--lookahead-standin", "coarse-q4", "--lookahead-reach", "1.2"])) == \
         ", staleness lookahead (reach 1.2, coarse-q4 stand-in)"
-    assert resolve([]).lookahead_standin == "local"
+    assert resolve([]).lookahead_standin == "auto"
 
 
 def _scaled(rank: int, world: int) -> list[torch.Tensor]:

@@ -2,7 +2,7 @@
 gradient with every rank's average in a shared rank-4 subspace of each weight matrix. The stand-ins average to the
 exact average and each is nearer it than the own gradient; a matrix of rank at most 4 and every vector stand in
 exactly; the subspace follows the average; the master weights stay identical; a rank that runs out of data is named;
-at world size 1 nothing changes. (A resumed run repeats the uninterrupted one, its subspace saved:
+at world size 1 nothing changes. It is the default ("auto") under Adam and AdamW, the own gradient under others. (A resumed run repeats the uninterrupted one, its subspace saved:
 ``tests/test_lookahead_coarse.py``.)"""
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipesgd import PipeSGD
 from pipesgd.comm.topology import RingTopology
+from pipesgd.defaults import resolve_lookahead_standin
 from pipesgd.delay.lowrank import LowRankFill
 from pipesgd.train.flags import resolve
 from pipesgd.train.metrics import pipe_staleness
@@ -19,6 +21,8 @@ from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
 from tests.test_lookahead import _run
 from tests.test_lookahead_coarse import _replicas, _standins
+from tests.test_lookahead_reach import _train
+from tests.test_pipesgd import make_model, snapshot
 from tests.test_uneven import TIMEOUT_S, _uneven
 
 STANDIN = "coarse-lowrank"
@@ -137,3 +141,39 @@ def test_a_model_of_vectors_only_stands_in_with_their_average(process_group):  #
     slots = [torch.arange(4.0)]
     report = fill(slots)
     assert torch.equal(slots[0], torch.arange(4.0)) and report.bytes_sent == 0  # world size 1: nothing sent
+
+
+class _MyAdamW(torch.optim.AdamW):
+    pass
+
+
+@pytest.mark.parametrize("optimizer, want", [(torch.optim.AdamW, STANDIN), (torch.optim.Adam, STANDIN),
+                                             (_MyAdamW, STANDIN), (torch.optim.SGD, "local"),
+                                             (torch.optim.RMSprop, "local")])
+def test_auto_is_the_low_rank_stand_in_under_adam_and_adamw_and_the_own_gradient_otherwise(optimizer, want):
+    assert resolve_lookahead_standin("auto", optimizer.__mro__) == want
+    assert resolve_lookahead_standin("coarse-q8", optimizer.__mro__) == "coarse-q8"  # a choice is kept
+    name = optimizer.__name__.lower()
+    if name in ("sgd", "adam", "adamw"):  # the trainer's summary line names what "auto" chose
+        cfg = resolve(["--mode", "pipe", "--width", "2", "--optimizer", name])
+        assert cfg.lookahead_standin == "auto"
+        assert pipe_staleness(cfg) == ", staleness lookahead" + (f" ({want} stand-in)" if want != "local" else "")
+
+
+def _weights(rank: int, world: int, optimizer: type, options: dict) -> list[torch.Tensor]:
+    model = make_model()
+    opt = PipeSGD(optimizer(model.parameters(), lr=0.01), model, width=2, warmup_steps=1, **options)
+    _train(model, opt, range(6), rank)
+    opt.flush()
+    opt.close()
+    return snapshot(model)
+
+
+@pytest.mark.parametrize("optimizer, same, other", [(torch.optim.AdamW, STANDIN, "local"),
+                                                     (torch.optim.SGD, "local", STANDIN)])
+def test_the_default_stand_in_is_the_one_auto_names(optimizer, same, other):
+    default = run_ranks(_weights, 2, optimizer, {})[0]
+    assert all(torch.equal(a, b) for a, b in zip(default, run_ranks(_weights, 2, optimizer,
+                                                                    dict(lookahead_standin=same))[0]))
+    assert not all(torch.equal(a, b) for a, b in zip(default, run_ranks(_weights, 2, optimizer,
+                                                                        dict(lookahead_standin=other))[0]))

@@ -40,7 +40,7 @@ from pipesgd.compression import build
 from pipesgd.defaults import resolve_allreduce
 from pipesgd.grads.bucket_sets import BucketSet
 from pipesgd.grads.buckets import Bucket
-from pipesgd.delay.lowrank import LowRankFill
+from pipesgd.delay.lowrank import RANK, LowRankFill
 
 # A stand-in's codec, by its name (pipesgd.defaults.LOOKAHEAD_STANDINS). Nothing coarser than q4: a 1-bit sign
 # average cost more than the own gradient in simulation (+17.7 %, experiments/results/staleness_sim/report.md).
@@ -66,9 +66,9 @@ class CoarseAverage:
     """Adds the coarse all-reduce of a copy of the buckets in front of a step's job (``wrap``)."""
 
     def __init__(self, standin: str, buckets: list[Bucket], params: list[torch.Tensor], topology: RingTopology,
-                 device: torch.device) -> None:
+                 device: torch.device, width: int = 2) -> None:
         self.late = standin in LATE
-        self._lowrank = LowRankFill(params, topology) if standin == LOWRANK else None
+        self._lowrank = LowRankFill(params, topology, RANK * (width - 1)) if standin == LOWRANK else None
         self._exchange = None if self._lowrank is not None else GradientExchange(
             topology, build(CODECS[standin]),  # round to nearest: no random state to keep across a resume
             resolve_allreduce("auto", False, topology.stages(device)))

@@ -19,8 +19,8 @@ from pipesgd.runlog.atomic import write_text_atomic
 from pipesgd.baselines.ddp import DDP_HOOKS
 from pipesgd.grads.buffers import BUFFER_MODES
 from pipesgd.options import MAX_LOOKAHEAD_REACH
-from pipesgd.defaults import (BUCKET_MB, LOOKAHEAD_STANDINS, NEEDS_ERROR_FEEDBACK, STALENESS, STALENESS_MODES,
-                              WARMUP_STEPS)
+from pipesgd.defaults import (BUCKET_MB, LOOKAHEAD_STANDIN, LOOKAHEAD_STANDINS, NEEDS_ERROR_FEEDBACK, STALENESS,
+                              STALENESS_MODES, WARMUP_STEPS)
 from pipesgd.runlog.trace import parse_steps
 
 from .data import DATASETS, DATASETS_WITH_DIR, TOKEN_DATASETS
@@ -67,14 +67,15 @@ class TrainConfig:
     lookahead_reach: float = _field(1.0, "--staleness lookahead: move the weights this many times the displacement "
                                     "of the steps in flight (1: to the weights they will produce; 1.2 closed the "
                                     "AdamW gap at width 2 in our study, docs/training.md; at most 2)")
-    lookahead_standin: str = _field("local", "--staleness lookahead: what stands in for the averages in flight: local "
-                                    "= this rank's own gradients (free); coarse-q8, coarse-q4 = every rank's "
-                                    "averaged in q8 or q4 before the exact exchange (an all-reduce per step that "
-                                    "the next forward waits for; coarse-q8 closed AdamW's gap at width 3, "
-                                    "docs/training.md); local-then-q8 = the own gradients for the newest step, "
-                                    "the q8 average for the older ones (width >= 3, no wait); coarse-lowrank = the "
-                                    "own gradients with every rank's average in a shared rank-4 subspace of each "
-                                    "weight matrix (two small all-reduces the next forward waits for)",
+    lookahead_standin: str = _field(LOOKAHEAD_STANDIN, "--staleness lookahead: what stands in for the averages in "
+                                    "flight: auto = coarse-lowrank under adam/adamw, local otherwise; local = this "
+                                    "rank's own gradients (free); coarse-q8, coarse-q4 = every rank's averaged in q8 "
+                                    "or q4 before the exact exchange (an all-reduce per step that the next forward "
+                                    "waits for; coarse-q8 closed AdamW's gap at width 3, docs/training.md); "
+                                    "local-then-q8 = the own gradients for the newest step, the q8 average for the "
+                                    "older ones (width >= 3, no wait); coarse-lowrank = the own gradients with every "
+                                    "rank's average in a shared subspace of each weight matrix (rank 4 per step in "
+                                    "flight; one small all-reduce the next forward waits for)",
                                     lambda: LOOKAHEAD_STANDINS)
     compression: str = _field("none", "codec on every ring hop (pipe/sync only); auto: chosen at the end of the "
                               "warm-up from what it measured (compute, the link, each codec's speed)",
@@ -258,7 +259,7 @@ class TrainConfig:
             raise ConfigError(f"--lookahead-reach must be in (0, {MAX_LOOKAHEAD_REACH:g}] (got {self.lookahead_reach})")
         if self.lookahead_reach != 1.0 and (self.mode != "pipe" or self.staleness != "lookahead"):
             raise ConfigError("--lookahead-reach applies to --mode pipe with --staleness lookahead only")
-        if self.lookahead_standin != "local" and (self.mode != "pipe" or self.staleness != "lookahead"):
+        if self.lookahead_standin not in ("auto", "local") and (self.mode != "pipe" or self.staleness != "lookahead"):
             raise ConfigError("--lookahead-standin applies to --mode pipe with --staleness lookahead only")
         if self.allreduce != "auto" and self.mode not in ("pipe", "sync"):
             raise ConfigError(f"--allreduce applies to --mode pipe or sync only, not {self.mode}")

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, fields
 from typing import IO, Any
 
 from pipesgd.accounting import StepStats
+from pipesgd.defaults import resolve_lookahead_standin
 from pipesgd.runlog.run_files import metrics_path
 
 from .checkpoint import Position
@@ -181,8 +182,9 @@ def pipe_staleness(cfg: TrainConfig) -> str:
     other than 1 ", staleness lookahead (reach 1.2)", with a coarse stand-in "(coarse-q8 stand-in)"."""
     if cfg.mode != "pipe" or cfg.effective_width == 1:
         return ""
+    standin = resolve_lookahead_standin(cfg.lookahead_standin, [cfg.optimizer])  # "auto": by the optimizer
     notes = ([f"reach {cfg.lookahead_reach:g}"] if cfg.lookahead_reach != 1.0 else []) + \
-        ([f"{cfg.lookahead_standin} stand-in"] if cfg.lookahead_standin != "local" else [])
+        ([f"{standin} stand-in"] if standin != "local" else [])
     return f", staleness {cfg.staleness}" + (f" ({', '.join(notes)})" if notes else "")
 
 
