@@ -68,14 +68,13 @@ class TrainConfig:
                                     "of the steps in flight (1: to the weights they will produce; 1.2 closed the "
                                     "AdamW gap at width 2 in our study, docs/training.md; at most 2)")
     lookahead_standin: str = _field(LOOKAHEAD_STANDIN, "--staleness lookahead: what stands in for the averages in "
-                                    "flight: auto = coarse-lowrank under adam/adamw, local otherwise; local = this "
-                                    "rank's own gradients (free); coarse-q8, coarse-q4 = every rank's averaged in q8 "
-                                    "or q4 before the exact exchange (an all-reduce per step that the next forward "
-                                    "waits for; coarse-q8 closed AdamW's gap at width 3, docs/training.md); "
-                                    "local-then-q8 = the own gradients for the newest step, the q8 average for the "
-                                    "older ones (width >= 3, no wait); coarse-lowrank = the own gradients with every "
-                                    "rank's average in a shared subspace of each weight matrix (rank 4 per step in "
-                                    "flight; one small all-reduce the next forward waits for)",
+                                    "flight (docs/training.md): auto = coarse-lowrank under adam and adamw, local "
+                                    "otherwise; local = this rank's own gradients (free); coarse-lowrank = the own "
+                                    "gradients with every rank's average in a shared low-rank subspace of each "
+                                    "weight matrix (one small all-reduce the next forward waits for); coarse-q8, "
+                                    "coarse-q4 = every rank's averaged in q8 or q4 (one all-reduce the next forward "
+                                    "waits for); local-then-q8 = the own gradients for the newest step, the q8 "
+                                    "average for the older ones (width 3 and up, no wait)",
                                     lambda: LOOKAHEAD_STANDINS)
     compression: str = _field("none", "codec on every ring hop (pipe/sync only); auto: chosen at the end of the "
                               "warm-up from what it measured (compute, the link, each codec's speed)",
