@@ -21,7 +21,9 @@ CHARLM_TIME_CONFIG = "experiments/configs/charlm_time.toml"
 
 
 def test_variants_are_the_flags_the_experiments_ran():
-    assert trainer_flags("pipe+q8") == ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback"]
+    # the own gradient named: what "auto" picks under SGD, and what the GPT's committed "pipe" rows ran with
+    assert trainer_flags("pipe+q8") == ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback",
+                                        "--lookahead-standin", "local"]
     assert trainer_flags("ddp+fp16") == ["--mode", "ddp", "--ddp-hook", "fp16"]
     assert trainer_flags("sync+bf16") == ["--mode", "sync", "--compression", "bf16"]
     assert SPEED_VARIANTS == ACCURACY_VARIANTS == ("sync", "pipe", "pipe+bf16", "pipe+q8", "ddp", "ddp+fp16")
@@ -33,7 +35,8 @@ def test_variants_are_the_flags_the_experiments_ran():
         AUTO_CHOICE_VARIANTS) | set(COARSE_VARIANTS) | set(CHARLM_TIME_VARIANTS) == set(TRAINER_FLAGS)
     assert tuple(load_config(COARSE_CONFIG).variants) == COARSE_VARIANTS
     assert tuple(load_config(CHARLM_TIME_CONFIG).variants) == CHARLM_TIME_VARIANTS
-    assert trainer_flags("pipe+q8+reach")[-2:] == ["--lookahead-reach", "1.2"]
+    assert trainer_flags("pipe+q8+reach")[-4:] == ["--lookahead-reach", "1.2", "--lookahead-standin", "local"]
+    assert trainer_flags("pipe+q8+lowrank")[-2:] == ["--lookahead-standin", "coarse-lowrank"]
     assert trainer_flags("pipe+auto") == ["--mode", "pipe", "--width", "2", "--compression", "auto"]
     assert tuple(load_config(AUTO_CHOICE_CONFIG).variants) == AUTO_CHOICE_VARIANTS
     assert trainer_flags("pipe+sign") == ["--mode", "pipe", "--width", "2", "--compression", "sign", "--error-feedback"]

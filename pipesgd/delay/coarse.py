@@ -11,9 +11,10 @@ codecs' exchange; no error feedback: a stand-in is used and dropped, nothing is 
 result at once on its own handle, then runs the exact exchange as before. The result is identical on every rank, so
 a checkpoint may keep it.
 
-"coarse-lowrank": not a codec but the own gradient with every rank's average in a shared rank-4 subspace of each
-weight matrix (``pipesgd.delay.lowrank``: about a twentieth of the bytes on a small GPT, in two small all-reduces of
-which the stand-in waits for one; the other moves the subspace on after the signal).
+"coarse-lowrank" (the "auto" stand-in under Adam and AdamW): not a codec but the own gradient with every rank's
+average in a shared subspace of each weight matrix, rank 4 per step in flight (``pipesgd.delay.lowrank``: about a
+twentieth of the bytes on a small GPT, in two small all-reduces of which the stand-in waits for one; the other moves
+the subspace on after the signal).
 
 "local-then-q8" (width 3 and more): the same q8 average, but standing in only for the older steps in flight; the
 newest keeps the own gradient, so no forward pass waits for step t's average (it arrives during step t+1's compute).

@@ -24,7 +24,9 @@ optimizer's rule: SGD's, Adam's and AdamW's written out in foreach operations (`
 ``pipesgd.delay.adam_rule``), any other optimizer's as a copy of its state and a step of a replica (reported as
 ``StepStats.t_lookahead_s``).
 
-Stand-in (``PipeSGD(lookahead_standin=...)``): "local", this rank's own gradients, as above; "coarse-q8" or
+Stand-in (``PipeSGD(lookahead_standin=...)``; "auto", the default, is "coarse-lowrank" under Adam and AdamW and
+"local" otherwise): "local", this rank's own gradients, as above; "coarse-lowrank" (``pipesgd.delay.lowrank``), the
+own gradients with every rank's average in a shared low-rank subspace; "coarse-q8" or
 "coarse-q4", every rank's gradients averaged with that codec on the channel's worker before the exact exchange
 (``pipesgd.delay.coarse``), recorded as a handle and used in place once the next forward needs it (its wait is
 reported as communication, ``StepStats.t_wait_s``): it removes what the own gradient leaves, each rank's reaction to
