@@ -247,7 +247,8 @@ def _lookahead_ranks(rank: int, world: int):
     for width, warmup, kind in SCENARIOS:
         model = make_model()
         inner, sched = make_optimizer(kind, model)
-        opt = PipeSGD(inner, model, width=width, warmup_steps=warmup, check_replicas_every=1)
+        opt = PipeSGD(inner, model, width=width, warmup_steps=warmup, check_replicas_every=1,
+                      lookahead_standin="local")  # the reference's stand-in (under Adam "auto" picks another)
         trajectory = []
         for t in range(STEPS):
             _loss(model, t, rank).backward()

@@ -141,26 +141,29 @@ def test_the_trainer_names_the_stand_in_in_its_summary_and_its_config():
     assert resolve([]).lookahead_standin == "auto"
 
 
-def _scaled(rank: int, world: int) -> list[torch.Tensor]:
-    """fp16-style loss scaling with an overflow on one rank at step 4 (the scaler skips it and backs off), under the
-    coarse stand-in: the stand-in of step 4 is non-finite on every rank."""
+def _scaled(rank: int, world: int, standin: str = "coarse-q8") -> list[torch.Tensor]:
+    """fp16-style loss scaling with an overflow on one rank at step 4 (the scaler skips it and backs off), under a
+    coarse stand-in: the stand-in of step 4 is non-finite on every rank (the low-rank one keeps its subspace)."""
     model = make_model(torch.float32)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model, width=2, warmup_steps=1,
-                  grad_scaler=scaler, lookahead_standin="coarse-q8", check_replicas_every=1)
+                  grad_scaler=scaler, lookahead_standin=standin, check_replicas_every=1)
     skipped = 0
     for t in range(10):
         scaler.scale(_loss(model, t, rank) * (float("inf") if (t, rank) == (4, 1) else 1.0)).backward()
         skipped += bool(opt.step().skipped_nonfinite)
         opt.zero_grad()
     opt.flush()
+    kept = (opt.state_dict()["standin"] or {}).get("basis", [])  # the low-rank stand-in's subspace
     opt.close()
     assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert all(torch.isfinite(u).all() for u in kept)  # later stand-ins finite: the overflow left it alone
     return snapshot(model), skipped, scaler.get_scale()
 
 
-def test_under_loss_scaling_overflowing_stand_ins_are_skipped_and_replicas_stay_identical():
-    (first, skipped, scale), (second, _, _) = run_ranks(_scaled, 2)
+@pytest.mark.parametrize("standin", ["coarse-q8", "coarse-lowrank"])
+def test_under_loss_scaling_overflowing_stand_ins_are_skipped_and_replicas_stay_identical(standin):
+    (first, skipped, scale), (second, _, _) = run_ranks(_scaled, 2, standin)
     assert skipped == 1 and scale != 2.0**10  # step 4's overflow skipped; the scale backed off and regrew
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
