@@ -3,7 +3,8 @@
 #   run (device tool): command "bash experiments/gpu_next.sh 300", timeout_s 330; the results come back packed in
 #   $OUT/gpu13.tgz (one folder per step, each step's log, steps.txt with each step's time and exit code).
 # The look-ahead stand-ins that wait for an exchange of the step just taken (coarse-q8, coarse-lowrank) beside the
-# own gradient, in training and in the check; the gather rows again. One call:
+# own gradient, in training and in the check; the gather rows again. Not yet run since coarse-lowrank became the
+# one-all-reduce form (2026-11-27; its check row is the first CUDA run of it). One call:
 # under MPS the gloo-CUDA check (stand-in rows added) and the speed table of all three models; then, without MPS,
 # NCCL at world size 1. A step that no longer fits the budget (first argument, seconds) is skipped and says so.
 # Installs with --no-build-isolation (no network for build dependencies) and runs from the checkout either way
