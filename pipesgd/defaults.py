@@ -56,9 +56,9 @@ STALENESS = "lookahead"
 # but waiting for it cost more time than synchronous q8 all-reduce. "local-then-q8": the own gradients for the newest
 # step in flight, the q8 average for the older ones (it arrives during a compute phase: no forward waits for it);
 # width 3 and more (at width 2 it is "local"). "coarse-lowrank": the own gradients with every rank's average in a
-# shared rank-4 subspace of each weight matrix (pipesgd.delay.lowrank: one small all-reduce the next forward waits
-# for and one after it, about a twentieth of the uncompressed bytes on the GPT; in simulation as good as the q4
-# average of all).
+# shared subspace of each weight matrix, rank 4 per step in flight (pipesgd.delay.lowrank: one small all-reduce the
+# next forward waits for and one after it, about a twentieth of the uncompressed bytes on the GPT; in simulation as
+# good as the q4 average of all).
 # "auto" (the default): "coarse-lowrank" under Adam and AdamW, where the own gradients' error costs most (the GPT:
 # +1.8 % at width 2, against +0.5 % with the low-rank stand-in), "local" under any other optimizer (momentum SGD:
 # within a seed spread of width 1 with the own gradients, and nothing to wait for).

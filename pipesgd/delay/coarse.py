@@ -67,7 +67,7 @@ class CoarseAverage:
     """Adds the coarse all-reduce of a copy of the buckets in front of a step's job (``wrap``)."""
 
     def __init__(self, standin: str, buckets: list[Bucket], params: list[torch.Tensor], topology: RingTopology,
-                 device: torch.device, width: int = 2) -> None:
+                 device: torch.device, width: int) -> None:
         self.late = standin in LATE
         self._lowrank = LowRankFill(params, topology, RANK * (width - 1)) if standin == LOWRANK else None
         self._exchange = None if self._lowrank is not None else GradientExchange(
