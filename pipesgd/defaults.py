@@ -64,16 +64,36 @@ STALENESS = "lookahead"
 # within a seed spread of width 1 with the own gradients, and nothing to wait for).
 LOOKAHEAD_STANDINS = ("auto", "local", "coarse-q8", "coarse-q4", "local-then-q8", "coarse-lowrank")
 LOOKAHEAD_STANDIN = "auto"  # PipeSGD's and the trainer's default
-SHARED_STANDIN_OPTIMIZERS = ("adam", "adamw")  # torch.optim.Adam, AdamW and their subclasses; the trainer's names
+ADAM_FAMILY = ("adam", "adamw")  # torch.optim.Adam, AdamW and their subclasses; the trainer's names
+
+
+def is_adam_family(optimizer: tuple | list) -> bool:
+    """Whether an optimizer known by its class and base classes (``__mro__``) or by the trainer's ``--optimizer``
+    name (a one-element list) is Adam or AdamW."""
+    return any(str(getattr(c, "__name__", c)).lower() in ADAM_FAMILY for c in optimizer)
 
 
 def resolve_lookahead_standin(standin: str, optimizer: tuple | list) -> str:
-    """The stand-in that ``standin`` names for an optimizer known by its class and base classes (``__mro__``) or by
-    the trainer's ``--optimizer`` name (a one-element list): "auto" made concrete, any other choice kept."""
+    """The stand-in that ``standin`` names for an optimizer (``is_adam_family``'s argument): "auto" made concrete,
+    any other choice kept."""
     if standin != "auto":
         return standin
-    shared = any(str(getattr(c, "__name__", c)).lower() in SHARED_STANDIN_OPTIMIZERS for c in optimizer)
-    return "coarse-lowrank" if shared else "local"
+    return "coarse-lowrank" if is_adam_family(optimizer) else "local"
+
+
+# Error feedback where compression="auto" chooses the codec (pipesgd.auto): with q8 and q4 under momentum SGD (the
+# ladder of timing_model.recommend; q4 and sign lose accuracy without it), none under Adam and AdamW. On the AdamW
+# GPT at width 2 with look-ahead it cost accuracy with either codec: q8 +0.7 % of width 1's validation loss without
+# it, +1.1 % with it (six seeds; 5 of 6 worse with it), q4 +2.4 % and +5.2 % (3 of 3) (experiments/results/accuracy).
+# (1-bit Adam and Bagua's QAdam freeze Adam's second moment before compressing with error compensation: Adam depends
+# on the gradient non-linearly.) A user who names the codec sets error_feedback as given.
+AUTO_FEEDBACK_NOTE = "no error feedback under Adam/AdamW (it cost the GPT accuracy under look-ahead)"
+
+
+def auto_error_feedback(optimizer: tuple | list) -> bool | None:
+    """compression="auto"'s error feedback for an optimizer (``is_adam_family``'s argument): False under Adam and
+    AdamW, None (the ladder's choice) under any other."""
+    return False if is_adam_family(optimizer) else None
 
 # How long the end of a script waits for a background ring still in flight (pipesgd.lifecycle) before it leaves the
 # thread running: the rings of every rank finish together unless a peer stopped answering.

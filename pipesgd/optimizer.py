@@ -153,7 +153,7 @@ class PipeSGD:
         # width or compression "auto": the warm-up times itself, and its last step chooses (pipesgd.auto).
         self._auto = None
         if auto.AUTO in (width, compression):
-            knobs = auto.Knobs.of(width, compression, error_feedback)
+            knobs = auto.Knobs.of(width, compression, error_feedback, type(optimizer).__mro__)
             trial = (self.options.allreduce == "auto" and self._channel.size > 1  # where the rule says exchange
                      and not self._channel.topology.stages(self._device))
             self._auto = auto.AutoConfig(self._buckets, knobs, warmup_steps, user_group, auto_recheck_every,

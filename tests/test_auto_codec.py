@@ -40,6 +40,22 @@ def test_the_decision_from_measurements(measured, width, want):
     assert "measured: compute 100 ms per step" in choice["reason"] and choice["measured"] == measured
 
 
+class _MyAdamW(torch.optim.AdamW):
+    pass
+
+
+@pytest.mark.parametrize("optimizer, feedback", [
+    (torch.optim.SGD, None), (torch.optim.Adam, False), (torch.optim.AdamW, False), (_MyAdamW, False)])
+def test_under_adam_and_adamw_the_chosen_codec_goes_without_error_feedback(optimizer, feedback):
+    knobs = auto.Knobs.of(2, "auto", False, optimizer.__mro__)
+    assert knobs.error_feedback is feedback and (knobs.compression, knobs.width) == (None, 2)
+    choice = auto.decide(SLOW, nodes=4, grad_bytes=4e6, knobs=knobs)
+    assert (choice["compression"], choice["error_feedback"]) == ("q4", feedback is None)  # SGD: the ladder's q4 + ef
+    assert ("no error feedback under Adam/AdamW" in choice["reason"]) is (feedback is False)
+    # a codec the user names keeps the feedback the user gave it, whatever the optimizer
+    assert auto.Knobs.of("auto", "q8", True, optimizer.__mro__) == auto.Knobs(None, "q8", True)
+
+
 def test_the_link_terms_reproduce_both_measured_all_reduces():
     terms = auto.link_terms(SLOW, nodes=4, grad_bytes=4e6)
     for size, seconds in ((4e6, SLOW["comm_s"]), (4e6 / 64, SLOW["small_allreduce_s"])):
@@ -100,12 +116,12 @@ def _train(model: nn.Module, opt: PipeSGD, steps: range, rank: int = 0) -> list:
     return stats
 
 
-def _ranks_choose(rank: int, world: int) -> dict:
+def _ranks_choose(rank: int, world: int, optimizer=torch.optim.SGD) -> dict:
     # Each rank measures something else (rank 1 a fast link): the agreement takes the slowest.
     measured = FAST if rank else SLOW
     auto.measure = lambda numel, device, dtype, group, *_: {k: v for k, v in measured.items() if k != "compute_s"}
     model = _model()
-    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
+    opt = PipeSGD(optimizer(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
     _train(model, opt, range(WARMUP + 4), rank)
     opt.flush()
     opt.check_replicas()
@@ -118,6 +134,13 @@ def test_every_rank_reaches_the_same_choice_and_replicas_stay_identical():
     results = run_ranks(_ranks_choose, 2)
     assert results[0] == results[1]
     assert results[0]["compression"] in ("q8", "q4") and results[0]["error_feedback"]  # the slow link's numbers
+
+
+def test_the_wrapper_hands_its_optimizer_to_the_choice():
+    results = run_ranks(_ranks_choose, 2, torch.optim.AdamW)
+    assert results[0] == results[1]
+    assert results[0]["compression"] in ("q8", "q4") and not results[0]["error_feedback"]
+    assert "no error feedback under Adam/AdamW" in results[0]["choice"]["reason"]
 
 
 def _no_measuring(*_args, **_kwargs):

@@ -80,6 +80,16 @@ def test_the_cli_prints_the_decision_and_every_candidate(capsys):
     assert answer["choice"]["width"] == 3 and all(c["width"] == 3 for c in answer["candidates"])
 
 
+def test_the_cli_names_the_optimizer_for_the_feedback(capsys):
+    argv = ["recommend", "--nodes", "4", "--bandwidth", "100mbit", "--params", "1M", "--compute", "100ms"]
+    assert main([*argv, "--optimizer", "adamw"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("recommended: width 2, q4, two-collective exchange\nwhy: ")
+    assert "no error feedback under Adam/AdamW" in out and "| q4 | yes |" not in out
+    assert main([*argv, "--optimizer", "adam", "--compression", "q8", "--error-feedback"]) == 0  # named: kept
+    assert capsys.readouterr().out.startswith("recommended: width 2, q8 + error feedback")
+
+
 def test_the_cli_takes_a_calibration(capsys):
     assert main(["recommend", "--nodes", "4", "--bandwidth", "1gbit", "--params", "1M", "--compute", "100ms",
                  "--calibration", CALIBRATION]) == 0
@@ -121,6 +131,7 @@ def test_without_a_calibration_the_cluster_is_required(capsys, argv, needle):
     (["--compute", "100ms", "--max-width", "two"], "--max-width 'two'"),
     (["--compute", "100ms", "--compression", "zip"], "unknown compression 'zip'"),
     (["--compute", "100ms", "--width", "0"], "--width"),
+    (["--compute", "100ms", "--optimizer", "lion"], "invalid choice: 'lion'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, extra, needle):
     assert main(["recommend", "--nodes", "4", "--bandwidth", "100mbit", "--params", "1M", *extra]) == 2

@@ -40,6 +40,9 @@ TRAINER_FLAGS: dict[str, list[str]] = {  # variant name: pipesgd-train flags
     # the "auto" stand-in under AdamW)
     "pipe+q8+lowrank": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback",
                         "--lookahead-standin", "coarse-lowrank"],
+    # ... with q8 and no error feedback, which is what compression="auto" pairs with AdamW (pipesgd.defaults)
+    "pipe+q8-noef+lowrank": ["--mode", "pipe", "--width", "2", "--compression", "q8",
+                             "--lookahead-standin", "coarse-lowrank"],
     "pipe-w3+late": ["--mode", "pipe", "--width", "3", "--lookahead-standin", "local-then-q8"],  # no wait for it
     # the look-ahead reaching 1.2x the replayed displacement (charlm: -0.5 % at width 2; opt-in)
     "pipe+reach": ["--mode", "pipe", "--width", "2", "--lookahead-reach", "1.2", *_OWN],
@@ -72,7 +75,7 @@ COARSE_VARIANTS = ("ddp", "ddp+fp16", "pipe+q8", "pipe+q8+coarse", "pipe-w3", "p
                    "pipe", "pipe+coarse", "pipe+q8+coarse-q4", "pipe-w3+late")
 # AdamW's time to a target loss on the character GPT (experiments/configs/charlm_time.toml, issue 36)
 CHARLM_TIME_VARIANTS = ("ddp", "sync+q8", "pipe", "pipe+reach", "pipe+q8+reach", "pipe+coarse", "pipe+q8",
-                        "pipe+q8+lowrank")
+                        "pipe+q8+lowrank", "pipe+q8-noef+lowrank", "pipe+auto")
 PIPE_VARIANTS = ("pipe", "pipe+bf16", "pipe+q8", "pipe+sign", "pipe-w3")  # the Pipe-SGD side of the speedup tables
 # issue 39 (configs/auto_choice.toml): --compression auto against every codec it chooses among
 AUTO_CHOICE_VARIANTS = ("sync", "pipe", "pipe+bf16", "pipe+q8", "pipe+q4", "pipe+auto", "pipe-wauto+auto",

@@ -114,7 +114,7 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
               if measured.get("compute_spread_s") or measured.get("comm_cv") else "")
     reason = (f"{answer.reason}; measured: compute {measured['compute_s'] * 1e3:.3g} ms per step, an all-reduce of "
               f"the gradient ({codec_label(*measured_with)}) {measured['comm_s'] * 1e3:.3g} ms on {nodes} rank(s)"
-              f"{spread}")
+              f"{spread}{'; ' + knobs.feedback_note if knobs.feedback_note else ''}")
     return {"width": new.width, "compression": new.compression, "error_feedback": new.error_feedback,
             "reason": reason, "measured": dict(measured)}
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipesgd.defaults import AUTO_FEEDBACK_NOTE, auto_error_feedback
+
 AUTO = "auto"
 CANDIDATES = ("bf16", "q8", "q4")  # the lossy rungs of timing_model.recommend's ladder (sign only when asked)
 MAX_WIDTH = 3  # recommend's widest: the model never prefers a wider pipeline for speed alone
@@ -16,14 +18,18 @@ class Knobs:
 
     width: int | None
     compression: str | None
-    error_feedback: bool | None  # fixed with a named codec
+    error_feedback: bool | None  # fixed with a named codec, or for the optimizer (``of``)
+    feedback_note: str = ""  # why, when the optimizer fixed it (the choice's reason says so)
 
     @classmethod
-    def of(cls, width: int | str, compression: str, error_feedback: bool) -> "Knobs":
-        """From a wrapper's arguments, "auto" meaning left to the choice."""
-        named = compression != AUTO
-        return cls(None if width == AUTO else width, compression if named else None,
-                   error_feedback if named else None)
+    def of(cls, width: int | str, compression: str, error_feedback: bool, optimizer: tuple | list = ()) -> "Knobs":
+        """From a wrapper's arguments, "auto" meaning left to the choice; under ``compression="auto"`` the wrapped
+        optimizer (its ``__mro__``) may fix error feedback (``pipesgd.defaults.auto_error_feedback``)."""
+        width = None if width == AUTO else width
+        if compression != AUTO:
+            return cls(width, compression, error_feedback)
+        feedback = auto_error_feedback(optimizer)
+        return cls(width, None, feedback, AUTO_FEEDBACK_NOTE if feedback is not None else "")
 
     def measured_with(self) -> tuple[str, bool]:
         """The codec of the warm-up's exchanges: the user's, else none."""

@@ -5,6 +5,7 @@ import argparse
 import json
 
 from pipesgd.cli_conventions import UsageError
+from pipesgd.defaults import AUTO_FEEDBACK_NOTE, auto_error_feedback
 
 from ..predict import Scenario
 from ..recommend import HIDDEN_SHARE, recommend
@@ -40,6 +41,9 @@ def add_parser(sub) -> None:
     p.add_argument("--max-width", default="3", metavar="K", help="widest pipeline to consider (default 3)")
     p.add_argument("--allow-sign", action="store_true",
                    help="consider 1-bit sign + error feedback (it cost 14-40 accuracy points in the study)")
+    p.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd", metavar="NAME",
+                   help="the wrapped optimizer, sgd|adam|adamw (default sgd): under adam and adamw the codecs go "
+                        "without error feedback, as PipeSGD's compression='auto' picks them")
     p.add_argument("--format", choices=("markdown", "json"), default="markdown", metavar="FORMAT",
                    help="markdown|json (default markdown)")
 
@@ -61,13 +65,16 @@ def run(args: argparse.Namespace) -> str:
         raise UsageError("recommend needs --compute, the forward + backward time of one step (e.g. 120ms): "
                          "whether the all-reduce hides depends on it")
     feedback = True if args.error_feedback else None  # the flag can only fix it on
+    if fixed_codec is None and feedback is None:  # the codec is chosen: the optimizer may fix its feedback
+        feedback = auto_error_feedback([args.optimizer])
     scenario = Scenario.of(**fields)
     answer = recommend(scenario, lambda case: predict_modes(case, ("pipe",), calibration).result("pipe"),
                        max_width=max_width, allow_sign=args.allow_sign, width=fixed_width,
                        compression=fixed_codec, error_feedback=feedback)
     if args.format == "json":
         return json.dumps(answer.as_dict(), indent=2) + "\n"
-    lines = [f"recommended: {answer.choice.label}", f"why: {answer.reason}", "",
+    why = answer.reason + (f"; {AUTO_FEEDBACK_NOTE}" if fixed_codec is None and feedback is False else "")
+    lines = [f"recommended: {answer.choice.label}", f"why: {why}", "",
              "| width | compression | error feedback | all-reduce | iteration ms | exposed ms | hides |",
              "|---|---|---|---|---|---|---|"]
     for c in answer.candidates:
