@@ -8,7 +8,8 @@ the copies after training, each record carrying the wall clock of its copy. Why:
 evaluations made during the run counts every earlier evaluation's pause, and on a short run evaluated often those
 pauses are a large part of the clock; with copies the run pays a memory copy per point instead. The copy is taken
 after ``opt.step()`` and before the next forward pass, where every wrapper holds its applied (master) weights:
-look-ahead moves them only in the next differentiated forward.
+look-ahead moves them only in the next differentiated forward. The final evaluation, written after the copies', then
+carries the clock of the training's end (``flush()`` included), not of their evaluations.
 """
 from __future__ import annotations
 

@@ -171,10 +171,12 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
     opt.flush()  # the parameter server ends its protocol here and leaves every rank with the final weights
     if not leader:
         return None
+    trained_s = metrics.wall()  # the final weights' clock: with deferred points, the final record carries it
     accuracy, eval_loss = evaluate_now()
     for point, wall_s, point_accuracy, point_loss in evals.finish(model, evaluate_now):
-        metrics.write_eval(point, point_accuracy, point_loss, wall=wall_s)
-    metrics.write_eval(pos, accuracy, eval_loss)
+        metrics.write_eval(point, point_accuracy, point_loss, wall=wall_s, deferred=True)
+    # Written after the deferred points (in order), but at its own clock, not after their evaluations
+    metrics.write_eval(pos, accuracy, eval_loss, wall=trained_s if evals.deferred else None)
     return summarize(cfg, timings, pos, accuracy, eval_loss, world_size, strategy.num_workers)
 
 

@@ -110,10 +110,13 @@ class MetricsWriter:
         return self.write("step", step=pos.step, epoch=pos.epoch, rank=rank, mode=mode, loss=loss,
                           **times.as_metrics(), **stats.as_metrics())
 
-    def write_eval(self, pos: Position, accuracy: float, loss: float, wall: float | None = None) -> dict:
-        """An evaluation at ``pos``; ``wall``: when its weights were copied (``--eval-deferred``), else now."""
-        copied = {} if wall is None else {"wall": wall, "deferred": True}
-        return self.write("eval", step=pos.step, epoch=pos.epoch, accuracy=accuracy, loss=loss, **copied)
+    def write_eval(self, pos: Position, accuracy: float, loss: float, wall: float | None = None,
+                   deferred: bool = False) -> dict:
+        """An evaluation at ``pos``; ``wall``: the clock of its weights when not now (a copy evaluated after training,
+        ``deferred``, or the final weights of a run with such copies)."""
+        clock = {} if wall is None else {"wall": wall}
+        return self.write("eval", step=pos.step, epoch=pos.epoch, accuracy=accuracy, loss=loss, **clock,
+                          **({"deferred": True} if deferred else {}))
 
     def write_summary(self, summary: dict) -> dict:
         return self.write("summary", **summary)

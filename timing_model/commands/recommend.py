@@ -16,7 +16,8 @@ __all__ = ["USAGE", "DESCRIPTION", "add_parser", "run"]
 USAGE = ("%(prog)s --nodes N --bandwidth RATE --params COUNT --compute TIME [...]\n"
          "       %(prog)s --calibration FILE --params COUNT [--compute TIME] [...]")
 DESCRIPTION = ("Which Pipe-SGD width and gradient codec to run: the first, in an order of preference (width 1 "
-               "uncompressed, then width 2 and up with none, bf16, q8 + error feedback, q4 + error feedback), "
+               "uncompressed, then width 2 and up with none, bf16, q8 + error feedback, q4 + error feedback; without "
+               "error feedback under --optimizer adam or adamw), "
                f"whose all-reduce the model predicts hides behind the step (at most {HIDDEN_SHARE:.0%} of the "
                "iteration left exposed); else the first within 10% of the fastest. --width and --compression, when "
                "given, are kept. With --calibration FILE (from `pipesgd-timing calibrate`) the cluster comes from it: "
