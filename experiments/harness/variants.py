@@ -24,6 +24,7 @@ TRAINER_FLAGS: dict[str, list[str]] = {  # variant name: pipesgd-train flags
     # ... and chosen again every 20 steps from what the running configuration measured
     "pipe-wauto+auto+recheck": ["--mode", "pipe", "--width", "auto", "--compression", "auto",
                                 "--auto-recheck-every", "20"],
+    "pipe+auto+recheck": ["--mode", "pipe", "--width", "2", "--compression", "auto", "--auto-recheck-every", "20"],
     "pipe-w3": ["--mode", "pipe", "--width", "3"],  # more width: more staleness, no more overlap to win
     # The paper's plain delayed update, beside the look-ahead default above (issue 36)
     "pipe-plain": ["--mode", "pipe", "--width", "2", "--staleness", "none"],
@@ -75,7 +76,7 @@ COARSE_VARIANTS = ("ddp", "ddp+fp16", "pipe+q8", "pipe+q8+coarse", "pipe-w3", "p
                    "pipe", "pipe+coarse", "pipe+q8+coarse-q4", "pipe-w3+late")
 # AdamW's time to a target loss on the character GPT (experiments/configs/charlm_time.toml, issue 36)
 CHARLM_TIME_VARIANTS = ("ddp", "sync+q8", "pipe", "pipe+reach", "pipe+q8+reach", "pipe+coarse", "pipe+q8",
-                        "pipe+q8+lowrank", "pipe+q8-noef+lowrank", "pipe+auto")
+                        "pipe+q8+lowrank", "pipe+q8-noef+lowrank", "pipe+auto", "pipe+auto+recheck")
 PIPE_VARIANTS = ("pipe", "pipe+bf16", "pipe+q8", "pipe+sign", "pipe-w3")  # the Pipe-SGD side of the speedup tables
 # issue 39 (configs/auto_choice.toml): --compression auto against every codec it chooses among
 AUTO_CHOICE_VARIANTS = ("sync", "pipe", "pipe+bf16", "pipe+q8", "pipe+q4", "pipe+auto", "pipe-wauto+auto",
