@@ -63,6 +63,20 @@ def test_a_recheck_switches_only_for_a_gain(comm_s, running, want):
     assert (choice and choice["compression"]) == want
 
 
+def test_a_recheck_of_the_warmups_provisional_codec_finds_the_link_it_runs_on():
+    """The warm-up ran q8 as its provisional codec (its exchange, 125 ms, is in the measurements) and kept it; then the
+    link slows 3-fold. The re-check solves the link from q8's exchange now (375 ms), not pinned to the warm-up's
+    125 ms, and moves to q4 (before the fix the solve ran to 1 kB/s and nothing else looked worth a switch)."""
+    measured = {**SLOW, "q8_exchange_s": 0.125}
+    assert auto.link_terms({**measured, "comm_s": 0.375}, 4, 4e6, ("q8", False))["bandwidth_Bps"] == \
+        pytest.approx(12.5e6 / 3, rel=0.05)
+    window = {"compute_s": 0.1, "comm_s": 0.375, "period_s": 0.38, "wait_s": 0.28}
+    ran = {auto.run_key(2, "q8", False): {k: window[k] for k in ("comm_s", "period_s", "wait_s")}}
+    choice = auto.decide({**measured, **window}, 4, 4e6, auto.Knobs(2, None, False), ("q8", False),
+                         now=(2, "q8", False), ran=ran)
+    assert choice is not None and choice["compression"] == "q4"
+
+
 def test_a_recheck_decides_in_a_first_window_and_when_the_cluster_moved(process_group, monkeypatch):
     decided = []
     monkeypatch.setattr(auto, "decide", lambda measured, *_args, **_kwargs: decided.append(measured["comm_s"]))

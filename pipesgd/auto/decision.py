@@ -89,7 +89,7 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
     from timing_model.predict import Scenario
     from timing_model.recommend import codec_label, recommend
 
-    link = link_terms(measured, nodes, grad_bytes, measured_with, _predictor(measured))
+    link = link_terms(measured, nodes, grad_bytes, measured_with)
     scenario = Scenario(nodes=nodes, grad_bytes=grad_bytes, compute_s=measured["compute_s"], **link)
     scale = 1.0
     if now is not None and ran and run_key(*now) in ran:
@@ -120,17 +120,20 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
 
 
 def link_terms(measured: dict[str, float], nodes: int, grad_bytes: float,
-               measured_with: tuple[str, bool] = ("none", False), predict_pipe=None) -> dict[str, float]:
+               measured_with: tuple[str, bool] = ("none", False)) -> dict[str, float]:
     """The link's per-message latency and bandwidth for which the timing model predicts both measured all-reduces:
     the whole gradient with ``measured_with``'s codec (``comm_s``) and 1/64 of it uncompressed
     (``small_allreduce_s``, the ring's T = 2(p-1) latency + 2(p-1)/p M / B). The large one fixes the bandwidth
     given the latency (``_bandwidth_for``: the predicted time falls as the bandwidth grows), the small one the
-    latency given the bandwidth; a few rounds settle both. One rank (nothing sent): an infinitely fast link."""
+    latency given the bandwidth; a few rounds settle both. One rank (nothing sent): an infinitely fast link.
+    The model here leaves out a measured exchange of ``measured_with``'s codec (a re-check of the warm-up's provisional
+    codec has one): as an anchor it would pin the modelled time whatever the link, and the solve would run to a bound
+    (1 kB/s), which made every other configuration look hopeless to a re-check."""
     if nodes < 2:
         return {"bandwidth_Bps": float("inf"), "latency_s": 0.0}
     from timing_model.predict import Scenario
 
-    predict_pipe = predict_pipe or _predictor(measured)
+    predict_pipe = _predictor({k: v for k, v in measured.items() if k != exchange_key(*measured_with)})
     hops = 2 * (nodes - 1)
     small_bytes = max(grad_bytes / SMALL_FRACTION, 4.0)
     codec, feedback = measured_with
