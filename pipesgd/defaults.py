@@ -86,14 +86,23 @@ def resolve_lookahead_standin(standin: str, optimizer: tuple | list) -> str:
 # GPT at width 2 with look-ahead it cost accuracy with either codec: q8 +0.7 % of width 1's validation loss without
 # it, +1.1 % with it (six seeds; 5 of 6 worse with it), q4 +2.4 % and +5.2 % (3 of 3) (experiments/results/accuracy).
 # (1-bit Adam and Bagua's QAdam freeze Adam's second moment before compressing with error compensation: Adam depends
-# on the gradient non-linearly.) A user who names the codec sets error_feedback as given.
-AUTO_FEEDBACK_NOTE = "no error feedback under Adam/AdamW (it cost the GPT accuracy under look-ahead)"
+# on the gradient non-linearly.) Nor does the choice go below q8 there: q4 missed the GPT's 1 % with or without
+# feedback, and on the emulated cluster a re-check walked from q8 to q4 (experiments/results/charlm_time). A user who
+# names the codec gets it, with error_feedback as given.
+ADAM_AUTO_CODECS = ("none", "bf16", "q8")
+AUTO_ADAM_NOTE = "no error feedback and nothing below q8 under Adam/AdamW (they cost the GPT accuracy under look-ahead)"
 
 
 def auto_error_feedback(optimizer: tuple | list) -> bool | None:
     """compression="auto"'s error feedback for an optimizer (``is_adam_family``'s argument): False under Adam and
     AdamW, None (the ladder's choice) under any other."""
     return False if is_adam_family(optimizer) else None
+
+
+def auto_codecs(optimizer: tuple | list) -> tuple[str, ...] | None:
+    """The codecs compression="auto" may choose for an optimizer: ``ADAM_AUTO_CODECS`` under Adam and AdamW, None
+    (the whole ladder) under any other."""
+    return ADAM_AUTO_CODECS if is_adam_family(optimizer) else None
 
 # How long the end of a script waits for a background ring still in flight (pipesgd.lifecycle) before it leaves the
 # thread running: the rings of every rank finish together unless a peer stopped answering.

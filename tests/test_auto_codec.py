@@ -44,14 +44,17 @@ class _MyAdamW(torch.optim.AdamW):
     pass
 
 
-@pytest.mark.parametrize("optimizer, feedback", [
-    (torch.optim.SGD, None), (torch.optim.Adam, False), (torch.optim.AdamW, False), (_MyAdamW, False)])
-def test_under_adam_and_adamw_the_chosen_codec_goes_without_error_feedback(optimizer, feedback):
+@pytest.mark.parametrize("optimizer, adam", [
+    (torch.optim.SGD, False), (torch.optim.Adam, True), (torch.optim.AdamW, True), (_MyAdamW, True)])
+def test_under_adam_and_adamw_the_codec_goes_without_error_feedback_and_not_below_q8(optimizer, adam):
     knobs = auto.Knobs.of(2, "auto", False, optimizer.__mro__)
-    assert knobs.error_feedback is feedback and (knobs.compression, knobs.width) == (None, 2)
+    assert (knobs.compression, knobs.width) == (None, 2)
+    assert knobs.error_feedback is (False if adam else None)
+    assert knobs.codecs_to_time() == (("bf16", "q8") if adam else ("bf16", "q8", "q4"))
+    # the slow link: q4 + feedback under SGD (only it hides); under Adam nothing allowed hides, so the fastest, q8
     choice = auto.decide(SLOW, nodes=4, grad_bytes=4e6, knobs=knobs)
-    assert (choice["compression"], choice["error_feedback"]) == ("q4", feedback is None)  # SGD: the ladder's q4 + ef
-    assert ("no error feedback under Adam/AdamW" in choice["reason"]) is (feedback is False)
+    assert (choice["compression"], choice["error_feedback"]) == (("q8", False) if adam else ("q4", True))
+    assert ("no error feedback and nothing below q8 under Adam/AdamW" in choice["reason"]) is adam
     # a codec the user names keeps the feedback the user gave it, whatever the optimizer
     assert auto.Knobs.of("auto", "q8", True, optimizer.__mro__) == auto.Knobs(None, "q8", True)
 
@@ -139,8 +142,8 @@ def test_every_rank_reaches_the_same_choice_and_replicas_stay_identical():
 def test_the_wrapper_hands_its_optimizer_to_the_choice():
     results = run_ranks(_ranks_choose, 2, torch.optim.AdamW)
     assert results[0] == results[1]
-    assert results[0]["compression"] in ("q8", "q4") and not results[0]["error_feedback"]
-    assert "no error feedback under Adam/AdamW" in results[0]["choice"]["reason"]
+    assert results[0]["compression"] == "q8" and not results[0]["error_feedback"]
+    assert "no error feedback and nothing below q8 under Adam/AdamW" in results[0]["choice"]["reason"]
 
 
 def _no_measuring(*_args, **_kwargs):

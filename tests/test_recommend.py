@@ -67,6 +67,8 @@ def test_a_knob_the_user_fixed_is_never_changed():
     assert candidate_knobs(2, False, compression="q8", error_feedback=False) == [(1, "q8", False), (2, "q8", False)]
     assert candidate_knobs(1, False, width=1) == [(1, "none", False), (1, "bf16", False), (1, "q8", True),
                                                   (1, "q4", True)]
+    assert candidate_knobs(1, False, width=1, error_feedback=False, allowed=("none", "bf16", "q8")) == [
+        (1, "none", False), (1, "bf16", False), (1, "q8", False)]  # Adam and AdamW under compression="auto"
 
 
 def test_the_cli_prints_the_decision_and_every_candidate(capsys):
@@ -84,8 +86,9 @@ def test_the_cli_names_the_optimizer_for_the_feedback(capsys):
     argv = ["recommend", "--nodes", "4", "--bandwidth", "100mbit", "--params", "1M", "--compute", "100ms"]
     assert main([*argv, "--optimizer", "adamw"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("recommended: width 2, q4, two-collective exchange\nwhy: ")
-    assert "no error feedback under Adam/AdamW" in out and "| q4 | yes |" not in out
+    assert out.startswith("recommended: width 2, q8, two-collective exchange\nwhy: ")  # SGD: q4 + feedback
+    assert "no error feedback and nothing below q8 under Adam/AdamW" in out
+    assert "| q4 |" not in out and "| q8 | yes |" not in out
     assert main([*argv, "--optimizer", "adam", "--compression", "q8", "--error-feedback"]) == 0  # named: kept
     assert capsys.readouterr().out.startswith("recommended: width 2, q8 + error feedback")
 

@@ -11,8 +11,8 @@ The order, from what the accuracy study measured (``experiments/results/accuracy
           none, bf16, q8 with error feedback, q4 with error feedback (each within the seed spread of uncompressed
           width 2 on every task), then sign with error feedback only when the user allows it (it lost 14-40 points).
           Width before codec: width 3 cost AdamW +6.2 % in validation loss where every codec up to q4 + feedback
-          stayed within the seed spread. Under Adam and AdamW the caller fixes error feedback off
-          (``pipesgd.defaults.auto_error_feedback``: it cost the GPT accuracy under look-ahead).
+          stayed within the seed spread. Under Adam and AdamW the caller fixes error feedback off and stops at q8
+          (``pipesgd.defaults.auto_codecs``: feedback and q4 cost the GPT accuracy under look-ahead).
   Step 3: if nothing hides, the earliest candidate predicted within ``NEAR_FASTEST`` of the fastest (a codec that
           is barely faster is not worth its loss of exactness), and the reason says so.
 A knob the user fixed (``width``, ``compression``) is never changed: only candidates with it are tried. The
@@ -81,13 +81,15 @@ class Recommendation:
 
 
 def candidate_knobs(max_width: int, allow_sign: bool, width: int | None = None,
-                    compression: str | None = None, error_feedback: bool | None = None) -> list[tuple[int, str, bool]]:
-    """(width, codec, error feedback) in the order of preference (module doc), keeping every knob the user fixed."""
+                    compression: str | None = None, error_feedback: bool | None = None,
+                    allowed: tuple[str, ...] | None = None) -> list[tuple[int, str, bool]]:
+    """(width, codec, error feedback) in the order of preference (module doc), keeping every knob the user fixed;
+    ``allowed``: the ladder's codecs the caller limits the choice to (None: all)."""
     ladder = dict(CODEC_LADDER + (SIGN,))
     if compression is not None:
         codecs = [(compression, ladder.get(compression, False))]
     else:
-        codecs = list(CODEC_LADDER) + ([SIGN] if allow_sign else [])
+        codecs = [(c, f) for c, f in CODEC_LADDER if allowed is None or c in allowed] + ([SIGN] if allow_sign else [])
     if error_feedback is not None:
         codecs = [(codec, error_feedback) for codec, _ in codecs]
     widths = [width] if width is not None else list(range(1, max_width + 1))
@@ -102,13 +104,14 @@ def candidate_knobs(max_width: int, allow_sign: bool, width: int | None = None,
 
 def recommend(scenario: Scenario, predict_pipe, *, max_width: int = 3, allow_sign: bool = False,
               width: int | None = None, compression: str | None = None,
-              error_feedback: bool | None = None) -> Recommendation:
+              error_feedback: bool | None = None, codecs: tuple[str, ...] | None = None) -> Recommendation:
     """The first candidate whose all-reduce hides (module doc). ``predict_pipe(scenario) -> ModeResult`` is
-    Pipe-SGD's prediction for one scenario (with or without a calibration: the caller's choice)."""
+    Pipe-SGD's prediction for one scenario (with or without a calibration: the caller's choice); ``codecs`` limits
+    the ladder (Adam and AdamW: ``pipesgd.defaults.ADAM_AUTO_CODECS``)."""
     if max_width < 1:
         raise ValueError(f"max width {max_width}: must be >= 1")
     tried = []
-    for w, codec, feedback in candidate_knobs(max_width, allow_sign, width, compression, error_feedback):
+    for w, codec, feedback in candidate_knobs(max_width, allow_sign, width, compression, error_feedback, codecs):
         case = scenario.with_changes(width=w, compression=codec, error_feedback=feedback)
         result: ModeResult = predict_pipe(case)
         exposed = result.exposed_comm_s + result.codec_s

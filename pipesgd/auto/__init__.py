@@ -14,7 +14,7 @@ What (nothing in flight, every rank inside ``step()``):
           both all-reduces.
   Step 3: the measurements are all-reduced (max), so every rank holds the same numbers and reaches the same
           decision: ``timing_model.recommend`` over the knobs left to it (a width or codec the user named is kept;
-          under Adam and AdamW the codec goes without error feedback, ``Knobs.of``).
+          under Adam and AdamW the codec goes without error feedback and not below q8, ``Knobs.of``).
 When: under ``compression="auto"``, steps 2 and 3 run first at the first warm-up step with a compute time (step 0
 when the wrapper has the model: a forward pre-hook marks where step 0's compute began; else step 1), from that step's
 uncompressed exchange. If that early decision is a codec, the rest of the warm-up runs with it (a provisional codec,

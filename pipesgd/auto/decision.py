@@ -99,7 +99,7 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
         scale = ran[run_key(*now)]["period_s"] / modelled if modelled > 0 else 1.0
     predict_pipe = _predictor(measured, ran, scale)
     answer = recommend(scenario, predict_pipe, max_width=MAX_WIDTH, width=knobs.width,
-                       compression=knobs.compression, error_feedback=knobs.error_feedback)
+                       compression=knobs.compression, error_feedback=knobs.error_feedback, codecs=knobs.codecs)
     new = answer.choice
     if now is not None:
         keys = [(c.width, c.compression, c.error_feedback) for c in answer.candidates]
@@ -114,7 +114,7 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
               if measured.get("compute_spread_s") or measured.get("comm_cv") else "")
     reason = (f"{answer.reason}; measured: compute {measured['compute_s'] * 1e3:.3g} ms per step, an all-reduce of "
               f"the gradient ({codec_label(*measured_with)}) {measured['comm_s'] * 1e3:.3g} ms on {nodes} rank(s)"
-              f"{spread}{'; ' + knobs.feedback_note if knobs.feedback_note else ''}")
+              f"{spread}{'; ' + knobs.optimizer_note if knobs.optimizer_note else ''}")
     return {"width": new.width, "compression": new.compression, "error_feedback": new.error_feedback,
             "reason": reason, "measured": dict(measured)}
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipesgd.defaults import AUTO_FEEDBACK_NOTE, auto_error_feedback
+from pipesgd.defaults import AUTO_ADAM_NOTE, auto_codecs, auto_error_feedback
 
 AUTO = "auto"
 CANDIDATES = ("bf16", "q8", "q4")  # the lossy rungs of timing_model.recommend's ladder (sign only when asked)
@@ -19,17 +19,18 @@ class Knobs:
     width: int | None
     compression: str | None
     error_feedback: bool | None  # fixed with a named codec, or for the optimizer (``of``)
-    feedback_note: str = ""  # why, when the optimizer fixed it (the choice's reason says so)
+    codecs: tuple[str, ...] | None = None  # the codecs the choice may take when the optimizer limits them (``of``)
+    optimizer_note: str = ""  # why, when the optimizer fixed either (the choice's reason says so)
 
     @classmethod
     def of(cls, width: int | str, compression: str, error_feedback: bool, optimizer: tuple | list = ()) -> "Knobs":
         """From a wrapper's arguments, "auto" meaning left to the choice; under ``compression="auto"`` the wrapped
-        optimizer (its ``__mro__``) may fix error feedback (``pipesgd.defaults.auto_error_feedback``)."""
+        optimizer (its ``__mro__``) may fix error feedback and limit the codecs (``pipesgd.defaults.auto_codecs``)."""
         width = None if width == AUTO else width
         if compression != AUTO:
             return cls(width, compression, error_feedback)
-        feedback = auto_error_feedback(optimizer)
-        return cls(width, None, feedback, AUTO_FEEDBACK_NOTE if feedback is not None else "")
+        feedback, codecs = auto_error_feedback(optimizer), auto_codecs(optimizer)
+        return cls(width, None, feedback, codecs, AUTO_ADAM_NOTE if (feedback, codecs) != (None, None) else "")
 
     def measured_with(self) -> tuple[str, bool]:
         """The codec of the warm-up's exchanges: the user's, else none."""
@@ -37,5 +38,5 @@ class Knobs:
 
     def codecs_to_time(self) -> tuple[str, ...]:
         if self.compression is None:
-            return CANDIDATES
+            return tuple(c for c in CANDIDATES if self.codecs is None or c in self.codecs)
         return () if self.compression == "none" else (self.compression,)

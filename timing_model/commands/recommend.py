@@ -5,7 +5,7 @@ import argparse
 import json
 
 from pipesgd.cli_conventions import UsageError
-from pipesgd.defaults import AUTO_FEEDBACK_NOTE, auto_error_feedback
+from pipesgd.defaults import AUTO_ADAM_NOTE, auto_codecs, auto_error_feedback
 
 from ..predict import Scenario
 from ..recommend import HIDDEN_SHARE, recommend
@@ -17,7 +17,7 @@ USAGE = ("%(prog)s --nodes N --bandwidth RATE --params COUNT --compute TIME [...
          "       %(prog)s --calibration FILE --params COUNT [--compute TIME] [...]")
 DESCRIPTION = ("Which Pipe-SGD width and gradient codec to run: the first, in an order of preference (width 1 "
                "uncompressed, then width 2 and up with none, bf16, q8 + error feedback, q4 + error feedback; without "
-               "error feedback under --optimizer adam or adamw), "
+               "error feedback and nothing below q8 under --optimizer adam or adamw), "
                f"whose all-reduce the model predicts hides behind the step (at most {HIDDEN_SHARE:.0%} of the "
                "iteration left exposed); else the first within 10% of the fastest. --width and --compression, when "
                "given, are kept. With --calibration FILE (from `pipesgd-timing calibrate`) the cluster comes from it: "
@@ -44,7 +44,7 @@ def add_parser(sub) -> None:
                    help="consider 1-bit sign + error feedback (it cost 14-40 accuracy points in the study)")
     p.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd", metavar="NAME",
                    help="the wrapped optimizer, sgd|adam|adamw (default sgd): under adam and adamw the codecs go "
-                        "without error feedback, as PipeSGD's compression='auto' picks them")
+                        "without error feedback and not below q8, as PipeSGD's compression='auto' picks them")
     p.add_argument("--format", choices=("markdown", "json"), default="markdown", metavar="FORMAT",
                    help="markdown|json (default markdown)")
 
@@ -66,15 +66,16 @@ def run(args: argparse.Namespace) -> str:
         raise UsageError("recommend needs --compute, the forward + backward time of one step (e.g. 120ms): "
                          "whether the all-reduce hides depends on it")
     feedback = True if args.error_feedback else None  # the flag can only fix it on
-    if fixed_codec is None and feedback is None:  # the codec is chosen: the optimizer may fix its feedback
-        feedback = auto_error_feedback([args.optimizer])
+    codecs = None
+    if fixed_codec is None and feedback is None:  # the codec is chosen: the optimizer may fix its feedback and range
+        feedback, codecs = auto_error_feedback([args.optimizer]), auto_codecs([args.optimizer])
     scenario = Scenario.of(**fields)
     answer = recommend(scenario, lambda case: predict_modes(case, ("pipe",), calibration).result("pipe"),
                        max_width=max_width, allow_sign=args.allow_sign, width=fixed_width,
-                       compression=fixed_codec, error_feedback=feedback)
+                       compression=fixed_codec, error_feedback=feedback, codecs=codecs)
     if args.format == "json":
         return json.dumps(answer.as_dict(), indent=2) + "\n"
-    why = answer.reason + (f"; {AUTO_FEEDBACK_NOTE}" if fixed_codec is None and feedback is False else "")
+    why = answer.reason + (f"; {AUTO_ADAM_NOTE}" if codecs is not None else "")
     lines = [f"recommended: {answer.choice.label}", f"why: {why}", "",
              "| width | compression | error feedback | all-reduce | iteration ms | exposed ms | hides |",
              "|---|---|---|---|---|---|---|"]
