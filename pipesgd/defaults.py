@@ -64,6 +64,7 @@ STALENESS = "lookahead"
 # within a seed spread of width 1 with the own gradients, and nothing to wait for).
 LOOKAHEAD_STANDINS = ("auto", "local", "coarse-q8", "coarse-q4", "local-then-q8", "coarse-lowrank")
 LOOKAHEAD_STANDIN = "auto"  # PipeSGD's and the trainer's default
+UNSHARED_STANDINS = ("auto", "local")  # no all-reduce of their own: also valid (and idle) without look-ahead
 ADAM_FAMILY = ("adam", "adamw")  # torch.optim.Adam, AdamW and their subclasses; the trainer's names
 
 
@@ -93,16 +94,11 @@ ADAM_AUTO_CODECS = ("none", "bf16", "q8")
 AUTO_ADAM_NOTE = "no error feedback and nothing below q8 under Adam/AdamW (they cost the GPT accuracy under look-ahead)"
 
 
-def auto_error_feedback(optimizer: tuple | list) -> bool | None:
-    """compression="auto"'s error feedback for an optimizer (``is_adam_family``'s argument): False under Adam and
-    AdamW, None (the ladder's choice) under any other."""
-    return False if is_adam_family(optimizer) else None
-
-
-def auto_codecs(optimizer: tuple | list) -> tuple[str, ...] | None:
-    """The codecs compression="auto" may choose for an optimizer: ``ADAM_AUTO_CODECS`` under Adam and AdamW, None
-    (the whole ladder) under any other."""
-    return ADAM_AUTO_CODECS if is_adam_family(optimizer) else None
+def auto_codec_limits(optimizer: tuple | list) -> tuple[bool | None, tuple[str, ...] | None, str]:
+    """What compression="auto" may choose for an optimizer (``is_adam_family``'s argument): (error feedback, the
+    codecs, why) = (False, ``ADAM_AUTO_CODECS``, ``AUTO_ADAM_NOTE``) under Adam and AdamW; (None, None, "") under any
+    other (the ladder's feedback and codecs)."""
+    return (False, ADAM_AUTO_CODECS, AUTO_ADAM_NOTE) if is_adam_family(optimizer) else (None, None, "")
 
 # How long the end of a script waits for a background ring still in flight (pipesgd.lifecycle) before it leaves the
 # thread running: the rings of every rank finish together unless a peer stopped answering.

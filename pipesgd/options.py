@@ -22,6 +22,7 @@ from pipesgd.defaults import (
     NEEDS_ERROR_FEEDBACK,
     STALENESS,
     STALENESS_MODES,
+    UNSHARED_STANDINS,
     WARMUP_STEPS,
     resolve_allreduce,
 )
@@ -91,7 +92,7 @@ class PipeSGDOptions:
             raise ValueError(f"lookahead_reach applies to staleness='lookahead' only, not {self.staleness!r}")
         if self.lookahead_standin not in LOOKAHEAD_STANDINS:
             raise ValueError(f"lookahead_standin must be one of {LOOKAHEAD_STANDINS}, got {self.lookahead_standin!r}")
-        if self.lookahead_standin not in ("auto", "local") and self.staleness != "lookahead":
+        if self.lookahead_standin not in UNSHARED_STANDINS and self.staleness != "lookahead":
             raise ValueError(f"lookahead_standin applies to staleness='lookahead' only, not {self.staleness!r}")
         if self.nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {self.nonfinite!r}")

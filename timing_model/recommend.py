@@ -12,7 +12,7 @@ The order, from what the accuracy study measured (``experiments/results/accuracy
           width 2 on every task), then sign with error feedback only when the user allows it (it lost 14-40 points).
           Width before codec: width 3 cost AdamW +6.2 % in validation loss where every codec up to q4 + feedback
           stayed within the seed spread. Under Adam and AdamW the caller fixes error feedback off and stops at q8
-          (``pipesgd.defaults.auto_codecs``: feedback and q4 cost the GPT accuracy under look-ahead).
+          (``pipesgd.defaults.auto_codec_limits``: feedback and q4 cost the GPT accuracy under look-ahead).
   Step 3: if nothing hides, the earliest candidate predicted within ``NEAR_FASTEST`` of the fastest (a codec that
           is barely faster is not worth its loss of exactness), and the reason says so.
 A knob the user fixed (``width``, ``compression``) is never changed: only candidates with it are tried. The

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipesgd.defaults import AUTO_ADAM_NOTE, auto_codecs, auto_error_feedback
+from pipesgd.defaults import auto_codec_limits
 
 AUTO = "auto"
 CANDIDATES = ("bf16", "q8", "q4")  # the lossy rungs of timing_model.recommend's ladder (sign only when asked)
@@ -25,12 +25,11 @@ class Knobs:
     @classmethod
     def of(cls, width: int | str, compression: str, error_feedback: bool, optimizer: tuple | list = ()) -> "Knobs":
         """From a wrapper's arguments, "auto" meaning left to the choice; under ``compression="auto"`` the wrapped
-        optimizer (its ``__mro__``) may fix error feedback and limit the codecs (``pipesgd.defaults.auto_codecs``)."""
+        optimizer (its ``__mro__``) may fix error feedback and limit the codecs (``defaults.auto_codec_limits``)."""
         width = None if width == AUTO else width
         if compression != AUTO:
             return cls(width, compression, error_feedback)
-        feedback, codecs = auto_error_feedback(optimizer), auto_codecs(optimizer)
-        return cls(width, None, feedback, codecs, AUTO_ADAM_NOTE if (feedback, codecs) != (None, None) else "")
+        return cls(width, None, *auto_codec_limits(optimizer))
 
     def measured_with(self) -> tuple[str, bool]:
         """The codec of the warm-up's exchanges: the user's, else none."""

@@ -20,7 +20,7 @@ from pipesgd.baselines.ddp import DDP_HOOKS
 from pipesgd.grads.buffers import BUFFER_MODES
 from pipesgd.options import MAX_LOOKAHEAD_REACH
 from pipesgd.defaults import (BUCKET_MB, LOOKAHEAD_STANDIN, LOOKAHEAD_STANDINS, NEEDS_ERROR_FEEDBACK, STALENESS,
-                              STALENESS_MODES, WARMUP_STEPS)
+                              STALENESS_MODES, UNSHARED_STANDINS, WARMUP_STEPS)
 from pipesgd.runlog.trace import parse_steps
 
 from .data import DATASETS, DATASETS_WITH_DIR, TOKEN_DATASETS
@@ -258,7 +258,7 @@ class TrainConfig:
             raise ConfigError(f"--lookahead-reach must be in (0, {MAX_LOOKAHEAD_REACH:g}] (got {self.lookahead_reach})")
         if self.lookahead_reach != 1.0 and (self.mode != "pipe" or self.staleness != "lookahead"):
             raise ConfigError("--lookahead-reach applies to --mode pipe with --staleness lookahead only")
-        if self.lookahead_standin not in ("auto", "local") and (self.mode != "pipe" or self.staleness != "lookahead"):
+        if self.lookahead_standin not in UNSHARED_STANDINS and (self.mode != "pipe" or self.staleness != "lookahead"):
             raise ConfigError("--lookahead-standin applies to --mode pipe with --staleness lookahead only")
         if self.allreduce != "auto" and self.mode not in ("pipe", "sync"):
             raise ConfigError(f"--allreduce applies to --mode pipe or sync only, not {self.mode}")

@@ -5,7 +5,7 @@ import argparse
 import json
 
 from pipesgd.cli_conventions import UsageError
-from pipesgd.defaults import AUTO_ADAM_NOTE, auto_codecs, auto_error_feedback
+from pipesgd.defaults import auto_codec_limits
 
 from ..predict import Scenario
 from ..recommend import HIDDEN_SHARE, recommend
@@ -66,16 +66,16 @@ def run(args: argparse.Namespace) -> str:
         raise UsageError("recommend needs --compute, the forward + backward time of one step (e.g. 120ms): "
                          "whether the all-reduce hides depends on it")
     feedback = True if args.error_feedback else None  # the flag can only fix it on
-    codecs = None
+    codecs, note = None, ""
     if fixed_codec is None and feedback is None:  # the codec is chosen: the optimizer may fix its feedback and range
-        feedback, codecs = auto_error_feedback([args.optimizer]), auto_codecs([args.optimizer])
+        feedback, codecs, note = auto_codec_limits([args.optimizer])
     scenario = Scenario.of(**fields)
     answer = recommend(scenario, lambda case: predict_modes(case, ("pipe",), calibration).result("pipe"),
                        max_width=max_width, allow_sign=args.allow_sign, width=fixed_width,
                        compression=fixed_codec, error_feedback=feedback, codecs=codecs)
     if args.format == "json":
         return json.dumps(answer.as_dict(), indent=2) + "\n"
-    why = answer.reason + (f"; {AUTO_ADAM_NOTE}" if codecs is not None else "")
+    why = answer.reason + (f"; {note}" if note else "")
     lines = [f"recommended: {answer.choice.label}", f"why: {why}", "",
              "| width | compression | error feedback | all-reduce | iteration ms | exposed ms | hides |",
              "|---|---|---|---|---|---|---|"]
