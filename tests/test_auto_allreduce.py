@@ -45,17 +45,20 @@ def test_the_trial_alternates_from_the_rules_choice():
     assert trial.switch() == "alltoall" and trial.times == {"alltoall": [0.1], "ring": [0.2]}
 
 
+TRIAL_WARMUP = 1 + 2 * MIN_STEPS  # step 0 probes; then MIN_STEPS steps of each all-reduce
+
+
 def _ranks_ring_wins(rank: int, world: int, allreduce: str) -> dict:
     calls = []
     auto.measure, auto.decide = _slow_link, _guesses(calls)  # a slow link: q4 + feedback from the probe on
     AllreduceTrial.verdict = lambda self, group, device: (  # the ring measured faster (deterministic here)
         ("ring", {"alltoall_s": 0.02, "ring_s": 0.01}) if all(self.times.values()) else None)  # any sample
     model = _model()
-    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=PROBING,
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=TRIAL_WARMUP,
                   allreduce=allreduce)
-    stats = _train(model, opt, range(PROBING + 2), rank)
+    stats = _train(model, opt, range(TRIAL_WARMUP + 2), rank)
     state = opt.state_dict()
-    again = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=PROBING,
+    again = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=TRIAL_WARMUP,
                     allreduce=allreduce)
     auto.measure = _no_measuring
     again.load_state_dict(state)
@@ -72,7 +75,7 @@ def test_the_faster_all_reduce_runs_after_the_warmup_and_after_a_resume():
     results = run_ranks(_ranks_ring_wins, 2, "auto")
     assert results[0] == results[1]
     result = results[0]
-    assert result["labels"][PROBING - 1] == "width 2, q4 + error feedback, ring"
+    assert result["labels"][TRIAL_WARMUP - 1] == "width 2, q4 + error feedback, ring"
     assert result["allreduce"] == "ring" and result["resumed"] == "ring"
     assert "all-reduce: ring (warm-up medians: exchange 20.0 ms, ring 10.0 ms)" in result["reason"]
 
@@ -80,7 +83,7 @@ def test_the_faster_all_reduce_runs_after_the_warmup_and_after_a_resume():
 def test_a_named_all_reduce_is_kept_and_not_measured():
     result = run_ranks(_ranks_ring_wins, 2, "alltoall")[0]
     assert result["labels"][0] == "warm-up: q4 + error feedback"  # no alternation
-    assert result["labels"][PROBING - 1] == "width 2, q4 + error feedback"
+    assert result["labels"][TRIAL_WARMUP - 1] == "width 2, q4 + error feedback"
     assert result["allreduce"] == "alltoall" and result["resumed"] == "alltoall"
 
 
@@ -95,7 +98,7 @@ def test_one_rank_has_nothing_to_measure(process_group, monkeypatch):
 def _ranks_long_warmup(rank: int, world: int) -> dict:
     auto.measure, auto.decide = _slow_link, _guesses([])
     model = _model()
-    warmup = 1 + 2 * MIN_STEPS  # step 0 probes; then MIN_STEPS steps of each all-reduce
+    warmup = TRIAL_WARMUP
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=warmup)
     stats = _train(model, opt, range(warmup + 2), rank)
     result = {"labels": [s.auto_choice for s in stats], "allreduce": opt.allreduce,

@@ -248,3 +248,30 @@ def test_the_warmups_provisional_codec_counts_with_its_measured_exchange():
     q8 = case.with_changes(compression="q8", error_feedback=True)  # modelled from the uncompressed link
     assert decision._predictor(measured)(q8).comm_total_s == decision._predictor(_measured(0.135, 0.135 / 64 + 6e-4))(
         q8).comm_total_s
+
+
+def _on_rank0_ranks(rank: int, world: int) -> dict:
+    from pipesgd.auto.probes import on_rank0
+
+    made = []
+    chosen = on_rank0(lambda: made.append(rank) or {"width": 2, "by": rank}, None, torch.device("cpu"))
+
+    def fails():
+        raise ValueError("no candidate")
+    try:
+        on_rank0(fails, None, torch.device("cpu"))
+        error = None
+    except Exception as raised:  # noqa: BLE001 - which one each rank sees is the test
+        error = f"{type(raised).__name__}: {raised}"
+    return {"made": made, "chosen": chosen, "error": error}
+
+
+def test_the_decision_is_made_on_rank_0_and_an_error_there_reaches_every_rank():
+    """``probes.on_rank0``: one rank computes, every rank holds its result; an error on rank 0 is raised on every
+    rank (a rank waiting in the broadcast would otherwise hang until the timeout)."""
+    results = run_ranks(_on_rank0_ranks, 3, timeout_s=60)
+    assert [r["made"] for r in results] == [[0], [], []]
+    assert all(r["chosen"] == {"width": 2, "by": 0} for r in results)
+    assert results[0]["error"] == "ValueError: no candidate"
+    assert [r["error"] for r in results[1:]] == ["RuntimeError: PipeSGD auto: the decision failed on rank 0: "
+                                                 "ValueError: no candidate"] * 2

@@ -12,9 +12,10 @@ What (nothing in flight, every rank inside ``step()``):
           and one encode and decode of each codec the choice may use on a tensor of the gradient's size (at most 4 M
           elements). ``link_terms`` finds the link's latency and bandwidth for which the timing model reproduces
           both all-reduces.
-  Step 3: the measurements are all-reduced (max), so every rank holds the same numbers and reaches the same
-          decision: ``timing_model.recommend`` over the knobs left to it (a width or codec the user named is kept;
-          under Adam and AdamW the codec goes without error feedback and not below q8, ``Knobs.of``).
+  Step 3: the measurements are all-reduced (max), so every rank holds the same numbers, and rank 0 decides for all
+          (``on_rank0``: the decision broadcast): ``timing_model.recommend`` over the knobs left to it (a width or
+          codec the user named is kept; under Adam and AdamW the codec goes without error feedback and not below q8,
+          ``Knobs.of``).
 When: under ``compression="auto"``, steps 2 and 3 run first at the first warm-up step with a compute time (step 0
 when the wrapper has the model: a forward pre-hook marks where step 0's compute began; else step 1), from that step's
 uncompressed exchange. If that early decision is a codec, the rest of the warm-up runs with it (a provisional codec,
@@ -32,7 +33,9 @@ an exchange as long as the compute on average is exposed half the time. The exch
 its wait for the last rank to hand off included (a pipelined exchange must hide that too), except the probe's one
 step-0 sample, which is the last rank's (``probes.exchange_per_step``: at step 0 that wait is start-up).
 Which all-reduce: with ``allreduce="auto"``, more than one rank and payloads not staged, the provisional codec's
-steps alternate the exchange and the ring, and a choice of that codec keeps the faster (``allreduce_trial``).
+steps alternate the exchange and the ring, and a choice of that codec keeps the faster (``allreduce_trial``); only
+where they are enough for a verdict (``2 x MIN_STEPS``: 5 warm-up steps when step 0 probes), else the rule's runs
+(alternating anyway paid the ring's first call, 45 ms of a 3-step warm-up at 100 Mbit/s, for no verdict).
 The choice (width, codec, error feedback, all-reduce when measured, reason, measurements) is logged once, kept in
 ``state_dict()`` (a resumed run uses it without measuring again; a state saved after a provisional codec was chosen
 resumes with it), readable as ``PipeSGD.auto_choice`` and in the step's ``StepStats``. Cost: the warm-up steps,
@@ -61,11 +64,11 @@ import logging
 import torch
 import torch.distributed as dist
 
-from pipesgd.auto.allreduce_trial import AllreduceTrial
+from pipesgd.auto.allreduce_trial import MIN_STEPS, AllreduceTrial
 from pipesgd.auto.clock import StepClock
 from pipesgd.auto.decision import announce, codec_key, decide, describe, exchange_key, link_terms, run_key
 from pipesgd.auto.knobs import AUTO, CANDIDATES, MAX_WIDTH, SMALL_FRACTION, SWITCH_GAIN, Knobs
-from pipesgd.auto.probes import agreed, exchange_per_step, measure
+from pipesgd.auto.probes import agreed, exchange_per_step, measure, on_rank0
 from pipesgd.grads.buckets import Bucket
 
 __all__ = ["AUTO", "CANDIDATES", "MAX_WIDTH", "SMALL_FRACTION", "SWITCH_GAIN", "CHANGED", "PROVISIONAL_STEPS",
@@ -151,7 +154,7 @@ class AutoConfig:
                 if self.provisional["compression"] == "none":
                     return None
                 self.clock.comm_busy.clear()  # the last step's median: the provisional codec's exchanges alone
-                if self._trial_allreduce:
+                if self._trial_allreduce and self._warmup - 1 - step >= 2 * MIN_STEPS:  # else no verdict: keep the rule
                     self._trial = AllreduceTrial()
                     self.provisional["allreduce"] = self._trial.running
                 return self.provisional
@@ -202,7 +205,8 @@ def first_choice(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: d
     # measure()'s (and the probe's) numbers win over the clock's (a test may give them all)
     measured = agreed({"compute_s": clock.compute_s, "comm_s": clock.comm_s, **clock.spreads(), **links}, group,
                       device)
-    choice = decide(measured, dist.get_world_size(group), grad_bytes, knobs, knobs.measured_with())
+    choice = on_rank0(lambda: decide(measured, dist.get_world_size(group), grad_bytes, knobs, knobs.measured_with()),
+                      group, device)
     if allreduce is not None and choice["compression"] != "none" and all(
             choice[k] == provisional[k] for k in ("compression", "error_feedback")):
         choice["allreduce"] = allreduce[0]
@@ -222,7 +226,7 @@ def probe(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: dist.Pro
     exchange = exchange_per_step(clock, group, device).comm_busy[-1]
     measured = agreed({"compute_s": clock.compute_s, "comm_s": exchange, **raw}, group, device)
     links = {name: measured[name] for name in ("comm_s", *raw)}
-    guess = decide(measured, dist.get_world_size(group), grad_bytes, knobs)
+    guess = on_rank0(lambda: decide(measured, dist.get_world_size(group), grad_bytes, knobs), group, device)
     if dist.get_rank(group) == 0 and guess["compression"] != "none":
         log.info("PipeSGD auto: the warm-up goes on with %s (provisional; chosen at its end)",
                  codec_label(guess["compression"], guess["error_feedback"]))
@@ -246,8 +250,9 @@ def recheck(buckets: list[Bucket], knobs: Knobs, current: dict, clock: StepClock
         current["reference"] = reference
         return None
     current["reference"], ran[key] = window, {k: window[k] for k in ("comm_s", "period_s", "wait_s")}
-    choice = decide({**current["measured"], "compute_s": window["compute_s"], "comm_s": window["comm_s"]},
-                    dist.get_world_size(group), grad_bytes, knobs, running, now=now, ran=ran)
+    measured = {**current["measured"], "compute_s": window["compute_s"], "comm_s": window["comm_s"]}
+    nodes = dist.get_world_size(group)
+    choice = on_rank0(lambda: decide(measured, nodes, grad_bytes, knobs, running, now=now, ran=ran), group, device)
     if choice is None:
         return None
     choice["reason"], choice["ran"] = f"re-check: {choice['reason']}", dict(ran)

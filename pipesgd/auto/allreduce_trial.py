@@ -20,7 +20,7 @@ from pipesgd.auto.probes import agreed
 
 ORDER = ("alltoall", "ring")  # the first provisional step runs the rule's choice
 MIN_STEPS = 2  # timed steps of each before a verdict (the first of each may hold its buffers' first allocation):
-#                5 warm-up steps when step 0 probes (the wrapper has the model), else 6; fewer keep the rule
+#                5 warm-up steps when step 0 probes (the wrapper has the model), else 6; with fewer no trial runs
 
 
 class AllreduceTrial:
