@@ -57,6 +57,8 @@ def test_under_adam_and_adamw_the_codec_goes_without_error_feedback_and_not_belo
     assert ("no error feedback and nothing below q8 under Adam/AdamW" in choice["reason"]) is adam
     # a codec the user names keeps the feedback the user gave it, whatever the optimizer
     assert auto.Knobs.of("auto", "q8", True, optimizer.__mro__) == auto.Knobs(None, "q8", True)
+    # the warm-up's provisional codec: the most compressed the choice may take
+    assert knobs.fastest_codec() == (("q8", False) if adam else ("q4", True))
 
 
 def test_the_link_terms_reproduce_both_measured_all_reduces():
@@ -300,6 +302,36 @@ def probing(monkeypatch) -> tuple[nn.Module, PipeSGD, list]:
     model = _model()
     return model, PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto",
                           warmup_steps=PROBING), calls
+
+
+@pytest.mark.parametrize("optimizer, provisional", [(torch.optim.SGD, "warm-up: q4 + error feedback"),
+                                                    (torch.optim.AdamW, "warm-up: q8")])
+def test_the_provisional_codec_is_the_most_compressed_the_choice_may_take(process_group, monkeypatch, optimizer,
+                                                                          provisional):
+    """The early decision at step 0 said bf16 (its compute inflated by first calls); the synchronous warm-up runs
+    the fastest exchange the choice may take instead, and the last warm-up step decides as before."""
+    monkeypatch.setattr(auto, "measure", _slow_link)
+    monkeypatch.setattr(auto, "decide", lambda measured, *_args, **_kwargs: {
+        "width": 2, "compression": "bf16", "error_feedback": False, "reason": "a test", "measured": measured})
+    model = _model()
+    opt = PipeSGD(optimizer(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=PROBING)
+    stats = _train(model, opt, range(PROBING))
+    assert [s.auto_choice for s in stats] == [provisional] + [None] * (PROBING - 2) + ["width 2, bf16"]
+    opt.flush()
+    opt.close()
+
+
+def _ranks_measure(rank: int, world: int) -> dict:
+    measured = probes.measure(4096, torch.device("cpu"), torch.float32, None, ("q8",))
+    return {"mine": measured, "agreed": probes.agreed(measured, None, torch.device("cpu"))}
+
+
+def test_the_codecs_are_timed_on_rank_0_alone():
+    """The codecs' speed is the host's; ranks sharing its cores would slow each other's timings (probes.measure)."""
+    results = run_ranks(_ranks_measure, 2)
+    assert results[0]["mine"]["q8_encode_Bps"] > 0 and results[1]["mine"]["q8_encode_Bps"] == 0
+    assert results[0]["agreed"] == results[1]["agreed"]
+    assert results[1]["agreed"]["q8_decode_Bps"] == results[0]["mine"]["q8_decode_Bps"]
 
 
 def test_a_state_saved_with_a_provisional_codec_resumes_with_it(process_group, monkeypatch):

@@ -18,15 +18,18 @@ What (nothing in flight, every rank inside ``step()``):
           ``Knobs.of``).
 When: under ``compression="auto"``, steps 2 and 3 run first at the first warm-up step with a compute time (step 0
 when the wrapper has the model: a forward pre-hook marks where step 0's compute began; else step 1), from that step's
-uncompressed exchange. If that early decision is a codec, the rest of the warm-up runs with it (a provisional codec,
-``StepStats.auto_choice`` "warm-up: q4 + error feedback"): on the slow links where a codec is chosen, an
-uncompressed warm-up cost more than the choice gained back (+0.4 s of a 2.4 s time to accuracy on ResNet-20 at 100
-Mbit/s). At the last warm-up step the decision is made again with the whole warm-up's compute, the link still found
-from the uncompressed exchange and the provisional codec's own exchanges as its measured time (an exchange with a
-codec also holds the codec's share of the cores, which would read as a slower link). Step 0's numbers may include
-first-call costs; they err both ways (compute and exchange). With a named codec, or fewer than ``PROVISIONAL_STEPS``
-warm-up steps after the early one, every step runs at the last warm-up step and the warm-up runs the user's codec,
-or none.
+uncompressed exchange. If that early decision is a codec, the rest of the warm-up runs with the most compressed one
+the choice may take (a provisional codec, ``StepStats.auto_choice`` "warm-up: q4 + error feedback"): on the slow
+links where a codec is chosen, an uncompressed warm-up cost more than the choice gained back (+0.4 s of a 2.4 s time
+to accuracy on ResNet-20 at 100 Mbit/s). The most compressed, not the early decision's codec: the warm-up's steps are
+synchronous, so the fastest exchange is the cheapest, and step 0's compute, inflated by first calls, made the early
+decision bf16 or q8 where the last step chose q4 (8 of 8 runs at 100 Mbit/s), which then paid a second codec's first
+call and slower warm-up exchanges (up to 0.1 s). At the last warm-up step the decision is made again with the
+whole warm-up's compute, the link still found from the uncompressed exchange and the provisional codec's own
+exchanges as its measured time (an exchange with a codec also holds the codec's share of the cores, which would read
+as a slower link). Step 0's numbers may include first-call costs; they err both ways (compute and exchange). With
+a named codec, or fewer than ``PROVISIONAL_STEPS`` warm-up steps after the early one, every step runs at the last
+warm-up step and the warm-up runs the user's codec, or none.
 How much the times vary counts: a pipelined step lasts the longer of its compute and the exchange in flight, so the
 decision predicts it as their expected maximum with the spreads the warm-up measured (``decision._with_spread``);
 an exchange as long as the compute on average is exposed half the time. The exchange's time is each rank's own,
@@ -218,7 +221,8 @@ def first_choice(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: d
 def probe(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: dist.ProcessGroup | None) -> dict:
     """Steps 2 and 3 early, at step 0 or 1, from its uncompressed exchange (module doc): the codec the rest of the
     warm-up runs with ({"compression", "error_feedback", "provisional", "measured": step 2's numbers and that
-    exchange}); "none" when the early decision needs no codec."""
+    exchange}): "none" when the early decision needs no codec, else the most compressed one the choice may take
+    (``Knobs.fastest_codec``)."""
     from timing_model.recommend import codec_label
 
     numel, grad_bytes, device, dtype = _gradient(buckets)
@@ -227,11 +231,10 @@ def probe(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: dist.Pro
     measured = agreed({"compute_s": clock.compute_s, "comm_s": exchange, **raw}, group, device)
     links = {name: measured[name] for name in ("comm_s", *raw)}
     guess = on_rank0(lambda: decide(measured, dist.get_world_size(group), grad_bytes, knobs), group, device)
-    if dist.get_rank(group) == 0 and guess["compression"] != "none":
-        log.info("PipeSGD auto: the warm-up goes on with %s (provisional; chosen at its end)",
-                 codec_label(guess["compression"], guess["error_feedback"]))
-    return {"compression": guess["compression"], "error_feedback": guess["error_feedback"], "provisional": True,
-            "measured": links}
+    codec = ("none", False) if guess["compression"] == "none" else knobs.fastest_codec()
+    if dist.get_rank(group) == 0 and codec[0] != "none":
+        log.info("PipeSGD auto: the warm-up goes on with %s (provisional; chosen at its end)", codec_label(*codec))
+    return {"compression": codec[0], "error_feedback": codec[1], "provisional": True, "measured": links}
 
 
 def recheck(buckets: list[Bucket], knobs: Knobs, current: dict, clock: StepClock,

@@ -35,6 +35,14 @@ class Knobs:
         """The codec of the warm-up's exchanges: the user's, else none."""
         return (self.compression, bool(self.error_feedback)) if self.compression is not None else ("none", False)
 
+    def fastest_codec(self) -> tuple[str, bool]:
+        """The most compressed rung of ``timing_model.recommend``'s ladder the choice may take, with its error
+        feedback (the optimizer's, when it fixed it): the warm-up's provisional codec (``pipesgd.auto``)."""
+        from timing_model.recommend import CODEC_LADDER
+
+        codec, feedback = [(c, f) for c, f in CODEC_LADDER if c in self.codecs_to_time()][-1]
+        return codec, feedback if self.error_feedback is None else self.error_feedback
+
     def codecs_to_time(self) -> tuple[str, ...]:
         if self.compression is None:
             return tuple(c for c in CANDIDATES if self.codecs is None or c in self.codecs)
