@@ -25,9 +25,13 @@ to accuracy on ResNet-20 at 100 Mbit/s). The most compressed, not the early deci
 synchronous, so the fastest exchange is the cheapest, and step 0's compute, inflated by first calls, made the early
 decision bf16 or q8 where the last step chose q4 (8 of 8 runs at 100 Mbit/s), which then paid a second codec's first
 call and slower warm-up exchanges (up to 0.1 s). At the last warm-up step the decision is made again with the
-whole warm-up's compute, the link still found from the uncompressed exchange and the provisional codec's own
-exchanges as its measured time (an exchange with a codec also holds the codec's share of the cores, which would read
-as a slower link). Step 0's numbers may include first-call costs; they err both ways (compute and exchange). With
+whole warm-up's compute and the link found from the provisional codec's exchanges, as a re-check finds it from the
+running codec's, with step 0's uncompressed exchange as none's measured time. (Before, the link came from that
+uncompressed exchange and the provisional codec counted with its measured time: the codecs not measured were then
+predicted from the link alone while the measured one held what the link leaves out, such as the codec's share of
+cores shared by the ranks; with q4 provisional the last step chose q8 in 3 of 3 runs at 100 Mbit/s, which ran 1.1x
+slower per iteration than q4.) Step 0's numbers may include first-call costs; they err both ways (compute and
+exchange). With
 a named codec, or fewer than ``PROVISIONAL_STEPS`` warm-up steps after the early one, every step runs at the last
 warm-up step and the warm-up runs the user's codec, or none.
 How much the times vary counts: a pipelined step lasts the longer of its compute and the exchange in flight, so the
@@ -51,7 +55,7 @@ configuration's first window, or when compute or the exchange moved ``CHANGED``-
 first window by at least ``SWITCH_GAIN`` - 1 of the iteration (the cluster changed, not the noise). Then the same
 decision as at the warm-up, from the latency and codec speeds the warm-up measured, with measured beating modelled:
 a configuration that ran counts with its own iteration and blocked time, a codec that ran with its own exchange
-time, and the model's error on the running configuration (measured iteration over modelled) scales the
+time (the warm-up's exchange times are left out: they may be of another cluster), and the model's error on the running configuration (measured iteration over modelled) scales the
 predictions of the rest (under overlap the codecs and compute share the cores, which the model alone does not see).
 It switches only for a predicted gain: to a less exact codec or a wider pipeline for a ``SWITCH_GAIN`` faster
 iteration, to a more exact or narrower one when that one hides its all-reduce. So a run visits each configuration
@@ -198,17 +202,19 @@ def first_choice(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: d
     # Each rank's own exchange times here, waits for its peers included: a pipelined exchange also waits for the
     # last rank to hand its gradient off, and that whole time must hide behind the rank's compute (the probe's
     # one step-0 sample takes the last rank's instead: its wait is start-up, not what the pipeline will see).
+    measured_with = knobs.measured_with()
     if provisional is not None:
         links = dict(provisional["measured"])
-        if provisional["compression"] != "none":
-            links[exchange_key(provisional["compression"], bool(provisional["error_feedback"]))] = clock.comm_s
+        if provisional["compression"] != "none":  # the link as the provisional codec's exchanges found it
+            measured_with = (provisional["compression"], bool(provisional["error_feedback"]))
+            links[exchange_key("none", False)] = links.pop("comm_s")  # step 0's, uncompressed: none's own time
     else:  # the options belong to a named codec
         options = codec_options if knobs.compression is not None else None
         links = measure(numel, device, dtype, group, knobs.codecs_to_time(), options)
     # measure()'s (and the probe's) numbers win over the clock's (a test may give them all)
     measured = agreed({"compute_s": clock.compute_s, "comm_s": clock.comm_s, **clock.spreads(), **links}, group,
                       device)
-    choice = on_rank0(lambda: decide(measured, dist.get_world_size(group), grad_bytes, knobs, knobs.measured_with()),
+    choice = on_rank0(lambda: decide(measured, dist.get_world_size(group), grad_bytes, knobs, measured_with),
                       group, device)
     if allreduce is not None and choice["compression"] != "none" and all(
             choice[k] == provisional[k] for k in ("compression", "error_feedback")):
@@ -253,7 +259,9 @@ def recheck(buckets: list[Bucket], knobs: Knobs, current: dict, clock: StepClock
         current["reference"] = reference
         return None
     current["reference"], ran[key] = window, {k: window[k] for k in ("comm_s", "period_s", "wait_s")}
-    measured = {**current["measured"], "compute_s": window["compute_s"], "comm_s": window["comm_s"]}
+    # the warm-up's exchange times (step 0's uncompressed one) may be of another cluster: what ran since is in ``ran``
+    warmup = {k: v for k, v in current["measured"].items() if not k.endswith("_exchange_s")}
+    measured = {**warmup, "compute_s": window["compute_s"], "comm_s": window["comm_s"]}
     nodes = dist.get_world_size(group)
     choice = on_rank0(lambda: decide(measured, nodes, grad_bytes, knobs, running, now=now, ran=ran), group, device)
     if choice is None:
