@@ -55,8 +55,9 @@ configuration's first window, or when compute or the exchange moved ``CHANGED``-
 first window by at least ``SWITCH_GAIN`` - 1 of the iteration (the cluster changed, not the noise). Then the same
 decision as at the warm-up, from the latency and codec speeds the warm-up measured, with measured beating modelled:
 a configuration that ran counts with its own iteration and blocked time, a codec that ran with its own exchange
-time (the warm-up's exchange times are left out: they may be of another cluster), and the model's error on the running configuration (measured iteration over modelled) scales the
-predictions of the rest (under overlap the codecs and compute share the cores, which the model alone does not see).
+time (the warm-up's exchange times are left out: they may be of another cluster), and the model's error on the
+running configuration (measured iteration over modelled) scales the predictions of the rest (under overlap the
+codecs and compute share the cores, which the model alone does not see).
 It switches only for a predicted gain: to a less exact codec or a wider pipeline for a ``SWITCH_GAIN`` faster
 iteration, to a more exact or narrower one when that one hides its all-reduce. So a run visits each configuration
 at most once until something moves. A switch drains the pipeline first (every step in flight is applied, as
