@@ -48,7 +48,7 @@ class PipeSGDOptions:
     # What stands in for the averages in flight (pipesgd.defaults.LOOKAHEAD_STANDINS; pipesgd.delay.coarse).
     lookahead_standin: str = "auto"
     # Codec on every ring hop (pipesgd.compression registry name and its options); "auto": chosen at the end of
-    # the warm-up from what it measured (pipesgd.auto), uncompressed until then.
+    # the warm-up from what it measured (pipesgd.auto), uncompressed until then or until a provisional codec.
     compression: str = "none"
     compression_options: dict[str, Any] = field(default_factory=dict)
     error_feedback: bool = False  # keep what the codec dropped and send it with the next step
@@ -144,7 +144,7 @@ class PipeSGDOptions:
 
     def build_compressor(self, rank: int | None = None) -> Compressor:
         """The codec for ``rank`` (stochastic rounding draws noise of its own on every rank); with "auto", the
-        warm-up's: none."""
+        warm-up's: none (until a provisional codec, ``pipesgd.auto``)."""
         if self.compression == AUTO:
             return build("none")
         return build(self.compression, rank=rank, **self.compression_options)
