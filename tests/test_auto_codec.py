@@ -323,17 +323,14 @@ def test_the_provisional_codec_is_the_most_compressed_the_choice_may_take(proces
     opt.close()
 
 
-def _ranks_measure(rank: int, world: int) -> dict:
-    measured = probes.measure(4096, torch.device("cpu"), torch.float32, None, ("q8",))
-    return {"mine": measured, "agreed": probes.agreed(measured, None, torch.device("cpu"))}
+def _ranks_measure(rank: int, world: int) -> float:
+    return probes.measure(4096, torch.device("cpu"), torch.float32, None, ("q8",))["q8_encode_Bps"]
 
 
-def test_the_codecs_are_timed_on_rank_0_alone():
-    """The codecs' speed is the host's; ranks sharing its cores would slow each other's timings (probes.measure)."""
-    results = run_ranks(_ranks_measure, 2)
-    assert results[0]["mine"]["q8_encode_Bps"] > 0 and results[1]["mine"]["q8_encode_Bps"] == 0
-    assert results[0]["agreed"] == results[1]["agreed"]
-    assert results[1]["agreed"]["q8_decode_Bps"] == results[0]["mine"]["q8_decode_Bps"]
+def test_every_rank_times_the_codecs():
+    """Where ranks share a host's cores a codec runs at their shared speed, so every rank times it at once (timed on
+    rank 0 alone it read twice as fast on 4 ranks on 2 cores, and q4 was chosen where it ran 1.9x slower)."""
+    assert all(speed > 0 for speed in run_ranks(_ranks_measure, 2))
 
 
 def test_a_state_saved_with_a_provisional_codec_resumes_with_it(process_group, monkeypatch):

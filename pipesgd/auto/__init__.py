@@ -46,7 +46,8 @@ where they are enough for a verdict (``2 x MIN_STEPS``: 5 warm-up steps when ste
 The choice (width, codec, error feedback, all-reduce when measured, reason, measurements) is logged once, kept in
 ``state_dict()`` (a resumed run uses it without measuring again; a state saved after a provisional codec was chosen
 resumes with it), readable as ``PipeSGD.auto_choice`` and in the step's ``StepStats``. Cost: the warm-up steps,
-which run anyway, plus 4 all-reduces of 1/64 of the gradient and two encodes and decodes per codec.
+which run anyway, plus 4 all-reduces of 1/64 of the gradient, two encodes and decodes per codec, and per decision
+two small all-reduces and the broadcast of its answer.
 
 Re-check (``auto_recheck_every=N``, off by default): every N steps after the warm-up it looks at the last N steps
 (medians of their compute gaps, iterations, the exchange's busy time with the codec in use, and what ``step()``
