@@ -31,9 +31,8 @@ uncompressed exchange and the provisional codec counted with its measured time: 
 predicted from the link alone while the measured one held what the link leaves out, such as the codec's share of
 cores shared by the ranks; with q4 provisional the last step chose q8 in 3 of 3 runs at 100 Mbit/s, which ran 1.1x
 slower per iteration than q4.) Step 0's numbers may include first-call costs; they err both ways (compute and
-exchange). With
-a named codec, or fewer than ``PROVISIONAL_STEPS`` warm-up steps after the early one, every step runs at the last
-warm-up step and the warm-up runs the user's codec, or none.
+exchange). With a named codec, or fewer than ``PROVISIONAL_STEPS`` warm-up steps after the early one, every step
+runs at the last warm-up step and the warm-up runs the user's codec, or none.
 How much the times vary counts: a pipelined step lasts the longer of its compute and the exchange in flight, so the
 decision predicts it as their expected maximum with the spreads the warm-up measured (``decision._with_spread``);
 an exchange as long as the compute on average is exposed half the time. The exchange's time is each rank's own,
@@ -117,7 +116,11 @@ class AutoConfig:
         """Whether a provisional codec may be chosen at ``step``: the codec is free, nothing was probed yet (a resume
         may bring it), it is step 0 or 1, and ``PROVISIONAL_STEPS`` warm-up steps remain to time it."""
         return (self.knobs.compression is None and self.provisional is None and step <= 1
-                and self._warmup - 1 - step >= PROVISIONAL_STEPS)
+                and self._left_after(step) >= PROVISIONAL_STEPS)
+
+    def _left_after(self, step: int) -> int:
+        """Warm-up steps left after ``step`` (the provisional codec's, when it is the probed one)."""
+        return self._warmup - 1 - step
 
     def restore(self, saved: dict) -> None:
         """A checkpoint's ``state_dict()["auto"]``: the choice, or the provisional codec of a warm-up saved midway."""
@@ -163,7 +166,7 @@ class AutoConfig:
                 if self.provisional["compression"] == "none":
                     return None
                 self.clock.comm_busy.clear()  # the last step's median: the provisional codec's exchanges alone
-                if self._trial_allreduce and self._warmup - 1 - step >= 2 * MIN_STEPS:  # else no verdict: keep the rule
+                if self._trial_allreduce and self._left_after(step) >= 2 * MIN_STEPS:  # else no verdict: the rule's
                     self._trial = AllreduceTrial()
                     self.provisional["allreduce"] = self._trial.running
                 return self.provisional
