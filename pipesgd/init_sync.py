@@ -5,11 +5,15 @@ broadcasting rank 0's module state in its constructor, so a wrapper that does no
 different models forever. ``sync_initial_state`` first checks that every rank holds tensors of the same shapes
 and dtypes (DDP checks the same: a mismatch would otherwise pair broadcasts of different sizes), then
 broadcasts rank 0's values, one collective per (dtype, device) group. It runs on the caller's group and thread,
-once, before any background communication exists.
+once, before any background communication exists. How long this rank waited for the broadcasts, and how many bytes
+they moved, are returned (with ``latency``, also a broadcast of one element's time): ``compression="auto"`` reads the
+link from them before step 0's exchange (``pipesgd.auto``).
 """
 from __future__ import annotations
 
 import hashlib
+import time
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -40,13 +44,24 @@ def layout_digest(tensors: list[torch.Tensor]) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
 
 
-def sync_initial_state(model_or_params, group: dist.ProcessGroup) -> None:
-    """Make every tensor of ``model_or_params`` equal to group rank 0's, bitwise (a collective of ``group``).
+class Broadcast(NamedTuple):
+    """The initial broadcast as this rank saw it: seconds from its start (every rank leaves the layout check's
+    all-reduce together) until this rank held all of rank 0's values, the bytes broadcast, and the part of that time
+    that is not bytes: the faster of two broadcasts of one element just before, once per broadcast (0: not timed)."""
+
+    seconds: float
+    nbytes: int
+    latency_s: float = 0.0
+
+
+def sync_initial_state(model_or_params, group: dist.ProcessGroup, latency: bool = False) -> Broadcast | None:
+    """Make every tensor of ``model_or_params`` equal to group rank 0's, bitwise (a collective of ``group``); how
+    long this rank took to receive them (None when nothing was broadcast: one rank, or no tensors).
 
     Raises ``ValueError`` on every rank when the ranks' layouts differ (nothing is broadcast then)."""
     tensors, _ = module_state(model_or_params)
     if dist.get_world_size(group) == 1 or not tensors:
-        return
+        return None
     device = tensors[0].device if dist.get_backend(group) == "nccl" else torch.device("cpu")
     # Step 1: the same layout everywhere (min and max of the digest agree on every rank, so all raise or none).
     digest = torch.tensor([layout_digest(tensors), -layout_digest(tensors)], dtype=torch.int64, device=device)
@@ -59,8 +74,23 @@ def sync_initial_state(model_or_params, group: dist.ProcessGroup) -> None:
     groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
     for t in tensors:
         groups.setdefault((t.dtype, t.device), []).append(t)
+    # Before the values, on idle links: right after them, rank 0's queued sends (a broadcast returns there once its data
+    # is handed to the network) made one element's broadcast read 97 ms at 100 Mbit/s.
+    one = torch.zeros(1, device=device)
+    latency_s = len(groups) * min(_timed_broadcast(one, source, group) for _ in range(2)) if latency else 0.0
+    seconds, nbytes = 0.0, 0
     with torch.no_grad():
         for members in groups.values():
             flat = torch.cat([t.detach().reshape(-1) for t in members])
-            dist.broadcast(flat, src=source, group=group)
+            seconds += _timed_broadcast(flat, source, group)
+            nbytes += flat.numel() * flat.element_size()
             copy_into(members, flat)
+    return Broadcast(seconds, nbytes, latency_s)
+
+
+def _timed_broadcast(x: torch.Tensor, source: int, group: dist.ProcessGroup) -> float:
+    start = time.perf_counter()
+    dist.broadcast(x, src=source, group=group)
+    if x.is_cuda:  # received, not only queued
+        torch.cuda.synchronize(x.device)
+    return time.perf_counter() - start

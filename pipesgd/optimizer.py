@@ -56,8 +56,6 @@ from pipesgd.grads.replica_check import check_replicas
 from pipesgd.comm.uneven import Participation
 from pipesgd.wrapper_state import WrapperIdentity, WrapperState
 
-DEFAULT_WARMUP_STEPS = WARMUP_STEPS  # an alias: pipesgd.defaults owns the number
-
 
 class PipeSGD:
     """Wraps a torch optimizer; averages gradients across ranks with a K-deep pipeline (see module doc).
@@ -116,8 +114,8 @@ class PipeSGD:
                                 keep=auto.MAX_WIDTH if width == auto.AUTO else width)
         # Every rank starts from rank 0's parameters and buffers, as DDP does when it wraps (on the caller's group,
         # before any background traffic exists).
-        if init_sync:
-            sync_initial_state(model_or_params, user_group)
+        timed = auto.AUTO in (width, compression)  # its time is the link's first reading (pipesgd.auto)
+        initial = sync_initial_state(model_or_params, user_group, latency=timed) if init_sync else None
         # How it travels: a private group with its own worker, one codec seeded for this rank.
         rank = dist.get_rank()
         device = self._device = self._params[0].device if self._params else torch.device("cpu")
@@ -157,7 +155,7 @@ class PipeSGD:
             trial = (self.options.allreduce == "auto" and self._channel.size > 1  # where the rule says exchange
                      and not self._channel.topology.stages(self._device))
             self._auto = auto.AutoConfig(self._buckets, knobs, warmup_steps, user_group, auto_recheck_every,
-                                         self.options.compression_options, trial_allreduce=trial)
+                                         self.options.compression_options, trial_allreduce=trial, initial=initial)
             self._hooks += self._auto.attach(model_or_params)  # where step 0's compute begins
 
     # ----------------------------------------------------------------------------------------- public
@@ -216,8 +214,9 @@ class PipeSGD:
         """Hand this step's gradients to the ring; apply the averaged gradient of step t-K+1 if due."""
         self._check_usage()
         t = self._step
-        if self._auto is not None:
-            self._auto.begin(t)
+        early = self._auto.begin(t) if self._auto is not None else None
+        if early is not None:  # a clearly slow link: this step's own exchange runs the provisional codec (auto)
+            self._use_choice(early)
         lookahead = self._lookahead
         if lookahead is not None:  # the master weights back before anything is applied to them
             lookahead.begin_step()
@@ -251,6 +250,7 @@ class PipeSGD:
             stats.t_wait_s += waited  # for coarse stand-ins (pipesgd.delay.coarse), mostly in the last forward pass
             stats.t_standin_wait_s = in_forward if self._coarse is not None else None
         if self._auto is not None:  # the warm-up's end, or a re-check that switches
+            stats.auto_choice = auto.describe(early) if early is not None else None
             blocked = stats.t_wait_s + (stats.t_buffers_s or 0.0)  # what the caller waited on the network for
             choice = self._auto.end(t, stats.t_comm_busy_s if stats.applied_step is not None else None, blocked)
             if choice is not None:
@@ -359,8 +359,8 @@ class PipeSGD:
     def _use_choice(self, choice: dict, stats: StepStats | None = None) -> None:
         """Run ``choice``'s width and codec from the next step on (``pipesgd.auto``): at the warm-up's end, at a
         re-check that switches (what is in flight is applied first, as ``flush()`` does, its waits added to
-        ``stats``), or before a resumed run's first step. A provisional codec (the warm-up's) changes the exchange
-        alone: the options and a checkpoint's names stay "auto" until the choice."""
+        ``stats``), at the early look (nothing in flight), or before a resumed run's first step. A provisional codec
+        (the warm-up's) changes the exchange alone: the options and a checkpoint's names stay "auto" until the choice."""
         for entry in self._pipeline.flush():
             stats.t_wait_s += self._apply(entry, self._step, self._lookahead).t_wait_s
         if stats is not None:

@@ -105,6 +105,12 @@ def test_what_auto_refuses(options, needle):
         PipeSGDOptions(**options)
 
 
+def no_early_look() -> None:
+    """For a test of what follows the early look (in a rank's own process): on loopback the initial broadcast of a
+    360-byte model is latency and jitter (0.2-3.6 ms), which the look could read as a slow link now and then."""
+    auto.transfer_floor_s = lambda *_: 0.0
+
+
 def _model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2))
@@ -124,6 +130,7 @@ def _train(model: nn.Module, opt: PipeSGD, steps: range, rank: int = 0) -> list:
 def _ranks_choose(rank: int, world: int, optimizer=torch.optim.SGD) -> dict:
     # Each rank measures something else (rank 1 a fast link): the agreement takes the slowest.
     measured = FAST if rank else SLOW
+    no_early_look()
     auto.measure = lambda numel, device, dtype, group, *_: {k: v for k, v in measured.items() if k != "compute_s"}
     auto.StepClock.comm_s = property(lambda self: 0.2)  # the provisional codec's exchanges on that slow link
     model = _model()
@@ -218,6 +225,7 @@ def _guesses(calls: list):
 
 def _ranks_probe(rank: int, world: int) -> dict:
     calls = []
+    no_early_look()
     auto.measure, auto.decide = _slow_link, _guesses(calls)
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=PROBING)
@@ -248,6 +256,57 @@ def test_a_slow_link_runs_the_rest_of_the_warmup_with_a_provisional_codec():
     # it), with the uncompressed one as none's measured time
     assert result["calls"] == [(("none", False), []), (("q4", True), ["none_exchange_s"])]
     assert result["named"] == ("auto", "auto", True) and result["compression"] == "q4"
+
+
+@pytest.mark.parametrize("broadcast_s, latency_s, nodes, want_ms", [
+    (0.213, 0.00126, 4, 105.9),  # ResNet-20 at 100 Mbit/s on the emulated cluster: the ring's bytes take ~130 ms
+    (0.0203, 0.000712, 4, 9.8),  # at 1 Gbit/s (~13 ms)
+    (0.0012, 0.0005, 4, 0.0),  # mostly latency: a small model's broadcast says nothing of the bandwidth
+    (0.213, 0.00126, 1, 0.0),  # one rank sends nothing
+])
+def test_the_early_look_finds_the_least_time_of_the_gradients_bytes_from_the_initial_broadcast(
+        broadcast_s, latency_s, nodes, want_ms):
+    floor = auto.transfer_floor_s(broadcast_s, latency_s, 1_000_000, 1_000_000, nodes)
+    assert floor * 1e3 == pytest.approx(want_ms, abs=0.05)
+    assert auto.transfer_floor_s(broadcast_s, latency_s, 2_000_000, 1_000_000, nodes) == pytest.approx(floor / 2)
+
+
+def test_the_early_look_calls_a_link_slow_only_when_the_bytes_reach_half_the_first_steps_compute():
+    assert auto.clearly_slow(0.106, 0.045) and auto.clearly_slow(0.106, 0.110)  # 100 Mbit/s, step 0 of 45-110 ms
+    assert not auto.clearly_slow(0.0098, 0.0367)  # 1 Gbit/s: a floor of 10 ms against 37 ms of compute
+    assert not auto.clearly_slow(0.0, 0.0) and not auto.clearly_slow(0.1, 0.0)  # nothing measured: no verdict
+
+
+def _ranks_early_look(rank: int, world: int, init_sync: bool) -> dict:
+    calls = []
+    auto.transfer_floor_s = lambda *_: 1.0  # the initial broadcast of a clearly slow link
+    auto.measure, auto.decide = _slow_link, _guesses(calls)
+    model = _model()  # the same on every rank (a seed), so init_sync=False starts from equal replicas too
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=PROBING,
+                  init_sync=init_sync)
+    stats = _train(model, opt, range(PROBING + 2), rank)
+    opt.flush()
+    opt.check_replicas()
+    opt.close()
+    applied = [s for s in stats if s.applied_step is not None]
+    return {"labels": [s.auto_choice for s in stats], "ratios": [s.compression_ratio for s in applied],
+            "calls": calls, "compression": opt.compression}
+
+
+def test_a_clearly_slow_link_runs_the_provisional_codec_from_step_0():
+    """The early look: step 0 exchanges with q4 already (at 100 Mbit/s step 0's uncompressed exchange cost 136-197
+    ms against q4's 20-66); one decision, at the warm-up's end, from q4's exchanges, with no uncompressed time."""
+    results = run_ranks(_ranks_early_look, 2, True)
+    assert results[1].pop("calls") == [] and results[0] == {**results[1], "calls": results[0]["calls"]}
+    result = results[0]
+    # every warm-up step runs q4 (4 of them, enough to judge the all-reduces: they alternate, allreduce_trial)
+    assert all(label.startswith("warm-up: q4 + error feedback, ") for label in result["labels"][:PROBING - 1])
+    assert result["labels"][PROBING - 1].startswith("width 2, q4 + error feedback, ")
+    assert all(ratio > 6 for ratio in result["ratios"]) and result["compression"] == "q4"
+    assert result["calls"] == [(("q4", True), [])]
+    # without the initial broadcast (init_sync=False) there is nothing to look at: step 0 exchanges uncompressed
+    result = run_ranks(_ranks_early_look, 2, False)[0]
+    assert result["ratios"][0] == 1.0 and result["calls"] == [(("none", False), []), (("q4", True), ["none_exchange_s"])]
 
 
 @pytest.mark.parametrize("link", [SLOW, FAST], ids=["provisional-codec", "none"])

@@ -11,7 +11,7 @@ from pipesgd import PipeSGD, auto
 from pipesgd.auto import decision
 from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
-from tests.test_auto_codec import FAST, SLOW, _measured, _model, _train
+from tests.test_auto_codec import FAST, SLOW, _measured, _model, _train, no_early_look
 from timing_model.core.straggler import expected_max_of_two
 from timing_model.predict import Scenario, predict
 
@@ -149,6 +149,7 @@ EVERY = 3
 
 def _recheck_ranks(rank: int, world: int) -> dict:
     # The warm-up measures a slow link (q4 + feedback); every later window a fast one (none hides again).
+    no_early_look()
     auto.measure = lambda *_args: dict(SLOW)
     auto.StepClock.compute_s = property(lambda self: 0.1)
     chosen, first_choice = [], auto.first_choice

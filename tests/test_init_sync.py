@@ -10,7 +10,7 @@ from torch import nn
 import pipesgd
 from pipesgd import PipeSGD
 from pipesgd.comm.groups import NoProcessGroupError
-from pipesgd.init_sync import layout_digest, module_state
+from pipesgd.init_sync import layout_digest, module_state, sync_initial_state
 from tests.cpu_sync_batchnorm import cpu_sync_batchnorm
 from tests.distributed import run_ranks
 
@@ -65,6 +65,22 @@ def test_init_sync_false_leaves_each_rank_its_own_model():
     (first, _), (second, _) = run_ranks(_wrap_rank_seeded, 2, False, False, None)
     assert torch.equal(first["0.weight"], _state(_bn_model(100))["0.weight"])
     assert not torch.equal(first["0.weight"], second["0.weight"])
+
+
+def _timed_sync(rank: int, world: int, latency: bool) -> tuple:
+    model = _bn_model(rank).double()  # two dtypes: float64 parameters and buffers, BatchNorm's int64 batch count
+    synced = sync_initial_state(model, dist.group.WORLD, latency=latency)
+    return synced, sync_initial_state(nn.Linear(2, 2), dist.new_group([rank]))  # a group of one: nothing to send
+
+
+@pytest.mark.parametrize("latency", [False, True])
+def test_the_initial_broadcast_says_how_long_it_took_and_what_it_moved(latency):
+    """``compression="auto"``'s early look reads the link from it (``pipesgd.auto.transfer_floor_s``)."""
+    for synced, alone in run_ranks(_timed_sync, 2, latency):
+        assert alone is None
+        floats = sum(t.numel() for t in _bn_model(0).double().state_dict().values() if t.is_floating_point())
+        assert synced.nbytes == 8 * floats + 8 and synced.seconds > 0
+        assert (synced.latency_s > 0) is latency  # one element's broadcast per dtype, only when asked
 
 
 def _mismatched(rank: int, world: int):

@@ -16,8 +16,13 @@ What (nothing in flight, every rank inside ``step()``):
           (``on_rank0``: the decision broadcast): ``timing_model.recommend`` over the knobs left to it (a width or
           codec the user named is kept; under Adam and AdamW the codec goes without error feedback and not below q8,
           ``Knobs.of``).
-When: under ``compression="auto"``, steps 2 and 3 run first at the first warm-up step with a compute time (step 0
-when the wrapper has the model: a forward pre-hook marks where step 0's compute began; else step 1), from that step's
+When: under ``compression="auto"``, first the early look, at the first warm-up step with a compute time (step 0
+when the wrapper has the model: a forward pre-hook marks where step 0's compute began; else step 1), before that
+step's exchange: the wrapper's initial broadcast of rank 0's parameters (every run pays it) bounds the link's
+bandwidth whatever the backend's broadcast (``transfer_floor_s``); where the gradient's bytes take at least half that
+step's compute uncompressed (``clearly_slow``), steps 2 and 3 run there and that step's exchange already runs the
+provisional codec (below), one decision at the warm-up's end. At 100 Mbit/s the step-0 uncompressed exchange it spares
+cost 136-197 ms of ResNet-20's step 0 against q4's 20-66. Else steps 2 and 3 run at that step's end, from its
 uncompressed exchange. If that early decision is a codec, the rest of the warm-up runs with the most compressed one
 the choice may take (a provisional codec, ``StepStats.auto_choice`` "warm-up: q4 + error feedback"): on the slow
 links where a codec is chosen, an uncompressed warm-up cost more than the choice gained back (+0.4 s of a 2.4 s time
@@ -45,8 +50,9 @@ where they are enough for a verdict (``2 x MIN_STEPS``: 5 warm-up steps when ste
 The choice (width, codec, error feedback, all-reduce when measured, reason, measurements) is logged once, kept in
 ``state_dict()`` (a resumed run uses it without measuring again; a state saved after a provisional codec was chosen
 resumes with it), readable as ``PipeSGD.auto_choice`` and in the step's ``StepStats``. Cost: the warm-up steps,
-which run anyway, plus 4 all-reduces of 1/64 of the gradient, two encodes and decodes per codec, and per decision
-two small all-reduces and the broadcast of its answer.
+which run anyway, plus 4 all-reduces of 1/64 of the gradient, two encodes and decodes per codec, per decision
+two small all-reduces and the broadcast of its answer, and for the look two broadcasts of one element at wrapping
+and one small all-reduce.
 
 Re-check (``auto_recheck_every=N``, off by default): every N steps after the warm-up it looks at the last N steps
 (medians of their compute gaps, iterations, the exchange's busy time with the codec in use, and what ``step()``
@@ -78,12 +84,16 @@ from pipesgd.auto.decision import announce, codec_key, decide, describe, exchang
 from pipesgd.auto.knobs import AUTO, CANDIDATES, MAX_WIDTH, SMALL_FRACTION, SWITCH_GAIN, Knobs
 from pipesgd.auto.probes import agreed, exchange_per_step, measure, on_rank0
 from pipesgd.grads.buckets import Bucket
+from pipesgd.init_sync import Broadcast
 
 __all__ = ["AUTO", "CANDIDATES", "MAX_WIDTH", "SMALL_FRACTION", "SWITCH_GAIN", "CHANGED", "PROVISIONAL_STEPS",
-           "Knobs", "StepClock", "AutoConfig", "first_choice", "probe", "recheck", "measure", "agreed",
-           "decide", "link_terms", "describe", "announce", "codec_key", "run_key"]
+           "SLOW_LOOK", "BYTES_SHARE", "Knobs", "StepClock", "AutoConfig", "first_choice", "probe", "clearly_slow",
+           "recheck", "transfer_floor_s", "measure", "agreed", "decide", "link_terms", "describe", "announce",
+           "codec_key", "run_key"]
 CHANGED = 1.5  # a re-check decides again only when compute or the exchange moved this much (either way)
 PROVISIONAL_STEPS = 2  # a provisional codec needs at least this many warm-up steps left to time it
+SLOW_LOOK = 0.5  # the early look's "clearly slow": the bytes alone reach half the probing step's compute (clearly_slow)
+BYTES_SHARE = 0.9  # the early look reads only a broadcast that is at least this much bytes (transfer_floor_s)
 
 log = logging.getLogger("pipesgd")
 
@@ -93,7 +103,8 @@ class AutoConfig:
     step and, with ``recheck_every``, again every that many steps (module doc)."""
 
     def __init__(self, buckets: list[Bucket], knobs: Knobs, warmup_steps: int, group: dist.ProcessGroup | None,
-                 recheck_every: int = 0, codec_options: dict | None = None, trial_allreduce: bool = False) -> None:
+                 recheck_every: int = 0, codec_options: dict | None = None, trial_allreduce: bool = False,
+                 initial: Broadcast | None = None) -> None:
         self._buckets, self.knobs, self._warmup, self._group = buckets, knobs, warmup_steps, group
         self._every, self._codec_options = recheck_every, dict(codec_options or {})
         self._trial_allreduce = trial_allreduce  # a provisional codec alternates the all-reduces (allreduce_trial)
@@ -102,6 +113,7 @@ class AutoConfig:
         self.choice: dict | None = None  # made, or restored from a checkpoint
         self._marks: list = []  # attach()'s hook
         self.provisional: dict | None = None  # the rest of the warm-up's codec once probed (module doc), or None
+        self._initial = initial  # the wrapper's initial broadcast: the early look's link (begin)
         import timing_model.recommend  # noqa: F401 - loaded now, not inside the warm-up's last step
 
     def attach(self, model) -> list:
@@ -139,9 +151,36 @@ class AutoConfig:
             return step < self._warmup
         return bool(self._every) and step >= self._warmup
 
-    def begin(self, step: int) -> None:
-        if self._timing(step):
-            self.clock.begin()
+    def begin(self, step: int) -> dict | None:
+        """Before ``step()``'s work: at the probing step, the early look (module doc): the provisional codec for this
+        step's own exchange when the initial broadcast says the link is clearly slow, else None (``end`` then probes
+        from this step's uncompressed exchange)."""
+        if not self._timing(step):
+            return None
+        self.clock.begin()
+        if not (self._probes(step) and self.clock.gaps and self._initial is not None):
+            return None
+        numel, grad_bytes, device, dtype = _gradient(self._buckets)
+        nodes = dist.get_world_size(self._group)
+        initial = self._initial
+        looked = agreed({"compute_s": self.clock.compute_s, "broadcast_s": initial.seconds,
+                         "latency_s": initial.latency_s}, self._group, device)
+        floor = transfer_floor_s(looked["broadcast_s"], looked["latency_s"], initial.nbytes, grad_bytes, nodes)
+        if dist.get_rank(self._group) == 0:
+            log.info("PipeSGD auto: early look at step %d: the initial broadcast took %.3g ms (%.3g ms of it latency): "
+                     "the gradient's bytes take at least %.3g ms uncompressed; compute %.3g ms", step,
+                     looked["broadcast_s"] * 1e3, looked["latency_s"] * 1e3, floor * 1e3, looked["compute_s"] * 1e3)
+        if not clearly_slow(floor, looked["compute_s"]):  # from agreed numbers: the same answer on every rank
+            return None
+        measured = agreed(measure(numel, device, dtype, self._group, self.knobs.codecs_to_time()), self._group, device)
+        codec = self.knobs.fastest_codec()
+        self.provisional = {"compression": codec[0], "error_feedback": codec[1], "provisional": True,
+                            "measured": measured}
+        if self._trial_allreduce and self._warmup - step >= 2 * MIN_STEPS:  # this step runs the codec too
+            self._trial = AllreduceTrial()
+            self.provisional["allreduce"] = self._trial.running
+        _announce_provisional(self.provisional, dist.get_rank(self._group))
+        return self.provisional
 
     def switched(self) -> None:
         """The wrapper has switched to what ``end`` returned: that drain and rebuild are not compute either."""
@@ -212,7 +251,8 @@ def first_choice(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: d
         links = dict(provisional["measured"])
         if provisional["compression"] != "none":  # the link as the provisional codec's exchanges found it
             measured_with = (provisional["compression"], bool(provisional["error_feedback"]))
-            links[exchange_key("none", False)] = links.pop("comm_s")  # step 0's, uncompressed: none's own time
+            if "comm_s" in links:  # step 0's, uncompressed: none's own time (none ran when the early look chose)
+                links[exchange_key("none", False)] = links.pop("comm_s")
     else:  # the options belong to a named codec
         options = codec_options if knobs.compression is not None else None
         links = measure(numel, device, dtype, group, knobs.codecs_to_time(), options)
@@ -234,8 +274,6 @@ def probe(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: dist.Pro
     warm-up runs with ({"compression", "error_feedback", "provisional", "measured": step 2's numbers and that
     exchange}): "none" when the early decision needs no codec, else the most compressed one the choice may take
     (``Knobs.fastest_codec``)."""
-    from timing_model.recommend import codec_label
-
     numel, grad_bytes, device, dtype = _gradient(buckets)
     raw = measure(numel, device, dtype, group, knobs.codecs_to_time())
     exchange = exchange_per_step(clock, group, device).comm_busy[-1]
@@ -243,9 +281,43 @@ def probe(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: dist.Pro
     links = {name: measured[name] for name in ("comm_s", *raw)}
     guess = on_rank0(lambda: decide(measured, dist.get_world_size(group), grad_bytes, knobs), group, device)
     codec = ("none", False) if guess["compression"] == "none" else knobs.fastest_codec()
-    if dist.get_rank(group) == 0 and codec[0] != "none":
-        log.info("PipeSGD auto: the warm-up goes on with %s (provisional; chosen at its end)", codec_label(*codec))
-    return {"compression": codec[0], "error_feedback": codec[1], "provisional": True, "measured": links}
+    provisional = {"compression": codec[0], "error_feedback": codec[1], "provisional": True, "measured": links}
+    _announce_provisional(provisional, dist.get_rank(group))
+    return provisional
+
+
+def transfer_floor_s(broadcast_s: float, latency_s: float, broadcast_bytes: int, grad_bytes: float,
+                     nodes: int) -> float:
+    """The least time the bytes of an uncompressed ring all-reduce of ``grad_bytes`` take on a link where the
+    slowest rank received ``broadcast_bytes`` from rank 0 in ``broadcast_s``, ``latency_s`` of it not bytes (one
+    element's broadcast), whatever the backend's broadcast: at worst rank 0 sends to each peer in turn,
+    ``(p-1) x M / B`` (a tree or a pipeline is faster), so the ring's ``2(p-1)/p x G / B`` is at least
+    ``2/p x G/M x`` the bytes' time. 0 unless the broadcast is mostly bytes (``BYTES_SHARE``): the broadcast of a small
+    model is its latency and the host's jitter, which say nothing of the bandwidth. On the 4-node emulated cluster
+    ResNet-20's 1.09 MB broadcast took 211-284 ms at 100 Mbit/s (a floor of 105-142 ms; the ring's bytes take about
+    130), 14-22 ms at 1 Gbit/s and 3-8 ms unshaped."""
+    bytes_s = broadcast_s - latency_s
+    if nodes < 2 or broadcast_bytes <= 0 or bytes_s < BYTES_SHARE * broadcast_s:
+        return 0.0
+    return 2 / nodes * grad_bytes / broadcast_bytes * bytes_s
+
+
+def clearly_slow(floor_s: float, compute_s: float) -> bool:
+    """The early look's verdict: the uncompressed gradient's bytes take at least ``SLOW_LOOK`` times the probing
+    step's compute (``floor_s``: their least time, ``transfer_floor_s``). Half, not all: that step's compute holds
+    its first calls (on the 2-core emulated cluster ResNet-20's step 0 read 31-135 ms of compute against a warm-up
+    median of 33-65 ms), so bytes as long as half of it may still be as long as a later step's and do not hide at
+    width 2. A first step inflated more (a GPU's autotuning) only makes the look decline: the step then exchanges
+    uncompressed, as without it."""
+    return floor_s >= SLOW_LOOK * compute_s > 0
+
+
+def _announce_provisional(provisional: dict, rank: int) -> None:
+    from timing_model.recommend import codec_label
+
+    if rank == 0 and provisional["compression"] != "none":
+        log.info("PipeSGD auto: the warm-up goes on with %s (provisional; chosen at its end)",
+                 codec_label(provisional["compression"], provisional["error_feedback"]))
 
 
 def recheck(buckets: list[Bucket], knobs: Knobs, current: dict, clock: StepClock,
