@@ -11,6 +11,7 @@ from torch import nn
 
 from pipesgd import PipeSGD, auto
 from pipesgd.auto import probes
+from pipesgd.auto.allreduce_trial import ORDER
 from pipesgd.options import PipeSGDOptions
 from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
@@ -277,14 +278,14 @@ def test_the_early_look_calls_a_link_slow_only_when_the_bytes_reach_half_the_fir
     assert not auto.clearly_slow(0.0, 0.0) and not auto.clearly_slow(0.1, 0.0)  # nothing measured: no verdict
 
 
-def _ranks_early_look(rank: int, world: int, init_sync: bool) -> dict:
+def _ranks_early_look(rank: int, world: int, init_sync: bool, warmup: int = PROBING) -> dict:
     calls = []
     auto.transfer_floor_s = lambda *_: 1.0  # the initial broadcast of a clearly slow link
     auto.measure, auto.decide = _slow_link, _guesses(calls)
     model = _model()  # the same on every rank (a seed), so init_sync=False starts from equal replicas too
-    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=PROBING,
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=warmup,
                   init_sync=init_sync)
-    stats = _train(model, opt, range(PROBING + 2), rank)
+    stats = _train(model, opt, range(warmup + 2), rank)
     opt.flush()
     opt.check_replicas()
     opt.close()
@@ -299,11 +300,14 @@ def test_a_clearly_slow_link_runs_the_provisional_codec_from_step_0():
     results = run_ranks(_ranks_early_look, 2, True)
     assert results[1].pop("calls") == [] and results[0] == {**results[1], "calls": results[0]["calls"]}
     result = results[0]
-    # every warm-up step runs q4 (4 of them, enough to judge the all-reduces: they alternate, allreduce_trial)
-    assert all(label.startswith("warm-up: q4 + error feedback, ") for label in result["labels"][:PROBING - 1])
-    assert result["labels"][PROBING - 1].startswith("width 2, q4 + error feedback, ")
+    assert result["labels"][:PROBING] == ["warm-up: q4 + error feedback"] + [None] * (PROBING - 2) + [
+        "width 2, q4 + error feedback"]  # too few steps after the look's to judge the all-reduces (as after a probe)
     assert all(ratio > 6 for ratio in result["ratios"]) and result["compression"] == "q4"
     assert result["calls"] == [(("q4", True), [])]
+    # with 2 x MIN_STEPS warm-up steps after the look's, they alternate the all-reduces (allreduce_trial), from step 1
+    labels = run_ranks(_ranks_early_look, 2, True, PROBING + 2)[0]["labels"]
+    assert labels[:PROBING + 1] == [f"warm-up: q4 + error feedback, {name}" for name in ORDER * 3][:PROBING + 1]
+    assert labels[PROBING + 1].startswith("width 2, q4 + error feedback, ")
     # without the initial broadcast (init_sync=False) there is nothing to look at: step 0 exchanges uncompressed
     result = run_ranks(_ranks_early_look, 2, False)[0]
     assert result["ratios"][0] == 1.0 and result["calls"] == [(("none", False), []), (("q4", True), ["none_exchange_s"])]

@@ -45,7 +45,8 @@ its wait for the last rank to hand off included (a pipelined exchange must hide 
 step-0 sample, which is the last rank's (``probes.exchange_per_step``: at step 0 that wait is start-up).
 Which all-reduce: with ``allreduce="auto"``, more than one rank and payloads not staged, the provisional codec's
 steps alternate the exchange and the ring, and a choice of that codec keeps the faster (``allreduce_trial``); only
-where they are enough for a verdict (``2 x MIN_STEPS``: 5 warm-up steps when step 0 probes), else the rule's runs
+where they are enough for a verdict (``2 x MIN_STEPS``: 5 warm-up steps when step 0 probes, 4 when the early look
+chose the codec for step 0 itself), else the rule's runs
 (alternating anyway paid the ring's first call, 45 ms of a 3-step warm-up at 100 Mbit/s, for no verdict).
 The choice (width, codec, error feedback, all-reduce when measured, reason, measurements) is logged once, kept in
 ``state_dict()`` (a resumed run uses it without measuring again; a state saved after a provisional codec was chosen
@@ -114,6 +115,7 @@ class AutoConfig:
         self._marks: list = []  # attach()'s hook
         self.provisional: dict | None = None  # the rest of the warm-up's codec once probed (module doc), or None
         self._initial = initial  # the wrapper's initial broadcast: the early look's link (begin)
+        self._looked_at: int | None = None  # the step whose own exchange the early look gave the provisional codec
         import timing_model.recommend  # noqa: F401 - loaded now, not inside the warm-up's last step
 
     def attach(self, model) -> list:
@@ -176,9 +178,10 @@ class AutoConfig:
         codec = self.knobs.fastest_codec()
         self.provisional = {"compression": codec[0], "error_feedback": codec[1], "provisional": True,
                             "measured": measured}
-        if self._trial_allreduce and self._warmup - step >= 2 * MIN_STEPS:  # this step runs the codec too
-            self._trial = AllreduceTrial()
+        if self._trial_allreduce and self._left_after(step) >= 2 * MIN_STEPS:  # from the next step on, as after a
+            self._trial = AllreduceTrial()                                         # probe: this step's is a first call
             self.provisional["allreduce"] = self._trial.running
+        self._looked_at = step
         _announce_provisional(self.provisional, dist.get_rank(self._group))
         return self.provisional
 
@@ -209,6 +212,8 @@ class AutoConfig:
                     self._trial = AllreduceTrial()
                     self.provisional["allreduce"] = self._trial.running
                 return self.provisional
+            if step == self._looked_at:  # the look's step ran the codec: the trial's steps come after it
+                return None
             if self._trial is not None and comm_busy_s is not None:
                 self._trial.record(comm_busy_s)
             if step < self._warmup - 1:
