@@ -76,8 +76,10 @@ def sync_initial_state(model_or_params, group: dist.ProcessGroup, latency: bool 
         groups.setdefault((t.dtype, t.device), []).append(t)
     # Before the values, on idle links: right after them, rank 0's queued sends (a broadcast returns there once its data
     # is handed to the network) made one element's broadcast read 97 ms at 100 Mbit/s.
-    one = torch.zeros(1, device=device)
-    latency_s = len(groups) * min(_timed_broadcast(one, source, group) for _ in range(2)) if latency else 0.0
+    latency_s = 0.0
+    if latency:
+        one = torch.zeros(1, device=device)
+        latency_s = len(groups) * min(_timed_broadcast(one, source, group) for _ in range(2))
     seconds, nbytes = 0.0, 0
     with torch.no_grad():
         for members in groups.values():

@@ -45,9 +45,8 @@ its wait for the last rank to hand off included (a pipelined exchange must hide 
 step-0 sample, which is the last rank's (``probes.exchange_per_step``: at step 0 that wait is start-up).
 Which all-reduce: with ``allreduce="auto"``, more than one rank and payloads not staged, the provisional codec's
 steps alternate the exchange and the ring, and a choice of that codec keeps the faster (``allreduce_trial``); only
-where they are enough for a verdict (``2 x MIN_STEPS``: 5 warm-up steps when step 0 probes, 4 when the early look
-chose the codec for step 0 itself), else the rule's runs
-(alternating anyway paid the ring's first call, 45 ms of a 3-step warm-up at 100 Mbit/s, for no verdict).
+where they are enough for a verdict (``2 x MIN_STEPS``: 5 warm-up steps when step 0 probes or looks), else the rule's
+runs (alternating anyway paid the ring's first call, 45 ms of a 3-step warm-up at 100 Mbit/s, for no verdict).
 The choice (width, codec, error feedback, all-reduce when measured, reason, measurements) is logged once, kept in
 ``state_dict()`` (a resumed run uses it without measuring again; a state saved after a provisional codec was chosen
 resumes with it), readable as ``PipeSGD.auto_choice`` and in the step's ``StepStats``. Cost: the warm-up steps,

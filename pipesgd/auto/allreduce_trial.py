@@ -20,8 +20,8 @@ from pipesgd.auto.probes import agreed
 
 ORDER = ("alltoall", "ring")  # the first provisional step runs the rule's choice
 MIN_STEPS = 2  # timed steps of each before a verdict (the first of each may hold its buffers' first allocation):
-#                5 warm-up steps when step 0 probes (the wrapper has the model), else 6, and 4 when the early
-#                look ran the codec from step 0 (pipesgd.auto); with fewer no trial runs
+#                5 warm-up steps when step 0 probes or looks (the wrapper has the model), else 6; with fewer
+#                no trial runs
 
 
 class AllreduceTrial:
