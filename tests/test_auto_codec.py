@@ -3,6 +3,7 @@ reproduce what was measured, every rank reaching the same choice from different 
 the choice without measuring again, a named codec never measured or changed, and the options it refuses."""
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -112,6 +113,12 @@ def no_early_look() -> None:
     auto.transfer_floor_s = lambda *_: 0.0
 
 
+def never_hides(*_args) -> None:
+    """``uncompressed_hides`` for a test whose link is ``measure``'s fake: on loopback the warm-up's own uncompressed
+    exchange hides by itself, which would spare the measuring (and the fake) altogether."""
+    return None
+
+
 def _model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2))
@@ -132,6 +139,7 @@ def _ranks_choose(rank: int, world: int, optimizer=torch.optim.SGD) -> dict:
     # Each rank measures something else (rank 1 a fast link): the agreement takes the slowest.
     measured = FAST if rank else SLOW
     no_early_look()
+    auto.uncompressed_hides = never_hides
     auto.measure = lambda numel, device, dtype, group, *_: {k: v for k, v in measured.items() if k != "compute_s"}
     auto.StepClock.comm_s = property(lambda self: 0.2)  # the provisional codec's exchanges on that slow link
     model = _model()
@@ -162,6 +170,7 @@ def _no_measuring(*_args, **_kwargs):
 
 
 def test_a_resumed_run_keeps_the_choice_without_measuring(process_group, monkeypatch):
+    monkeypatch.setattr(auto, "uncompressed_hides", never_hides)
     monkeypatch.setattr(auto, "measure", lambda numel, device, dtype, group, *_: dict(SLOW))
     monkeypatch.setattr(auto, "decide", lambda measured, nodes, grad_bytes, knobs, *_, **__: {"width": 2,
         "compression": "q8", "error_feedback": True, "reason": "a test", "measured": measured})
@@ -227,7 +236,7 @@ def _guesses(calls: list):
 def _ranks_probe(rank: int, world: int) -> dict:
     calls = []
     no_early_look()
-    auto.measure, auto.decide = _slow_link, _guesses(calls)
+    auto.measure, auto.decide, auto.uncompressed_hides = _slow_link, _guesses(calls), never_hides
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=PROBING)
     stats = _train(model, opt, range(PROBING - 1), rank)
@@ -281,7 +290,7 @@ def test_the_early_look_calls_a_link_slow_only_when_the_bytes_reach_half_the_fir
 def _ranks_early_look(rank: int, world: int, init_sync: bool, warmup: int = PROBING) -> dict:
     calls = []
     auto.transfer_floor_s = lambda *_: 1.0  # the initial broadcast of a clearly slow link
-    auto.measure, auto.decide = _slow_link, _guesses(calls)
+    auto.measure, auto.decide, auto.uncompressed_hides = _slow_link, _guesses(calls), never_hides
     model = _model()  # the same on every rank (a seed), so init_sync=False starts from equal replicas too
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=warmup,
                   init_sync=init_sync)
@@ -328,6 +337,7 @@ def test_the_probes_own_time_and_a_switch_are_not_counted_as_compute(process_gro
         return real_decide(measured, *args, **kwargs)
 
     real_decide = auto.decide
+    monkeypatch.setattr(auto, "uncompressed_hides", never_hides)  # both links through the probe
     monkeypatch.setattr(auto, "measure", slow_probe)
     monkeypatch.setattr(auto, "decide", decide)
     model = _model()
@@ -347,21 +357,60 @@ def test_the_probes_own_time_and_a_switch_are_not_counted_as_compute(process_gro
     opt.close()
 
 
-def test_a_fast_link_keeps_the_warmup_uncompressed(process_group, monkeypatch):
-    monkeypatch.setattr(auto, "measure", lambda numel, device, dtype, group, *_: dict(FAST))
+def test_a_fast_link_keeps_the_warmup_uncompressed_and_times_nothing_else(process_group, monkeypatch):
+    monkeypatch.setattr(auto, "measure", _no_measuring)  # the uncompressed exchange hides: nothing else to time
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=PROBING)
     stats = _train(model, opt, range(PROBING + 1))
     assert [s.auto_choice for s in stats] == [None] * (PROBING - 1) + ["width 2, none", None]
-    assert "gradient (none) 4.86 ms on 1 rank(s)" in opt.auto_choice["reason"]
+    reason = opt.auto_choice["reason"]
+    assert "gradient (none)" in reason and "neither the link's latency nor the codecs" in reason
+    assert "small_allreduce_s" not in opt.auto_choice["measured"]  # not measured, so a re-check measures it
     opt.flush()
     opt.close()
+
+
+def test_a_recheck_after_a_warmup_that_timed_nothing_measures_the_link_once(process_group, monkeypatch):
+    calls = []
+    monkeypatch.setattr(auto, "measure", lambda *_args: calls.append(1) or dict(FAST))
+    model = _model()
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP,
+                  auto_recheck_every=2)
+    _train(model, opt, range(WARMUP))
+    assert calls == [] and "small_allreduce_s" not in opt.auto_choice["measured"]
+    _train(model, opt, range(WARMUP, WARMUP + 6))  # three windows: the first decides (and measures), then nothing moved
+    assert calls == [1] and opt.auto_choice["measured"]["small_allreduce_s"] == FAST["small_allreduce_s"]
+    opt.flush()
+    opt.close()
+
+
+@pytest.mark.parametrize("width", [None, 1, 2, 3])
+def test_where_the_uncompressed_exchange_hides_the_choice_needs_no_link_probe(width):
+    """``uncompressed_hides`` from compute and the uncompressed exchange alone is the full decision's choice wherever
+    that is uncompressed and hides at width 1 or 2 (or the named width), and None everywhere else (then the probes
+    run): the ladder begins uncompressed, and the uncompressed exchange is predicted as measured."""
+    knobs, quick = auto.Knobs(width, None, None), 0
+    for comm_s, latency_share, comm_cv in itertools.product([1e-4, 0.01, 0.05, 0.095, 0.1, 0.3], [0, 0.5, 1],
+                                                            [0, 0.3]):
+        measured = {**_measured(comm_s, comm_s / 64 + latency_share * comm_s / 8), "comm_cv": comm_cv,
+                    "compute_spread_s": 0.02}
+        full = auto.decide(measured, 4, 4e6, knobs, hidden_only=True)
+        wanted = full is not None and full["compression"] == "none" and (width is not None or full["width"] <= 2)
+        got = auto.uncompressed_hides({k: measured[k] for k in ("compute_s", "comm_s", "comm_cv", "compute_spread_s")},
+                                      4, 4e6, knobs)
+        assert (got is not None) == wanted, (comm_s, latency_share, comm_cv)
+        if got is not None:
+            quick += 1
+            assert (got["width"], got["compression"], got["error_feedback"]) == (full["width"], "none", False)
+    assert quick >= 6  # the sweep reaches both sides
+    assert auto.uncompressed_hides(FAST, 4, 4e6, auto.Knobs(None, "bf16", None)) is None  # a named codec: measured
 
 
 def probing(monkeypatch) -> tuple[nn.Module, PipeSGD, list]:
     """A model and its wrapper under ``compression="auto"`` on a slow link, whose decision is always q4 + feedback
     at width 2 (the calls to it recorded in the list)."""
     calls = []
+    monkeypatch.setattr(auto, "uncompressed_hides", never_hides)
     monkeypatch.setattr(auto, "measure", _slow_link)
     monkeypatch.setattr(auto, "decide", _guesses(calls))
     model = _model()
@@ -375,6 +424,7 @@ def test_the_provisional_codec_is_the_most_compressed_the_choice_may_take(proces
                                                                           provisional):
     """The early decision at step 0 said bf16 (its compute inflated by first calls); the synchronous warm-up runs
     the fastest exchange the choice may take instead, and the last warm-up step decides as before."""
+    monkeypatch.setattr(auto, "uncompressed_hides", never_hides)
     monkeypatch.setattr(auto, "measure", _slow_link)
     monkeypatch.setattr(auto, "decide", lambda measured, *_args, **_kwargs: {
         "width": 2, "compression": "bf16", "error_feedback": False, "reason": "a test", "measured": measured})

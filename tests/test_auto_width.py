@@ -11,7 +11,7 @@ from pipesgd import PipeSGD, auto
 from pipesgd.auto import decision
 from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
-from tests.test_auto_codec import FAST, SLOW, _measured, _model, _train, no_early_look
+from tests.test_auto_codec import FAST, SLOW, _measured, _model, _train, never_hides, no_early_look
 from timing_model.core.straggler import expected_max_of_two
 from timing_model.predict import Scenario, predict
 
@@ -101,6 +101,7 @@ def _chooses(width: int, compression: str = "none", feedback: bool = False):
 
 @pytest.mark.parametrize("staleness", ["lookahead", "none"])
 def test_a_chosen_width_runs_bitwise_as_the_same_width_named(process_group, monkeypatch, staleness):
+    monkeypatch.setattr(auto, "uncompressed_hides", never_hides)
     monkeypatch.setattr(auto, "measure", lambda *_args: dict(SLOW))
     monkeypatch.setattr(auto, "decide", _chooses(2))
     finals, records = [], []
@@ -119,6 +120,7 @@ def test_a_chosen_width_runs_bitwise_as_the_same_width_named(process_group, monk
 
 
 def test_a_resume_keeps_the_chosen_width_and_what_is_in_flight(process_group, monkeypatch):
+    monkeypatch.setattr(auto, "uncompressed_hides", never_hides)
     monkeypatch.setattr(auto, "measure", lambda *_args: dict(SLOW))
     monkeypatch.setattr(auto, "decide", _chooses(2, "q8", True))
     model = _model()
@@ -150,7 +152,7 @@ EVERY = 3
 def _recheck_ranks(rank: int, world: int) -> dict:
     # The warm-up measures a slow link (q4 + feedback); every later window a fast one (none hides again).
     no_early_look()
-    auto.measure = lambda *_args: dict(SLOW)
+    auto.measure, auto.uncompressed_hides = lambda *_args: dict(SLOW), never_hides
     auto.StepClock.compute_s = property(lambda self: 0.1)
     chosen, first_choice = [], auto.first_choice
     auto.first_choice = lambda *args, **kwargs: chosen.append(first_choice(*args, **kwargs)) or chosen[-1]
@@ -182,6 +184,7 @@ def test_a_recheck_switches_at_the_same_step_on_every_rank_and_applies_every_gra
 
 def test_a_switch_between_codecs_with_feedback_carries_the_residuals(process_group, monkeypatch):
     choices = iter([("q8", True), ("q8", True), ("q4", True)])  # the warm-up's provisional codec, its end, a re-check
+    monkeypatch.setattr(auto, "uncompressed_hides", never_hides)
     monkeypatch.setattr(auto, "measure", lambda *_args: dict(SLOW))
     monkeypatch.setattr(auto, "decide", lambda measured, *_args, **_kwargs: dict(
         zip(("compression", "error_feedback"), next(choices)), width=2, reason="a test", measured=measured))

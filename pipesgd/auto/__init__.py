@@ -15,7 +15,10 @@ What (nothing in flight, every rank inside ``step()``):
   Step 3: the measurements are all-reduced (max), so every rank holds the same numbers, and rank 0 decides for all
           (``on_rank0``: the decision broadcast): ``timing_model.recommend`` over the knobs left to it (a width or
           codec the user named is kept; under Adam and AdamW the codec goes without error feedback and not below q8,
-          ``Knobs.of``).
+          ``Knobs.of``). Where the exchanges ran uncompressed, every rank first asks ``uncompressed_hides`` from the
+          agreed compute and exchange alone: the ladder begins uncompressed (width 1, then width 2 before its
+          codecs) and an uncompressed exchange is predicted as measured, so if one of those hides it is the choice
+          and Step 2 and the broadcast are skipped (on fast links they were 60-75 ms of ResNet-20's step 0).
 When: under ``compression="auto"``, first the early look, at the first warm-up step with a compute time (step 0
 when the wrapper has the model: a forward pre-hook marks where step 0's compute began; else step 1), before that
 step's exchange: the wrapper's initial broadcast of rank 0's parameters (every run pays it) bounds the link's
@@ -50,9 +53,10 @@ runs (alternating anyway paid the ring's first call, 45 ms of a 3-step warm-up a
 The choice (width, codec, error feedback, all-reduce when measured, reason, measurements) is logged once, kept in
 ``state_dict()`` (a resumed run uses it without measuring again; a state saved after a provisional codec was chosen
 resumes with it), readable as ``PipeSGD.auto_choice`` and in the step's ``StepStats``. Cost: the warm-up steps,
-which run anyway, plus 4 all-reduces of 1/64 of the gradient, two encodes and decodes per codec, per decision
-two small all-reduces and the broadcast of its answer, and for the look two broadcasts of one element at wrapping
-and one small all-reduce.
+which run anyway, plus per decision one or two small all-reduces, and for the look two broadcasts of one element at
+wrapping and one small all-reduce; where the uncompressed exchange does not hide, also 4 all-reduces of 1/64 of the
+gradient, two encodes and decodes per codec, and per decision the broadcast of its answer. A choice made without
+Step 2 has no latency or codec speeds to re-check with: the first re-check that decides measures them.
 
 Re-check (``auto_recheck_every=N``, off by default): every N steps after the warm-up it looks at the last N steps
 (medians of their compute gaps, iterations, the exchange's busy time with the codec in use, and what ``step()``
@@ -80,7 +84,8 @@ import torch.distributed as dist
 
 from pipesgd.auto.allreduce_trial import MIN_STEPS, AllreduceTrial
 from pipesgd.auto.clock import StepClock
-from pipesgd.auto.decision import announce, codec_key, decide, describe, exchange_key, link_terms, run_key
+from pipesgd.auto.decision import (announce, codec_key, decide, describe, exchange_key, link_terms, run_key,
+                                   uncompressed_hides)
 from pipesgd.auto.knobs import AUTO, CANDIDATES, MAX_WIDTH, SMALL_FRACTION, SWITCH_GAIN, Knobs
 from pipesgd.auto.probes import agreed, exchange_per_step, measure, on_rank0
 from pipesgd.grads.buckets import Bucket
@@ -247,24 +252,26 @@ def first_choice(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: d
     ``decision._predictor``; ``allreduce``: the trial's verdict on them, kept when the choice keeps that codec);
     logs the choice once (on rank 0)."""
     numel, grad_bytes, device, dtype = _gradient(buckets)
+    nodes = dist.get_world_size(group)
     # Each rank's own exchange times here, waits for its peers included: a pipelined exchange also waits for the
-    # last rank to hand its gradient off, and that whole time must hide behind the rank's compute (the probe's
-    # one step-0 sample takes the last rank's instead: its wait is start-up, not what the pipeline will see).
+    # last rank to hand its gradient off, and that whole time must hide behind the rank's compute. After an
+    # uncompressed probe its one step-0 sample, the last rank's, stands for the exchange instead (its wait is
+    # start-up): with the ranks' own medians the fast links' warm-up chose bf16 or q8 in 3 of 4 runs (scratch).
     measured_with = knobs.measured_with()
-    if provisional is not None:
-        links = dict(provisional["measured"])
-        if provisional["compression"] != "none":  # the link as the provisional codec's exchanges found it
-            measured_with = (provisional["compression"], bool(provisional["error_feedback"]))
-            if "comm_s" in links:  # step 0's, uncompressed: none's own time (none ran when the early look chose)
-                links[exchange_key("none", False)] = links.pop("comm_s")
-    else:  # the options belong to a named codec
-        options = codec_options if knobs.compression is not None else None
-        links = measure(numel, device, dtype, group, knobs.codecs_to_time(), options)
-    # measure()'s (and the probe's) numbers win over the clock's (a test may give them all)
+    links = dict(provisional["measured"]) if provisional is not None else {}  # the probe's win over the clock's
+    if provisional is not None and provisional["compression"] != "none":  # the link as its codec's exchanges found it
+        measured_with = (provisional["compression"], bool(provisional["error_feedback"]))
+        if "comm_s" in links:  # step 0's, uncompressed: none's own time (none ran when the early look chose)
+            links[exchange_key("none", False)] = links.pop("comm_s")
     measured = agreed({"compute_s": clock.compute_s, "comm_s": clock.comm_s, **clock.spreads(), **links}, group,
                       device)
-    choice = on_rank0(lambda: decide(measured, dist.get_world_size(group), grad_bytes, knobs, measured_with),
-                      group, device)
+    choice = uncompressed_hides(measured, nodes, grad_bytes, knobs) if measured_with == ("none", False) else None
+    if choice is None:
+        if "small_allreduce_s" not in measured:  # measure()'s numbers win over the clock's (a test may give them all)
+            options = codec_options if knobs.compression is not None else None  # they belong to a named codec
+            measured.update(agreed(measure(numel, device, dtype, group, knobs.codecs_to_time(), options), group,
+                                   device))
+        choice = on_rank0(lambda: decide(measured, nodes, grad_bytes, knobs, measured_with), group, device)
     if allreduce is not None and choice["compression"] != "none" and all(
             choice[k] == provisional[k] for k in ("compression", "error_feedback")):
         choice["allreduce"] = allreduce[0]
@@ -279,9 +286,13 @@ def probe(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: dist.Pro
     exchange}): "none" when the early decision needs no codec, else the most compressed one the choice may take
     (``Knobs.fastest_codec``)."""
     numel, grad_bytes, device, dtype = _gradient(buckets)
-    raw = measure(numel, device, dtype, group, knobs.codecs_to_time())
     exchange = exchange_per_step(clock, group, device).comm_busy[-1]
-    measured = agreed({"compute_s": clock.compute_s, "comm_s": exchange, **raw}, group, device)
+    seen = agreed({"compute_s": clock.compute_s, "comm_s": exchange}, group, device)
+    if uncompressed_hides(seen, dist.get_world_size(group), grad_bytes, knobs) is not None:  # nothing to time
+        return {"compression": "none", "error_feedback": False, "provisional": True,
+                "measured": {"comm_s": seen["comm_s"]}}
+    raw = agreed(measure(numel, device, dtype, group, knobs.codecs_to_time()), group, device)
+    measured = {**seen, **raw}
     links = {name: measured[name] for name in ("comm_s", *raw)}
     guess = on_rank0(lambda: decide(measured, dist.get_world_size(group), grad_bytes, knobs), group, device)
     codec = ("none", False) if guess["compression"] == "none" else knobs.fastest_codec()
@@ -330,7 +341,7 @@ def recheck(buckets: list[Bucket], knobs: Knobs, current: dict, clock: StepClock
     it switches (module doc), else None. It decides only in a running configuration's first window or when a
     window moved ``CHANGED``-fold from that configuration's reference (its first window). What each configuration
     measured while it ran (``current["ran"]``, updated in place) stands in for the model's prediction of it."""
-    _, grad_bytes, device, _ = _gradient(buckets)
+    numel, grad_bytes, device, dtype = _gradient(buckets)
     window = agreed(clock.window(), group, device)
     running = (current["compression"], bool(current["error_feedback"]))
     now = (current.get("width"), *running)
@@ -340,6 +351,8 @@ def recheck(buckets: list[Bucket], knobs: Knobs, current: dict, clock: StepClock
         current["reference"] = reference
         return None
     current["reference"], ran[key] = window, {k: window[k] for k in ("comm_s", "period_s", "wait_s")}
+    if "small_allreduce_s" not in current["measured"]:  # a warm-up that needed no codec timed none (uncompressed_hides)
+        current["measured"].update(agreed(measure(numel, device, dtype, group, knobs.codecs_to_time()), group, device))
     # the warm-up's exchange times (step 0's uncompressed one) may be of another cluster: what ran since is in ``ran``
     warmup = {k: v for k, v in current["measured"].items() if not k.endswith("_exchange_s")}
     measured = {**warmup, "compute_s": window["compute_s"], "comm_s": window["comm_s"]}

@@ -79,13 +79,15 @@ def _with_spread(result, measured: dict[str, float]):
 
 def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Knobs,
            measured_with: tuple[str, bool] = ("none", False),
-           now: tuple[int | None, str, bool] | None = None, ran: dict[str, dict] | None = None) -> dict | None:
+           now: tuple[int | None, str, bool] | None = None, ran: dict[str, dict] | None = None,
+           max_width: int = MAX_WIDTH, hidden_only: bool = False) -> dict | None:
     """What ``timing_model.recommend`` picks from the measurements (the same on every rank), among the knobs the user
     left free: {"width", "compression", "error_feedback", "reason", "measured"}. ``measured["comm_s"]`` is an
     exchange of the whole gradient with ``measured_with``'s codec. With ``now`` (a re-check: the width, codec and
     feedback running) None unless the switch rule of the module doc holds; ``ran``: what configurations measured
     while the pipeline ran, by ``run_key`` (``_predictor``). The model's error on the running configuration
-    (its measured iteration over the model's) scales the predictions of the ones that have not run."""
+    (its measured iteration over the model's) scales the predictions of the ones that have not run. ``max_width``:
+    the widest tried; ``hidden_only``: None unless the choice hides its all-reduce (``uncompressed_hides``)."""
     from timing_model.predict import Scenario
     from timing_model.recommend import codec_label, recommend
 
@@ -98,9 +100,11 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
             scenario.with_changes(width=width, compression=codec, error_feedback=feedback)).iteration_s
         scale = ran[run_key(*now)]["period_s"] / modelled if modelled > 0 else 1.0
     predict_pipe = _predictor(measured, ran, scale)
-    answer = recommend(scenario, predict_pipe, max_width=MAX_WIDTH, width=knobs.width,
+    answer = recommend(scenario, predict_pipe, max_width=max_width, width=knobs.width,
                        compression=knobs.compression, error_feedback=knobs.error_feedback, codecs=knobs.codecs)
     new = answer.choice
+    if hidden_only and not new.hidden:
+        return None
     if now is not None:
         keys = [(c.width, c.compression, c.error_feedback) for c in answer.candidates]
         if (new.width, new.compression, new.error_feedback) == now or now not in keys:
@@ -117,6 +121,26 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
               f"{spread}{'; ' + knobs.optimizer_note if knobs.optimizer_note else ''}")
     return {"width": new.width, "compression": new.compression, "error_feedback": new.error_feedback,
             "reason": reason, "measured": dict(measured)}
+
+
+def uncompressed_hides(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Knobs) -> dict | None:
+    """``decide``'s choice without the link's latency or any codec's speed, where it needs neither (``measured``:
+    compute and the warm-up's uncompressed exchange, ``comm_s``): the ladder begins uncompressed (width 1, then
+    width 2 before its codecs, ``timing_model.recommend``), and an uncompressed all-reduce of the gradient is
+    predicted as measured however its time splits into latency and bandwidth. So if one of those hides, it is the
+    choice, and the link's probes (the 1/64 all-reduces, each codec timed on every rank, the decision on rank 0 and
+    its broadcast: 60-75 ms of ResNet-20's step 0 on the 2-core emulated cluster's fast links) are not needed.
+    Cheap enough for every rank to compute from the agreed numbers (0.3 ms). None when none of them hides."""
+    if knobs.compression not in (None, "none"):
+        return None
+    widths = min(2, MAX_WIDTH) if knobs.width is None else knobs.width
+    choice = decide({**measured, "small_allreduce_s": 0.0}, nodes, grad_bytes, replace(knobs, compression="none"),
+                    max_width=widths, hidden_only=True)
+    if choice is None:
+        return None
+    del choice["measured"]["small_allreduce_s"]  # not measured: a re-check that decides measures it (``recheck``)
+    choice["reason"] += "; no codec needed, so neither the link's latency nor the codecs were timed"
+    return choice
 
 
 def link_terms(measured: dict[str, float], nodes: int, grad_bytes: float,
