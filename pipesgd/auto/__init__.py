@@ -56,7 +56,8 @@ resumes with it), readable as ``PipeSGD.auto_choice`` and in the step's ``StepSt
 which run anyway, plus per decision one or two small all-reduces, and for the look two broadcasts of one element at
 wrapping and one small all-reduce; where the uncompressed exchange does not hide, also 4 all-reduces of 1/64 of the
 gradient, two encodes and decodes per codec, and per decision the broadcast of its answer. A choice made without
-Step 2 has no latency or codec speeds to re-check with: the first re-check that decides measures them.
+Step 2 has no latency or codec speeds to re-check with: the first re-check that decides measures them (with
+exchanges in flight on the wrapper's own group, so the latency may read high).
 
 Re-check (``auto_recheck_every=N``, off by default): every N steps after the warm-up it looks at the last N steps
 (medians of their compute gaps, iterations, the exchange's busy time with the codec in use, and what ``step()``
@@ -283,8 +284,8 @@ def first_choice(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: d
 def probe(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: dist.ProcessGroup | None) -> dict:
     """Steps 2 and 3 early, at step 0 or 1, from its uncompressed exchange (module doc): the codec the rest of the
     warm-up runs with ({"compression", "error_feedback", "provisional", "measured": step 2's numbers and that
-    exchange}): "none" when the early decision needs no codec, else the most compressed one the choice may take
-    (``Knobs.fastest_codec``)."""
+    exchange, or that exchange alone where it hides, ``uncompressed_hides``}): "none" when the early decision needs
+    no codec, else the most compressed one the choice may take (``Knobs.fastest_codec``)."""
     numel, grad_bytes, device, dtype = _gradient(buckets)
     exchange = exchange_per_step(clock, group, device).comm_busy[-1]
     seen = agreed({"compute_s": clock.compute_s, "comm_s": exchange}, group, device)
