@@ -9,8 +9,7 @@ from pipesgd import PipeSGD, auto
 from pipesgd.auto.allreduce_trial import MIN_STEPS, ORDER, AllreduceTrial
 from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
-from tests.test_auto_codec import (PROBING, _guesses, _model, _no_measuring, _slow_link, _train, never_hides,
-                                   no_early_look,
+from tests.test_auto_codec import (PROBING, _guesses, _model, _no_measuring, _slow_link, _train, link_from_measure,
                                    probing)
 
 
@@ -52,9 +51,8 @@ TRIAL_WARMUP = 1 + 2 * MIN_STEPS  # step 0 probes; then MIN_STEPS steps of each 
 
 def _ranks_ring_wins(rank: int, world: int, allreduce: str) -> dict:
     calls = []
-    no_early_look()
+    link_from_measure()
     auto.measure, auto.decide = _slow_link, _guesses(calls)  # a slow link: q4 + feedback from the probe on
-    auto.uncompressed_hides = never_hides
     AllreduceTrial.verdict = lambda self, group, device: (  # the ring measured faster (deterministic here)
         ("ring", {"alltoall_s": 0.02, "ring_s": 0.01}) if all(self.times.values()) else None)  # any sample
     model = _model()
@@ -100,8 +98,8 @@ def test_one_rank_has_nothing_to_measure(process_group, monkeypatch):
 
 
 def _ranks_long_warmup(rank: int, world: int) -> dict:
-    no_early_look()
-    auto.measure, auto.decide, auto.uncompressed_hides = _slow_link, _guesses([]), never_hides
+    link_from_measure()
+    auto.measure, auto.decide = _slow_link, _guesses([])
     model = _model()
     warmup = TRIAL_WARMUP
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=warmup)

@@ -107,10 +107,12 @@ def test_what_auto_refuses(options, needle):
         PipeSGDOptions(**options)
 
 
-def no_early_look() -> None:
-    """For a test of what follows the early look (in a rank's own process): on loopback the initial broadcast of a
-    360-byte model is latency and jitter (0.2-3.6 ms), which the look could read as a slow link now and then."""
+def link_from_measure() -> None:
+    """For a test (in a rank's own process) whose link is ``measure``'s fake and that follows the early look: no look
+    (on loopback the initial broadcast of a 360-byte model is latency and jitter, 0.2-3.6 ms, which the look could
+    read as a slow link now and then) and no shortcut past the measuring (``never_hides``)."""
     auto.transfer_floor_s = lambda *_: 0.0
+    auto.uncompressed_hides = never_hides
 
 
 def never_hides(*_args) -> None:
@@ -138,8 +140,7 @@ def _train(model: nn.Module, opt: PipeSGD, steps: range, rank: int = 0) -> list:
 def _ranks_choose(rank: int, world: int, optimizer=torch.optim.SGD) -> dict:
     # Each rank measures something else (rank 1 a fast link): the agreement takes the slowest.
     measured = FAST if rank else SLOW
-    no_early_look()
-    auto.uncompressed_hides = never_hides
+    link_from_measure()
     auto.measure = lambda numel, device, dtype, group, *_: {k: v for k, v in measured.items() if k != "compute_s"}
     auto.StepClock.comm_s = property(lambda self: 0.2)  # the provisional codec's exchanges on that slow link
     model = _model()
@@ -235,8 +236,8 @@ def _guesses(calls: list):
 
 def _ranks_probe(rank: int, world: int) -> dict:
     calls = []
-    no_early_look()
-    auto.measure, auto.decide, auto.uncompressed_hides = _slow_link, _guesses(calls), never_hides
+    link_from_measure()
+    auto.measure, auto.decide = _slow_link, _guesses(calls)
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=PROBING)
     stats = _train(model, opt, range(PROBING - 1), rank)

@@ -11,7 +11,7 @@ from pipesgd import PipeSGD, auto
 from pipesgd.auto import decision
 from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
-from tests.test_auto_codec import FAST, SLOW, _measured, _model, _train, never_hides, no_early_look
+from tests.test_auto_codec import FAST, SLOW, _measured, _model, _train, link_from_measure, never_hides
 from timing_model.core.straggler import expected_max_of_two
 from timing_model.predict import Scenario, predict
 
@@ -151,8 +151,8 @@ EVERY = 3
 
 def _recheck_ranks(rank: int, world: int) -> dict:
     # The warm-up measures a slow link (q4 + feedback); every later window a fast one (none hides again).
-    no_early_look()
-    auto.measure, auto.uncompressed_hides = lambda *_args: dict(SLOW), never_hides
+    link_from_measure()
+    auto.measure = lambda *_args: dict(SLOW)
     auto.StepClock.compute_s = property(lambda self: 0.1)
     chosen, first_choice = [], auto.first_choice
     auto.first_choice = lambda *args, **kwargs: chosen.append(first_choice(*args, **kwargs)) or chosen[-1]
