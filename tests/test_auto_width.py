@@ -80,7 +80,8 @@ def test_a_recheck_of_the_warmups_provisional_codec_finds_the_link_it_runs_on():
 def test_a_recheck_decides_in_a_first_window_and_when_the_cluster_moved(process_group, monkeypatch):
     decided = []
     monkeypatch.setattr(auto, "decide", lambda measured, *_args, **_kwargs: decided.append(measured["comm_s"]))
-    current = {"width": 2, "compression": "none", "error_feedback": False, "measured": dict(FAST)}
+    current = {"width": 2, "compression": "none", "error_feedback": False, "measured": dict(FAST),
+               "ran": {"1:none": {"comm_s": 0.010, "period_s": 0.03, "wait_s": 0.01}}}  # the warm-up's
     windows = [(0.010, 0.02), (0.013, 0.02), (0.007, 0.02),  # within 1.5x of the first window's 0.010
                (0.016, 0.02),  # 1.6x, and by 30 % of the iteration: the cluster moved
                (0.016, 0.02), (0.011, 0.02),  # within 1.5x of the new reference
@@ -90,6 +91,7 @@ def test_a_recheck_decides_in_a_first_window_and_when_the_cluster_moved(process_
         clock.comm_busy, clock.gaps, clock.periods, clock.waits = [comm_s], [0.015], [period_s], [0.001]
         assert auto.recheck([], auto.Knobs(2, None, None), current, clock, None) is None
     assert decided == [0.010, 0.016]
+    # the move dropped what ran before it (the warm-up's width 1): of another cluster
     assert current["ran"] == {"2:none": {"comm_s": 0.016, "period_s": 0.02, "wait_s": 0.001}}
     assert current["reference"]["comm_s"] == 0.016
 
@@ -109,13 +111,13 @@ def test_a_chosen_width_runs_bitwise_as_the_same_width_named(process_group, monk
         model = _model()
         opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model, width=width,
                       warmup_steps=WARMUP, staleness=staleness)
-        records.append(_train(model, opt, range(WARMUP + 6)))
+        records.append(_train(model, opt, range(WARMUP + 5)))  # before width 2 is held against width 1
         assert opt.width == 2 and (opt.lookahead_memory_bytes > 0) == (staleness == "lookahead")
         opt.flush()
         finals.append([p.detach().clone() for p in model.parameters()])
         opt.close()
     assert all(torch.equal(a, b) for a, b in zip(*finals))
-    assert [s.auto_choice for s in records[1]] == [None] * (WARMUP - 1) + ["width 2, none"] + [None] * 6
+    assert [s.auto_choice for s in records[1]] == [None] * (WARMUP - 1) + ["width 2, none"] + [None] * 5
     assert [s.applied_step for s in records[0]] == [s.applied_step for s in records[1]]
 
 
@@ -201,6 +203,76 @@ def test_a_switch_between_codecs_with_feedback_carries_the_residuals(process_gro
     assert all(torch.equal(owed[k], opt._exchange.feedback.residuals_state()[k]) for k in owed)
     opt.flush()
     opt.close()
+
+
+@pytest.mark.parametrize("width", ["auto", 2])
+def test_a_chosen_width_is_held_once_against_the_warmups_synchronous_steps(process_group, monkeypatch, width):
+    """Width chosen above 1 after an uncompressed warm-up: the warm-up counts as width 1's run, and one re-check
+    ``CONFIRM_STEPS`` steps on (re-checks off) holds what the pipelined steps measured against it. A named width
+    has nothing to hold."""
+    monkeypatch.setattr(auto, "uncompressed_hides", lambda measured, *_: _chooses(2)(measured))
+    checks = []
+    monkeypatch.setattr(auto, "held_against_width_1", lambda current, clock, *_: checks.append(
+        (dict(current.get("ran", {})), len(clock.periods), len(clock.comm_busy))))
+    model = _model()
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, width=width, compression="auto",
+                  warmup_steps=WARMUP)
+    _train(model, opt, range(WARMUP + auto.CONFIRM_STEPS + 3))
+    if width == 2:
+        assert checks == []
+    else:
+        [(ran, periods, exchanges)] = checks
+        assert list(ran) == ["1:none"] and ran["1:none"]["period_s"] > ran["1:none"]["comm_s"] > 0
+        assert periods == auto.CONFIRM_STEPS - 1 and exchanges == auto.CONFIRM_STEPS - 1  # pipelined steps only
+    opt.flush()
+    opt.close()
+
+
+def _held_ranks(rank: int, world: int) -> dict:
+    """Rank 0's own warm-up would call width 1 far faster, rank 1's far slower: every rank must hold the same."""
+    auto.uncompressed_hides = lambda measured, *_: _chooses(2)(measured)
+    period = 1e-6 if rank == 0 else 1e3
+    auto.StepClock.synchronous = lambda self: {"comm_s": 0.01, "period_s": period, "wait_s": 0.01}
+    model = _model()
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, width="auto", compression="auto",
+                  warmup_steps=WARMUP)
+    stats = _train(model, opt, range(WARMUP + auto.CONFIRM_STEPS + 2), rank)
+    opt.flush()
+    opt.check_replicas()
+    opt.close()
+    return {"width": opt.width, "ran": opt.auto_choice["ran"], "labels": [s.auto_choice for s in stats]}
+
+
+def test_every_rank_holds_the_chosen_width_against_the_same_warmup():
+    results = run_ranks(_held_ranks, 2)
+    assert results[0] == results[1] and results[0]["width"] == 2 and results[0]["ran"]["1:none"]["period_s"] == 1e3
+
+
+@pytest.mark.parametrize("pipelined_s, want", [(0.548, (1, "none", False)), (0.40, None)])
+def test_width_1_comes_back_where_its_warmup_was_clearly_faster(process_group, pipelined_s, want):
+    """The warm-up's 330 ms against the pipelined steps' 548 ms (AlexNet-like, AdamW, unshaped links, scratch): back
+    to width 1; against 400 ms (within ``SWITCH_GAIN``) the chosen width stays."""
+    current = {"width": 2, "compression": "q8", "error_feedback": False, "measured": dict(FAST), "reason": "a test",
+               "ran": {"1:none": {"comm_s": 0.091, "period_s": 0.330, "wait_s": 0.122}}}
+    clock = auto.StepClock()
+    clock.comm_busy, clock.gaps, clock.periods, clock.waits = [0.09] * 5, [0.4] * 5, [pipelined_s] * 5, [0.1] * 5
+    choice = auto.held_against_width_1(current, clock, None, torch.device("cpu"))
+    assert (choice and (choice["width"], choice["compression"], choice["error_feedback"])) == want
+    if choice:
+        assert "330 ms" in choice["reason"] and "548 ms" in choice["reason"] and "1:none" in choice["ran"]
+
+
+def test_a_narrower_configuration_that_ran_faster_wins_over_a_prediction_that_hides():
+    """AlexNet-like (34 MB of gradient) on unshaped links, 4 ranks on 2 shared cores (scratch): the synchronous
+    warm-up took 330 ms per step, width 2 uncompressed 548 ms (its compute slowed beside the exchange, which the
+    model does not see), and bf16, scaled as none was, would hide: measured beats that prediction, and the re-check
+    goes back to width 1. Without width 1's run it stays."""
+    measured = _measured(0.091, 0.091 / 64 + 6e-4, compute_s=0.126)
+    ran = {"2:none": {"comm_s": 0.091, "period_s": 0.548, "wait_s": 0.157}}
+    warmup = {"1:none": {"comm_s": 0.091, "period_s": 0.330, "wait_s": 0.122}}
+    for seen, want in ((ran, None), ({**ran, **warmup}, (1, "none"))):
+        choice = auto.decide(measured, 4, 34e6, FREE, now=(2, "none", False), ran=seen)
+        assert (choice and (choice["width"], choice["compression"])) == want
 
 
 def test_what_ran_stands_in_for_the_model_and_scales_what_did_not():

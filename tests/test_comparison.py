@@ -160,6 +160,15 @@ def test_the_charlm_config_trains_the_transformer_to_a_loss_target():
     assert load_config(CONFIG).target_of(lenet) == (0.9, "accuracy") and lenet.dataset == "digits"
 
 
+def test_the_auto_choice_configs_alexnet_trains_with_adamw_to_its_own_accuracy_target():
+    """Under the comparison's SGD the AlexNet-like model stays at chance on digits: the benchmark of the automatic
+    choice (issue 39) trains it with AdamW to an accuracy of its own."""
+    cfg = load_config(os.path.join(ROOT, "experiments", "configs", "auto_choice.toml"))
+    alexnet = cfg.workload("alexnet")
+    assert cfg.target_of(alexnet) == (0.75, "accuracy") and cfg.target_of(cfg.workload("resnet20")) == (0.9, "accuracy")
+    assert resolve(cfg.train_flags(alexnet, "1gbit") + ["--mode", "sync"]).optimizer == "adamw"
+
+
 def test_eval_steps_evaluates_copies_every_n_steps_after_the_run():
     cfg = replace(load_config(CONFIG), eval_steps=2)
     flags = cfg.train_flags(cfg.workload("lenet"), "1gbit")
@@ -181,6 +190,7 @@ def test_eval_steps_evaluates_copies_every_n_steps_after_the_run():
     ("variants=['sync']\nseed=-1\n[workload.a]\nmodel='lenet'\n", "seed must be an integer >= 0"),
     ("variants=['sync']\neval_steps=-1\n[workload.a]\nmodel='lenet'\n", "eval_steps must be an integer >= 0"),
     ("variants=['sync']\n[workload.a]\nmodel='lenet'\ntarget_loss=-1\n", "target_loss must be >= 0"),
+    ("variants=['sync']\n[workload.a]\nmodel='lenet'\ntarget_accuracy=1.5\n", "target_accuracy must be in"),
     ("variants=['sync']\n[workload.a]\nmodel='lenet'\nflags=[1]\n", "flags must be a list of strings"),
     ("variants=['sync'\n", "not valid TOML"),
 ])

@@ -24,6 +24,7 @@ class Workload:
     dataset: str = "digits"  # pipesgd-train --dataset
     flags: tuple[str, ...] = ()  # more pipesgd-train flags every variant shares (optimizer, schedule)
     target_loss: float = 0.0  # > 0: time to target is to this validation loss, not to the grid's target accuracy
+    target_accuracy: float = 0.0  # > 0: time to target is to this accuracy, not to the grid's
     epochs: int = 10  # train to completion: every epoch evaluated
     steps: dict[str, int] = field(default_factory=dict)  # per bandwidth: a step budget instead of epochs
     lr: float = 0.02  # pipesgd-train --lr
@@ -39,6 +40,9 @@ class Workload:
             raise ValueError(f"workload {self.name}: lr must be > 0")
         if self.target_loss < 0:
             raise ValueError(f"workload {self.name}: target_loss must be >= 0 (0: the grid's target accuracy)")
+        if not 0 <= self.target_accuracy <= 1 or (self.target_accuracy and self.target_loss):
+            raise ValueError(f"workload {self.name}: target_accuracy must be in (0, 1] (0: the grid's), and not "
+                             "beside a target_loss")
         if not all(isinstance(f, str) for f in self.flags):
             raise ValueError(f"workload {self.name}: flags must be a list of strings")
         if not isinstance(self.calib_repeats, int) or self.calib_repeats < 0:
@@ -113,8 +117,11 @@ class GridConfig:
         return self.warmup_steps + 2
 
     def target_of(self, workload: Workload) -> tuple[float, str]:
-        """Time to target's (value, metric) for ``workload``: its validation loss target, else the grid's accuracy."""
-        return (workload.target_loss, "loss") if workload.target_loss else (self.target_accuracy, "accuracy")
+        """Time to target's (value, metric) for ``workload``: its validation loss target, else its own accuracy
+        target, else the grid's."""
+        if workload.target_loss:
+            return workload.target_loss, "loss"
+        return workload.target_accuracy or self.target_accuracy, "accuracy"
 
     def targets(self) -> dict[str, tuple[float, str]]:
         """``target_of`` of every workload, by name."""

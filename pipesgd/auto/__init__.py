@@ -59,6 +59,13 @@ gradient, two encodes and decodes per codec, and per decision the broadcast of i
 Step 2 has no latency or codec speeds to re-check with: the first re-check that decides measures them (with
 exchanges in flight on the wrapper's own group, so the latency may read high).
 
+Held against width 1: a width chosen above 1 after a synchronous, uncompressed warm-up (the fast links') is held
+once, ``CONFIRM_STEPS`` steps on, against that warm-up, which counts as width 1's measured run (``ran``,
+``StepClock.synchronous``): where the pipelined steps took ``SWITCH_GAIN`` times as long or more per iteration, the
+run goes back to width 1 (``held_against_width_1``). The model predicts an exchange in flight beside the compute;
+on cores the ranks share it slows that compute instead (AlexNet-like with AdamW on the emulated cluster's unshaped
+links: 330 ms synchronous, 548 ms at width 2). Measured against measured; the codec is not re-decided.
+
 Re-check (``auto_recheck_every=N``, off by default): every N steps after the warm-up it looks at the last N steps
 (medians of their compute gaps, iterations, the exchange's busy time with the codec in use, and what ``step()``
 blocked on communication; one small agreement all-reduce, no other traffic). It decides again only in a
@@ -68,9 +75,11 @@ decision as at the warm-up, from the latency and codec speeds the warm-up measur
 a configuration that ran counts with its own iteration and blocked time, a codec that ran with its own exchange
 time (the warm-up's exchange times are left out: they may be of another cluster), and the model's error on the
 running configuration (measured iteration over modelled) scales the predictions of the rest (under overlap the
-codecs and compute share the cores, which the model alone does not see).
-It switches only for a predicted gain: to a less exact codec or a wider pipeline for a ``SWITCH_GAIN`` faster
-iteration, to a more exact or narrower one when that one hides its all-reduce. So a run visits each configuration
+codecs and compute share the cores, which the model alone does not see); an earlier rung of the ladder that ran
+no slower than the choice is chosen instead (the warm-up's width 1 among them); a move drops what the other
+configurations measured (of another cluster). It switches only for a gain: to a less exact codec or a wider
+pipeline, or to a narrower one that does not hide, for a ``SWITCH_GAIN`` faster iteration; to a more exact or
+narrower one that hides its all-reduce. So a run visits each configuration
 at most once until something moves. A switch drains the pipeline first (every step in flight is applied, as
 ``flush()`` does, so replicas stay identical), then refills it as after the warm-up. Error-feedback residuals carry
 over when the new codec keeps feedback on the same all-reduce (they are gradient values not yet sent, whatever the
@@ -88,18 +97,18 @@ from pipesgd.auto.clock import StepClock
 from pipesgd.auto.decision import (announce, codec_key, decide, describe, exchange_key, link_terms, run_key,
                                    uncompressed_hides)
 from pipesgd.auto.knobs import AUTO, CANDIDATES, MAX_WIDTH, SMALL_FRACTION, SWITCH_GAIN, Knobs
+from pipesgd.auto.look import BYTES_SHARE, SLOW_LOOK, announce_provisional, clearly_slow, transfer_floor_s
 from pipesgd.auto.probes import agreed, exchange_per_step, measure, on_rank0
 from pipesgd.grads.buckets import Bucket
 from pipesgd.init_sync import Broadcast
 
 __all__ = ["AUTO", "CANDIDATES", "MAX_WIDTH", "SMALL_FRACTION", "SWITCH_GAIN", "CHANGED", "PROVISIONAL_STEPS",
-           "SLOW_LOOK", "BYTES_SHARE", "Knobs", "StepClock", "AutoConfig", "first_choice", "probe", "clearly_slow",
-           "recheck", "transfer_floor_s", "measure", "agreed", "decide", "link_terms", "describe", "announce",
-           "codec_key", "run_key"]
+           "CONFIRM_STEPS", "SLOW_LOOK", "BYTES_SHARE", "Knobs", "StepClock", "AutoConfig", "first_choice", "probe",
+           "clearly_slow", "recheck", "transfer_floor_s", "measure", "agreed", "decide", "link_terms", "describe",
+           "announce", "codec_key", "run_key"]
 CHANGED = 1.5  # a re-check decides again only when compute or the exchange moved this much (either way)
+CONFIRM_STEPS = 6  # width="auto": the pipelined steps (the first fills the pipeline) held against the warm-up's
 PROVISIONAL_STEPS = 2  # a provisional codec needs at least this many warm-up steps left to time it
-SLOW_LOOK = 0.5  # the early look's "clearly slow": the bytes alone reach half the probing step's compute (clearly_slow)
-BYTES_SHARE = 0.9  # the early look reads only a broadcast that is at least this much bytes (transfer_floor_s)
 
 log = logging.getLogger("pipesgd")
 
@@ -121,6 +130,7 @@ class AutoConfig:
         self.provisional: dict | None = None  # the rest of the warm-up's codec once probed (module doc), or None
         self._initial = initial  # the wrapper's initial broadcast: the early look's link (begin)
         self._looked_at: int | None = None  # the step whose own exchange the early look gave the provisional codec
+        self._confirm_at: int | None = None  # the step whose end holds a chosen width against width 1 (module doc)
         import timing_model.recommend  # noqa: F401 - loaded now, not inside the warm-up's last step
 
     def attach(self, model) -> list:
@@ -156,7 +166,7 @@ class AutoConfig:
     def _timing(self, step: int) -> bool:
         if self.choice is None:
             return step < self._warmup
-        return bool(self._every) and step >= self._warmup
+        return step >= self._warmup and (bool(self._every) or self._confirm_at is not None)
 
     def begin(self, step: int) -> dict | None:
         """Before ``step()``'s work: at the probing step, the early look (module doc): the provisional codec for this
@@ -187,7 +197,7 @@ class AutoConfig:
             self._trial = AllreduceTrial()                                         # probe: this step's is a first call
             self.provisional["allreduce"] = self._trial.running
         self._looked_at = step
-        _announce_provisional(self.provisional, dist.get_rank(self._group))
+        announce_provisional(self.provisional, dist.get_rank(self._group))
         return self.provisional
 
     def switched(self) -> None:
@@ -232,10 +242,18 @@ class AutoConfig:
             self.choice = first_choice(self._buckets, self.knobs, self.clock, self._group, self._codec_options,
                                        self.provisional, verdict)
             self.choice["step"] = step
+            self._confirm_after(step)
+            self.clock.reset()  # a re-check's window holds pipelined steps only
             return self.choice
-        if (step + 1 - self._warmup) % self._every or not self.clock.comm_busy:
+        confirm = self._confirm_at is not None and step >= self._confirm_at
+        scheduled = bool(self._every) and (step + 1 - self._warmup) % self._every == 0
+        if not (confirm or scheduled) or not self.clock.comm_busy:
             return None
-        new = recheck(self._buckets, self.knobs, self.choice, self.clock, self._group)
+        self._confirm_at = None
+        if scheduled:
+            new = recheck(self._buckets, self.knobs, self.choice, self.clock, self._group)
+        else:
+            new = held_against_width_1(self.choice, self.clock, self._group, _gradient(self._buckets)[2])
         self.clock.reset()
         if new is not None:
             new["step"] = step
@@ -243,6 +261,17 @@ class AutoConfig:
                 new.setdefault("allreduce", self.choice["allreduce"])             # goes on with the next codec
             self.choice = new
         return new
+
+
+    def _confirm_after(self, step: int) -> None:
+        """A width chosen above 1 after a synchronous, uncompressed warm-up: that warm-up counts as width 1's
+        measured run (``StepClock.synchronous``), and a re-check ``CONFIRM_STEPS`` steps on holds the pipeline's
+        measured iteration against it, once, re-checks on or off (module doc)."""
+        warmup_codec = self.provisional["compression"] if self.provisional is not None else self.knobs.compression
+        if self.knobs.width is None and self.choice["width"] > 1 and warmup_codec in (None, "none"):
+            synchronous = agreed(self.clock.synchronous(), self._group, _gradient(self._buckets)[2])  # every rank's
+            self.choice["ran"] = {run_key(1, "none", False): synchronous}
+            self._confirm_at = step + CONFIRM_STEPS
 
 
 def first_choice(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: dist.ProcessGroup | None,
@@ -298,42 +327,8 @@ def probe(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: dist.Pro
     guess = on_rank0(lambda: decide(measured, dist.get_world_size(group), grad_bytes, knobs), group, device)
     codec = ("none", False) if guess["compression"] == "none" else knobs.fastest_codec()
     provisional = {"compression": codec[0], "error_feedback": codec[1], "provisional": True, "measured": links}
-    _announce_provisional(provisional, dist.get_rank(group))
+    announce_provisional(provisional, dist.get_rank(group))
     return provisional
-
-
-def transfer_floor_s(broadcast_s: float, latency_s: float, broadcast_bytes: int, grad_bytes: float,
-                     nodes: int) -> float:
-    """The least time the bytes of an uncompressed ring all-reduce of ``grad_bytes`` take on a link where the
-    slowest rank received ``broadcast_bytes`` from rank 0 in ``broadcast_s``, ``latency_s`` of it not bytes (one
-    element's broadcast), whatever the backend's broadcast: at worst rank 0 sends to each peer in turn,
-    ``(p-1) x M / B`` (a tree or a pipeline is faster), so the ring's ``2(p-1)/p x G / B`` is at least
-    ``2/p x G/M x`` the bytes' time. 0 unless the broadcast is mostly bytes (``BYTES_SHARE``): the broadcast of a small
-    model is its latency and the host's jitter, which say nothing of the bandwidth. On the 4-node emulated cluster
-    ResNet-20's 1.09 MB broadcast took 211-284 ms at 100 Mbit/s (a floor of 105-142 ms; the ring's bytes take about
-    130), 14-22 ms at 1 Gbit/s and 3-8 ms unshaped."""
-    bytes_s = broadcast_s - latency_s
-    if nodes < 2 or broadcast_bytes <= 0 or bytes_s < BYTES_SHARE * broadcast_s:
-        return 0.0
-    return 2 / nodes * grad_bytes / broadcast_bytes * bytes_s
-
-
-def clearly_slow(floor_s: float, compute_s: float) -> bool:
-    """The early look's verdict: the uncompressed gradient's bytes take at least ``SLOW_LOOK`` times the probing
-    step's compute (``floor_s``: their least time, ``transfer_floor_s``). Half, not all: that step's compute holds
-    its first calls (on the 2-core emulated cluster ResNet-20's step 0 read 31-135 ms of compute against a warm-up
-    median of 33-65 ms), so bytes as long as half of it may still be as long as a later step's and do not hide at
-    width 2. A first step inflated more (a GPU's autotuning) only makes the look decline: the step then exchanges
-    uncompressed, as without it."""
-    return floor_s >= SLOW_LOOK * compute_s > 0
-
-
-def _announce_provisional(provisional: dict, rank: int) -> None:
-    from timing_model.recommend import codec_label
-
-    if rank == 0 and provisional["compression"] != "none":
-        log.info("PipeSGD auto: the warm-up goes on with %s (provisional; chosen at its end)",
-                 codec_label(provisional["compression"], provisional["error_feedback"]))
 
 
 def recheck(buckets: list[Bucket], knobs: Knobs, current: dict, clock: StepClock,
@@ -351,6 +346,9 @@ def recheck(buckets: list[Bucket], knobs: Knobs, current: dict, clock: StepClock
     if reference is not None and not _moved(window, reference):
         current["reference"] = reference
         return None
+    if reference is not None:  # the cluster moved: what the other configurations measured was of another cluster
+        for other in [k for k in ran if k != key]:
+            del ran[other]
     current["reference"], ran[key] = window, {k: window[k] for k in ("comm_s", "period_s", "wait_s")}
     if "small_allreduce_s" not in current["measured"]:  # a warm-up that needed no codec timed none (uncompressed_hides)
         current["measured"].update(agreed(measure(numel, device, dtype, group, knobs.codecs_to_time()), group, device))
@@ -362,6 +360,23 @@ def recheck(buckets: list[Bucket], knobs: Knobs, current: dict, clock: StepClock
     if choice is None:
         return None
     choice["reason"], choice["ran"] = f"re-check: {choice['reason']}", dict(ran)
+    announce(choice, dist.get_rank(group))
+    return choice
+
+
+def held_against_width_1(current: dict, clock: StepClock, group: dist.ProcessGroup | None,
+                         device: torch.device) -> dict | None:
+    """The confirmation of a chosen width (module doc): width 1, uncompressed, when the warm-up's synchronous steps
+    (``current["ran"]``) were ``SWITCH_GAIN`` faster per iteration than the pipelined steps since (agreed medians),
+    else None. Measured against measured: nothing else changes, and a re-check's model is not asked."""
+    window, synchronous = agreed(clock.window(), group, device), current["ran"][run_key(1, "none", False)]
+    if synchronous["period_s"] * SWITCH_GAIN > window["period_s"]:
+        return None
+    choice = {"width": 1, "compression": "none", "error_feedback": False, "measured": dict(current["measured"]),
+              "ran": dict(current["ran"]), "reason": (
+                  f"held against the warm-up: its synchronous steps took {synchronous['period_s'] * 1e3:.3g} ms per "
+                  f"iteration, {describe(current)} {window['period_s'] * 1e3:.3g} ms since (compute "
+                  f"{window['compute_s'] * 1e3:.3g} ms per step beside the exchange in flight)")}
     announce(choice, dist.get_rank(group))
     return choice
 

@@ -19,6 +19,7 @@ class StepClock:
         self.periods: list[float] = []  # from one step()'s start to the next: the iteration
         self.comm_busy: list[float] = []
         self.waits: list[float] = []  # what step() blocked on communication (the exposed part)
+        self.durations: list[float] = []  # each step()'s own time, from its start to its end
 
     def forward(self) -> None:
         """A forward pass starts: before the first step, where its compute began (later ones are ignored)."""
@@ -37,6 +38,8 @@ class StepClock:
 
     def end(self, comm_busy_s: float | None = 0.0, wait_s: float = 0.0) -> None:
         self._ended = self._clock()
+        if self._began is not None:
+            self.durations.append(self._ended - self._began)
         self.waits.append(wait_s)
         if comm_busy_s is not None:  # None: the step applied nothing (the pipeline fills)
             self.comm_busy.append(comm_busy_s)
@@ -50,7 +53,7 @@ class StepClock:
     def reset(self) -> None:
         """Start a new window (the gap right after a re-check, which includes its drain, is not compute)."""
         self._began, self._ended, self._forward = None, None, None
-        self.gaps, self.periods, self.comm_busy, self.waits = [], [], [], []
+        self.gaps, self.periods, self.comm_busy, self.waits, self.durations = [], [], [], [], []
 
     @property
     def compute_s(self) -> float:
@@ -70,9 +73,16 @@ class StepClock:
 
     def window(self) -> dict[str, float]:
         """A re-check's medians: compute, exchange, iteration and the exposed wait."""
-        median = lambda values: statistics.median(values) if values else 0.0  # noqa: E731
-        return {"compute_s": self.compute_s, "comm_s": self.comm_s, "period_s": median(self.periods),
-                "wait_s": median(self.waits)}
+        return {"compute_s": self.compute_s, "comm_s": self.comm_s, "period_s": _median(self.periods),
+                "wait_s": _median(self.waits)}
+
+    def synchronous(self) -> dict[str, float]:
+        """The warm-up's synchronous, uncompressed steps as a configuration that ran (``decision._predictor``'s
+        ``ran``): the iteration as the median compute plus the median ``step()`` (a period from one step's start to
+        the next holds step 0's first calls or the probes; with 3 warm-up steps the medians drop one such step),
+        the exchange and what ``step()`` blocked on it."""
+        return {"comm_s": self.comm_s, "period_s": self.compute_s + _median(self.durations),
+                "wait_s": _median(self.waits)}
 
 
 def robust_spread(values: list[float]) -> float:
@@ -82,3 +92,7 @@ def robust_spread(values: list[float]) -> float:
         return 0.0
     middle = statistics.median(values)
     return 1.4826 * statistics.median(abs(v - middle) for v in values)
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0

@@ -102,7 +102,7 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
     predict_pipe = _predictor(measured, ran, scale)
     answer = recommend(scenario, predict_pipe, max_width=max_width, width=knobs.width,
                        compression=knobs.compression, error_feedback=knobs.error_feedback, codecs=knobs.codecs)
-    new = answer.choice
+    new, why = _measured_before(answer, ran or {})
     if hidden_only and not new.hidden:
         return None
     if now is not None:
@@ -116,11 +116,25 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
             return None
     spread = (f" (step to step ±{measured['compute_spread_s'] * 1e3:.2g} ms and ±{measured['comm_cv']:.0%})"
               if measured.get("compute_spread_s") or measured.get("comm_cv") else "")
-    reason = (f"{answer.reason}; measured: compute {measured['compute_s'] * 1e3:.3g} ms per step, an all-reduce of "
+    reason = (f"{why}; measured: compute {measured['compute_s'] * 1e3:.3g} ms per step, an all-reduce of "
               f"the gradient ({codec_label(*measured_with)}) {measured['comm_s'] * 1e3:.3g} ms on {nodes} rank(s)"
               f"{spread}{'; ' + knobs.optimizer_note if knobs.optimizer_note else ''}")
     return {"width": new.width, "compression": new.compression, "error_feedback": new.error_feedback,
             "reason": reason, "measured": dict(measured)}
+
+
+def _measured_before(answer, ran: dict[str, dict]):
+    """``recommend``'s choice, or an earlier candidate of its ladder (narrower or more exact) that ran and measured an
+    iteration no longer than the choice's: measured beats a prediction that it hides (on cores shared by the ranks,
+    a pipelined exchange slows the compute beside it, which the model does not see); with the reason."""
+    new = answer.choice
+    earlier = [c for c in answer.candidates[:answer.candidates.index(new)]
+               if run_key(c.width, c.compression, c.error_feedback) in ran and c.iteration_s <= new.iteration_s]
+    if not earlier:
+        return new, answer.reason
+    return earlier[0], (f"{earlier[0].label} ran at {earlier[0].iteration_s * 1e3:.3g} ms per iteration, no slower "
+                        f"than {new.iteration_s * 1e3:.3g} ms for {new.label}, the first whose all-reduce "
+                        f"{'hides' if new.hidden else 'came near the fastest'}")
 
 
 def uncompressed_hides(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Knobs) -> dict | None:
