@@ -47,6 +47,47 @@ def test_several_sittings_give_each_ratios_mean_range_and_the_ratio_of_means(tmp
     lines = capsys.readouterr().out.splitlines()
     to_target = next(line for line in lines if line.startswith("| resnet20-100mbit | pipe+auto |"))
     assert to_target == ("| resnet20-100mbit | pipe+auto | 2 | 1.12 | 1.05 | 1.20 | 1 of 2 | 1.00 | pipe+q8 | "
-                         "width 2, q4 + error feedback |")
+                         "1.00 (pipe+q8) | width 2, q4 + error feedback |")
     assert sum(line.startswith("| resnet20-100mbit | pipe+auto | 2 | 1.00 | 1.00 | 1.00 | 2 of 2 |")
                for line in lines) == 1  # per iteration: all alike
+
+
+def test_the_best_fixed_that_reached_the_target_in_every_sitting_is_named_beside_the_best_by_mean(tmp_path, capsys):
+    """q4 reached the target in one sitting of two (2.0 s; its mean counts that one), sync in both (3.0, 3.0): auto's
+    2.4 and 2.6 are 1.25x q4's mean and 0.83x sync's."""
+    sittings = [[_run("c", "pipe+q4", 0.05, 2.0), _run("c", "sync", 0.1, 3.0), _run("c", "pipe+auto", 0.05, 2.4)],
+                [_run("c", "pipe+q4", 0.05, None), _run("c", "sync", 0.1, 3.0), _run("c", "pipe+auto", 0.05, 2.6)]]
+    paths = []
+    for i, runs in enumerate(sittings):
+        paths.append(tmp_path / f"sitting{i}.json")
+        paths[-1].write_text(json.dumps({"provenance": {"command": "a test"}, "runs": runs}))
+    assert main(["--result", *map(str, paths)]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| c | pipe+auto | 2 |"))
+    assert "| 1.25 | pipe+q4 | 0.83 (sync) |" in line
+
+
+def _curve(accuracies: list[float], seconds_per_step: float) -> list[dict]:
+    return [{"step": 2 * (i + 1), "wall_s": 2 * (i + 1) * seconds_per_step, "accuracy": a}
+            for i, a in enumerate(accuracies)]
+
+
+def test_a_run_cut_short_is_projected_to_its_target_from_the_same_seeds_full_runs(tmp_path, capsys):
+    """sync at 100 Mbit/s, 4 s per step, cut at step 6 (the last evaluation, after the end's flush, is not compared;
+    step 4 at 16 s is); at 1 Gbit/s the same seed's sync computed the same evaluations and reached 0.75 at step 8:
+    16 + 4 x 4 = 32 s, against q8's 20 s that ran to the target."""
+    def run(cell, variant, t_iter, curve, to_target=None):
+        return {**_run(cell, variant, t_iter, to_target), "workload": "alexnet", "target_accuracy": 0.75,
+                "curve": curve}
+    full = [run("alexnet-1gbit", "sync", 0.5, _curve([0.1, 0.3, 0.6, 0.8], 0.5), 4.0),
+            run("alexnet-100mbit", "pipe+q8", 1.5, _curve([0.1, 0.3, 0.6, 0.7, 0.8], 2.0), 20.0)]
+    short = [run("alexnet-100mbit", "sync", 4.0, _curve([0.1, 0.3, 0.5], 4.0)),
+             run("alexnet-100mbit", "pipe", 4.0, _curve([0.1, 0.2, 0.6], 4.0))]  # not the same steps: no projection
+    full.append(run("alexnet-1gbit", "pipe", 0.5, _curve([0.1, 0.3, 0.6, 0.8], 0.5), 4.0))
+    paths = {}
+    for name, runs in (("full", full), ("short", short)):
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps({"provenance": {"command": "a test"}, "config": {"seed": 3}, "runs": runs}))
+    assert main(["--result", str(paths["full"]), "--short", str(paths["short"])]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "| alexnet-100mbit | sync | 4000 | 8 (alexnet-1gbit) | yes | 32.0 | 20.0 (pipe+q8) | 1.60 |" in lines
+    assert "| alexnet-100mbit | pipe | 4000 | 8 (alexnet-1gbit) | no | - | 20.0 (pipe+q8) | - |" in lines
