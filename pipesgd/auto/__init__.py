@@ -262,11 +262,11 @@ class AutoConfig:
             self.choice = new
         return new
 
-
     def _confirm_after(self, step: int) -> None:
         """A width chosen above 1 after a synchronous, uncompressed warm-up: that warm-up counts as width 1's
-        measured run (``StepClock.synchronous``), and a re-check ``CONFIRM_STEPS`` steps on holds the pipeline's
-        measured iteration against it, once, re-checks on or off (module doc)."""
+        measured run (``StepClock.synchronous``, agreed over the ranks), and ``CONFIRM_STEPS`` steps on
+        ``held_against_width_1`` holds the pipeline's measured iteration against it, once, re-checks on or off
+        (module doc)."""
         warmup_codec = self.provisional["compression"] if self.provisional is not None else self.knobs.compression
         if self.knobs.width is None and self.choice["width"] > 1 and warmup_codec in (None, "none"):
             synchronous = agreed(self.clock.synchronous(), self._group, _gradient(self._buckets)[2])  # every rank's
