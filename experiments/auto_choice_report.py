@@ -113,12 +113,12 @@ def _projections(short: dict, results: list[dict]) -> list[str]:
     """The runs of ``short`` (cut short) projected to their target from the same seed's sittings (``projected``),
     against the best fixed configuration that ran to it in the same sitting and cell."""
     seed = short.get("config", {}).get("seed")
+    sittings = [r["runs"] for r in results if r.get("config", {}).get("seed") == seed]
     lines = ["| cell | variant | ms per iteration (short run) | target reached at step (in) | same evaluations | "
              "projected s to target | best fixed that ran to it, s | projected / best |", "|" + "---|" * 8]
     for run in short["runs"]:
         if run.get("status") != "ok":
             continue
-        sittings = [r["runs"] for r in results if r.get("config", {}).get("seed") == seed]
         full = [r for runs in sittings for r in runs if r.get("workload") == run.get("workload")
                 and r["variant"] == run["variant"] and r["cell"] != run["cell"] and r.get("status") == "ok"]
         guess = projected(run, full)
@@ -137,6 +137,20 @@ def _projections(short: dict, results: list[dict]) -> list[str]:
     return lines
 
 
+def _read(path: Path) -> dict:
+    """A runs.json, its provenance printed; ValueError naming the file when it cannot be read as one."""
+    try:
+        result = json.loads(path.read_text())
+        if not isinstance(result["runs"], list):
+            raise TypeError("runs is not a list")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from None
+    provenance = result.get("provenance", {})
+    print(f"{path}: {len(result['runs'])} runs; {provenance.get('command', '')} ({provenance.get('commit', '?')}, "
+          f"{provenance.get('date', '?')})")
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--result", nargs="+", default=[RESULT],
@@ -145,20 +159,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="runs.json of runs cut short (--steps N): their time to target projected from the "
                              "--result sittings of the same seed")
     args = parser.parse_args(argv)
-    results, shorts = [], []
-    for name in [*args.result, *args.short]:
-        path = Path(name)
-        try:
-            result = json.loads(path.read_text())
-            if not isinstance(result["runs"], list):
-                raise TypeError("runs is not a list")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            print(f"auto_choice_report: cannot read {path}: {exc}", file=sys.stderr)
-            return 2
-        (results if len(results) < len(args.result) else shorts).append(result)
-        provenance = result.get("provenance", {})
-        print(f"{path}: {len(result['runs'])} runs; {provenance.get('command', '')} ({provenance.get('commit', '?')},"
-              f" {provenance.get('date', '?')})")
+    try:
+        results, shorts = [_read(Path(name)) for name in args.result], [_read(Path(name)) for name in args.short]
+    except ValueError as exc:
+        print(f"auto_choice_report: {exc}", file=sys.stderr)
+        return 2
     sittings = [result["runs"] for result in results]
     for short in shorts:
         print()
