@@ -229,7 +229,10 @@ def test_a_chosen_width_is_held_once_against_the_warmups_synchronous_steps(proce
 
 
 def _held_ranks(rank: int, world: int) -> dict:
-    """Rank 0's own warm-up would call width 1 far faster, rank 1's far slower: every rank must hold the same."""
+    """Rank 0's own warm-up would call width 1 far faster, rank 1's far slower: every rank must hold the same. No
+    early look: on loopback it could read the tiny model's initial broadcast as a slow link and run a provisional
+    codec, whose warm-up holds nothing (CI, once: rank 1 had no ``ran``)."""
+    auto.transfer_floor_s = lambda *_: 0.0
     auto.uncompressed_hides = lambda measured, *_: _chooses(2)(measured)
     period = 1e-6 if rank == 0 else 1e3
     auto.StepClock.synchronous = lambda self: {"comm_s": 0.01, "period_s": period, "wait_s": 0.01}
