@@ -6,10 +6,12 @@ variant's ratio to it, per iteration and in time to the target accuracy, with wh
     python experiments/auto_choice_report.py --result experiments/results/auto_choice/runs.json \
         experiments/results/auto_choice/resnet20_seed*.json         # several sittings: each ratio's mean and range
     python experiments/auto_choice_report.py --result experiments/results/auto_choice/alexnet_seed*.json \
-        --short experiments/results/auto_choice/alexnet_100mbit_short.json   # runs cut short: projected to target
+        --short experiments/results/auto_choice/alexnet_100mbit_short*.json  # runs cut short: projected to target
 
 Every ratio is taken within one sitting (auto against the best fixed configuration of the same sitting, run side by
-side); across sittings the summary gives the mean, the range and how many sittings were within 10 %.
+side); across sittings the summary gives the mean, the range and how many sittings were within 10 %. A run cut short
+(``--short``) joins its seed's sitting with its projected time to target, and where it decides the best fixed
+configuration the summary says in how many sittings that time was projected.
 
 Reads what ``python experiments/comparison.py --config experiments/configs/auto_choice.toml`` wrote; runs nothing.
 """
@@ -66,7 +68,8 @@ def _across(sittings: list[list[dict]], metric: str, title: str) -> list[str]:
         # reached it in every sitting is the fair rival of a choice that did
         always = [v for v in means if v in FIXED and _count(sittings, cell, v, metric) == len(sittings)]
         steady = min(always, key=means.get) if always else None
-        versus = f"{means[variant] / means[steady]:.2f} ({steady})" if steady else "- (none did)"
+        versus = (f"{means[variant] / means[steady]:.2f} ({steady}{_projected_in(sittings, cell, steady, metric)})"
+                  if steady else "- (none did)")
         lines.append(f"| {cell} | {variant} | {len(values)} | {statistics.fmean(values):.2f} | {min(values):.2f} | "
                      f"{max(values):.2f} | {sum(v <= TARGET for v in values)} of {len(values)} | "
                      f"{means[variant] / means[best]:.2f} | {best} | {versus} | {chose} |")
@@ -77,6 +80,14 @@ def _count(sittings: list[list[dict]], cell: str, variant: str, metric: str) -> 
     """In how many sittings ``variant`` has a ``metric`` in ``cell``."""
     return sum(any(r["cell"] == cell and r["variant"] == variant and r.get("status") == "ok"
                    and r.get(metric) is not None for r in runs) for runs in sittings)
+
+
+def _projected_in(sittings: list[list[dict]], cell: str, variant: str, metric: str) -> str:
+    """", projected in N of M" where some of ``variant``'s values in ``cell`` are projections of runs cut short."""
+    runs = [r for runs in sittings for r in runs if r["cell"] == cell and r["variant"] == variant
+            and r.get("status") == "ok" and r.get(metric) is not None]
+    guessed = sum(bool(r.get("projected")) for r in runs)
+    return f", projected in {guessed} of {len(runs)}" if guessed and metric == "time_to_target_s" else ""
 
 
 def _means(sittings: list[list[dict]], cell: str, metric: str) -> dict[str, float]:
@@ -109,11 +120,14 @@ def _table(runs: list[dict], metric: str, unit: str, scale: float, digits: int) 
     return lines
 
 
-def _projections(short: dict, results: list[dict]) -> list[str]:
+def _projections(short: dict, results: list[dict]) -> tuple[list[str], list[dict]]:
     """The runs of ``short`` (cut short) projected to their target from the same seed's sittings (``projected``),
-    against the best fixed configuration that ran to it in the same sitting and cell."""
+    against the best fixed configuration that ran to it in the same sitting and cell; and those runs with their
+    projection as their time to target (``projected``: True; not reached where there is none), which join that
+    seed's sitting: a configuration too slow to run to the target still counts in each sitting it was cut short in."""
     seed = short.get("config", {}).get("seed")
     sittings = [r["runs"] for r in results if r.get("config", {}).get("seed") == seed]
+    joined = []
     lines = ["| cell | variant | ms per iteration (short run) | target reached at step (in) | same evaluations | "
              "projected s to target | best fixed that ran to it, s | projected / best |", "|" + "---|" * 8]
     for run in short["runs"]:
@@ -126,6 +140,7 @@ def _projections(short: dict, results: list[dict]) -> list[str]:
                 and r.get("reached_target")]
         top = min(best, key=lambda r: r["time_to_target_s"]) if best else None
         seconds = guess["seconds"]
+        joined.append({**run, "time_to_target_s": seconds, "reached_target": seconds is not None, "projected": True})
         best_s = top["time_to_target_s"] if top else None
         shown = "-" if seconds is None else f"{seconds:.1f}"
         best_shown = "-" if top is None else f"{best_s:.1f} ({top['variant']})"
@@ -134,7 +149,7 @@ def _projections(short: dict, results: list[dict]) -> list[str]:
         lines.append(f"| {run['cell']} | {run['variant']} | {run['t_iter_s'] * 1e3:.0f} | {step} "
                      f"({', '.join(guess['from']) or '-'}) | {'yes' if guess['same'] else 'no'} | {shown} | "
                      f"{best_shown} | {ratio} |")
-    return lines
+    return lines, joined
 
 
 def _read(path: Path) -> dict:
@@ -164,10 +179,16 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"auto_choice_report: {exc}", file=sys.stderr)
         return 2
-    sittings = [result["runs"] for result in results]
     for short in shorts:
+        lines, joined = _projections(short, results)
         print()
-        print("\n".join(_projections(short, results)))
+        print("\n".join(lines))
+        seed = short.get("config", {}).get("seed")
+        sitting = next((result["runs"] for result in results if result.get("config", {}).get("seed") == seed), None)
+        if sitting is not None:  # where a full run of the same cell and variant is there too, it stands
+            sitting += [r for r in joined if not any(f["cell"] == r["cell"] and f["variant"] == r["variant"]
+                                                    for f in sitting)]
+    sittings = [result["runs"] for result in results]
     if len(sittings) == 1:
         runs = sittings[0]
         print()

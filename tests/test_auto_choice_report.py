@@ -91,3 +91,27 @@ def test_a_run_cut_short_is_projected_to_its_target_from_the_same_seeds_full_run
     lines = capsys.readouterr().out.splitlines()
     assert "| alexnet-100mbit | sync | 4000 | 8 (alexnet-1gbit) | yes | 32.0 | 20.0 (pipe+q8) | 1.60 |" in lines
     assert "| alexnet-100mbit | pipe | 4000 | 8 (alexnet-1gbit) | no | - | 20.0 (pipe+q8) | - |" in lines
+
+
+def test_a_projected_run_counts_in_its_seeds_sitting_and_is_named_so(tmp_path, capsys):
+    """Two sittings (seeds 0 and 1) at 100 Mbit/s: q4 ran to the target in one only; sync, too slow to run to it,
+    was cut short in both and projected from the same seed's 1 Gbit/s run to 32 s in each (as in the test above).
+    Auto's 20 and 24 s are then 0.69x sync's, the best fixed that reached it in every sitting, both projected."""
+    def run(cell, variant, t_iter, curve, to_target=None):
+        return {**_run(cell, variant, t_iter, to_target), "workload": "alexnet", "target_accuracy": 0.75,
+                "curve": curve}
+    paths = []
+    for seed, q4, mine in ((0, 18.0, 20.0), (1, None, 24.0)):
+        full = [run("alexnet-1gbit", "sync", 0.5, _curve([0.1, 0.3, 0.6, 0.8], 0.5), 4.0),
+                run("alexnet-100mbit", "pipe+q4", 1.0, _curve([0.1, 0.3, 0.6, 0.8], 1.0), q4),
+                run("alexnet-100mbit", "pipe+auto", 1.5, _curve([0.1, 0.3, 0.6, 0.8], 1.5), mine)]
+        short = [run("alexnet-100mbit", "sync", 4.0, _curve([0.1, 0.3, 0.5], 4.0))]
+        for name, runs in (("full", full), ("short", short)):
+            paths.append(tmp_path / f"{name}{seed}.json")
+            paths[-1].write_text(json.dumps({"provenance": {"command": "a test"}, "config": {"seed": seed},
+                                             "runs": runs}))
+    fulls, shorts = [str(p) for p in paths if "full" in p.name], [str(p) for p in paths if "short" in p.name]
+    assert main(["--result", *fulls, "--short", *shorts]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines()
+                if line.startswith("| alexnet-100mbit | pipe+auto | 2 |"))
+    assert "| 0.69 (sync, projected in 2 of 2) |" in line
