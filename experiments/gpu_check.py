@@ -6,12 +6,12 @@
     python experiments/gpu_check.py --device cpu --ranks 2 --hidden 32 --out /tmp/check   # CPU smoke run
 
 Checks: K = 1 against single-process SGD and K = 2 against the delayed reference, plain and with look-ahead
-(float64 references on the CPU); replicas bitwise identical for every codec and with error feedback, on the
-two-collective exchange and on the per-hop ring; the same results with the side
-stream and the compute stream stalled (``torch.cuda._sleep``: the stream order must hold); no host sync from
-``step()`` on the caller's thread (``torch.cuda.set_sync_debug_mode("warn")``); codec kernels on CUDA against
-the CPU ones on random non-zero inputs; steady-state ``torch.cuda.memory_allocated()`` for DDP and PipeSGD
-K = 1, K = 2 plain and with look-ahead, K = 2 + error feedback, in gradient copies, and its growth over steps; a
+(float64 references on the CPU); width and compression "auto" the same choice on every rank; replicas bitwise
+identical for every codec and with error feedback, on the two-collective exchange and on the per-hop ring; the same
+results with the side stream and the compute stream stalled (``torch.cuda._sleep``: the stream order must hold);
+no host sync from ``step()`` on the caller's thread (``torch.cuda.set_sync_debug_mode("warn")``); codec kernels on
+CUDA against the CPU ones on random non-zero inputs; steady-state ``torch.cuda.memory_allocated()`` for DDP and
+PipeSGD K = 1, K = 2 plain and with look-ahead, K = 2 + error feedback, in gradient copies, and its growth over steps; a
 SyncBatchNorm model under K = 2 keeps parameters and buffers identical on every rank (issue 10; GPU only).
 Writes ``gpu_check.md`` and ``gpu_check.json`` under ``--out``; exits 1 if a check fails.
 """
@@ -35,12 +35,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_common import check_backend, device_name, launch, markdown, rank_device, stall, write_results  # noqa: E402
 
 from pipesgd import PipeSGD  # noqa: E402
+from pipesgd.auto import CONFIRM_STEPS, describe  # noqa: E402
 from pipesgd.compression import build  # noqa: E402
 from pipesgd.comm.exchange import GradientExchange  # noqa: E402
 
 LOSSY = [("fp16", False), ("bf16", False), ("q8", False), ("q4", False), ("q8", True), ("sign", True)]
 EXACT_RTOL = 1e-4  # float32 on the device against a float64 reference on the CPU
 STALL_S = 0.02
+AUTO_WARMUP = 3  # width and compression "auto": the warm-up's steps, then the held width's CONFIRM_STEPS
 
 
 def make_model(hidden: int, dtype=torch.float32) -> nn.Module:
@@ -186,6 +188,29 @@ def check_training(rank: int, world: int, device: torch.device, args) -> list[di
     return rows
 
 
+def check_auto(rank: int, world: int, device: torch.device, args) -> list[dict]:
+    """``width="auto"``, ``compression="auto"`` (issue 39): the early look's timed broadcasts, the warm-up's agreed
+    measurements and rank 0's broadcast decision all run on the buckets' device; every rank must hold rank 0's
+    choice, past the held width's check, with replicas bitwise identical."""
+    model = make_model(args.hidden).to(device)
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, width="auto", compression="auto",
+                  warmup_steps=AUTO_WARMUP)
+    for t in range(AUTO_WARMUP + CONFIRM_STEPS + 2):
+        x, y = (v.to(device) for v in batch(t, rank))
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    opt.flush()
+    choice = describe(opt.auto_choice) if opt.auto_choice else "none made"
+    opt.close()
+    got, choices = flat(model), [None] * world
+    dist.all_gather_object(choices, choice)
+    same = identical_across_ranks(got)
+    return [row("width and compression auto", "every rank holds the same choice, replicas bitwise identical",
+                f"chose {choice}; same choice {len(set(choices)) == 1}, identical {same}",
+                len(set(choices)) == 1 and same and bool(torch.isfinite(got).all()))]
+
+
 def check_ordering(rank: int, world: int, device: torch.device, args) -> list[dict]:
     """The stalled runs must give exactly the bits of the unstalled one."""
     rows = []
@@ -328,7 +353,8 @@ def check_memory(rank: int, world: int, device: torch.device, args) -> list[dict
 
 def main_rank(rank: int, world: int, args) -> None:
     device = rank_device(args.device, rank)
-    rows = check_training(rank, world, device, args) + check_ordering(rank, world, device, args)
+    rows = check_training(rank, world, device, args) + check_auto(rank, world, device, args)
+    rows += check_ordering(rank, world, device, args)
     rows += check_syncs(rank, world, device, args) + check_memory(rank, world, device, args)
     rows += check_sync_batchnorm(rank, world, device, args)
     if rank == 0:

@@ -4,7 +4,9 @@
 #   $OUT/gpu13.tgz (one folder per step, each step's log, steps.txt with each step's time and exit code).
 # The look-ahead stand-ins that wait for an exchange of the step just taken (coarse-q8, coarse-lowrank) beside the
 # own gradient, in training and in the check; the gather rows again. Not yet run since coarse-lowrank became the
-# one-all-reduce form (2026-11-27; its check row is the first CUDA run of it). One call:
+# one-all-reduce form (2026-11-27; its check row is the first CUDA run of it), and width and compression "auto"
+# (issue 39: the early look's timed broadcasts, the agreed measurements and rank 0's broadcast decision on CUDA
+# tensors, never yet run there). One call:
 # under MPS the gloo-CUDA check (stand-in rows added) and the speed table of all three models; then, without MPS,
 # NCCL at world size 1. A step that no longer fits the budget (first argument, seconds) is skipped and says so.
 # Installs with --no-build-isolation (no network for build dependencies) and runs from the checkout either way
