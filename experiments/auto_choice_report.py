@@ -76,16 +76,20 @@ def _across(sittings: list[list[dict]], metric: str, title: str) -> list[str]:
     return lines
 
 
+def _measured(sittings: list[list[dict]], cell: str, metric: str) -> list[list[dict]]:
+    """Per sitting, its runs in ``cell`` that ran and have a ``metric``."""
+    return [[r for r in runs if r["cell"] == cell and r.get("status") == "ok" and r.get(metric) is not None]
+            for runs in sittings]
+
+
 def _count(sittings: list[list[dict]], cell: str, variant: str, metric: str) -> int:
     """In how many sittings ``variant`` has a ``metric`` in ``cell``."""
-    return sum(any(r["cell"] == cell and r["variant"] == variant and r.get("status") == "ok"
-                   and r.get(metric) is not None for r in runs) for runs in sittings)
+    return sum(any(r["variant"] == variant for r in runs) for runs in _measured(sittings, cell, metric))
 
 
 def _projected_in(sittings: list[list[dict]], cell: str, variant: str, metric: str) -> str:
     """", projected in N of M" where some of ``variant``'s values in ``cell`` are projections of runs cut short."""
-    runs = [r for runs in sittings for r in runs if r["cell"] == cell and r["variant"] == variant
-            and r.get("status") == "ok" and r.get(metric) is not None]
+    runs = [r for runs in _measured(sittings, cell, metric) for r in runs if r["variant"] == variant]
     guessed = sum(bool(r.get("projected")) for r in runs)
     return f", projected in {guessed} of {len(runs)}" if guessed and metric == "time_to_target_s" else ""
 
@@ -93,10 +97,9 @@ def _projected_in(sittings: list[list[dict]], cell: str, variant: str, metric: s
 def _means(sittings: list[list[dict]], cell: str, metric: str) -> dict[str, float]:
     """Every variant's mean ``metric`` in ``cell`` over the sittings where it has one."""
     values: dict[str, list[float]] = {}
-    for runs in sittings:
+    for runs in _measured(sittings, cell, metric):
         for r in runs:
-            if r["cell"] == cell and r.get("status") == "ok" and r.get(metric) is not None:
-                values.setdefault(r["variant"], []).append(r[metric])
+            values.setdefault(r["variant"], []).append(r[metric])
     return {v: statistics.fmean(xs) for v, xs in values.items()}
 
 
@@ -120,13 +123,16 @@ def _table(runs: list[dict], metric: str, unit: str, scale: float, digits: int) 
     return lines
 
 
+def _seed(result: dict) -> int | None:
+    return result.get("config", {}).get("seed")
+
+
 def _projections(short: dict, results: list[dict]) -> tuple[list[str], list[dict]]:
     """The runs of ``short`` (cut short) projected to their target from the same seed's sittings (``projected``),
     against the best fixed configuration that ran to it in the same sitting and cell; and those runs with their
     projection as their time to target (``projected``: True; not reached where there is none), which join that
     seed's sitting: a configuration too slow to run to the target still counts in each sitting it was cut short in."""
-    seed = short.get("config", {}).get("seed")
-    sittings = [r["runs"] for r in results if r.get("config", {}).get("seed") == seed]
+    sittings = [r["runs"] for r in results if _seed(r) == _seed(short)]
     joined = []
     lines = ["| cell | variant | ms per iteration (short run) | target reached at step (in) | same evaluations | "
              "projected s to target | best fixed that ran to it, s | projected / best |", "|" + "---|" * 8]
@@ -183,8 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         lines, joined = _projections(short, results)
         print()
         print("\n".join(lines))
-        seed = short.get("config", {}).get("seed")
-        sitting = next((result["runs"] for result in results if result.get("config", {}).get("seed") == seed), None)
+        sitting = next((result["runs"] for result in results if _seed(result) == _seed(short)), None)
         if sitting is not None:  # where a full run of the same cell and variant is there too, it stands
             sitting += [r for r in joined if not any(f["cell"] == r["cell"] and f["variant"] == r["variant"]
                                                     for f in sitting)]
