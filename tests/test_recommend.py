@@ -8,7 +8,7 @@ import pytest
 
 from timing_model.cli import main
 from timing_model.predict import Scenario, predict
-from timing_model.recommend import HIDDEN_SHARE, candidate_knobs, recommend
+from timing_model.recommend import HIDDEN_SHARE, WIDER_GAIN, candidate_knobs, recommend
 
 CALIBRATION = "experiments/results/exchange_model/calibration.json"
 
@@ -35,6 +35,19 @@ def test_the_choice_is_the_first_candidate_in_the_order_whose_all_reduce_hides(b
     assert all(not c.hidden for c in earlier)
     assert _pipe(_scenario(bits).with_changes(width=want[0], compression=want[1], error_feedback=want[2])
                  ).iteration_s == choice.iteration_s  # the model's own prediction, not a second formula
+
+
+def test_a_narrower_candidate_within_the_wider_gain_wins_over_one_that_hides():
+    """A 100 ms step beside a 15 ms all-reduce: width 2 hides it (100 ms), width 1 takes 115 ms, 1.15x: not enough
+    for a stale gradient, so width 1, and the reason says why; beside 48 ms (1.48x) width 2."""
+    near = _scenario(1e9).with_changes(grad_bytes=4e6 * 15 / 48)
+    answer = recommend(near, _pipe)
+    hiding = next(c for c in answer.candidates if c.hidden)
+    assert (hiding.width, answer.choice.width, answer.choice.compression) == (2, 1, "none")
+    assert hiding.iteration_s < answer.choice.iteration_s <= WIDER_GAIN * hiding.iteration_s
+    assert "within 1.25x" in answer.reason and "stale gradient" in answer.reason
+    assert recommend(near, _pipe, width=2).choice.width == 2  # a named width is kept
+    assert recommend(_scenario(1e9), _pipe).choice.width == 2
 
 
 def test_when_nothing_hides_the_first_near_the_fastest_is_taken_and_the_reason_says_so():

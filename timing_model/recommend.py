@@ -13,6 +13,12 @@ The order, from what the accuracy study measured (``experiments/results/accuracy
           Width before codec: width 3 cost AdamW +6.2 % in validation loss where every codec up to q4 + feedback
           stayed within the seed spread. Under Adam and AdamW the caller fixes error feedback off and stops at q8
           (``pipesgd.defaults.auto_codec_limits``: feedback and q4 cost the GPT accuracy under look-ahead).
+          A narrower candidate tried before the one that hides is taken instead where it is predicted within
+          ``WIDER_GAIN`` of its iteration: a wider pipeline's stale gradient costs steps, 1.04x to 1.27x of the
+          synchronous ones so far (to 0.90 on ResNet-20 with momentum SGD and look-ahead, 1.27x to 0.75 on the
+          AlexNet-like model with AdamW, six and five seeds, ``experiments/results/auto_choice/report.md``), so a
+          few per cent per iteration does not pay for it; the margin is the re-checks' (``pipesgd.auto``
+          ``SWITCH_GAIN``), not fitted per optimizer. ``pipesgd.auto`` holds the measured iteration to it too.
   Step 3: if nothing hides, the earliest candidate predicted within ``NEAR_FASTEST`` of the fastest (a codec that
           is barely faster is not worth its loss of exactness), and the reason says so.
 A knob the user fixed (``width``, ``compression``) is never changed: only candidates with it are tried. The
@@ -26,10 +32,11 @@ from dataclasses import asdict, dataclass
 from .modes import ModeResult
 from .predict import Scenario
 
-__all__ = ["HIDDEN_SHARE", "CODEC_LADDER", "Candidate", "Recommendation", "codec_label", "choice_label",
+__all__ = ["HIDDEN_SHARE", "WIDER_GAIN", "CODEC_LADDER", "Candidate", "Recommendation", "codec_label", "choice_label",
            "recommend"]
 
 HIDDEN_SHARE = 0.05  # an all-reduce "hides" when what it leaves exposed is at most this share of the iteration
+WIDER_GAIN = 1.25  # a wider pipeline only for a predicted (and, in pipesgd.auto, measured) 1.25x faster iteration
 NEAR_FASTEST = 1.10  # when nothing hides: the earliest candidate at most 10 % slower than the fastest
 CODEC_LADDER = (("none", False), ("bf16", False), ("q8", True), ("q4", True))  # most exact first
 SIGN = ("sign", True)
@@ -125,6 +132,13 @@ def recommend(scenario: Scenario, predict_pipe, *, max_width: int = 3, allow_sig
         if before:
             why += (f"; the {len(before)} tried before it (narrower or more exact) leave up to "
                     f"{_ms(max(c.exposed_s for c in before))} exposed")
+        narrower = next((c for c in before if c.width < hiding.width
+                         and c.iteration_s <= WIDER_GAIN * hiding.iteration_s), None)
+        if narrower is not None:
+            why = (f"{hiding.label} would hide its all-reduce at {_ms(hiding.iteration_s)} per iteration, but "
+                   f"{narrower.label} is predicted at {_ms(narrower.iteration_s)}, within {WIDER_GAIN:g}x: a wider "
+                   f"pipeline's stale gradient costs steps, so it is taken only for a {WIDER_GAIN:g}x faster iteration")
+            return Recommendation(narrower, why, tuple(tried))
         return Recommendation(hiding, why, tuple(tried))
     fastest = min(c.iteration_s for c in tried)
     near = next(c for c in tried if c.iteration_s <= NEAR_FASTEST * fastest)

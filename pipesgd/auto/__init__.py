@@ -61,10 +61,11 @@ exchanges in flight on the wrapper's own group, so the latency may read high).
 
 Held against width 1: a width chosen above 1 after a synchronous, uncompressed warm-up (the fast links') is held
 once, ``CONFIRM_STEPS`` steps on, against that warm-up, which counts as width 1's measured run (``ran``,
-``StepClock.synchronous``): where the pipelined steps took ``SWITCH_GAIN`` times as long or more per iteration, the
-run goes back to width 1 (``held_against_width_1``). The model predicts an exchange in flight beside the compute;
-on cores the ranks share it slows that compute instead (AlexNet-like with AdamW on the emulated cluster's unshaped
-links: 330 ms synchronous, 548 ms at width 2). Measured against measured; the codec is not re-decided.
+``StepClock.synchronous``): unless the pipelined steps ran ``WIDER_GAIN`` times faster per iteration (the choice's
+own rule, ``timing_model.recommend``: a stale gradient costs steps), it goes back to width 1 (``held_against_width_1``).
+The model predicts an exchange in flight beside the compute; on cores the ranks share it slows that compute instead
+(AlexNet-like, AdamW, the emulated cluster's unshaped links: 330 ms synchronous, 548 ms at width 2; ResNet-20 49.9
+and 52.6 ms). Measured against measured; the codec is not re-decided.
 
 Re-check (``auto_recheck_every=N``, off by default): every N steps after the warm-up it looks at the last N steps
 (medians of their compute gaps, iterations, the exchange's busy time with the codec in use, and what ``step()``
@@ -79,11 +80,11 @@ codecs and compute share the cores, which the model alone does not see); an earl
 no slower than the choice is chosen instead (the warm-up's width 1 among them); a move drops what the other
 configurations measured (of another cluster). It switches only for a gain: to a less exact codec or a wider
 pipeline, or to a narrower one that does not hide, for a ``SWITCH_GAIN`` faster iteration; to a more exact or
-narrower one that hides its all-reduce. So a run visits each configuration
-at most once until something moves. A switch drains the pipeline first (every step in flight is applied, as
-``flush()`` does, so replicas stay identical), then refills it as after the warm-up. Error-feedback residuals carry
-over when the new codec keeps feedback on the same all-reduce (they are gradient values not yet sent, whatever the
-codec); otherwise they are dropped (at most one step's rounding error).
+narrower one when something hides (that one, or one within ``WIDER_GAIN`` of it). So a run visits each
+configuration at most once until something moves. A switch drains the pipeline first (every step in flight is
+applied, as ``flush()`` does: replicas stay identical), then refills it as after the warm-up. Error-feedback
+residuals carry over when the new codec keeps feedback on the same all-reduce (they are gradient values not yet
+sent, whatever the codec); otherwise they are dropped (at most one step's rounding error).
 """
 from __future__ import annotations
 
@@ -366,17 +367,19 @@ def recheck(buckets: list[Bucket], knobs: Knobs, current: dict, clock: StepClock
 
 def held_against_width_1(current: dict, clock: StepClock, group: dist.ProcessGroup | None,
                          device: torch.device) -> dict | None:
-    """The confirmation of a chosen width (module doc): width 1, uncompressed, when the warm-up's synchronous steps
-    (``current["ran"]``) were ``SWITCH_GAIN`` faster per iteration than the pipelined steps since (agreed medians),
+    """The confirmation of a chosen width (module doc): width 1, uncompressed, unless the pipelined steps since ran
+    ``WIDER_GAIN`` faster per iteration than the warm-up's synchronous steps (``current["ran"]``; agreed medians),
     else None. Measured against measured: nothing else changes, and a re-check's model is not asked."""
+    from timing_model.recommend import WIDER_GAIN
     window, synchronous = agreed(clock.window(), group, device), current["ran"][run_key(1, "none", False)]
-    if synchronous["period_s"] * SWITCH_GAIN > window["period_s"]:
+    if window["period_s"] * WIDER_GAIN <= synchronous["period_s"]:
         return None
     choice = {"width": 1, "compression": "none", "error_feedback": False, "measured": dict(current["measured"]),
               "ran": dict(current["ran"]), "reason": (
                   f"held against the warm-up: its synchronous steps took {synchronous['period_s'] * 1e3:.3g} ms per "
                   f"iteration, {describe(current)} {window['period_s'] * 1e3:.3g} ms since (compute "
-                  f"{window['compute_s'] * 1e3:.3g} ms per step beside the exchange in flight)")}
+                  f"{window['compute_s'] * 1e3:.3g} ms per step beside the exchange in flight), not {WIDER_GAIN:g}x "
+                  f"faster: a stale gradient costs steps")}
     announce(choice, dist.get_rank(group))
     return choice
 

@@ -87,7 +87,8 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
     feedback running) None unless the switch rule of the module doc holds; ``ran``: what configurations measured
     while the pipeline ran, by ``run_key`` (``_predictor``). The model's error on the running configuration
     (its measured iteration over the model's) scales the predictions of the ones that have not run. ``max_width``:
-    the widest tried; ``hidden_only``: None unless the choice hides its all-reduce (``uncompressed_hides``)."""
+    the widest tried; ``hidden_only``: None unless a candidate hides its all-reduce (the choice, or a narrower one
+    within ``WIDER_GAIN`` of it: ``uncompressed_hides``)."""
     from timing_model.predict import Scenario
     from timing_model.recommend import codec_label, recommend
 
@@ -103,7 +104,8 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
     answer = recommend(scenario, predict_pipe, max_width=max_width, width=knobs.width,
                        compression=knobs.compression, error_feedback=knobs.error_feedback, codecs=knobs.codecs)
     new, why = _measured_before(answer, ran or {})
-    if hidden_only and not new.hidden:
+    hiding = any(c.hidden for c in answer.candidates)  # else the choice is only the nearest the fastest (Step 3)
+    if hidden_only and not hiding:
         return None
     if now is not None:
         keys = [(c.width, c.compression, c.error_feedback) for c in answer.candidates]
@@ -111,7 +113,7 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
             return None
         running = answer.candidates[keys.index(now)]
         faster = new.iteration_s * SWITCH_GAIN <= running.iteration_s
-        exacter = keys.index((new.width, new.compression, new.error_feedback)) < keys.index(now) and new.hidden
+        exacter = keys.index((new.width, new.compression, new.error_feedback)) < keys.index(now) and hiding
         if not (faster or exacter):
             return None
     spread = (f" (step to step ±{measured['compute_spread_s'] * 1e3:.2g} ms and ±{measured['comm_cv']:.0%})"
