@@ -14,10 +14,10 @@ The order, from what the accuracy study measured (``experiments/results/accuracy
           stayed within the seed spread. Under Adam and AdamW the caller fixes error feedback off and stops at q8
           (``pipesgd.defaults.auto_codec_limits``: feedback and q4 cost the GPT accuracy under look-ahead).
           A narrower candidate tried before the one that hides is taken instead where it is predicted within
-          ``WIDER_GAIN`` of its iteration: a wider pipeline's stale gradient costs steps, 1.04x to 1.27x of the
-          synchronous ones so far (to 0.90 on ResNet-20 with momentum SGD and look-ahead, 1.27x to 0.75 on the
-          AlexNet-like model with AdamW, six and five seeds, ``experiments/results/auto_choice/report.md``), so a
-          few per cent per iteration does not pay for it; the margin is the re-checks' (``pipesgd.auto``
+          ``WIDER_GAIN`` of its iteration: a wider pipeline's stale gradient costs steps (width 2 against
+          synchronous SGD: 1.04x the steps to 0.90 on ResNet-20 with momentum SGD and look-ahead, six seeds; 1.27x to
+          0.75 on the AlexNet-like model with AdamW, five; ``experiments/results/auto_choice/report.md``), so a few
+          per cent per iteration does not pay for it; the margin is the re-checks' (``pipesgd.auto``
           ``SWITCH_GAIN``), not fitted per optimizer. ``pipesgd.auto`` holds the measured iteration to it too.
   Step 3: if nothing hides, the earliest candidate predicted within ``NEAR_FASTEST`` of the fastest (a codec that
           is barely faster is not worth its loss of exactness), and the reason says so.

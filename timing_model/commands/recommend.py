@@ -8,7 +8,7 @@ from pipesgd.cli_conventions import UsageError
 from pipesgd.defaults import auto_codec_limits
 
 from ..predict import Scenario
-from ..recommend import HIDDEN_SHARE, recommend
+from ..recommend import HIDDEN_SHARE, WIDER_GAIN, recommend
 from .flags import add_scenario_flags, help_formatter, load_calibration, parse_flag, predict_modes, scenario_fields
 
 __all__ = ["USAGE", "DESCRIPTION", "add_parser", "run"]
@@ -19,9 +19,11 @@ DESCRIPTION = ("Which Pipe-SGD width and gradient codec to run: the first, in an
                "uncompressed, then width 2 and up with none, bf16, q8 + error feedback, q4 + error feedback; without "
                "error feedback and nothing below q8 under --optimizer adam or adamw), "
                f"whose all-reduce the model predicts hides behind the step (at most {HIDDEN_SHARE:.0%} of the "
-               "iteration left exposed); else the first within 10% of the fastest. --width and --compression, when "
-               "given, are kept. With --calibration FILE (from `pipesgd-timing calibrate`) the cluster comes from it: "
-               "--nodes from its world size, the link from its fit, and --compute from the model it timed if any.")
+               f"iteration left exposed), or a narrower one predicted within {WIDER_GAIN:g}x of its iteration (a "
+               "stale gradient costs steps); else the first within 10% of the fastest. --width and --compression, "
+               "when given, are kept. With --calibration FILE (from `pipesgd-timing calibrate`) the cluster comes "
+               "from it: --nodes from its world size, the link from its fit, and --compute from the model it timed if "
+               "any.")
 
 
 def add_parser(sub) -> None:
