@@ -243,16 +243,19 @@ def test_four_processes_with_a_compressed_ring(tmp_path):
 
 def test_width_and_compression_auto_print_their_choice_and_record_it(tmp_path):
     """--width auto --compression auto (issue 39): the warm-up's last step chooses on every rank alike; rank 0
-    prints the one line, the step that chose and the summary record keep it, and the run trains."""
+    prints the one line, the step that chose and the summary record keep it, and the run trains. A width above 1
+    chosen after an uncompressed warm-up may be held against it 6 steps on and go back to width 1 (it depends on
+    the host's timing): then one more line and record, and the summary keeps that last choice."""
     metrics = str(tmp_path / "auto.jsonl")
     results = launch(["--width", "auto", "--compression", "auto", "--epochs", "2", "--eval-every", "0",
                       "--timeout", "60", "--metrics", metrics])
     for rc, _, err in results:
         assert rc == 0, err
-    assert results[0][1].count("PipeSGD auto chose width ") == 1 and "chose" not in results[1][1]
     rank0 = records(metrics.replace(".jsonl", ".rank0.jsonl"))
     summary = [r for r in rank0 if r["type"] == "summary"][-1]
     choice = summary["auto_choice"]
+    held = choice["reason"].startswith("held against the warm-up")
+    assert results[0][1].count("PipeSGD auto chose width ") == 1 + held and "chose" not in results[1][1]
     assert choice["width"] in (1, 2, 3) and choice["compression"] in ("none", "bf16", "q8", "q4") and choice["reason"]
     assert f"mode pipe (width auto: {choice['width']}" in results[0][1]
     chose = [(r["step"], r["auto_choice"]) for r in rank0 if r["type"] == "step" and r.get("auto_choice")]
@@ -268,7 +271,14 @@ def test_width_and_compression_auto_print_their_choice_and_record_it(tmp_path):
     codec = choice["compression"] + (" + error feedback" if choice["error_feedback"] else "")
     trial = choice["compression"] != "none" and provisional == {codec} and len(warmup) > 1  # its verdict counts
     label = f"width {choice['width']}, {codec}" + (f", {choice['allreduce']}" if trial else "")
-    assert [entry for entry in chose if entry not in warmup] == [(choice["step"], label)]
+    after = [entry for entry in chose if entry not in warmup]
+    if held:  # the warm-up's choice, a width above 1, then width 1 6 steps on
+        (first_step, first), hold = after
+        assert hold == (choice["step"], "width 1, none") and first_step + 6 <= choice["step"]
+        assert first.startswith("width ") and not first.startswith("width 1,") and not warmup
+        assert choice["allreduce"] == "backend"
+        return
+    assert after == [(choice["step"], label)]
     if choice["compression"] == "none":
         assert choice["allreduce"] == "backend"
     elif trial:
