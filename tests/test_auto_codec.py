@@ -81,6 +81,8 @@ def test_the_step_clock_times_the_callers_work_between_steps_and_the_iteration()
     assert clock.gaps == pytest.approx([0.100, 0.200]) and clock.compute_s == pytest.approx(0.150)
     window = clock.window()
     assert window["period_s"] == pytest.approx(0.1575) and window["wait_s"] == 0.002
+    # step()'s own work, what it did not block on communication: 10 - 1, 5 - 2, 5 - 3 ms
+    assert clock.own == pytest.approx([0.009, 0.003, 0.002]) and window["update_s"] == pytest.approx(0.003)
 
 
 def test_the_first_steps_compute_runs_from_its_first_forward_pass():

@@ -73,6 +73,17 @@ def test_a_recheck_goes_back_to_width_1_where_the_pipeline_gains_too_little(comm
     assert auto.uncompressed_hides(_measured(comm_s, 0.0), 4, 4e6, FREE)["width"] == (want or (2,))[0]
 
 
+def test_the_exchange_hides_behind_the_update_in_step_too():
+    """A 135 ms uncompressed all-reduce beside 100 ms of compute does not hide at width 2 (bf16's does); with 50 ms
+    of optimizer update in ``step()`` (the AlexNet-like model's AdamW took as long as its compute) the window is
+    150 ms and it does: width 2, uncompressed, and the reason names the update."""
+    measured = _measured(0.135, 0.135 / 64 + 6e-4)
+    without = auto.decide(measured, 4, 4e6, FREE)
+    with_update = auto.decide({**measured, "update_s": 0.05}, 4, 4e6, FREE)
+    assert (without["width"], without["compression"]) == (2, "bf16")
+    assert (with_update["width"], with_update["compression"]) == (2, "none") and "50 ms in step()" in with_update["reason"]
+
+
 def test_a_recheck_of_the_warmups_provisional_codec_finds_the_link_it_runs_on():
     """The warm-up ran q8 as its provisional codec (its exchange, 125 ms, is in the measurements) and kept it; then the
     link slows 3-fold. The re-check solves the link from q8's exchange now (375 ms), not pinned to the warm-up's

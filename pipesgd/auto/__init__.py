@@ -294,8 +294,8 @@ def first_choice(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: d
         measured_with = (provisional["compression"], bool(provisional["error_feedback"]))
         if "comm_s" in links:  # step 0's, uncompressed: none's own time (none ran when the early look chose)
             links[exchange_key("none", False)] = links.pop("comm_s")
-    measured = agreed({"compute_s": clock.compute_s, "comm_s": clock.comm_s, **clock.spreads(), **links}, group,
-                      device)
+    measured = agreed({"compute_s": clock.compute_s, "update_s": clock.update_s, "comm_s": clock.comm_s,
+                       **clock.spreads(), **links}, group, device)
     choice = uncompressed_hides(measured, nodes, grad_bytes, knobs) if measured_with == ("none", False) else None
     if choice is None:
         if "small_allreduce_s" not in measured:  # measure()'s numbers win over the clock's (a test may give them all)
@@ -355,7 +355,7 @@ def recheck(buckets: list[Bucket], knobs: Knobs, current: dict, clock: StepClock
         current["measured"].update(agreed(measure(numel, device, dtype, group, knobs.codecs_to_time()), group, device))
     # the warm-up's exchange times (step 0's uncompressed one) may be of another cluster: what ran since is in ``ran``
     warmup = {k: v for k, v in current["measured"].items() if not k.endswith("_exchange_s")}
-    measured = {**warmup, "compute_s": window["compute_s"], "comm_s": window["comm_s"]}
+    measured = {**warmup, **{k: window[k] for k in ("compute_s", "update_s", "comm_s")}}
     nodes = dist.get_world_size(group)
     choice = on_rank0(lambda: decide(measured, nodes, grad_bytes, knobs, running, now=now, ran=ran), group, device)
     if choice is None:

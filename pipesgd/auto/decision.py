@@ -93,7 +93,8 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
     from timing_model.recommend import codec_label, recommend
 
     link = link_terms(measured, nodes, grad_bytes, measured_with)
-    scenario = Scenario(nodes=nodes, grad_bytes=grad_bytes, compute_s=measured["compute_s"], **link)
+    scenario = Scenario(nodes=nodes, grad_bytes=grad_bytes, compute_s=measured["compute_s"],
+                        update_s=measured.get("update_s", 0.0), **link)
     scale = 1.0
     if now is not None and ran and run_key(*now) in ran:
         width, codec, feedback = now
@@ -118,7 +119,8 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
             return None
     spread = (f" (step to step ±{measured['compute_spread_s'] * 1e3:.2g} ms and ±{measured['comm_cv']:.0%})"
               if measured.get("compute_spread_s") or measured.get("comm_cv") else "")
-    reason = (f"{why}; measured: compute {measured['compute_s'] * 1e3:.3g} ms per step, an all-reduce of "
+    own = f" and {measured['update_s'] * 1e3:.3g} ms in step()" if measured.get("update_s") else ""
+    reason = (f"{why}; measured: compute {measured['compute_s'] * 1e3:.3g} ms per step{own}, an all-reduce of "
               f"the gradient ({codec_label(*measured_with)}) {measured['comm_s'] * 1e3:.3g} ms on {nodes} rank(s)"
               f"{spread}{'; ' + knobs.optimizer_note if knobs.optimizer_note else ''}")
     return {"width": new.width, "compression": new.compression, "error_feedback": new.error_feedback,
