@@ -6,8 +6,8 @@ accuracy. The first ``warmup_steps`` steps run synchronously anyway, so they can
 
 What (nothing in flight, every rank inside ``step()``):
   Step 1: ``StepClock`` times the warm-up steps: the caller's compute is the time between one ``step()``
-          returning and the next starting, and the exchange of the whole gradient is the time the background worker
-          spent on each warm-up step's exchange (``StepStats.t_comm_busy_s``); medians.
+          returning and the next starting, ``step()``'s own work its time less its wait (the update: the model's T_u),
+          the exchange of the whole gradient the worker's busy time on it (``StepStats.t_comm_busy_s``); medians.
   Step 2: every rank makes the same timed calls: an uncompressed ``all_reduce`` at 1/64 of the gradient's size,
           and one encode and decode of each codec the choice may use on a tensor of the gradient's size (at most 4 M
           elements). ``link_terms`` finds the link's latency and bandwidth for which the timing model reproduces
