@@ -145,9 +145,10 @@ def uncompressed_hides(measured: dict[str, float], nodes: int, grad_bytes: float
     """``decide``'s choice without the link's latency or any codec's speed, where it needs neither (``measured``:
     compute and the warm-up's uncompressed exchange, ``comm_s``): the ladder begins uncompressed (width 1, then
     width 2 before its codecs, ``timing_model.recommend``), and an uncompressed all-reduce of the gradient is
-    predicted as measured however its time splits into latency and bandwidth. So if one of those hides, it is the
-    choice, and the link's probes (the 1/64 all-reduces, each codec timed on every rank, the decision on rank 0 and
-    its broadcast: 60-75 ms of ResNet-20's step 0 on the 2-core emulated cluster's fast links) are not needed.
+    predicted as measured however its time splits into latency and bandwidth. So if one of those hides, it (or width
+    1 within ``WIDER_GAIN`` of it) is the choice, and the link's probes (the 1/64 all-reduces, each codec timed on
+    every rank, the decision on rank 0 and its broadcast: 60-75 ms of ResNet-20's step 0 on the 2-core emulated
+    cluster's fast links) are not needed.
     Cheap enough for every rank to compute from the agreed numbers (0.3 ms). None when none of them hides."""
     if knobs.compression not in (None, "none"):
         return None
