@@ -127,11 +127,6 @@ def recommend(scenario: Scenario, predict_pipe, *, max_width: int = 3, allow_sig
     hiding = next((c for c in tried if c.hidden), None)
     if hiding is not None:
         before = tried[:tried.index(hiding)]
-        why = (f"its all-reduce ({_ms(hiding.comm_s)}) hides behind the step (exposed {_ms(hiding.exposed_s)} of "
-               f"{_ms(hiding.iteration_s)})")
-        if before:
-            why += (f"; the {len(before)} tried before it (narrower or more exact) leave up to "
-                    f"{_ms(max(c.exposed_s for c in before))} exposed")
         narrower = next((c for c in before if c.width < hiding.width
                          and c.iteration_s <= WIDER_GAIN * hiding.iteration_s), None)
         if narrower is not None:
@@ -139,6 +134,11 @@ def recommend(scenario: Scenario, predict_pipe, *, max_width: int = 3, allow_sig
                    f"{narrower.label} is predicted at {_ms(narrower.iteration_s)}, within {WIDER_GAIN:g}x: a wider "
                    f"pipeline's stale gradient costs steps, so it is taken only for a {WIDER_GAIN:g}x faster iteration")
             return Recommendation(narrower, why, tuple(tried))
+        why = (f"its all-reduce ({_ms(hiding.comm_s)}) hides behind the step (exposed {_ms(hiding.exposed_s)} of "
+               f"{_ms(hiding.iteration_s)})")
+        if before:
+            why += (f"; the {len(before)} tried before it (narrower or more exact) leave up to "
+                    f"{_ms(max(c.exposed_s for c in before))} exposed")
         return Recommendation(hiding, why, tuple(tried))
     fastest = min(c.iteration_s for c in tried)
     near = next(c for c in tried if c.iteration_s <= NEAR_FASTEST * fastest)
