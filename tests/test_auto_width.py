@@ -128,6 +128,7 @@ def test_a_chosen_width_runs_bitwise_as_the_same_width_named(process_group, monk
     monkeypatch.setattr(auto, "uncompressed_hides", never_hides)
     monkeypatch.setattr(auto, "measure", lambda *_args: dict(SLOW))
     monkeypatch.setattr(auto, "decide", _chooses(2))
+    monkeypatch.setattr(auto, "held_against_width_1", lambda *_args: None)  # width 2 stays (not this test's subject)
     finals, records = [], []
     for width in (2, "auto"):
         model = _model()
@@ -229,13 +230,13 @@ def test_a_switch_between_codecs_with_feedback_carries_the_residuals(process_gro
 
 @pytest.mark.parametrize("width", ["auto", 2])
 def test_a_chosen_width_is_held_once_against_the_warmups_synchronous_steps(process_group, monkeypatch, width):
-    """Width chosen above 1 after an uncompressed warm-up: the warm-up counts as width 1's run, and one re-check
-    ``CONFIRM_STEPS`` steps on (re-checks off) holds what the pipelined steps measured against it. A named width
-    has nothing to hold."""
+    """Width chosen above 1 after an uncompressed warm-up: the warm-up counts as width 1's run, and the pipelined
+    steps are held against it ``EARLY_HOLD_STEPS`` on and, held on, in full ``CONFIRM_STEPS`` on (re-checks off),
+    one window that grows. A named width has nothing to hold."""
     monkeypatch.setattr(auto, "uncompressed_hides", lambda measured, *_: _chooses(2)(measured))
     checks = []
-    monkeypatch.setattr(auto, "held_against_width_1", lambda current, clock, *_: checks.append(
-        (dict(current.get("ran", {})), len(clock.periods), len(clock.comm_busy))))
+    monkeypatch.setattr(auto, "held_against_width_1", lambda current, clock, *_args: checks.append(
+        (dict(current.get("ran", {})), len(clock.periods), len(clock.comm_busy), _args[-1])))
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, width=width, compression="auto",
                   warmup_steps=WARMUP)
@@ -243,9 +244,10 @@ def test_a_chosen_width_is_held_once_against_the_warmups_synchronous_steps(proce
     if width == 2:
         assert checks == []
     else:
-        [(ran, periods, exchanges)] = checks
+        [(ran, *early), (_, *full)] = checks
         assert list(ran) == ["1:none"] and ran["1:none"]["period_s"] > ran["1:none"]["comm_s"] > 0
-        assert periods == auto.CONFIRM_STEPS - 1 and exchanges == auto.CONFIRM_STEPS - 1  # pipelined steps only
+        # pipelined steps only, the first filling the pipeline; then whether it is the final hold
+        assert early == [auto.EARLY_HOLD_STEPS - 1] * 2 + [False] and full == [auto.CONFIRM_STEPS - 1] * 2 + [True]
     opt.flush()
     opt.close()
 
@@ -288,6 +290,45 @@ def test_width_1_comes_back_unless_the_pipeline_ran_clearly_faster(process_group
     if choice:
         assert "330 ms" in choice["reason"] and f"{pipelined_s * 1e3:.3g} ms" in choice["reason"]
         assert "not 1.25x faster" in choice["reason"] and "1:none" in choice["ran"]
+
+
+@pytest.mark.parametrize("pipelined_s, want", [(0.592, (1, "none", False)), (0.330, (1, "none", False)),
+                                                (0.300, None)])
+def test_a_pipeline_no_faster_than_the_warmup_goes_back_at_the_early_hold(process_group, pipelined_s, want):
+    """Before the final hold only a pipeline that ran no faster than the warm-up goes back (592 against 349 ms:
+    AlexNet-like, AdamW, unshaped links); 1.1x faster holds on, though the final hold would send it back."""
+    current = {"width": 2, "compression": "none", "error_feedback": False, "measured": dict(FAST), "reason": "a test",
+               "ran": {"1:none": {"comm_s": 0.091, "period_s": 0.330, "wait_s": 0.122}}}
+    clock = auto.StepClock()
+    clock.comm_busy, clock.gaps, clock.periods, clock.waits = [0.09] * 2, [0.4] * 2, [pipelined_s] * 2, [0.1] * 2
+    choice = auto.held_against_width_1(current, clock, None, torch.device("cpu"), final=False)
+    assert (choice and (choice["width"], choice["compression"], choice["error_feedback"])) == want
+    if choice:
+        assert "no faster after 2 iterations" in choice["reason"]
+    assert auto.held_against_width_1(current, clock, None, torch.device("cpu"))["width"] == 1
+
+
+@pytest.mark.parametrize("synchronous_s, back_at", [(1e-9, auto.EARLY_HOLD_STEPS), (1e3, None)])
+def test_a_held_width_goes_back_early_only_where_it_ran_no_faster(process_group, monkeypatch, synchronous_s,
+                                                                   back_at):
+    """A warm-up far faster than any pipelined step: back to width 1 at the early hold's step; far slower: width 2
+    stays past the full hold."""
+    monkeypatch.setattr(auto, "uncompressed_hides", lambda measured, *_: _chooses(2)(measured))
+    monkeypatch.setattr(auto.StepClock, "synchronous",
+                        lambda self: {"comm_s": 0.01, "period_s": synchronous_s, "wait_s": 0.01})
+    model = _model()
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, width="auto", compression="auto",
+                  warmup_steps=WARMUP)
+    stats = _train(model, opt, range(WARMUP + auto.CONFIRM_STEPS + 2))
+    labels = {s.step: s.auto_choice for s in stats if s.auto_choice}
+    assert labels[WARMUP - 1] == "width 2, none"
+    if back_at is None:
+        assert list(labels) == [WARMUP - 1] and opt.width == 2
+    else:
+        assert labels == {WARMUP - 1: "width 2, none", WARMUP - 1 + back_at: "width 1, none"} and opt.width == 1
+        assert "no faster after 2 iterations" in opt.auto_choice["reason"]
+    opt.flush()
+    opt.close()
 
 
 def test_a_narrower_configuration_that_ran_faster_wins_over_a_prediction_that_hides():

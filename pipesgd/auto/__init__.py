@@ -60,9 +60,10 @@ Step 2 has no latency or codec speeds to re-check with: the first re-check that 
 exchanges in flight on the wrapper's own group, so the latency may read high).
 
 Held against width 1: a width chosen above 1 after a synchronous, uncompressed warm-up (the fast links') is held
-once, ``CONFIRM_STEPS`` steps on, against that warm-up, which counts as width 1's measured run (``ran``,
+``CONFIRM_STEPS`` steps on against that warm-up, which counts as width 1's measured run (``ran``,
 ``StepClock.synchronous``): unless the pipelined steps ran ``WIDER_GAIN`` times faster per iteration (the choice's
-own rule, ``timing_model.recommend``: a stale gradient costs steps), it goes back to width 1 (``held_against_width_1``).
+own rule, ``timing_model.recommend``: a stale gradient costs steps), it goes back to width 1; already
+``EARLY_HOLD_STEPS`` steps on where they ran no faster at all (``pipesgd.auto.hold``: each held step is stale).
 The model predicts an exchange in flight beside the compute; on cores the ranks share it slows that compute instead
 (AlexNet-like, AdamW, the emulated cluster's unshaped links: 330 ms synchronous, 548 ms at width 2; ResNet-20 49.9
 and 52.6 ms). Measured against measured; the codec is not re-decided.
@@ -97,6 +98,7 @@ from pipesgd.auto.allreduce_trial import MIN_STEPS, AllreduceTrial
 from pipesgd.auto.clock import StepClock
 from pipesgd.auto.decision import (announce, codec_key, decide, describe, exchange_key, link_terms, run_key,
                                    uncompressed_hides)
+from pipesgd.auto.hold import CONFIRM_STEPS, EARLY_HOLD_STEPS, held_against_width_1, held_steps
 from pipesgd.auto.knobs import AUTO, CANDIDATES, MAX_WIDTH, SMALL_FRACTION, SWITCH_GAIN, Knobs
 from pipesgd.auto.look import BYTES_SHARE, SLOW_LOOK, announce_provisional, clearly_slow, transfer_floor_s
 from pipesgd.auto.probes import agreed, exchange_per_step, measure, on_rank0
@@ -104,11 +106,10 @@ from pipesgd.grads.buckets import Bucket
 from pipesgd.init_sync import Broadcast
 
 __all__ = ["AUTO", "CANDIDATES", "MAX_WIDTH", "SMALL_FRACTION", "SWITCH_GAIN", "CHANGED", "PROVISIONAL_STEPS",
-           "CONFIRM_STEPS", "SLOW_LOOK", "BYTES_SHARE", "Knobs", "StepClock", "AutoConfig", "first_choice", "probe",
+           "CONFIRM_STEPS", "EARLY_HOLD_STEPS", "SLOW_LOOK", "BYTES_SHARE", "Knobs", "StepClock", "AutoConfig", "first_choice", "probe",
            "clearly_slow", "recheck", "transfer_floor_s", "measure", "agreed", "decide", "link_terms", "describe",
            "announce", "codec_key", "run_key"]
 CHANGED = 1.5  # a re-check decides again only when compute or the exchange moved this much (either way)
-CONFIRM_STEPS = 6  # width="auto": the pipelined steps (the first fills the pipeline) held against the warm-up's
 PROVISIONAL_STEPS = 2  # a provisional codec needs at least this many warm-up steps left to time it
 
 log = logging.getLogger("pipesgd")
@@ -131,7 +132,7 @@ class AutoConfig:
         self.provisional: dict | None = None  # the rest of the warm-up's codec once probed (module doc), or None
         self._initial = initial  # the wrapper's initial broadcast: the early look's link (begin)
         self._looked_at: int | None = None  # the step whose own exchange the early look gave the provisional codec
-        self._confirm_at: int | None = None  # the step whose end holds a chosen width against width 1 (module doc)
+        self._holds: list[int] = []  # the steps whose end holds a chosen width against width 1 (module doc)
         import timing_model.recommend  # noqa: F401 - loaded now, not inside the warm-up's last step
 
     def attach(self, model) -> list:
@@ -167,7 +168,7 @@ class AutoConfig:
     def _timing(self, step: int) -> bool:
         if self.choice is None:
             return step < self._warmup
-        return step >= self._warmup and (bool(self._every) or self._confirm_at is not None)
+        return step >= self._warmup and (bool(self._every) or bool(self._holds))
 
     def begin(self, step: int) -> dict | None:
         """Before ``step()``'s work: at the probing step, the early look (module doc): the provisional codec for this
@@ -246,15 +247,20 @@ class AutoConfig:
             self._confirm_after(step)
             self.clock.reset()  # a re-check's window holds pipelined steps only
             return self.choice
-        confirm = self._confirm_at is not None and step >= self._confirm_at
+        hold = bool(self._holds) and step >= self._holds[0]
         scheduled = bool(self._every) and (step + 1 - self._warmup) % self._every == 0
-        if not (confirm or scheduled) or not self.clock.comm_busy:
+        if not (hold or scheduled) or not self.clock.comm_busy:
             return None
-        self._confirm_at = None
-        if scheduled:
+        if scheduled:  # a re-check of its own supersedes the hold
+            self._holds = []
             new = recheck(self._buckets, self.knobs, self.choice, self.clock, self._group)
         else:
-            new = held_against_width_1(self.choice, self.clock, self._group, _gradient(self._buckets)[2])
+            final = len(self._holds) == 1
+            self._holds.pop(0)
+            new = held_against_width_1(self.choice, self.clock, self._group, _gradient(self._buckets)[2], final)
+            if new is None and not final:  # held on: the same window, longer
+                return None
+            self._holds = []
         self.clock.reset()
         if new is not None:
             new["step"] = step
@@ -265,14 +271,13 @@ class AutoConfig:
 
     def _confirm_after(self, step: int) -> None:
         """A width chosen above 1 after a synchronous, uncompressed warm-up: that warm-up counts as width 1's
-        measured run (``StepClock.synchronous``, agreed over the ranks), and ``CONFIRM_STEPS`` steps on
-        ``held_against_width_1`` holds the pipeline's measured iteration against it, once, re-checks on or off
-        (module doc)."""
+        measured run (``StepClock.synchronous``, agreed over the ranks), and ``held_against_width_1`` holds the
+        pipeline's measured iteration against it at the ends of ``held_steps`` (module doc)."""
         warmup_codec = self.provisional["compression"] if self.provisional is not None else self.knobs.compression
         if self.knobs.width is None and self.choice["width"] > 1 and warmup_codec in (None, "none"):
             synchronous = agreed(self.clock.synchronous(), self._group, _gradient(self._buckets)[2])  # every rank's
             self.choice["ran"] = {run_key(1, "none", False): synchronous}
-            self._confirm_at = step + CONFIRM_STEPS
+            self._holds = held_steps(step)
 
 
 def first_choice(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: dist.ProcessGroup | None,
@@ -361,25 +366,6 @@ def recheck(buckets: list[Bucket], knobs: Knobs, current: dict, clock: StepClock
     if choice is None:
         return None
     choice["reason"], choice["ran"] = f"re-check: {choice['reason']}", dict(ran)
-    announce(choice, dist.get_rank(group))
-    return choice
-
-
-def held_against_width_1(current: dict, clock: StepClock, group: dist.ProcessGroup | None,
-                         device: torch.device) -> dict | None:
-    """The confirmation of a chosen width (module doc): width 1, uncompressed, unless the pipelined steps since ran
-    ``WIDER_GAIN`` faster per iteration than the warm-up's synchronous steps (``current["ran"]``; agreed medians),
-    else None. Measured against measured: nothing else changes, and a re-check's model is not asked."""
-    from timing_model.recommend import WIDER_GAIN
-    window, synchronous = agreed(clock.window(), group, device), current["ran"][run_key(1, "none", False)]
-    if window["period_s"] * WIDER_GAIN <= synchronous["period_s"]:
-        return None
-    choice = {"width": 1, "compression": "none", "error_feedback": False, "measured": dict(current["measured"]),
-              "ran": dict(current["ran"]), "reason": (
-                  f"held against the warm-up: its synchronous steps took {synchronous['period_s'] * 1e3:.3g} ms per "
-                  f"iteration, {describe(current)} {window['period_s'] * 1e3:.3g} ms since (compute "
-                  f"{window['compute_s'] * 1e3:.3g} ms per step beside the exchange in flight), not {WIDER_GAIN:g}x "
-                  f"faster: a stale gradient costs steps")}
     announce(choice, dist.get_rank(group))
     return choice
 

@@ -1,0 +1,48 @@
+"""A width chosen above 1 held against the synchronous warm-up it was chosen after (``pipesgd.auto``, "Held against
+width 1"): measured against measured, and stopped as soon as the answer is known.
+
+Why early: each held step is pipelined, so it costs a stale gradient whatever the verdict, and the verdict is
+nearly always "back to width 1" where the ranks share cores (AlexNet-like, AdamW, unshaped links: 349 ms
+synchronous against 592 ms at width 2; the 6 held steps then cost 60-76 steps to 0.75 against synchronous SGD's
+50-80, its accuracy curve behind from the held steps on). A pipeline no faster than the synchronous warm-up after
+``EARLY_HOLD_STEPS`` cannot be ``WIDER_GAIN`` faster after ``CONFIRM_STEPS`` but by a swing of the medians larger
+than that margin, so it goes back there; one that ran faster is held to the full count before it may stay."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from pipesgd.auto.clock import StepClock
+from pipesgd.auto.decision import announce, describe, run_key
+from pipesgd.auto.probes import agreed
+
+CONFIRM_STEPS = 6  # the pipelined steps (the first fills the pipeline) held against the warm-up's
+EARLY_HOLD_STEPS = 3  # after these, a pipeline that ran no faster than the warm-up goes back at once
+
+
+def held_steps(step: int) -> list[int]:
+    """The steps at whose end a width chosen at ``step``'s end is held: early, then in full."""
+    return [step + EARLY_HOLD_STEPS, step + CONFIRM_STEPS]
+
+
+def held_against_width_1(current: dict, clock: StepClock, group: dist.ProcessGroup | None,
+                         device: torch.device, final: bool = True) -> dict | None:
+    """Width 1, uncompressed, unless the pipelined steps since the choice ran ``WIDER_GAIN`` faster per iteration
+    than the warm-up's synchronous steps (``current["ran"]``; agreed medians), else None; before the ``final`` hold,
+    only where they ran no faster at all (None: hold on). Nothing else changes, and a re-check's model is not
+    asked."""
+    from timing_model.recommend import WIDER_GAIN
+
+    window, synchronous = agreed(clock.window(), group, device), current["ran"][run_key(1, "none", False)]
+    pipelined, reference = window["period_s"], synchronous["period_s"]
+    if (pipelined * WIDER_GAIN <= reference) if final else (pipelined < reference):
+        return None
+    faster = f"not {WIDER_GAIN:g}x faster" if final else f"no faster after {len(clock.periods)} iterations"
+    choice = {"width": 1, "compression": "none", "error_feedback": False, "measured": dict(current["measured"]),
+              "ran": dict(current["ran"]), "reason": (
+                  f"held against the warm-up: its synchronous steps took {reference * 1e3:.3g} ms per "
+                  f"iteration, {describe(current)} {window['period_s'] * 1e3:.3g} ms since (compute "
+                  f"{window['compute_s'] * 1e3:.3g} ms per step beside the exchange in flight), {faster}: a stale "
+                  f"gradient costs steps")}
+    announce(choice, dist.get_rank(group))
+    return choice
