@@ -24,7 +24,8 @@ FREE = auto.Knobs(None, None, None)
     (FAST, FREE, (1, "none", False)),  # 4.8 ms beside a 100 ms step: synchronous SGD
     (FAST, auto.Knobs(2, None, None), (2, "none", False)),  # a named width is kept
     (FAST, auto.Knobs(None, "q8", True), (1, "q8", True)),  # a named codec is kept; the width is chosen for it
-    (SLOW, auto.Knobs(None, "none", False), (2, "none", False)),  # nothing hides: the first near the fastest
+    # nothing hides: width 2 is the fastest (480 ms), width 1 (580 ms) within WIDER_GAIN of it
+    (SLOW, auto.Knobs(None, "none", False), (1, "none", False)),
 ])
 def test_width_and_codec_decided_together(measured, knobs, want):
     choice = auto.decide(measured, nodes=4, grad_bytes=4e6, knobs=knobs)
@@ -148,6 +149,7 @@ def test_a_resume_keeps_the_chosen_width_and_what_is_in_flight(process_group, mo
     monkeypatch.setattr(auto, "uncompressed_hides", never_hides)
     monkeypatch.setattr(auto, "measure", lambda *_args: dict(SLOW))
     monkeypatch.setattr(auto, "decide", _chooses(2, "q8", True))
+    monkeypatch.setattr(auto, "held_against_width_1", lambda *_args: None)  # width 2 stays (not this test's subject)
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, width="auto", warmup_steps=WARMUP)
     _train(model, opt, range(WARMUP + 2))
@@ -231,8 +233,8 @@ def test_a_switch_between_codecs_with_feedback_carries_the_residuals(process_gro
 @pytest.mark.parametrize("width", ["auto", 2])
 def test_a_chosen_width_is_held_once_against_the_warmups_synchronous_steps(process_group, monkeypatch, width):
     """Width chosen above 1 after an uncompressed warm-up: the warm-up counts as width 1's run, and the pipelined
-    steps are held against it ``EARLY_HOLD_STEPS`` on and, held on, in full ``CONFIRM_STEPS`` on (re-checks off),
-    one window that grows. A named width has nothing to hold."""
+    steps are held against it at every step from ``EARLY_HOLD_STEPS`` on and, held on, in full ``CONFIRM_STEPS``
+    on (re-checks off), one window that grows. A named width has nothing to hold."""
     monkeypatch.setattr(auto, "uncompressed_hides", lambda measured, *_: _chooses(2)(measured))
     checks = []
     monkeypatch.setattr(auto, "held_against_width_1", lambda current, clock, *_args: checks.append(
@@ -244,10 +246,11 @@ def test_a_chosen_width_is_held_once_against_the_warmups_synchronous_steps(proce
     if width == 2:
         assert checks == []
     else:
-        [(ran, *early), (_, *full)] = checks
+        ran = checks[0][0]
         assert list(ran) == ["1:none"] and ran["1:none"]["period_s"] > ran["1:none"]["comm_s"] > 0
         # pipelined steps only, the first filling the pipeline; then whether it is the final hold
-        assert early == [auto.EARLY_HOLD_STEPS - 1] * 2 + [False] and full == [auto.CONFIRM_STEPS - 1] * 2 + [True]
+        assert [check[1:] for check in checks] == [
+            (n - 1, n - 1, n == auto.CONFIRM_STEPS) for n in range(auto.EARLY_HOLD_STEPS, auto.CONFIRM_STEPS + 1)]
     opt.flush()
     opt.close()
 
@@ -326,7 +329,7 @@ def test_a_held_width_goes_back_early_only_where_it_ran_no_faster(process_group,
         assert list(labels) == [WARMUP - 1] and opt.width == 2
     else:
         assert labels == {WARMUP - 1: "width 2, none", WARMUP - 1 + back_at: "width 1, none"} and opt.width == 1
-        assert "no faster after 2 iterations" in opt.auto_choice["reason"]
+        assert "no faster after 1 iteration:" in opt.auto_choice["reason"]
     opt.flush()
     opt.close()
 

@@ -64,6 +64,21 @@ def test_when_nothing_hides_the_first_near_the_fastest_is_taken_and_the_reason_s
     assert (answer.choice.width, answer.choice.compression) == (2, "none") and "within 10%" in answer.reason
 
 
+def test_where_nothing_hides_a_narrower_candidate_within_the_wider_gain_wins_too():
+    """A 100 ms step beside an exchange too long to hide at any width (uncompressed only): width 2 is the fastest
+    prediction, and width 1 within 1.25x of it is taken (a stale gradient for too little); beyond 1.25x, width 2."""
+    def answer(comm_ms: float):
+        scenario = _scenario(1e9).with_changes(grad_bytes=4e6 * comm_ms / 48, latency_s=0.0)
+        return recommend(scenario, _pipe, compression="none")
+    near, far = answer(600), answer(200)  # width 1: 700 ms against 600 (1.17x), 300 against 200 (1.5x)
+    for result in (near, far):
+        assert not any(c.hidden for c in result.candidates) and "nothing tried hides" in result.reason
+    width_1, width_2, _ = near.candidates
+    assert width_2.iteration_s < width_1.iteration_s <= WIDER_GAIN * width_2.iteration_s
+    assert near.choice == width_1 and "within 1.25x" in near.reason and "stale gradient" in near.reason
+    assert far.choice.width == 2 and "within 1.25x" not in far.reason
+
+
 def test_the_order_of_preference():
     assert candidate_knobs(3, allow_sign=False) == [
         (1, "none", False), (2, "none", False), (2, "bf16", False), (2, "q8", True), (2, "q4", True),

@@ -20,7 +20,8 @@ The order, from what the accuracy study measured (``experiments/results/accuracy
           per cent per iteration does not pay for it; the margin is the re-checks' (``pipesgd.auto``
           ``SWITCH_GAIN``), not fitted per optimizer. ``pipesgd.auto`` holds the measured iteration to it too.
   Step 3: if nothing hides, the earliest candidate predicted within ``NEAR_FASTEST`` of the fastest (a codec that
-          is barely faster is not worth its loss of exactness), and the reason says so.
+          is barely faster is not worth its loss of exactness), or a narrower one tried before it within
+          ``WIDER_GAIN`` of it (as in Step 2), and the reason says so.
 A knob the user fixed (``width``, ``compression``) is never changed: only candidates with it are tried. The
 all-reduce follows ``Scenario.allreduce`` as the trainer resolves it (``auto``: the two collectives for a lossy
 codec, the backend's for a lossless one).
@@ -127,13 +128,10 @@ def recommend(scenario: Scenario, predict_pipe, *, max_width: int = 3, allow_sig
     hiding = next((c for c in tried if c.hidden), None)
     if hiding is not None:
         before = tried[:tried.index(hiding)]
-        narrower = next((c for c in before if c.width < hiding.width
-                         and c.iteration_s <= WIDER_GAIN * hiding.iteration_s), None)
+        narrower = _narrower_within_gain(before, hiding)
         if narrower is not None:
-            why = (f"{hiding.label} would hide its all-reduce at {_ms(hiding.iteration_s)} per iteration, but "
-                   f"{narrower.label} is predicted at {_ms(narrower.iteration_s)}, within {WIDER_GAIN:g}x: a wider "
-                   f"pipeline's stale gradient costs steps, so it is taken only for a {WIDER_GAIN:g}x faster iteration")
-            return Recommendation(narrower, why, tuple(tried))
+            why = f"{hiding.label} would hide its all-reduce at {_ms(hiding.iteration_s)} per iteration"
+            return Recommendation(narrower, _narrower_reason(why, narrower), tuple(tried))
         why = (f"its all-reduce ({_ms(hiding.comm_s)}) hides behind the step (exposed {_ms(hiding.exposed_s)} of "
                f"{_ms(hiding.iteration_s)})")
         if before:
@@ -142,10 +140,26 @@ def recommend(scenario: Scenario, predict_pipe, *, max_width: int = 3, allow_sig
         return Recommendation(hiding, why, tuple(tried))
     fastest = min(c.iteration_s for c in tried)
     near = next(c for c in tried if c.iteration_s <= NEAR_FASTEST * fastest)
+    narrower = _narrower_within_gain(tried[:tried.index(near)], near)
+    if narrower is not None:
+        why = (f"nothing tried hides its all-reduce; {near.label}, the first within {NEAR_FASTEST - 1:.0%} of the "
+               f"fastest prediction, at {_ms(near.iteration_s)} per iteration")
+        return Recommendation(narrower, _narrower_reason(why, narrower), tuple(tried))
     why = (f"nothing tried hides its all-reduce; the first within {NEAR_FASTEST - 1:.0%} of the fastest prediction "
            f"({_ms(near.iteration_s)} per iteration against {_ms(fastest)}, {_ms(near.exposed_s)} of it exposed "
            f"communication)")
     return Recommendation(near, why, tuple(tried))
+
+
+def _narrower_within_gain(before: list[Candidate], chosen: Candidate) -> Candidate | None:
+    """The first candidate tried before ``chosen``, narrower, predicted within ``WIDER_GAIN`` of its iteration."""
+    return next((c for c in before if c.width < chosen.width and c.iteration_s <= WIDER_GAIN * chosen.iteration_s),
+                None)
+
+
+def _narrower_reason(why: str, narrower: Candidate) -> str:
+    return (f"{why}, but {narrower.label} is predicted at {_ms(narrower.iteration_s)}, within {WIDER_GAIN:g}x: a "
+            f"wider pipeline's stale gradient costs steps, so it is taken only for a {WIDER_GAIN:g}x faster iteration")
 
 
 def _ms(seconds: float) -> str:

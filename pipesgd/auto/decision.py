@@ -105,7 +105,7 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
     answer = recommend(scenario, predict_pipe, max_width=max_width, width=knobs.width,
                        compression=knobs.compression, error_feedback=knobs.error_feedback, codecs=knobs.codecs)
     new, why = _measured_before(answer, ran or {})
-    hiding = any(c.hidden for c in answer.candidates)  # else the choice is only the nearest the fastest (Step 3)
+    hiding = any(c.hidden for c in answer.candidates)  # else the choice is only near the fastest (Step 3)
     if hidden_only and not hiding:
         return None
     if now is not None:

@@ -4,9 +4,11 @@ width 1"): measured against measured, and stopped as soon as the answer is known
 Why early: each held step is pipelined, so it costs a stale gradient whatever the verdict, and the verdict is
 nearly always "back to width 1" where the ranks share cores (AlexNet-like, AdamW, unshaped links: 349 ms
 synchronous against 592 ms at width 2; the 6 held steps then cost 60-76 steps to 0.75 against synchronous SGD's
-50-80, its accuracy curve behind from the held steps on). A pipeline no faster than the synchronous warm-up after
-``EARLY_HOLD_STEPS`` cannot be ``WIDER_GAIN`` faster after ``CONFIRM_STEPS`` but by a swing of the medians larger
-than that margin, so it goes back there; one that ran faster is held to the full count before it may stay."""
+50-80, its accuracy curve behind from the held steps on). So from ``EARLY_HOLD_STEPS`` on, at the end of every
+held step (one small agreement all-reduce each), a pipeline whose median iteration so far is no faster than the
+synchronous warm-up goes back at once: it could be ``WIDER_GAIN`` faster by ``CONFIRM_STEPS`` only by a swing of
+the medians larger than that margin, and its first iteration, the fill's, holds no wait, so it errs toward
+staying. One that ran faster is held to the full count before it may stay."""
 from __future__ import annotations
 
 import torch
@@ -17,12 +19,12 @@ from pipesgd.auto.decision import announce, describe, run_key
 from pipesgd.auto.probes import agreed
 
 CONFIRM_STEPS = 6  # the pipelined steps (the first fills the pipeline) held against the warm-up's
-EARLY_HOLD_STEPS = 3  # after these, a pipeline that ran no faster than the warm-up goes back at once
+EARLY_HOLD_STEPS = 2  # from the end of this one on (a first iteration measured), each step may go back at once
 
 
 def held_steps(step: int) -> list[int]:
-    """The steps at whose end a width chosen at ``step``'s end is held: early, then in full."""
-    return [step + EARLY_HOLD_STEPS, step + CONFIRM_STEPS]
+    """The steps at whose end a width chosen at ``step``'s end is held: each one early, then in full."""
+    return list(range(step + EARLY_HOLD_STEPS, step + CONFIRM_STEPS + 1))
 
 
 def held_against_width_1(current: dict, clock: StepClock, group: dist.ProcessGroup | None,
@@ -37,7 +39,8 @@ def held_against_width_1(current: dict, clock: StepClock, group: dist.ProcessGro
     pipelined, reference = window["period_s"], synchronous["period_s"]
     if (pipelined * WIDER_GAIN <= reference) if final else (pipelined < reference):
         return None
-    faster = f"not {WIDER_GAIN:g}x faster" if final else f"no faster after {len(clock.periods)} iterations"
+    count = len(clock.periods)
+    faster = f"not {WIDER_GAIN:g}x faster" if final else f"no faster after {count} iteration{'s' * (count > 1)}"
     choice = {"width": 1, "compression": "none", "error_feedback": False, "measured": dict(current["measured"]),
               "ran": dict(current["ran"]), "reason": (
                   f"held against the warm-up: its synchronous steps took {reference * 1e3:.3g} ms per "

@@ -20,7 +20,8 @@ DESCRIPTION = ("Which Pipe-SGD width and gradient codec to run: the first, in an
                "error feedback and nothing below q8 under --optimizer adam or adamw), "
                f"whose all-reduce the model predicts hides behind the step (at most {HIDDEN_SHARE:.0%} of the "
                f"iteration left exposed), or a narrower one predicted within {WIDER_GAIN:g}x of its iteration (a "
-               "stale gradient costs steps); else the first within 10% of the fastest. --width and --compression, "
+               "stale gradient costs steps); else the first within 10% of the fastest, or again a narrower one "
+               f"within {WIDER_GAIN:g}x of it. --width and --compression, "
                "when given, are kept. With --calibration FILE (from `pipesgd-timing calibrate`) the cluster comes "
                "from it: --nodes from its world size, the link from its fit, and --compute from the model it timed if "
                "any.")
