@@ -151,7 +151,7 @@ class PipeSGD:
         # width or compression "auto": the warm-up times itself, and its last step chooses (pipesgd.auto).
         self._auto = None
         if auto.AUTO in (width, compression):
-            knobs = auto.Knobs.of(width, compression, error_feedback, type(optimizer).__mro__)
+            knobs = auto.Knobs.of(width, compression, error_feedback, type(optimizer).__mro__, staleness == "lookahead")
             trial = (self.options.allreduce == "auto" and self._channel.size > 1  # where the rule says exchange
                      and not self._channel.topology.stages(self._device))
             self._auto = auto.AutoConfig(self._buckets, knobs, warmup_steps, user_group, auto_recheck_every,
@@ -251,8 +251,9 @@ class PipeSGD:
             stats.t_standin_wait_s = in_forward if self._coarse is not None else None
         if self._auto is not None:  # the warm-up's end, or a re-check that switches
             stats.auto_choice = auto.describe(early) if early is not None else None
-            blocked = stats.t_wait_s + (stats.t_buffers_s or 0.0)  # what the caller waited on the network for
-            choice = self._auto.end(t, stats.t_comm_busy_s if stats.applied_step is not None else None, blocked)
+            applied = stats.applied_step is not None  # and what the caller waited on the network for:
+            choice = self._auto.end(t, stats.t_comm_busy_s if applied else None,
+                                    stats.t_wait_s + (stats.t_buffers_s or 0.0), stats.t_update_s if applied else None)
             if choice is not None:
                 self._use_choice(choice, stats)
                 self._auto.switched()

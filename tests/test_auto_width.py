@@ -86,6 +86,36 @@ def test_the_exchange_hides_behind_the_update_in_step_too():
     assert "50 ms in step()" in with_update["reason"]
 
 
+def test_the_lookahead_replay_is_priced_at_width_2_and_up():
+    """AlexNet-like under AdamW on unshaped links (the warm-up's numbers, 2-core host): 140 ms of compute, 140 ms in
+    ``step()``, an 80 ms exchange. Width 2 hides it in a 280 ms window, 1.29x faster than width 1's 360 ms; with the
+    look-ahead's replay priced as the optimizer's step (140 ms) the window is 420 ms and width 1 is taken; the
+    reason names it. Without look-ahead (``staleness="none"``) nothing is added."""
+    measured = {**_measured(0.08, 0.08 / 64 + 6e-4), "compute_s": 0.14, "update_s": 0.14}
+    free = auto.Knobs.of("auto", "auto", False, (torch.optim.AdamW,), lookahead=True)
+    without = auto.decide(measured, 4, 34e6, free)
+    priced = auto.decide({**measured, "lookahead_s": free.lookahead_s(0.14)}, 4, 34e6, free)
+    assert (without["width"], without["compression"]) == (2, "none")
+    assert (priced["width"], priced["compression"]) == (1, "none") and "look-ahead's replay" in priced["reason"]
+    assert auto.Knobs.of("auto", "auto", False, (torch.optim.AdamW,)).lookahead_s(0.14) == 0.0
+
+
+@pytest.mark.parametrize("staleness", ["lookahead", "none"])
+def test_the_warmup_measures_the_optimizers_step_for_the_lookahead(process_group, monkeypatch, staleness):
+    """The warm-up's steps time the wrapped optimizer's ``step()`` (``StepStats.t_update_s``) and the choice's
+    measurements carry it as the look-ahead's price, with look-ahead on; 0 with ``staleness="none"``."""
+    monkeypatch.setattr(auto, "uncompressed_hides", lambda measured, *_: _chooses(1)(measured))
+    model = _model()
+    opt = PipeSGD(torch.optim.AdamW(model.parameters(), lr=1e-3), model, width="auto", compression="auto",
+                  warmup_steps=WARMUP, staleness=staleness)
+    stats = _train(model, opt, range(WARMUP))
+    timed = sorted(s.t_update_s for s in stats)[len(stats) // 2]
+    want = timed if staleness == "lookahead" else 0.0
+    assert opt.auto_choice["measured"]["lookahead_s"] == pytest.approx(want) and (want > 0) == (staleness != "none")
+    opt.flush()
+    opt.close()
+
+
 def test_a_recheck_of_the_warmups_provisional_codec_finds_the_link_it_runs_on():
     """The warm-up ran q8 as its provisional codec (its exchange, 125 ms, is in the measurements) and kept it; then the
     link slows 3-fold. The re-check solves the link from q8's exchange now (375 ms), not pinned to the warm-up's

@@ -97,6 +97,20 @@ def test_pipe_vs_sync_exactly_two_when_compute_equals_comm():
     assert predict(s.with_changes(slowdown=0.1)).speedup("pipe", "sync") < 2.0
 
 
+def test_the_lookahead_replay_lengthens_the_pipelined_window_only():
+    """The look-ahead replays the optimizer's rule each step at width 2 and up: 120 ms of compute, 30 ms of update
+    and 30 ms of replay make a 180 ms window beside a 100 ms all-reduce; width 1, sync and DDP run no replay."""
+    s = Scenario(nodes=4, grad_bytes=100 * MB, bandwidth_Bps=gbe(10), compute_s=0.120, update_s=0.03)
+    plain, replayed = predict(s), predict(s.with_changes(lookahead_s=0.03))
+    assert replayed.result("pipe").iteration_s == pytest.approx(plain.result("pipe").iteration_s + 0.03, rel=1e-12)
+    assert replayed.result("pipe").update_s == pytest.approx(0.06)
+    for mode in ("sync", "ddp"):
+        assert replayed.result(mode).iteration_s == plain.result(mode).iteration_s
+    one = s.with_changes(width=1)
+    assert predict(one.with_changes(lookahead_s=0.03)).result("pipe").iteration_s == predict(one).result(
+        "pipe").iteration_s
+
+
 def test_codec_ratios_and_passes():
     assert CODEC_RATIOS["q8"] == 4 * 4096 / 4100
     assert CODEC_RATIOS["q4"] == 8 * 4096 / 4104
@@ -159,7 +173,8 @@ def test_breakdown_terms_add_up():
                              copy_Bps=rng.choice([math.inf, rng.uniform(1e9, 1e10)]),
                              handoff_s=rng.choice([0.0, rng.uniform(0, 1e-3)]),
                              buffers_s=rng.choice([0.0, rng.uniform(0, 5e-3)]),
-                             host_s=rng.choice([0.0, rng.uniform(0, 5e-3)]))
+                             host_s=rng.choice([0.0, rng.uniform(0, 5e-3)]),
+                             lookahead_s=rng.choice([0.0, rng.uniform(0, 5e-3)]))
         for r in predict(s).results:
             parts = (r.compute_s + r.straggler_s + r.interference_s + r.update_s + r.handoff_s + r.buffers_s
                      + r.host_s + r.exposed_comm_s + r.codec_s)

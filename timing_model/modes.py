@@ -177,7 +177,10 @@ def predict_pipe(cluster: ClusterParams, compute: ComputeParams, codec: CodecPar
     for the whole ring, a Pipe-SGD step for one window per ring. The buffer sync is a blocking collective on the
     caller's thread (``pipesgd.grads.buffers``): it is in the window, never hidden. Width 1 is the synchronous step
     and pays the lockstep term; with width ≥ 2 the ring runs beside the next compute, where κc, not the lockstep
-    probe, says what sharing the cores costs."""
+    probe, says what sharing the cores costs, and the look-ahead's replay of the optimizer's rule (``lookahead_s``,
+    on the caller's thread, ``pipesgd.delay.lookahead``) counts as update work."""
+    if schedule.width >= 2:
+        compute = replace(compute, update_s=compute.update_s + compute.lookahead_s)
     comm = _allreduce(cluster, codec, schedule, terms, per_hop=True)
     slow = _slowest_compute(cluster, compute)
     hand = _handoff(cluster, terms)

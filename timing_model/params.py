@@ -90,9 +90,10 @@ class ComputeParams:
     compute_std_s: float = 0.0  # spread of T_c across workers (straggler term), seconds
     update_s: float = 0.0  # optimizer update T_u, seconds
     samples_per_worker: int = 0  # batch size per worker, for samples/s (0: report iterations/s only)
+    lookahead_s: float = 0.0  # Pipe-SGD width >= 2: the look-ahead's replay of the optimizer's rule, seconds
 
     def __post_init__(self) -> None:
-        for name in ("compute_s", "compute_std_s", "update_s"):
+        for name in ("compute_s", "compute_std_s", "update_s", "lookahead_s"):
             require_finite_nonneg(name, getattr(self, name))
         require(isinstance(self.samples_per_worker, int) and self.samples_per_worker >= 0,
                 f"samples_per_worker must be an integer >= 0, got {self.samples_per_worker!r}")

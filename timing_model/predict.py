@@ -39,6 +39,7 @@ class Scenario:
     compute_s: float = 0.0  # mean forward+backward
     compute_std_s: float = 0.0  # spread across workers
     update_s: float = 0.0  # optimizer step
+    lookahead_s: float = 0.0  # Pipe-SGD width >= 2: the look-ahead's replay of the optimizer's rule per step
     batch_size: int = 0  # samples per worker per iteration (0: unknown)
     # codec
     compression: str = "none"  # none | fp16 | bf16 | q8 | q4 | sign
@@ -87,7 +88,7 @@ class Scenario:
         """Build (and thereby validate) the frozen plain parameter records of the core."""
         cluster = ClusterParams(self.nodes, self.grad_bytes, self.bandwidth_Bps, self.latency_s, self.overhead_s,
                                 self.reduce_Bps, self.collective)
-        compute = ComputeParams(self.compute_s, self.compute_std_s, self.update_s, self.batch_size)
+        compute = ComputeParams(self.compute_s, self.compute_std_s, self.update_s, self.batch_size, self.lookahead_s)
         codec = build_codec(self.compression, self.encode_Bps, self.decode_Bps, self.compression_ratio,
                             self.feedback_Bps if self.error_feedback else math.inf)
         schedule = ScheduleParams(self.width, self.overlap_fraction, self.bucket_bytes, self.resolved_allreduce)

@@ -206,15 +206,17 @@ class AutoConfig:
         """The wrapper has switched to what ``end`` returned: that drain and rebuild are not compute either."""
         self.clock.skip()
 
-    def end(self, step: int, comm_busy_s: float | None, wait_s: float = 0.0) -> dict | None:
+    def end(self, step: int, comm_busy_s: float | None, wait_s: float = 0.0,
+            optimizer_s: float | None = None) -> dict | None:
         """After ``step()``'s work (``comm_busy_s``: the applied exchange's time on the worker, None: nothing
         applied; ``wait_s``: what ``step()`` blocked on communication: that exchange and a blocking sync of the
-        module buffers, which queues behind the exchange on a saturated link). Returns a choice to run from the next
+        module buffers, which queues behind the exchange on a saturated link; ``optimizer_s``: the wrapped optimizer's
+        ``step()`` when it ran, the look-ahead's price, ``Knobs.lookahead_s``). Returns a choice to run from the next
         step on (the wrapper drains what is in flight first): a provisional codec at the probe, the choice at the
         warm-up's last step, and a re-check's that switches."""
         if not self._timing(step):
             return None
-        self.clock.end(comm_busy_s, wait_s)
+        self.clock.end(comm_busy_s, wait_s, optimizer_s)
         for mark in self._marks:  # step 0's compute is timed: the hook's work is done
             mark.remove()
         self._marks = []
@@ -300,7 +302,7 @@ def first_choice(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: d
         if "comm_s" in links:  # step 0's, uncompressed: none's own time (none ran when the early look chose)
             links[exchange_key("none", False)] = links.pop("comm_s")
     measured = agreed({"compute_s": clock.compute_s, "update_s": clock.update_s, "comm_s": clock.comm_s,
-                       **clock.spreads(), **links}, group, device)
+                       "lookahead_s": knobs.lookahead_s(clock.optimizer_s), **clock.spreads(), **links}, group, device)
     choice = uncompressed_hides(measured, nodes, grad_bytes, knobs) if measured_with == ("none", False) else None
     if choice is None:
         if "small_allreduce_s" not in measured:  # measure()'s numbers win over the clock's (a test may give them all)
@@ -360,7 +362,8 @@ def recheck(buckets: list[Bucket], knobs: Knobs, current: dict, clock: StepClock
         current["measured"].update(agreed(measure(numel, device, dtype, group, knobs.codecs_to_time()), group, device))
     # the warm-up's exchange times (step 0's uncompressed one) may be of another cluster: what ran since is in ``ran``
     warmup = {k: v for k, v in current["measured"].items() if not k.endswith("_exchange_s")}
-    measured = {**warmup, **{k: window[k] for k in ("compute_s", "update_s", "comm_s")}}
+    measured = {**warmup, **{k: window[k] for k in ("compute_s", "update_s", "comm_s")},
+                "lookahead_s": knobs.lookahead_s(window["optimizer_s"])}
     nodes = dist.get_world_size(group)
     choice = on_rank0(lambda: decide(measured, nodes, grad_bytes, knobs, running, now=now, ran=ran), group, device)
     if choice is None:

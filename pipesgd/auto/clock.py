@@ -21,6 +21,7 @@ class StepClock:
         self.waits: list[float] = []  # what step() blocked on communication (the exposed part)
         self.durations: list[float] = []  # each step()'s own time, from its start to its end
         self.own: list[float] = []  # each step()'s time less what it blocked on communication (``update_s``)
+        self.optimizer_steps: list[float] = []  # the wrapped optimizer's step() in each step that applied one
 
     def forward(self) -> None:
         """A forward pass starts: before the first step, where its compute began (later ones are ignored)."""
@@ -37,7 +38,7 @@ class StepClock:
             self.periods.append(now - self._began)
         self._began = now
 
-    def end(self, comm_busy_s: float | None = 0.0, wait_s: float = 0.0) -> None:
+    def end(self, comm_busy_s: float | None = 0.0, wait_s: float = 0.0, optimizer_s: float | None = None) -> None:
         self._ended = self._clock()
         if self._began is not None:
             self.durations.append(self._ended - self._began)
@@ -45,6 +46,8 @@ class StepClock:
         self.waits.append(wait_s)
         if comm_busy_s is not None:  # None: the step applied nothing (the pipeline fills)
             self.comm_busy.append(comm_busy_s)
+        if optimizer_s is not None:
+            self.optimizer_steps.append(optimizer_s)
 
     def skip(self) -> None:
         """What ran since the last ``step()`` ended (the probe's measurements, a switch of codec) is not the caller's
@@ -56,6 +59,7 @@ class StepClock:
         """Start a new window (the gap right after a re-check, which includes its drain, is not compute)."""
         self._began, self._ended, self._forward = None, None, None
         self.gaps, self.periods, self.comm_busy, self.waits, self.durations, self.own = [], [], [], [], [], []
+        self.optimizer_steps = []
 
     @property
     def compute_s(self) -> float:
@@ -71,6 +75,12 @@ class StepClock:
         return statistics.median(self.own) if self.own else 0.0
 
     @property
+    def optimizer_s(self) -> float:
+        """Median time of the wrapped optimizer's ``step()``: what the look-ahead's replay of its rule costs per step
+        at width 2 and up (``Knobs.lookahead``; the timing model's ``lookahead_s``)."""
+        return statistics.median(self.optimizer_steps) if self.optimizer_steps else 0.0
+
+    @property
     def comm_s(self) -> float:
         """Median busy time of an exchange of the whole gradient."""
         return statistics.median(self.comm_busy) if self.comm_busy else 0.0
@@ -82,9 +92,10 @@ class StepClock:
         return {"compute_spread_s": robust_spread(self.gaps), "comm_cv": comm / self.comm_s if comm else 0.0}
 
     def window(self) -> dict[str, float]:
-        """A re-check's medians: compute, ``step()``'s own work, exchange, iteration and the exposed wait."""
+        """A re-check's medians: compute, ``step()``'s own work, exchange, iteration, the exposed wait and the
+        optimizer's step."""
         return {"compute_s": self.compute_s, "update_s": self.update_s, "comm_s": self.comm_s,
-                "period_s": _median(self.periods), "wait_s": _median(self.waits)}
+                "period_s": _median(self.periods), "wait_s": _median(self.waits), "optimizer_s": self.optimizer_s}
 
     def synchronous(self) -> dict[str, float]:
         """The warm-up's synchronous, uncompressed steps as a configuration that ran (``decision._predictor``'s

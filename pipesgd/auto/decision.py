@@ -94,7 +94,7 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
 
     link = link_terms(measured, nodes, grad_bytes, measured_with)
     scenario = Scenario(nodes=nodes, grad_bytes=grad_bytes, compute_s=measured["compute_s"],
-                        update_s=measured.get("update_s", 0.0), **link)
+                        update_s=measured.get("update_s", 0.0), lookahead_s=measured.get("lookahead_s", 0.0), **link)
     scale = 1.0
     if now is not None and ran and run_key(*now) in ran:
         width, codec, feedback = now
@@ -120,6 +120,8 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
     spread = (f" (step to step ±{measured['compute_spread_s'] * 1e3:.2g} ms and ±{measured['comm_cv']:.0%})"
               if measured.get("compute_spread_s") or measured.get("comm_cv") else "")
     own = f" and {measured['update_s'] * 1e3:.3g} ms in step()" if measured.get("update_s") else ""
+    if measured.get("lookahead_s"):
+        own += f" (width 2 and up: {measured['lookahead_s'] * 1e3:.3g} ms more, the look-ahead's replay)"
     reason = (f"{why}; measured: compute {measured['compute_s'] * 1e3:.3g} ms per step{own}, an all-reduce of "
               f"the gradient ({codec_label(*measured_with)}) {measured['comm_s'] * 1e3:.3g} ms on {nodes} rank(s)"
               f"{spread}{'; ' + knobs.optimizer_note if knobs.optimizer_note else ''}")

@@ -42,6 +42,7 @@ SCENARIO_FLAGS = {
     "compute": ("compute_s", parse_time),
     "compute_std": ("compute_std_s", parse_time),
     "update": ("update_s", parse_time),
+    "lookahead": ("lookahead_s", parse_time),
     "overhead": ("overhead_s", parse_time),
     "slowdown": ("slowdown", lambda s: parse_fraction(s, "slowdown", None)),
     "comm_slowdown": ("comm_slowdown", lambda s: parse_fraction(s, "comm slowdown", None)),
@@ -121,6 +122,8 @@ def add_scenario_flags(parser: argparse.ArgumentParser, sweep: bool) -> None:
     add("--latency", default="0", metavar="TIME", help="per-message latency: 50us (default 0)" + many)
     add("--compute", default="0", metavar="TIME", help="forward + backward per step: 120ms" + many)
     add("--update", default="0", metavar="TIME", help="optimizer step: 5ms (default 0)")
+    add("--lookahead", default="0", metavar="TIME",
+        help="pipe, width >= 2: the look-ahead's replay per step, about one optimizer step (default 0)")
     add("--compression", default="none", metavar="NAME", help=f"{'|'.join(CODEC_RATIOS)} (default none)" + many)
     add("--width", default="2", metavar="K", help="Pipe-SGD pipeline width (default 2)" + many)
     add("--calibration", metavar="FILE", help="network fit and measured terms from `calibrate`")
