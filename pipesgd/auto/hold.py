@@ -5,10 +5,11 @@ Why early: each held step is pipelined, so it costs a stale gradient whatever th
 nearly always "back to width 1" where the ranks share cores (AlexNet-like, AdamW, unshaped links: 349 ms
 synchronous against 592 ms at width 2; the 6 held steps then cost 60-76 steps to 0.75 against synchronous SGD's
 50-80, its accuracy curve behind from the held steps on). So from ``EARLY_HOLD_STEPS`` on, at the end of every
-held step (one small agreement all-reduce each), a pipeline whose median iteration so far is no faster than the
-synchronous warm-up goes back at once: it could be ``WIDER_GAIN`` faster by ``CONFIRM_STEPS`` only by a swing of
-the medians larger than that margin, and its first iteration, the fill's, holds no wait, so it errs toward
-staying. One that ran faster is held to the full count before it may stay."""
+held step (one small agreement all-reduce each), a pipeline none of whose iterations so far was faster than the
+synchronous warm-up's goes back at once. The fastest, not the median: the first iterations hold the look-ahead's
+first calls (785 ms of a 1.4 s iteration on that model), which say nothing of the pipeline's pace, so from two
+iterations on one slow first call cannot send back a pipeline that is faster. One that ran faster is held to the
+full count, where the median decides."""
 from __future__ import annotations
 
 import torch
@@ -19,7 +20,7 @@ from pipesgd.auto.decision import announce, describe, run_key
 from pipesgd.auto.probes import agreed
 
 CONFIRM_STEPS = 6  # the pipelined steps (the first fills the pipeline) held against the warm-up's
-EARLY_HOLD_STEPS = 2  # from the end of this one on (a first iteration measured), each step may go back at once
+EARLY_HOLD_STEPS = 3  # from the end of this one on (two iterations measured), each step may go back at once
 
 
 def held_steps(step: int) -> list[int]:
@@ -31,16 +32,15 @@ def held_against_width_1(current: dict, clock: StepClock, group: dist.ProcessGro
                          device: torch.device, final: bool = True) -> dict | None:
     """Width 1, uncompressed, unless the pipelined steps since the choice ran ``WIDER_GAIN`` faster per iteration
     than the warm-up's synchronous steps (``current["ran"]``; agreed medians), else None; before the ``final`` hold,
-    only where they ran no faster at all (None: hold on). Nothing else changes, and a re-check's model is not
-    asked."""
+    only where none of them ran faster (each rank's fastest, agreed; None: hold on). Nothing else changes, and a
+    re-check's model is not asked."""
     from timing_model.recommend import WIDER_GAIN
 
-    window, synchronous = agreed(clock.window(), group, device), current["ran"][run_key(1, "none", False)]
-    pipelined, reference = window["period_s"], synchronous["period_s"]
-    if (pipelined * WIDER_GAIN <= reference) if final else (pipelined < reference):
+    window = agreed({**clock.window(), "fastest_s": min(clock.periods, default=0.0)}, group, device)
+    reference = current["ran"][run_key(1, "none", False)]["period_s"]
+    if (window["period_s"] * WIDER_GAIN <= reference) if final else (window["fastest_s"] < reference):
         return None
-    count = len(clock.periods)
-    faster = f"not {WIDER_GAIN:g}x faster" if final else f"no faster after {count} iteration{'s' * (count > 1)}"
+    faster = f"not {WIDER_GAIN:g}x faster" if final else f"not faster in any of its {len(clock.periods)} iterations"
     choice = {"width": 1, "compression": "none", "error_feedback": False, "measured": dict(current["measured"]),
               "ran": dict(current["ran"]), "reason": (
                   f"held against the warm-up: its synchronous steps took {reference * 1e3:.3g} ms per "
