@@ -7,7 +7,9 @@ accuracy. The first ``warmup_steps`` steps run synchronously anyway, so they can
 What (nothing in flight, every rank inside ``step()``):
   Step 1: ``StepClock`` times the warm-up steps: the caller's compute is the time between one ``step()``
           returning and the next starting, ``step()``'s own work its time less its wait (the update: the model's T_u),
-          the exchange of the whole gradient the worker's busy time on it (``StepStats.t_comm_busy_s``); medians.
+          the wrapped optimizer's step (``StepStats.t_update_s``: under look-ahead, what its replay costs at width 2
+          and up, ``Knobs.lookahead_s``: the model's T_la), the exchange of the whole gradient the worker's busy
+          time on it (``StepStats.t_comm_busy_s``); medians.
   Step 2: every rank makes the same timed calls: an uncompressed ``all_reduce`` at 1/64 of the gradient's size,
           and one encode and decode of each codec the choice may use on a tensor of the gradient's size (at most 4 M
           elements). ``link_terms`` finds the link's latency and bandwidth for which the timing model reproduces
@@ -106,9 +108,9 @@ from pipesgd.grads.buckets import Bucket
 from pipesgd.init_sync import Broadcast
 
 __all__ = ["AUTO", "CANDIDATES", "MAX_WIDTH", "SMALL_FRACTION", "SWITCH_GAIN", "CHANGED", "PROVISIONAL_STEPS",
-           "CONFIRM_STEPS", "EARLY_HOLD_STEPS", "SLOW_LOOK", "BYTES_SHARE", "Knobs", "StepClock", "AutoConfig", "first_choice", "probe",
-           "clearly_slow", "recheck", "transfer_floor_s", "measure", "agreed", "decide", "link_terms", "describe",
-           "announce", "codec_key", "run_key"]
+           "CONFIRM_STEPS", "EARLY_HOLD_STEPS", "SLOW_LOOK", "BYTES_SHARE", "Knobs", "StepClock", "AutoConfig",
+           "first_choice", "probe", "clearly_slow", "recheck", "transfer_floor_s", "measure", "agreed", "decide",
+           "link_terms", "describe", "announce", "codec_key", "run_key"]
 CHANGED = 1.5  # a re-check decides again only when compute or the exchange moved this much (either way)
 PROVISIONAL_STEPS = 2  # a provisional codec needs at least this many warm-up steps left to time it
 
