@@ -65,7 +65,7 @@ Held against width 1: a width chosen above 1 after a synchronous, uncompressed w
 ``CONFIRM_STEPS`` steps on against that warm-up, which counts as width 1's measured run (``ran``,
 ``StepClock.synchronous``): unless the pipelined steps ran ``WIDER_GAIN`` times faster per iteration (the choice's
 own rule, ``timing_model.recommend``: a stale gradient costs steps), it goes back to width 1; at any held step
-from ``EARLY_HOLD_STEPS`` on where they ran no faster at all (``pipesgd.auto.hold``: each held step is stale).
+from ``EARLY_HOLD_STEPS`` on where none of them ran faster (``pipesgd.auto.hold``: each held step is stale).
 The model predicts an exchange in flight beside the compute; on cores the ranks share it slows that compute instead
 (AlexNet-like, AdamW, the emulated cluster's unshaped links: 330 ms synchronous, 548 ms at width 2; ResNet-20 49.9
 and 52.6 ms). Measured against measured; the codec is not re-decided.
