@@ -251,7 +251,7 @@ class PipeSGD:
             stats.t_standin_wait_s = in_forward if self._coarse is not None else None
         if self._auto is not None:  # the warm-up's end, or a re-check that switches
             stats.auto_choice = auto.describe(early) if early is not None else None
-            applied = stats.applied_step is not None  # and what the caller waited on the network for:
+            applied = stats.applied_step is not None  # the exchange's and the optimizer's times only then
             choice = self._auto.end(t, stats.t_comm_busy_s if applied else None,
                                     stats.t_wait_s + (stats.t_buffers_s or 0.0), stats.t_update_s if applied else None)
             if choice is not None:
