@@ -7,10 +7,12 @@ all-reduce hides behind the step (what is left exposed is at most ``HIDDEN_SHARE
 
 The order, from what the accuracy study measured (``experiments/results/accuracy/report.md``):
   Step 1: width 1, uncompressed: synchronous SGD, when the all-reduce is that small beside the step.
-  Step 2: width 2, then 3 (up to ``max_width``); at each width the codecs from the most to the least exact:
-          none, bf16, q8 with error feedback, q4 with error feedback (each within the seed spread of uncompressed
-          width 2 on every task), then sign with error feedback only when the user allows it (it lost 14-40 points).
-          Width before codec: width 3 cost AdamW +6.2 % in validation loss where every codec up to q4 + feedback
+  Step 2: the codecs from the most to the least exact: none, bf16, q8 with error feedback, q4 with error feedback
+          (each within the seed spread of uncompressed width 2 on every task), then sign with error feedback only
+          when the user allows it (it lost 14-40 points); each at width 2 and, from bf16 on, at width 1 just before
+          (synchronous SGD with a codec hides nothing, but its gradient is not stale: the narrower rule below takes
+          it over width 2 where it is predicted near it); then width 3 (up to ``max_width``) with each codec.
+          Width 3 after every codec: it cost AdamW +6.2 % in validation loss where every codec up to q4 + feedback
           stayed within the seed spread. Under Adam and AdamW the caller fixes error feedback off and stops at q8
           (``pipesgd.defaults.auto_codec_limits``: feedback and q4 cost the GPT accuracy under look-ahead).
           A narrower candidate tried before the one that hides is taken instead where it is predicted within
@@ -101,13 +103,10 @@ def candidate_knobs(max_width: int, allow_sign: bool, width: int | None = None,
     if error_feedback is not None:
         codecs = [(codec, error_feedback) for codec, _ in codecs]
     widths = [width] if width is not None else list(range(1, max_width + 1))
-    knobs = []
-    for w in widths:
-        for codec, feedback in codecs:
-            if w == 1 and width is None and compression is None and codec != "none":
-                continue  # Step 1: width 1 only uncompressed
-            knobs.append((w, codec, feedback and codec != "none"))
-    return knobs
+    narrow, wide = [w for w in widths if w <= 2], [w for w in widths if w > 2]  # codec first, then width, up to 2
+    knobs = [(w, codec, feedback) for codec, feedback in codecs for w in narrow]
+    knobs += [(w, codec, feedback) for w in wide for codec, feedback in codecs]
+    return [(w, codec, feedback and codec != "none") for w, codec, feedback in knobs]
 
 
 def recommend(scenario: Scenario, predict_pipe, *, max_width: int = 3, allow_sign: bool = False,

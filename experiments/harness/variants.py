@@ -51,6 +51,7 @@ TRAINER_FLAGS: dict[str, list[str]] = {  # variant name: pipesgd-train flags
                       "--lookahead-reach", "1.2", *_OWN],
     "sync+bf16": ["--mode", "sync", "--compression", "bf16"],
     "sync+q8": ["--mode", "sync", "--compression", "q8", "--error-feedback"],
+    "sync+q4": ["--mode", "sync", "--compression", "q4", "--error-feedback"],
     "ddp": ["--mode", "ddp"],
     "ddp+fp16": ["--mode", "ddp", "--ddp-hook", "fp16"],
     "ddp+powersgd": ["--mode", "ddp", "--ddp-hook", "powersgd"],  # PyTorch's powerSGD_hook (its error feedback)
@@ -78,9 +79,9 @@ COARSE_VARIANTS = ("ddp", "ddp+fp16", "pipe+q8", "pipe+q8+coarse", "pipe-w3", "p
 CHARLM_TIME_VARIANTS = ("ddp", "sync+q8", "pipe", "pipe+reach", "pipe+q8+reach", "pipe+coarse", "pipe+q8",
                         "pipe+q8+lowrank", "pipe+q8-noef+lowrank", "pipe+auto", "pipe+auto+recheck")
 PIPE_VARIANTS = ("pipe", "pipe+bf16", "pipe+q8", "pipe+sign", "pipe-w3")  # the Pipe-SGD side of the speedup tables
-# issue 39 (configs/auto_choice.toml): --compression auto against every codec it chooses among
-AUTO_CHOICE_VARIANTS = ("sync", "pipe", "pipe+bf16", "pipe+q8", "pipe+q4", "pipe+auto", "pipe-wauto+auto",
-                        "pipe-wauto+auto+recheck")
+# issue 39 (configs/auto_choice.toml): --compression auto against every codec it chooses among, at width 1 and 2
+AUTO_CHOICE_VARIANTS = ("sync", "sync+bf16", "sync+q8", "sync+q4", "pipe", "pipe+bf16", "pipe+q8", "pipe+q4",
+                        "pipe+auto", "pipe-wauto+auto", "pipe-wauto+auto+recheck")
 CONVENTIONAL_BASELINES = ("ps-sync", "ps-async", "sync")  # the paper's "conventional approaches"
 DDP_BASELINES = ("ddp", "ddp+fp16", "ddp+powersgd")  # the peers users would pick today
 

@@ -61,14 +61,15 @@ gradient, two encodes and decodes per codec, and per decision the broadcast of i
 Step 2 has no latency or codec speeds to re-check with: the first re-check that decides measures them (with
 exchanges in flight on the wrapper's own group, so the latency may read high).
 
-Held against width 1: a width chosen above 1 after a synchronous, uncompressed warm-up (the fast links') is held
-``CONFIRM_STEPS`` steps on against that warm-up, which counts as width 1's measured run (``ran``,
-``StepClock.synchronous``): unless the pipelined steps ran ``WIDER_GAIN`` times faster per iteration (the choice's
-own rule, ``timing_model.recommend``: a stale gradient costs steps), it goes back to width 1; at any held step
-from ``EARLY_HOLD_STEPS`` on where none of them ran faster (``pipesgd.auto.hold``: each held step is stale).
+Held against width 1: a width chosen above 1 is held ``CONFIRM_STEPS`` steps on against the synchronous warm-up,
+which counts as width 1's measured run with its codec (``ran``, ``StepClock.synchronous``; uncompressed, or the
+provisional codec on a slow link): unless the pipelined steps ran ``WIDER_GAIN`` times faster per iteration (the
+choice's own rule, ``timing_model.recommend``: a stale gradient costs steps), it goes back to width 1 with that
+codec; at any held step from ``EARLY_HOLD_STEPS`` on where none of them ran faster (``pipesgd.auto.hold``).
 The model predicts an exchange in flight beside the compute; on cores the ranks share it slows that compute instead
 (AlexNet-like, AdamW, the emulated cluster's unshaped links: 330 ms synchronous, 548 ms at width 2; ResNet-20 49.9
-and 52.6 ms). Measured against measured; the codec is not re-decided.
+and 52.6 ms), and after a provisional codec the link is fitted to that codec's exchange, whose codec work on shared
+cores it reads as bytes (none's all-reduce predicted at 629 ms where it took 119). Measured against measured.
 
 Re-check (``auto_recheck_every=N``, off by default): every N steps after the warm-up it looks at the last N steps
 (medians of their compute gaps, iterations, the exchange's busy time with the codec in use, and what ``step()``
@@ -274,13 +275,15 @@ class AutoConfig:
         return new
 
     def _confirm_after(self, step: int) -> None:
-        """A width chosen above 1 after a synchronous, uncompressed warm-up: that warm-up counts as width 1's
-        measured run (``StepClock.synchronous``, agreed over the ranks), and ``held_against_width_1`` holds the
-        pipeline's measured iteration against it at the ends of ``held_steps`` (module doc)."""
-        warmup_codec = self.provisional["compression"] if self.provisional is not None else self.knobs.compression
-        if self.knobs.width is None and self.choice["width"] > 1 and warmup_codec in (None, "none"):
+        """A width chosen above 1: the synchronous warm-up counts as width 1's measured run with its codec (none,
+        the user's or the provisional one; ``StepClock.synchronous``, agreed over the ranks), and
+        ``held_against_width_1`` holds the pipeline's measured iteration against it at the ends of ``held_steps``
+        (module doc)."""
+        if self.knobs.width is None and self.choice["width"] > 1:
+            warmup = self.provisional
+            ran = (warmup["compression"], bool(warmup["error_feedback"])) if warmup else self.knobs.measured_with()
             synchronous = agreed(self.clock.synchronous(), self._group, _gradient(self._buckets)[2])  # every rank's
-            self.choice["ran"] = {run_key(1, "none", False): synchronous}
+            self.choice["ran"] = {run_key(1, *ran): synchronous}
             self._holds = held_steps(step)
 
 

@@ -1,5 +1,7 @@
 """A width chosen above 1 held against the synchronous warm-up it was chosen after (``pipesgd.auto``, "Held against
-width 1"): measured against measured, and stopped as soon as the answer is known.
+width 1"): measured against measured, and stopped as soon as the answer is known. The warm-up ran width 1 with its
+codec (none, the user's, or the provisional one a slow link's warm-up ran), so that is where a held width goes back:
+a configuration that ran, on the ladder (``timing_model.recommend``: each codec at width 1 before width 2).
 
 Why early: each held step is pipelined, so it costs a stale gradient whatever the verdict, and the verdict is
 nearly always "back to width 1" where the ranks share cores (AlexNet-like, AdamW, unshaped links: 349 ms
@@ -30,18 +32,19 @@ def held_steps(step: int) -> list[int]:
 
 def held_against_width_1(current: dict, clock: StepClock, group: dist.ProcessGroup | None,
                          device: torch.device, final: bool = True) -> dict | None:
-    """Width 1, uncompressed, unless the pipelined steps since the choice ran ``WIDER_GAIN`` faster per iteration
-    than the warm-up's synchronous steps (``current["ran"]``; agreed medians), else None; before the ``final`` hold,
-    only where none of them ran faster (each rank's fastest, agreed; None: hold on). Nothing else changes, and a
-    re-check's model is not asked."""
+    """Width 1 with the warm-up's codec (its run in ``current["ran"]``, ``warmup_run``), unless the pipelined steps
+    since the choice ran ``WIDER_GAIN`` faster per iteration than the warm-up's synchronous steps (agreed medians),
+    else None; before the ``final`` hold, only where none of them ran faster (each rank's fastest, agreed; None: hold
+    on). Nothing else changes, and a re-check's model is not asked."""
     from timing_model.recommend import WIDER_GAIN
 
     window = agreed({**clock.window(), "fastest_s": min(clock.periods, default=0.0)}, group, device)
-    reference = current["ran"][run_key(1, "none", False)]["period_s"]
+    key, codec, feedback = warmup_run(current)
+    reference = current["ran"][key]["period_s"]
     if (window["period_s"] * WIDER_GAIN <= reference) if final else (window["fastest_s"] < reference):
         return None
     faster = f"not {WIDER_GAIN:g}x faster" if final else f"not faster in any of its {len(clock.periods)} iterations"
-    choice = {"width": 1, "compression": "none", "error_feedback": False, "measured": dict(current["measured"]),
+    choice = {"width": 1, "compression": codec, "error_feedback": feedback, "measured": dict(current["measured"]),
               "ran": dict(current["ran"]), "reason": (
                   f"held against the warm-up: its synchronous steps took {reference * 1e3:.3g} ms per "
                   f"iteration, {describe(current)} {window['period_s'] * 1e3:.3g} ms since (compute "
@@ -49,3 +52,10 @@ def held_against_width_1(current: dict, clock: StepClock, group: dist.ProcessGro
                   f"gradient costs steps")}
     announce(choice, dist.get_rank(group))
     return choice
+
+
+def warmup_run(current: dict) -> tuple[str, str, bool]:
+    """The synchronous warm-up's run in ``current["ran"]`` (``run_key``: "1:q8+ef"): its key, codec and feedback."""
+    key = next(k for k in current["ran"] if k.startswith("1:"))
+    codec = key.split(":", 1)[1]
+    return key, codec.removesuffix("+ef"), codec.endswith("+ef")
