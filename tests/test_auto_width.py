@@ -75,13 +75,14 @@ def test_a_recheck_goes_back_to_width_1_where_the_pipeline_gains_too_little(comm
 
 
 def test_the_exchange_hides_behind_the_update_in_step_too():
-    """A 135 ms uncompressed all-reduce beside 100 ms of compute does not hide at width 2 (bf16's does); with 50 ms
-    of optimizer update in ``step()`` (the AlexNet-like model's AdamW took as long as its compute) the window is
-    150 ms and it does: width 2, uncompressed, and the reason names the update."""
+    """A 135 ms uncompressed all-reduce beside 100 ms of compute does not hide at width 2 (bf16's does, and q4 at
+    width 1, 117 ms, is within 1.25x of it); with 50 ms of optimizer update in ``step()`` (the AlexNet-like model's
+    AdamW took as long as its compute) the window is 150 ms and it does: width 2, uncompressed, and the reason names
+    the update."""
     measured = _measured(0.135, 0.135 / 64 + 6e-4)
     without = auto.decide(measured, 4, 4e6, FREE)
     with_update = auto.decide({**measured, "update_s": 0.05}, 4, 4e6, FREE)
-    assert (without["width"], without["compression"]) == (2, "bf16")
+    assert (without["width"], without["compression"]) == (1, "q4")
     assert (with_update["width"], with_update["compression"]) == (2, "none")
     assert "50 ms in step()" in with_update["reason"]
 

@@ -7,20 +7,22 @@ all-reduce hides behind the step (what is left exposed is at most ``HIDDEN_SHARE
 
 The order, from what the accuracy study measured (``experiments/results/accuracy/report.md``):
   Step 1: width 1, uncompressed: synchronous SGD, when the all-reduce is that small beside the step.
-  Step 2: the codecs from the most to the least exact: none, bf16, q8 with error feedback, q4 with error feedback
-          (each within the seed spread of uncompressed width 2 on every task), then sign with error feedback only
-          when the user allows it (it lost 14-40 points); each at width 2 and, from bf16 on, at width 1 just before
-          (synchronous SGD with a codec hides nothing, but its gradient is not stale: the narrower rule below takes
-          it over width 2 where it is predicted near it); then width 3 (up to ``max_width``) with each codec.
+  Step 2: width 2, uncompressed; then the codecs from the most to the least exact: bf16, q8 with error feedback,
+          q4 with error feedback (each within the seed spread of uncompressed width 2 on every task), then sign
+          with error feedback only when the user allows it (it lost 14-40 points); each at width 1 (synchronous SGD
+          with a codec hides nothing, but its gradient is not stale: the narrower rule below takes it over width 2
+          where it is predicted near it), then each at width 2; then width 3 (up to ``max_width``) with each codec.
           Width 3 after every codec: it cost AdamW +6.2 % in validation loss where every codec up to q4 + feedback
           stayed within the seed spread. Under Adam and AdamW the caller fixes error feedback off and stops at q8
           (``pipesgd.defaults.auto_codec_limits``: feedback and q4 cost the GPT accuracy under look-ahead).
           A narrower candidate tried before the one that hides is taken instead where it is predicted within
-          ``WIDER_GAIN`` of its iteration: a wider pipeline's stale gradient costs steps (width 2 against
-          synchronous SGD: 1.04x the steps to 0.90 on ResNet-20 with momentum SGD and look-ahead, six seeds; 1.27x to
-          0.75 on the AlexNet-like model with AdamW, five; ``experiments/results/auto_choice/report.md``), so a few
-          per cent per iteration does not pay for it; the margin is the re-checks' (``pipesgd.auto``
-          ``SWITCH_GAIN``), not fitted per optimizer. ``pipesgd.auto`` holds the measured iteration to it too.
+          ``WIDER_GAIN`` of its iteration (of several, the first within ``NEAR_FASTEST`` of the fastest of them): a
+          wider pipeline's stale gradient costs steps (width 2 against synchronous SGD: 1.04x the steps to 0.90 on
+          ResNet-20 with momentum SGD and look-ahead, six seeds; 1.27x to 0.75 on the AlexNet-like model with AdamW,
+          five; ``experiments/results/auto_choice/report.md``), so a few per cent per iteration does not pay for
+          it; the margin is the re-checks' (``pipesgd.auto`` ``SWITCH_GAIN``), not fitted per optimizer.
+          ``pipesgd.auto`` holds the measured iteration to it too. Where width 2 hides uncompressed, only
+          uncompressed width 1 is tried before it: no codec is taken where none is needed.
   Step 3: if nothing hides, the earliest candidate predicted within ``NEAR_FASTEST`` of the fastest (a codec that
           is barely faster is not worth its loss of exactness), or a narrower one tried before it within
           ``WIDER_GAIN`` of it (as in Step 2), and the reason says so.
@@ -103,9 +105,10 @@ def candidate_knobs(max_width: int, allow_sign: bool, width: int | None = None,
     if error_feedback is not None:
         codecs = [(codec, error_feedback) for codec, _ in codecs]
     widths = [width] if width is not None else list(range(1, max_width + 1))
-    narrow, wide = [w for w in widths if w <= 2], [w for w in widths if w > 2]  # codec first, then width, up to 2
-    knobs = [(w, codec, feedback) for codec, feedback in codecs for w in narrow]
-    knobs += [(w, codec, feedback) for w in wide for codec, feedback in codecs]
+    narrow, wide = [w for w in widths if w <= 2], [w for w in widths if w > 2]
+    exact = [(w, codec, feedback) for w in narrow for codec, feedback in codecs if codec == "none"]
+    lossy = [(w, codec, feedback) for w in narrow for codec, feedback in codecs if codec != "none"]
+    knobs = exact + lossy + [(w, codec, feedback) for w in wide for codec, feedback in codecs]
     return [(w, codec, feedback and codec != "none") for w, codec, feedback in knobs]
 
 
@@ -151,9 +154,12 @@ def recommend(scenario: Scenario, predict_pipe, *, max_width: int = 3, allow_sig
 
 
 def _narrower_within_gain(before: list[Candidate], chosen: Candidate) -> Candidate | None:
-    """The first candidate tried before ``chosen``, narrower, predicted within ``WIDER_GAIN`` of its iteration."""
-    return next((c for c in before if c.width < chosen.width and c.iteration_s <= WIDER_GAIN * chosen.iteration_s),
-                None)
+    """Of the candidates tried before ``chosen``, narrower and predicted within ``WIDER_GAIN`` of its iteration, the
+    first within ``NEAR_FASTEST`` of the fastest of them (as where nothing hides: a more exact codec only for a
+    small price; bf16 at width 1 predicted at 807 ms beside q8's 593 was taken, and ran 1.3x q8's time to target)."""
+    within = [c for c in before if c.width < chosen.width and c.iteration_s <= WIDER_GAIN * chosen.iteration_s]
+    fastest = min((c.iteration_s for c in within), default=0.0)
+    return next((c for c in within if c.iteration_s <= NEAR_FASTEST * fastest), None)
 
 
 def _narrower_reason(why: str, narrower: Candidate) -> str:
