@@ -1,10 +1,10 @@
 """The auto-choice grid's table (issue 39): every variant per cell, the best fixed configuration, and each auto
 variant's ratio to it, per iteration and in time to the target accuracy, with what each auto variant chose.
 
-    python experiments/auto_choice_report.py                                   # the committed runs.json
-    python experiments/auto_choice_report.py --result experiments/results/auto_choice/repeat_1.json
-    python experiments/auto_choice_report.py --result experiments/results/auto_choice/runs.json \
-        experiments/results/auto_choice/resnet20_seed*.json         # several sittings: each ratio's mean and range
+    python experiments/auto_choice_report.py                                   # the whole grid's runs.json
+    python experiments/auto_choice_report.py --result experiments/results/auto_choice/alexnet_w1_seed14.json
+    python experiments/auto_choice_report.py --result \
+        experiments/results/auto_choice/alexnet_w1_seed*.json      # several sittings: each ratio's mean and range
     python experiments/auto_choice_report.py --result experiments/results/auto_choice/alexnet_seed*.json \
         --short experiments/results/auto_choice/alexnet_100mbit_short*.json  # runs cut short: projected to target
 

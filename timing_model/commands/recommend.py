@@ -15,12 +15,13 @@ __all__ = ["USAGE", "DESCRIPTION", "add_parser", "run"]
 
 USAGE = ("%(prog)s --nodes N --bandwidth RATE --params COUNT --compute TIME [...]\n"
          "       %(prog)s --calibration FILE --params COUNT [--compute TIME] [...]")
-DESCRIPTION = ("Which Pipe-SGD width and gradient codec to run: the first, in an order of preference (width 1 "
-               "uncompressed, then width 2 and up with none, bf16, q8 + error feedback, q4 + error feedback; without "
-               "error feedback and nothing below q8 under --optimizer adam or adamw), "
+DESCRIPTION = ("Which Pipe-SGD width and gradient codec to run: the first, in an order of preference (width 1, "
+               "then 2, uncompressed; then bf16, q8 + error feedback, q4 + error feedback at width 1, then at width "
+               "2; then width 3 with each; without error feedback and nothing below q8 under --optimizer adam or "
+               "adamw), "
                f"whose all-reduce the model predicts hides behind the step (at most {HIDDEN_SHARE:.0%} of the "
                f"iteration left exposed), or a narrower one predicted within {WIDER_GAIN:g}x of its iteration (a "
-               "stale gradient costs steps); else the first within 10% of the fastest, or again a narrower one "
+               "stale gradient costs steps; of several, the first within 10% of the fastest of them); else the first within 10% of the fastest, or again a narrower one "
                f"within {WIDER_GAIN:g}x of it. --width and --compression, "
                "when given, are kept. With --calibration FILE (from `pipesgd-timing calibrate`) the cluster comes "
                "from it: --nodes from its world size, the link from its fit, and --compute from the model it timed if "
