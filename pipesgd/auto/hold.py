@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from pipesgd.auto.clock import StepClock
-from pipesgd.auto.decision import announce, describe, run_key
+from pipesgd.auto.decision import announce, describe
 from pipesgd.auto.probes import agreed
 
 CONFIRM_STEPS = 6  # the pipelined steps (the first fills the pipeline) held against the warm-up's
