@@ -83,6 +83,25 @@ def test_the_step_clock_times_the_callers_work_between_steps_and_the_iteration()
     assert window["period_s"] == pytest.approx(0.1575) and window["wait_s"] == 0.002
     # step()'s own work, what it did not block on communication: 10 - 1, 5 - 2, 5 - 3 ms
     assert clock.own == pytest.approx([0.009, 0.003, 0.002]) and window["update_s"] == pytest.approx(0.003)
+    # from one step()'s end to the next's: the gap before a step, then the step (the first had no gap)
+    assert clock.iterations == pytest.approx([0.105, 0.205]) and clock.fastest_s == pytest.approx(0.105)
+
+
+def test_the_fastest_iteration_leaves_out_what_the_clock_skipped():
+    """A probe after step 0 (``skip``) is neither compute nor an iteration: the warm-up's fastest iteration, which
+    the hold's early look compares with (``pipesgd.auto.hold``), is step 1's own gap and step."""
+    ticks = iter([0.0, 0.010, 0.500, 0.520, 0.530, 0.600, 0.610])  # step 0 to 0.01, a probe to 0.5, step 1, step 2
+    clock = auto.StepClock(lambda: next(ticks))
+    clock.begin()
+    clock.end()
+    clock.skip()
+    clock.begin()
+    clock.end()
+    clock.begin()
+    clock.end()
+    assert clock.iterations == pytest.approx([0.030, 0.080])
+    assert clock.synchronous()["fastest_s"] == pytest.approx(0.030)
+    assert auto.StepClock().synchronous()["fastest_s"] == 0.0  # nothing timed: the median's, itself 0
 
 
 def test_the_first_steps_compute_runs_from_its_first_forward_pass():

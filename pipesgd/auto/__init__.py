@@ -65,7 +65,8 @@ Held against width 1: a width chosen above 1 is held ``CONFIRM_STEPS`` steps on 
 which counts as width 1's measured run with its codec (``ran``, ``StepClock.synchronous``; uncompressed, or the
 provisional codec on a slow link): unless the pipelined steps ran ``WIDER_GAIN`` times faster per iteration (the
 choice's own rule, ``timing_model.recommend``: a stale gradient costs steps), it goes back to width 1 with that
-codec; at any held step from ``EARLY_HOLD_STEPS`` on where none of them ran faster (``pipesgd.auto.hold``).
+codec; at any held step from ``EARLY_HOLD_STEPS`` on where not even the fastest of them ran ``WIDER_GAIN`` faster
+than the warm-up's fastest (``pipesgd.auto.hold``).
 The model predicts an exchange in flight beside the compute; on cores the ranks share it slows that compute instead
 (AlexNet-like, AdamW, the emulated cluster's unshaped links: 330 ms synchronous, 548 ms at width 2; ResNet-20 49.9
 and 52.6 ms), and after a provisional codec the link is fitted to that codec's exchange, whose codec work on shared

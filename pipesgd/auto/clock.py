@@ -22,6 +22,8 @@ class StepClock:
         self.durations: list[float] = []  # each step()'s own time, from its start to its end
         self.own: list[float] = []  # each step()'s time less what it blocked on communication (``update_s``)
         self.optimizer_steps: list[float] = []  # the wrapped optimizer's step() in each step that applied one
+        self.iterations: list[float] = []  # from one step()'s end to the next's: the gap before a step, then the step
+        self._gap: float | None = None  # this step's gap, when it had one
 
     def forward(self) -> None:
         """A forward pass starts: before the first step, where its compute began (later ones are ignored)."""
@@ -30,10 +32,13 @@ class StepClock:
 
     def begin(self) -> None:
         now = self._clock()
+        self._gap = None
         if self._ended is not None:
-            self.gaps.append(now - self._ended)
+            self._gap = now - self._ended
         elif self._forward is not None:  # the first step: from its first forward pass
-            self.gaps.append(now - self._forward)
+            self._gap = now - self._forward
+        if self._gap is not None:
+            self.gaps.append(self._gap)
         if self._began is not None:
             self.periods.append(now - self._began)
         self._began = now
@@ -43,6 +48,8 @@ class StepClock:
         if self._began is not None:
             self.durations.append(self._ended - self._began)
             self.own.append(max(self.durations[-1] - wait_s, 0.0))
+            if self._gap is not None:
+                self.iterations.append(self._gap + self.durations[-1])
         self.waits.append(wait_s)
         if comm_busy_s is not None:  # None: the step applied nothing (the pipeline fills)
             self.comm_busy.append(comm_busy_s)
@@ -59,7 +66,7 @@ class StepClock:
         """Start a new window (the gap right after a re-check, which includes its drain, is not compute)."""
         self._began, self._ended, self._forward = None, None, None
         self.gaps, self.periods, self.comm_busy, self.waits, self.durations, self.own = [], [], [], [], [], []
-        self.optimizer_steps = []
+        self.optimizer_steps, self.iterations, self._gap = [], [], None
 
     @property
     def compute_s(self) -> float:
@@ -97,13 +104,21 @@ class StepClock:
         return {"compute_s": self.compute_s, "update_s": self.update_s, "comm_s": self.comm_s,
                 "period_s": _median(self.periods), "wait_s": _median(self.waits), "optimizer_s": self.optimizer_s}
 
+    @property
+    def fastest_s(self) -> float:
+        """The fastest iteration, from one ``step()``'s end to the next's (0 when none was timed): the one least
+        held up by first calls, probes and the other ranks' noise on shared cores."""
+        return min(self.iterations, default=0.0)
+
     def synchronous(self) -> dict[str, float]:
-        """The warm-up's synchronous, uncompressed steps as a configuration that ran (``decision._predictor``'s
-        ``ran``): the iteration as the median compute plus the median ``step()`` (a period from one step's start to
-        the next holds step 0's first calls or the probes; with 3 warm-up steps the medians drop one such step),
-        the exchange and what ``step()`` blocked on it."""
-        return {"comm_s": self.comm_s, "period_s": self.compute_s + _median(self.durations),
-                "wait_s": _median(self.waits)}
+        """The warm-up's synchronous steps as a configuration that ran (``decision._predictor``'s ``ran``): the
+        iteration as the median compute plus the median ``step()`` (a period from one step's start to the next holds
+        step 0's first calls or the probes; with 3 warm-up steps the medians drop one such step), the exchange and
+        what ``step()`` blocked on it; and the fastest iteration (``fastest_s``; the median's where none was timed),
+        which the hold's early look compares with the pipeline's fastest (``pipesgd.auto.hold``)."""
+        period = self.compute_s + _median(self.durations)
+        return {"comm_s": self.comm_s, "period_s": period, "wait_s": _median(self.waits),
+                "fastest_s": self.fastest_s or period}
 
 
 def robust_spread(values: list[float]) -> float:

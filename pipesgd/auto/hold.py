@@ -7,11 +7,15 @@ Why early: each held step is pipelined, so it costs a stale gradient whatever th
 nearly always "back to width 1" where the ranks share cores (AlexNet-like, AdamW, unshaped links: 349 ms
 synchronous against 592 ms at width 2; the 6 held steps then cost 60-76 steps to 0.75 against synchronous SGD's
 50-80, its accuracy curve behind from the held steps on). So from ``EARLY_HOLD_STEPS`` on, at the end of every
-held step (one small agreement all-reduce each), a pipeline none of whose iterations so far was faster than the
-synchronous warm-up's goes back at once. The fastest, not the median: the first iterations hold the look-ahead's
-first calls (785 ms of a 1.4 s iteration on that model), which say nothing of the pipeline's pace, so from two
-iterations on one slow first call cannot send back a pipeline that is faster. One that ran faster is held to the
-full count, where the median decides."""
+held step (one small agreement all-reduce each), a pipeline whose fastest iteration so far was not ``WIDER_GAIN``
+faster than the warm-up's fastest goes back at once: the final hold needs its median that much faster, and the
+median is no faster than the fastest. Fastest against fastest, the same estimate on both sides: the first
+iterations of each hold first calls (the look-ahead's: 785 ms of a 1.4 s iteration on that model; the codec's and
+the probes' in the warm-up), which say nothing of the pace, so one slow first call cannot send back a pipeline
+that is faster. The warm-up's median is not the early reference: after a provisional codec its 3 steps read
+64-84 ms on ResNet-20 at 100 Mbit/s, where that configuration ran 52-57 on its own, so the pipeline (56-74) looked
+faster, never went back early, and took the full 6 steps to go back there. One that ran ``WIDER_GAIN`` faster
+at its best is held to the full count, where the medians decide."""
 from __future__ import annotations
 
 import torch
@@ -34,22 +38,29 @@ def held_against_width_1(current: dict, clock: StepClock, group: dist.ProcessGro
                          device: torch.device, final: bool = True) -> dict | None:
     """Width 1 with the warm-up's codec (its run in ``current["ran"]``, ``warmup_run``), unless the pipelined steps
     since the choice ran ``WIDER_GAIN`` faster per iteration than the warm-up's synchronous steps (agreed medians),
-    else None; before the ``final`` hold, only where none of them ran faster (each rank's fastest, agreed; None: hold
-    on). Nothing else changes, and a re-check's model is not asked."""
+    else None; before the ``final`` hold, only where even their fastest iteration was not ``WIDER_GAIN`` faster than
+    the warm-up's fastest (each rank's fastest, agreed; None: hold on). Nothing else changes, and a re-check's model
+    is not asked."""
     from timing_model.recommend import WIDER_GAIN
 
-    window = agreed({**clock.window(), "fastest_s": min(clock.periods, default=0.0)}, group, device)
+    window = agreed({**clock.window(), "fastest_s": clock.fastest_s}, group, device)
     key, codec, feedback = warmup_run(current)
-    reference = current["ran"][key]["period_s"]
-    if (window["period_s"] * WIDER_GAIN <= reference) if final else (window["fastest_s"] < reference):
+    warmup = current["ran"][key]
+    if final and window["period_s"] * WIDER_GAIN <= warmup["period_s"]:
         return None
-    faster = f"not {WIDER_GAIN:g}x faster" if final else f"not faster in any of its {len(clock.periods)} iterations"
+    if final:
+        verdict = (f"its synchronous steps took {warmup['period_s'] * 1e3:.3g} ms per iteration, {describe(current)} "
+                   f"{window['period_s'] * 1e3:.3g} ms since")
+    else:
+        reference = warmup.get("fastest_s", warmup["period_s"])
+        if window["fastest_s"] * WIDER_GAIN <= reference:
+            return None
+        verdict = (f"its fastest synchronous iteration took {reference * 1e3:.3g} ms, {describe(current)}'s fastest "
+                   f"of {len(clock.iterations)} {window['fastest_s'] * 1e3:.3g} ms")
     choice = {"width": 1, "compression": codec, "error_feedback": feedback, "measured": dict(current["measured"]),
               "ran": dict(current["ran"]), "reason": (
-                  f"held against the warm-up: its synchronous steps took {reference * 1e3:.3g} ms per "
-                  f"iteration, {describe(current)} {window['period_s'] * 1e3:.3g} ms since (compute "
-                  f"{window['compute_s'] * 1e3:.3g} ms per step beside the exchange in flight), {faster}: a stale "
-                  f"gradient costs steps")}
+                  f"held against the warm-up: {verdict} (compute {window['compute_s'] * 1e3:.3g} ms per step beside "
+                  f"the exchange in flight), not {WIDER_GAIN:g}x faster: a stale gradient costs steps")}
     announce(choice, dist.get_rank(group))
     return choice
 
