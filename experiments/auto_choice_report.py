@@ -2,11 +2,10 @@
 variant's ratio to it, per iteration and in time to the target accuracy, with what each auto variant chose.
 
     python experiments/auto_choice_report.py                                   # the whole grid's runs.json
-    python experiments/auto_choice_report.py --result experiments/results/auto_choice/alexnet_w1_seed14.json
+    python experiments/auto_choice_report.py --result experiments/results/auto_choice/alexnet_ew_seed20.json
     python experiments/auto_choice_report.py --result \
-        experiments/results/auto_choice/alexnet_w1_seed*.json      # several sittings: each ratio's mean and range
-    python experiments/auto_choice_report.py --result experiments/results/auto_choice/alexnet_seed*.json \
-        --short experiments/results/auto_choice/alexnet_100mbit_short*.json  # runs cut short: projected to target
+        experiments/results/auto_choice/alexnet_ew_seed*.json      # several sittings: each ratio's mean and range
+    python experiments/auto_choice_report.py --result SITTING.json ... --short SHORT.json ...  # runs cut short
 
 Every ratio is taken within one sitting (auto against the best fixed configuration of the same sitting, run side by
 side); across sittings the summary gives the mean, the range and how many sittings were within 10 %. A run cut short
