@@ -140,8 +140,8 @@ def recommend(scenario: Scenario, predict_pipe, *, max_width: int = 3, allow_sig
             why += (f"; the {len(before)} tried before it (narrower or more exact) leave up to "
                     f"{_ms(max(c.exposed_s for c in before))} exposed")
         return Recommendation(hiding, why, tuple(tried))
+    near = _first_near_fastest(tried)
     fastest = min(c.iteration_s for c in tried)
-    near = next(c for c in tried if c.iteration_s <= NEAR_FASTEST * fastest)
     narrower = _narrower_within_gain(tried[:tried.index(near)], near)
     if narrower is not None:
         why = (f"nothing tried hides its all-reduce; {near.label}, the first within {NEAR_FASTEST - 1:.0%} of the "
@@ -157,9 +157,14 @@ def _narrower_within_gain(before: list[Candidate], chosen: Candidate) -> Candida
     """Of the candidates tried before ``chosen``, narrower and predicted within ``WIDER_GAIN`` of its iteration, the
     first within ``NEAR_FASTEST`` of the fastest of them (as where nothing hides: a more exact codec only for a
     small price; bf16 at width 1 predicted at 807 ms beside q8's 593 was taken, and ran 1.3x q8's time to target)."""
-    within = [c for c in before if c.width < chosen.width and c.iteration_s <= WIDER_GAIN * chosen.iteration_s]
-    fastest = min((c.iteration_s for c in within), default=0.0)
-    return next((c for c in within if c.iteration_s <= NEAR_FASTEST * fastest), None)
+    return _first_near_fastest(
+        [c for c in before if c.width < chosen.width and c.iteration_s <= WIDER_GAIN * chosen.iteration_s])
+
+
+def _first_near_fastest(candidates: list[Candidate]) -> Candidate | None:
+    """The first of ``candidates`` predicted within ``NEAR_FASTEST`` of the fastest of them (None if there are none)."""
+    fastest = min((c.iteration_s for c in candidates), default=0.0)
+    return next((c for c in candidates if c.iteration_s <= NEAR_FASTEST * fastest), None)
 
 
 def _narrower_reason(why: str, narrower: Candidate) -> str:
