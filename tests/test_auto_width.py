@@ -309,6 +309,26 @@ def test_every_rank_holds_the_chosen_width_against_the_same_warmup():
     assert results[0] == results[1] and results[0]["width"] == 2 and results[0]["ran"]["1:none"]["period_s"] == 1e3
 
 
+@pytest.mark.parametrize("width", [1, 2])
+def test_the_first_choice_counts_the_warmup_as_width_1_measured(process_group, monkeypatch, width):
+    """The warm-up's synchronous steps ran width 1 with its codec: the decision predicts that configuration as it
+    ran (its iteration, not its exchange: that would anchor the codec's model, ``_predictor``), and a width chosen
+    above 1 is held against the whole run, exchange included."""
+    seen = []
+    monkeypatch.setattr(auto, "uncompressed_hides", never_hides)
+    monkeypatch.setattr(auto, "measure", lambda *_args: dict(SLOW))
+    monkeypatch.setattr(auto, "decide", lambda measured, *_args, ran: seen.append(ran) or _chooses(width)(measured))
+    clock = auto.StepClock(cores=lambda: None)
+    clock.gaps, clock.durations, clock.comm_busy = [0.10, 0.12, 0.10], [0.05, 0.06, 0.05], [0.04, 0.04, 0.05]
+    clock.waits, clock.iterations = [0.03, 0.04, 0.03], [0.16, 0.15]
+    choice = auto.first_choice([], FREE, clock, None)
+    assert seen == [{"1:none": {"period_s": pytest.approx(0.15), "wait_s": 0.03, "fastest_s": 0.15}}]
+    if width == 1:
+        assert "ran" not in choice
+    else:
+        assert choice["ran"] == {"1:none": {"comm_s": 0.04, **seen[0]["1:none"]}}
+
+
 @pytest.mark.parametrize("warmup", ["1:none", "1:q8", "1:q4+ef"])
 @pytest.mark.parametrize("pipelined_s, want", [(0.548, 1), (0.30, 1), (0.26, None)])
 def test_width_1_comes_back_unless_the_pipeline_ran_clearly_faster(process_group, pipelined_s, want, warmup):

@@ -70,7 +70,9 @@ than the warm-up's fastest (``pipesgd.auto.hold``).
 The model predicts an exchange in flight beside the compute; on cores the ranks share it slows that compute instead
 (AlexNet-like, AdamW, the emulated cluster's unshaped links: 330 ms synchronous, 548 ms at width 2; ResNet-20 49.9
 and 52.6 ms), and after a provisional codec the link is fitted to that codec's exchange, whose codec work on shared
-cores it reads as bytes (none's all-reduce predicted at 629 ms where it took 119). Measured against measured.
+cores it reads as bytes (none's all-reduce predicted at 629 ms where it took 119). Measured against measured. So
+the decision already counts the warm-up's synchronous run as width 1 measured (its iteration), and no prediction
+goes under the cores' floor: their busy share over the warm-up's iterations times its iteration (``cores``).
 
 Re-check (``auto_recheck_every=N``, off by default): every N steps after the warm-up it looks at the last N steps
 (medians of their compute gaps, iterations, the exchange's busy time with the codec in use, and what ``step()``
@@ -100,12 +102,13 @@ import torch.distributed as dist
 
 from pipesgd.auto.allreduce_trial import MIN_STEPS, AllreduceTrial
 from pipesgd.auto.clock import StepClock
+from pipesgd.auto.cores import cores_reading
 from pipesgd.auto.decision import (announce, codec_key, decide, describe, exchange_key, link_terms, run_key,
                                    uncompressed_hides)
 from pipesgd.auto.hold import CONFIRM_STEPS, EARLY_HOLD_STEPS, held_against_width_1, held_steps
 from pipesgd.auto.knobs import AUTO, CANDIDATES, MAX_WIDTH, SMALL_FRACTION, SWITCH_GAIN, Knobs
 from pipesgd.auto.look import BYTES_SHARE, SLOW_LOOK, announce_provisional, clearly_slow, transfer_floor_s
-from pipesgd.auto.probes import agreed, exchange_per_step, measure, on_rank0
+from pipesgd.auto.probes import agreed, exchange_per_step, gradient as _gradient, measure, on_rank0
 from pipesgd.grads.buckets import Bucket
 from pipesgd.init_sync import Broadcast
 
@@ -115,6 +118,7 @@ __all__ = ["AUTO", "CANDIDATES", "MAX_WIDTH", "SMALL_FRACTION", "SWITCH_GAIN", "
            "link_terms", "describe", "announce", "codec_key", "run_key"]
 CHANGED = 1.5  # a re-check decides again only when compute or the exchange moved this much (either way)
 PROVISIONAL_STEPS = 2  # a provisional codec needs at least this many warm-up steps left to time it
+RAN = "warmup_run_"  # ``first_choice``: the warm-up's synchronous run among the measurements it agrees
 
 log = logging.getLogger("pipesgd")
 
@@ -130,7 +134,8 @@ class AutoConfig:
         self._every, self._codec_options = recheck_every, dict(codec_options or {})
         self._trial_allreduce = trial_allreduce  # a provisional codec alternates the all-reduces (allreduce_trial)
         self._trial: AllreduceTrial | None = None
-        self.clock = StepClock()
+        on_cpu = _gradient(buckets)[2].type == "cpu"  # a GPU's compute leaves the cores idle: no cores' floor
+        self.clock = StepClock(cores=cores_reading if on_cpu else lambda: None)
         self.choice: dict | None = None  # made, or restored from a checkpoint
         self._marks: list = []  # attach()'s hook
         self.provisional: dict | None = None  # the rest of the warm-up's codec once probed (module doc), or None
@@ -276,15 +281,10 @@ class AutoConfig:
         return new
 
     def _confirm_after(self, step: int) -> None:
-        """A width chosen above 1: the synchronous warm-up counts as width 1's measured run with its codec (none,
-        the user's or the provisional one; ``StepClock.synchronous``, agreed over the ranks), and
-        ``held_against_width_1`` holds the pipeline's measured iteration against it at the ends of ``held_steps``
-        (module doc)."""
+        """A width chosen above 1 (by the warm-up's own choice, which then holds the warm-up's synchronous run,
+        ``first_choice``): ``held_against_width_1`` holds the pipeline's measured iteration against it at the ends of
+        ``held_steps`` (module doc)."""
         if self.knobs.width is None and self.choice["width"] > 1:
-            warmup = self.provisional
-            ran = (warmup["compression"], bool(warmup["error_feedback"])) if warmup else self.knobs.measured_with()
-            synchronous = agreed(self.clock.synchronous(), self._group, _gradient(self._buckets)[2])  # every rank's
-            self.choice["ran"] = {run_key(1, *ran): synchronous}
             self._holds = held_steps(step)
 
 
@@ -307,15 +307,27 @@ def first_choice(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: d
         measured_with = (provisional["compression"], bool(provisional["error_feedback"]))
         if "comm_s" in links:  # step 0's, uncompressed: none's own time (none ran when the early look chose)
             links[exchange_key("none", False)] = links.pop("comm_s")
+    # The warm-up's synchronous steps ran width 1 with its codec (none, the user's or the provisional one): they
+    # count as measured (``StepClock.synchronous``), agreed with the rest in one all-reduce.
+    synchronous = clock.synchronous()
     measured = agreed({"compute_s": clock.compute_s, "update_s": clock.update_s, "comm_s": clock.comm_s,
-                       "lookahead_s": knobs.lookahead_s(clock.optimizer_s), **clock.spreads(), **links}, group, device)
-    choice = uncompressed_hides(measured, nodes, grad_bytes, knobs) if measured_with == ("none", False) else None
+                       "lookahead_s": knobs.lookahead_s(clock.optimizer_s), **clock.spreads(), **links,
+                       **clock.cores(synchronous["period_s"]), **{RAN + k: v for k, v in synchronous.items()}},
+                      group, device)
+    ran = {run_key(1, *measured_with): {k: measured.pop(RAN + k) for k in synchronous}}
+    # its iteration alone: its exchange as an anchor would hold what the link leaves out (module doc, "Before")
+    timed = {key: {k: v for k, v in run.items() if k != "comm_s"} for key, run in ran.items()}
+    choice = (uncompressed_hides(measured, nodes, grad_bytes, knobs, timed) if measured_with == ("none", False)
+              else None)
     if choice is None:
         if "small_allreduce_s" not in measured:  # measure()'s numbers win over the clock's (a test may give them all)
             options = codec_options if knobs.compression is not None else None  # they belong to a named codec
             measured.update(agreed(measure(numel, device, dtype, group, knobs.codecs_to_time(), options), group,
                                    device))
-        choice = on_rank0(lambda: decide(measured, nodes, grad_bytes, knobs, measured_with), group, device)
+        choice = on_rank0(lambda: decide(measured, nodes, grad_bytes, knobs, measured_with, ran=timed), group,
+                          device)
+    if knobs.width is None and choice["width"] > 1:  # held against the warm-up (``_confirm_after``)
+        choice["ran"] = ran
     if allreduce is not None and choice["compression"] != "none" and all(
             choice[k] == provisional[k] for k in ("compression", "error_feedback")):
         choice["allreduce"] = allreduce[0]
@@ -368,7 +380,7 @@ def recheck(buckets: list[Bucket], knobs: Knobs, current: dict, clock: StepClock
         current["measured"].update(agreed(measure(numel, device, dtype, group, knobs.codecs_to_time()), group, device))
     # the warm-up's exchange times (step 0's uncompressed one) may be of another cluster: what ran since is in ``ran``
     warmup = {k: v for k, v in current["measured"].items() if not k.endswith("_exchange_s")}
-    measured = {**warmup, **{k: window[k] for k in ("compute_s", "update_s", "comm_s")},
+    measured = {**warmup, **{k: window[k] for k in ("compute_s", "update_s", "comm_s", "cores_busy", "cores_floor_s")},
                 "lookahead_s": knobs.lookahead_s(window["optimizer_s"])}
     nodes = dist.get_world_size(group)
     choice = on_rank0(lambda: decide(measured, nodes, grad_bytes, knobs, running, now=now, ran=ran), group, device)
@@ -386,10 +398,3 @@ def _moved(window: dict[str, float], reference: dict[str, float]) -> bool:
     floor = (SWITCH_GAIN - 1) * max(window.get("period_s", 0.0), reference.get("period_s", 0.0))
     return any(max(window[k], reference[k]) > CHANGED * max(min(window[k], reference[k]), 1e-9)
                and abs(window[k] - reference[k]) >= floor for k in ("compute_s", "comm_s"))
-
-
-def _gradient(buckets: list[Bucket]) -> tuple[int, float, torch.device, torch.dtype]:
-    numel = sum(bucket.numel for bucket in buckets)
-    grad_bytes = sum(bucket.numel * bucket.dtype.itemsize for bucket in buckets)
-    device, dtype = (buckets[0].device, buckets[0].dtype) if buckets else (torch.device("cpu"), torch.float32)
-    return numel, grad_bytes, device, dtype

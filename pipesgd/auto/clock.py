@@ -5,13 +5,18 @@ import statistics
 import time
 from collections.abc import Callable
 
+from pipesgd.auto.cores import cores_reading
+
 
 class StepClock:
     """When each ``step()`` began and ended (the caller's compute lies between one's end and the next), and the
     background worker's busy time on each exchange the steps applied."""
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
-        self._clock = clock
+    def __init__(self, clock: Callable[[], float] = time.perf_counter,
+                 cores: Callable[[], tuple[int, int] | None] = cores_reading) -> None:
+        self._clock, self._cores = clock, cores
+        self._cores_at: tuple[int, int] | None = None  # the cores' ticks where the iteration being timed began
+        self.cores_ticks = [0, 0]  # busy and all ticks over the timed iterations (``cores_floor_s``)
         self._began: float | None = None
         self._ended: float | None = None
         self._forward: float | None = None  # where the first step's compute began, when a hook marked it
@@ -55,18 +60,24 @@ class StepClock:
             self.comm_busy.append(comm_busy_s)
         if optimizer_s is not None:
             self.optimizer_steps.append(optimizer_s)
+        reading = self._cores()
+        if reading is not None and self._cores_at is not None:  # the same iterations as ``iterations`` after the first
+            self.cores_ticks = [self.cores_ticks[i] + reading[i] - self._cores_at[i] for i in (0, 1)]
+        self._cores_at = reading
 
     def skip(self) -> None:
         """What ran since the last ``step()`` ended (the probe's measurements, a switch of codec) is not the caller's
         compute: the next gap starts now."""
         if self._ended is not None:
             self._ended = self._clock()
+            self._cores_at = self._cores()
 
     def reset(self) -> None:
         """Start a new window (the gap right after a re-check, which includes its drain, is not compute)."""
         self._began, self._ended, self._forward = None, None, None
         self.gaps, self.periods, self.comm_busy, self.waits, self.durations, self.own = [], [], [], [], [], []
         self.optimizer_steps, self.iterations, self._gap = [], [], None
+        self._cores_at, self.cores_ticks = None, [0, 0]
 
     @property
     def compute_s(self) -> float:
@@ -100,9 +111,19 @@ class StepClock:
 
     def window(self) -> dict[str, float]:
         """A re-check's medians: compute, ``step()``'s own work, exchange, iteration, the exposed wait and the
-        optimizer's step."""
-        return {"compute_s": self.compute_s, "update_s": self.update_s, "comm_s": self.comm_s,
-                "period_s": _median(self.periods), "wait_s": _median(self.waits), "optimizer_s": self.optimizer_s}
+        optimizer's step; and the cores' floor under the iteration (``cores_floor_s``)."""
+        period = _median(self.periods)
+        return {"compute_s": self.compute_s, "update_s": self.update_s, "comm_s": self.comm_s, "period_s": period,
+                "wait_s": _median(self.waits), "optimizer_s": self.optimizer_s, **self.cores(period)}
+
+    def cores(self, period_s: float) -> dict[str, float]:
+        """How busy the cores were (every process's share of their time) over the timed iterations, from one
+        ``step()``'s end to the next's as ``iterations`` times them, and so the least iteration they allow for the
+        work of one of ``period_s`` (``pipesgd.auto.cores``: the same work at any width needs the same busy
+        core-time); both 0 when nothing was read (every rank holds the same names: ``probes.agreed``)."""
+        busy, total = self.cores_ticks
+        share = busy / total if total > 0 else 0.0
+        return {"cores_busy": share, "cores_floor_s": share * period_s}
 
     @property
     def fastest_s(self) -> float:

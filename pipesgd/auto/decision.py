@@ -35,13 +35,14 @@ def _predictor(measured: dict[str, float], ran: dict[str, dict] | None = None, s
     A pipelined step lasts the longer of its compute window and the exchange in flight; where both vary from step
     to step (``StepClock.spreads``: compute's spread, the exchange's as a share of its time) that is
     their expected maximum (``_with_spread``), not the larger mean: an exchange as long as the window hides only
-    half the time."""
+    half the time. No prediction is faster than the cores allow (``cores_floor_s``, ``pipesgd.auto.cores``): the
+    iteration is raised to it, what was exposed stays exposed."""
     from timing_model.predict import predict
 
-    ran = ran or {}
+    ran, floor = ran or {}, measured.get("cores_floor_s", 0.0)
     comm_of = {name.removesuffix("_exchange_s"): value for name, value in measured.items()
                if name.endswith("_exchange_s")}  # the warm-up's provisional codec
-    comm_of.update({key.split(":", 1)[1]: seen["comm_s"] for key, seen in sorted(ran.items())})
+    comm_of.update({key.split(":", 1)[1]: seen["comm_s"] for key, seen in sorted(ran.items()) if "comm_s" in seen})
 
     def predict_pipe(case):
         if f"{case.compression}_encode_Bps" in measured:
@@ -54,8 +55,8 @@ def _predictor(measured: dict[str, float], ran: dict[str, dict] | None = None, s
         seen = ran.get(run_key(case.width, case.compression, case.error_feedback)) if as_measured else None
         if seen is not None:  # measured beats modelled
             return replace(result, iteration_s=seen["period_s"], exposed_comm_s=seen["wait_s"], codec_s=0.0)
-        return replace(result, iteration_s=result.iteration_s * scale, exposed_comm_s=result.exposed_comm_s * scale,
-                       codec_s=result.codec_s * scale)
+        return replace(result, iteration_s=max(result.iteration_s * scale, floor),
+                       exposed_comm_s=result.exposed_comm_s * scale, codec_s=result.codec_s * scale)
     return predict_pipe
 
 
@@ -122,6 +123,9 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
     own = f" and {measured['update_s'] * 1e3:.3g} ms in step()" if measured.get("update_s") else ""
     if measured.get("lookahead_s"):
         own += f" (width 2 and up: {measured['lookahead_s'] * 1e3:.3g} ms more, the look-ahead's replay)"
+    if measured.get("cores_floor_s"):  # pipesgd.auto.cores
+        spread += (f"; the cores were {measured['cores_busy']:.0%} busy, so no iteration is predicted under "
+                   f"{measured['cores_floor_s'] * 1e3:.3g} ms")
     reason = (f"{why}; measured: compute {measured['compute_s'] * 1e3:.3g} ms per step{own}, an all-reduce of "
               f"the gradient ({codec_label(*measured_with)}) {measured['comm_s'] * 1e3:.3g} ms on {nodes} rank(s)"
               f"{spread}{'; ' + knobs.optimizer_note if knobs.optimizer_note else ''}")
@@ -143,7 +147,8 @@ def _measured_before(answer, ran: dict[str, dict]):
                         f"{'hides' if new.hidden else 'came near the fastest'}")
 
 
-def uncompressed_hides(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Knobs) -> dict | None:
+def uncompressed_hides(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Knobs,
+                       ran: dict[str, dict] | None = None) -> dict | None:
     """``decide``'s choice without the link's latency or any codec's speed, where it needs neither (``measured``:
     compute and the warm-up's uncompressed exchange, ``comm_s``): the ladder begins uncompressed (width 1, then
     width 2 before its codecs, ``timing_model.recommend``), and an uncompressed all-reduce of the gradient is
@@ -151,12 +156,13 @@ def uncompressed_hides(measured: dict[str, float], nodes: int, grad_bytes: float
     1 within ``WIDER_GAIN`` of it) is the choice, and the link's probes (the 1/64 all-reduces, each codec timed on
     every rank, the decision on rank 0 and its broadcast: 60-75 ms of ResNet-20's step 0 on the 2-core emulated
     cluster's fast links) are not needed.
-    Cheap enough for every rank to compute from the agreed numbers (0.3 ms). None when none of them hides."""
+    Cheap enough for every rank to compute from the agreed numbers (0.3 ms). None when none of them hides.
+    ``ran``: what configurations measured (the warm-up's synchronous run, ``first_choice``), as ``decide``."""
     if knobs.compression not in (None, "none"):
         return None
     widths = min(2, MAX_WIDTH) if knobs.width is None else knobs.width
     choice = decide({**measured, "small_allreduce_s": 0.0}, nodes, grad_bytes, replace(knobs, compression="none"),
-                    max_width=widths, hidden_only=True)
+                    ran=ran, max_width=widths, hidden_only=True)
     if choice is None:
         return None
     del choice["measured"]["small_allreduce_s"]  # not measured: a re-check that decides measures it (``recheck``)

@@ -90,3 +90,11 @@ def on_rank0(make: Callable[[], Any], group: dist.ProcessGroup | None, device: t
     if status == "error":
         raise RuntimeError(f"PipeSGD auto: the decision failed on rank 0: {value}")
     return value
+
+
+def gradient(buckets: list) -> tuple[int, float, torch.device, torch.dtype]:
+    """The buckets' gradient: elements, bytes, device and dtype (the sizes every timed call runs at)."""
+    numel = sum(bucket.numel for bucket in buckets)
+    grad_bytes = sum(bucket.numel * bucket.dtype.itemsize for bucket in buckets)
+    device, dtype = (buckets[0].device, buckets[0].dtype) if buckets else (torch.device("cpu"), torch.float32)
+    return numel, grad_bytes, device, dtype
