@@ -10,7 +10,7 @@ import torch
 
 from pipesgd import auto
 from pipesgd.auto import cores
-from tests.test_auto_codec import SLOW
+from tests.test_auto_codec import SLOW, _measured
 
 STAT = """cpu  900 0 100 1000 0 0 0 0 0 0
 cpu0 400 0 50 500 0 0 0 0 0 0
@@ -78,6 +78,12 @@ def test_busy_cores_keep_the_width_where_pipelining_cannot_hide():
     choice = auto.decide(busy, nodes=4, grad_bytes=4e6, knobs=FREE)
     assert (choice["width"], choice["compression"], choice["error_feedback"]) == (1, "q4", True)
     assert "the cores were 90% busy, so no iteration is predicted under 150 ms" in choice["reason"]
+    # At a named width 2 with 40 ms of compute nothing hides (q4's 60 ms exchange neither): the floor raises the
+    # compute window, and q8's longer exchange still shows beyond it (raised alike, q8 came first on the ladder).
+    short = {**_measured(SLOW["comm_s"], SLOW["small_allreduce_s"], compute_s=0.04), "cores_busy": 0.9,
+             "cores_floor_s": 0.15}
+    choice = auto.decide(short, nodes=4, grad_bytes=4e6, knobs=auto.Knobs(2, None, None))
+    assert (choice["width"], choice["compression"]) == (2, "q4") and "nothing tried hides" in choice["reason"]
     spare = {**SLOW, "cores_busy": 0.3, "cores_floor_s": 0.05}  # cores to spare: the floor does not bind
     choice = auto.decide(spare, nodes=4, grad_bytes=4e6, knobs=FREE)
     assert (choice["width"], choice["compression"]) == (2, "q4")
@@ -91,7 +97,10 @@ def test_a_configuration_that_ran_is_not_raised_to_the_floor():
     case = Scenario(nodes=4, grad_bytes=4e6, compute_s=0.1, bandwidth_Bps=12.5e6, width=2, compression="q4",
                     error_feedback=True)
     assert predict(case).iteration_s == 0.1
-    assert predict(case.with_changes(compression="q8")).iteration_s == 10.0
+    q8 = predict(case.with_changes(compression="q8"))
+    assert q8.iteration_s == pytest.approx(10.0 + q8.exposed_comm_s + q8.codec_s) and q8.iteration_s > 10.0
+    synchronous = predict(case.with_changes(width=1, compression="q8"))  # the floor is the whole iteration's
+    assert synchronous.iteration_s == 10.0
 
 
 def test_on_a_gpu_the_cores_are_not_read():

@@ -3,10 +3,11 @@
 Why: pipelining hides the exchange behind the compute only where the cores have time to spare for both. Where
 several ranks share a host's cores (the emulated cluster's 4 nodes on 2 cores, or ``torchrun --nproc-per-node 4``
 on a laptop) a synchronous step may already keep them busy; an exchange in flight then slows the compute beside it
-instead of hiding (ResNet-20 on the 2-core emulated cluster: 58 ms per synchronous q4 iteration, 55 ms at width 2,
-where the timing model, which does not see the cores, predicted about 30). The work per iteration is the same at
-any width, so no width runs an iteration in less than the busy core-time the synchronous steps needed per
-iteration over the cores: their busy share times their iteration (``StepClock.cores_floor_s``).
+instead of hiding (ResNet-20 at 100 Mbit/s on the 2-core emulated cluster: 54-58 ms per synchronous q4 iteration,
+53-60 at width 2; the timing model, which does not see the cores, chose width 2 in 6 of 6 sittings, and the hold
+sent it back after 3 stale steps). The work per iteration is the same at any width, so no width runs an iteration
+in less than the busy core-time the synchronous steps needed per iteration over the cores: their busy share times
+their iteration (``StepClock.cores``).
 
 Read from ``/proc/stat`` (Linux; elsewhere nothing is read and no floor applies): every process's time on the CPUs
 in this process's affinity mask, in clock ticks (10 ms), so a window of a few steps reads the share to a few per
