@@ -56,9 +56,9 @@ The choice (width, codec, error feedback, all-reduce when measured, reason, meas
 ``state_dict()`` (a resumed run uses it without measuring again; a state saved after a provisional codec was chosen
 resumes with it), readable as ``PipeSGD.auto_choice`` and in the step's ``StepStats``. Cost: the warm-up steps,
 which run anyway, plus per decision one or two small all-reduces, and for the look two broadcasts of one element at
-wrapping and one small all-reduce; where the uncompressed exchange does not hide, also 4 all-reduces of 1/64 of the
-gradient, two encodes and decodes per codec, and per decision the broadcast of its answer. A choice made without
-Step 2 has no latency or codec speeds to re-check with: the first re-check that decides measures them (with
+wrapping and one small all-reduce; where the uncompressed exchange does not hide, also 3 all-reduces of 1/64 of the
+gradient (the least of 2 timed), two encodes and decodes per codec, and per decision the broadcast of its answer.
+A choice made without Step 2 has no latency or codec speeds to re-check with: the first re-check that decides measures them (with
 exchanges in flight on the wrapper's own group, so the latency may read high).
 
 Held against width 1: a width chosen above 1 is held ``CONFIRM_STEPS`` steps on against the synchronous warm-up,
@@ -200,7 +200,7 @@ class AutoConfig:
                      looked["broadcast_s"] * 1e3, looked["latency_s"] * 1e3, floor * 1e3, looked["compute_s"] * 1e3)
         if not clearly_slow(floor, looked["compute_s"]):  # from agreed numbers: the same answer on every rank
             return None
-        measured = agreed(measure(numel, device, dtype, self._group, self.knobs.codecs_to_time()), self._group, device)
+        measured = measure(numel, device, dtype, self._group, self.knobs.codecs_to_time())  # agreed by first_choice
         codec = self.knobs.fastest_codec()
         self.provisional = {"compression": codec[0], "error_feedback": codec[1], "provisional": True,
                             "measured": measured}
