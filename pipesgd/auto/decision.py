@@ -27,8 +27,20 @@ def run_key(width: int | None, compression: str, error_feedback: bool) -> str:
     return f"{width}:{codec_key(compression, error_feedback)}"
 
 
+BYTES_ORDER = ("none", "bf16", "fp16", "q8", "q4", "sign")  # most bytes on the wire first (``_predictor``'s floor)
+
+
+def _floored(compression: str, measured_with: str) -> bool:
+    """Whether the cores' floor read while ``measured_with`` ran bounds a configuration with ``compression``: one
+    that sends as many bytes or more (their network work is no less); a codec that sends fewer may need less (after
+    1 Gbit/s dropped to 100 Mbit/s, uncompressed exchanges kept the cores 90 % busy where q4 ran 2.5x faster)."""
+    if compression == measured_with or compression not in BYTES_ORDER or measured_with not in BYTES_ORDER:
+        return compression == measured_with
+    return BYTES_ORDER.index(compression) <= BYTES_ORDER.index(measured_with)
+
+
 def _predictor(measured: dict[str, float], ran: dict[str, dict] | None = None, scale: float = 1.0,
-               as_measured: bool = True):
+               as_measured: bool = True, measured_with: str = "none"):
     """Pipe-SGD's prediction for a scenario: with each codec's measured speed, its exchange time as measured while
     the pipeline ran (any width, where the run gives one; the model's anchor, ``timing_model.empirical.anchor``)
     and, ``as_measured``, a configuration that ran as it ran (its iteration and exposed wait); every other
@@ -39,7 +51,8 @@ def _predictor(measured: dict[str, float], ran: dict[str, dict] | None = None, s
     half the time. No prediction is faster than the cores allow (``cores_floor_s``, ``pipesgd.auto.cores``): a
     synchronous one is raised to it; a pipelined one's compute window is, and what its exchange left exposed beyond
     the window stays exposed beyond it (raised to the floor alike, q8 at width 2 looked as fast as q4 and was taken
-    on ResNet-20 at 100 Mbit/s: 60-65 ms per iteration against ``pipe+q4``'s 50-53 in the same sittings)."""
+    on ResNet-20 at 100 Mbit/s: 60-65 ms per iteration against ``pipe+q4``'s 50-53 in the same sittings); only for
+    codecs that send at least the bytes of the one it was read with (``measured_with``, ``_floored``)."""
     from timing_model.predict import predict
 
     ran, floor = ran or {}, measured.get("cores_floor_s", 0.0)
@@ -59,7 +72,8 @@ def _predictor(measured: dict[str, float], ran: dict[str, dict] | None = None, s
         if seen is not None:  # measured beats modelled
             return replace(result, iteration_s=seen["period_s"], exposed_comm_s=seen["wait_s"], codec_s=0.0)
         exposed = (result.exposed_comm_s + result.codec_s) * scale if result.staleness >= 1 else 0.0
-        return replace(result, iteration_s=max(result.iteration_s * scale, floor + exposed),
+        least = floor + exposed if _floored(case.compression, measured_with) else 0.0
+        return replace(result, iteration_s=max(result.iteration_s * scale, least),
                        exposed_comm_s=result.exposed_comm_s * scale, codec_s=result.codec_s * scale)
     return predict_pipe
 
@@ -103,10 +117,10 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
     scale = 1.0
     if now is not None and ran and run_key(*now) in ran:
         width, codec, feedback = now
-        modelled = _predictor(measured, ran, as_measured=False)(
+        modelled = _predictor(measured, ran, as_measured=False, measured_with=measured_with[0])(
             scenario.with_changes(width=width, compression=codec, error_feedback=feedback)).iteration_s
         scale = ran[run_key(*now)]["period_s"] / modelled if modelled > 0 else 1.0
-    predict_pipe = _predictor(measured, ran, scale)
+    predict_pipe = _predictor(measured, ran, scale, measured_with=measured_with[0])
     answer = recommend(scenario, predict_pipe, max_width=max_width, width=knobs.width,
                        compression=knobs.compression, error_feedback=knobs.error_feedback, codecs=knobs.codecs)
     new, why = _measured_before(answer, ran or {})
@@ -129,7 +143,8 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
         own += f" (width 2 and up: {measured['lookahead_s'] * 1e3:.3g} ms more, the look-ahead's replay)"
     if measured.get("cores_floor_s"):  # pipesgd.auto.cores
         spread += (f"; the cores were {measured['cores_busy']:.0%} busy, so no iteration is predicted under "
-                   f"{measured['cores_floor_s'] * 1e3:.3g} ms (a pipelined one: plus what its exchange leaves exposed)")
+                   f"{measured['cores_floor_s'] * 1e3:.3g} ms with as many bytes as {measured_with[0]} (a pipelined one: "
+                   f"plus what its exchange leaves exposed)")
     reason = (f"{why}; measured: compute {measured['compute_s'] * 1e3:.3g} ms per step{own}, an all-reduce of "
               f"the gradient ({codec_label(*measured_with)}) {measured['comm_s'] * 1e3:.3g} ms on {nodes} rank(s)"
               f"{spread}{'; ' + knobs.optimizer_note if knobs.optimizer_note else ''}")
