@@ -58,8 +58,8 @@ resumes with it), readable as ``PipeSGD.auto_choice`` and in the step's ``StepSt
 which run anyway, plus per decision one or two small all-reduces, and for the look two broadcasts of one element at
 wrapping and one small all-reduce; where the uncompressed exchange does not hide, also 3 all-reduces of 1/64 of the
 gradient (the least of 2 timed), two encodes and decodes per codec, and per decision the broadcast of its answer.
-A choice made without Step 2 has no latency or codec speeds to re-check with: the first re-check that decides measures them (with
-exchanges in flight on the wrapper's own group, so the latency may read high).
+A choice made without Step 2 has no latency or codec speeds to re-check with: the first re-check that decides
+measures them (with exchanges in flight on the wrapper's own group, so the latency may read high).
 
 Held against width 1: a width chosen above 1 is held ``CONFIRM_STEPS`` steps on against the synchronous warm-up,
 which counts as width 1's measured run with its codec (``ran``, ``StepClock.synchronous``; uncompressed, or the

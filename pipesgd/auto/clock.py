@@ -16,7 +16,7 @@ class StepClock:
                  cores: Callable[[], tuple[int, int] | None] = cores_reading) -> None:
         self._clock, self._cores = clock, cores
         self._cores_at: tuple[int, int] | None = None  # the cores' ticks where the iteration being timed began
-        self.cores_ticks = [0, 0]  # busy and all ticks over the timed iterations (``cores_floor_s``)
+        self.cores_ticks = [0, 0]  # busy and all ticks over the timed iterations (``cores``)
         self._began: float | None = None
         self._ended: float | None = None
         self._forward: float | None = None  # where the first step's compute began, when a hook marked it

@@ -34,9 +34,9 @@ def _floored(compression: str, measured_with: str) -> bool:
     """Whether the cores' floor read while ``measured_with`` ran bounds a configuration with ``compression``: one
     that sends as many bytes or more (their network work is no less); a codec that sends fewer may need less (after
     1 Gbit/s dropped to 100 Mbit/s, uncompressed exchanges kept the cores 90 % busy where q4 ran 2.5x faster)."""
-    if compression == measured_with or compression not in BYTES_ORDER or measured_with not in BYTES_ORDER:
-        return compression == measured_with
-    return BYTES_ORDER.index(compression) <= BYTES_ORDER.index(measured_with)
+    if compression in BYTES_ORDER and measured_with in BYTES_ORDER:
+        return BYTES_ORDER.index(compression) <= BYTES_ORDER.index(measured_with)
+    return compression == measured_with  # a codec of unknown size: only the one it was read with
 
 
 def _predictor(measured: dict[str, float], ran: dict[str, dict] | None = None, scale: float = 1.0,
@@ -143,8 +143,8 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
         own += f" (width 2 and up: {measured['lookahead_s'] * 1e3:.3g} ms more, the look-ahead's replay)"
     if measured.get("cores_floor_s"):  # pipesgd.auto.cores
         spread += (f"; the cores were {measured['cores_busy']:.0%} busy, so no iteration is predicted under "
-                   f"{measured['cores_floor_s'] * 1e3:.3g} ms with as many bytes as {measured_with[0]} (a pipelined one: "
-                   f"plus what its exchange leaves exposed)")
+                   f"{measured['cores_floor_s'] * 1e3:.3g} ms with as many bytes as {measured_with[0]} "
+                   f"(a pipelined one: plus what its exchange leaves exposed)")
     reason = (f"{why}; measured: compute {measured['compute_s'] * 1e3:.3g} ms per step{own}, an all-reduce of "
               f"the gradient ({codec_label(*measured_with)}) {measured['comm_s'] * 1e3:.3g} ms on {nodes} rank(s)"
               f"{spread}{'; ' + knobs.optimizer_note if knobs.optimizer_note else ''}")
