@@ -1,5 +1,6 @@
 """The auto-choice grid's table (issue 39): every variant per cell, the best fixed configuration, and each auto
-variant's ratio to it, per iteration and in time to the target accuracy, with what each auto variant chose.
+variant's ratio to it, per iteration and in time to the target accuracy, with what each auto variant chose, and what
+auto's own measuring and deciding cost each run (against the issue's 2 % of a 200-step run).
 
     python experiments/auto_choice_report.py                                   # the whole grid's runs.json
     python experiments/auto_choice_report.py --result experiments/results/auto_choice/alexnet_cores_seed32.json
@@ -29,6 +30,7 @@ from experiments.harness.projected_target import projected  # noqa: E402
 RESULT = "experiments/results/auto_choice/runs.json"
 FIXED = ("sync", "sync+bf16", "sync+q8", "sync+q4", "pipe", "pipe+bf16", "pipe+q8", "pipe+q4")  # auto's choices
 TARGET = 1.10  # the issue's bound: auto within 10 % of the best fixed configuration
+COST_STEPS, COST_SHARE = 200, 0.02  # the issue's bound on what auto's measuring costs: 2 % of a 200-step run
 
 
 def _ratios(runs: list[dict], metric: str) -> dict[tuple[str, str], tuple[float, str, str]]:
@@ -100,6 +102,25 @@ def _means(sittings: list[list[dict]], cell: str, metric: str) -> dict[str, floa
         for r in runs:
             values.setdefault(r["variant"], []).append(r[metric])
     return {v: statistics.fmean(xs) for v, xs in values.items()}
+
+
+def _cost(sittings: list[list[dict]]) -> list[str]:
+    """Auto's own time per run (``auto_s``: each step's least over its ranks, ``comparison_record``) per cell and
+    variant over the sittings, and its share of a ``COST_STEPS``-step run at that run's iteration; [] when no run
+    recorded it (result files before ``StepStats.t_auto_s``)."""
+    runs = [r for runs in sittings for r in runs if r.get("status") == "ok" and r.get("auto_s") is not None]
+    if not runs:
+        return []
+    lines = [f"| cell | variant | runs | auto's own time per run, ms: mean | min | max | of a {COST_STEPS}-step run at "
+             f"its iteration: mean | max | within {COST_SHARE:.0%} |", "|" + "---|" * 9]
+    for cell, variant in dict.fromkeys((r["cell"], r["variant"]) for r in runs):
+        mine = [r for r in runs if (r["cell"], r["variant"]) == (cell, variant)]
+        seconds = [r["auto_s"] for r in mine]
+        shares = [r["auto_s"] / (COST_STEPS * r["t_iter_s"]) for r in mine]
+        lines.append(f"| {cell} | {variant} | {len(seconds)} | {statistics.fmean(seconds) * 1e3:.0f} | "
+                     f"{min(seconds) * 1e3:.0f} | {max(seconds) * 1e3:.0f} | {statistics.fmean(shares):.2%} | "
+                     f"{max(shares):.2%} | {sum(x <= COST_SHARE for x in shares)} of {len(shares)} |")
+    return lines
 
 
 def _table(runs: list[dict], metric: str, unit: str, scale: float, digits: int) -> list[str]:
@@ -193,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
             sitting += [r for r in joined if not any(f["cell"] == r["cell"] and f["variant"] == r["variant"]
                                                     for f in sitting)]
     sittings = [result["runs"] for result in results]
+    cost = _cost(sittings)
+    if cost:
+        print()
+        print("\n".join(cost))
     if len(sittings) == 1:
         runs = sittings[0]
         print()

@@ -33,6 +33,9 @@ class StepStats:
     #   too; a caller that timed that forward as compute subtracts it there (the trainer does)
     auto_choice: str | None = field(default=None, metadata={"optional": True})  # width/compression "auto": what
     #   the warm-up's end or a re-check chose at this step, e.g. "width 2, q8 + error feedback" (pipesgd.auto)
+    t_auto_s: float | None = field(default=None, metadata={"optional": True})  # width/compression "auto": seconds
+    #   step() spent on auto's own work (timing, measuring, agreeing, deciding, switching; a switch's drain is in
+    #   ``t_wait_s`` too) and on waiting there for the other ranks (pipesgd.auto)
 
     def as_dict(self) -> dict:
         return asdict(self)

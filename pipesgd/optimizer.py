@@ -11,9 +11,9 @@ Each ``step()``:
   Step 4: if the pipeline says a step is due (K in flight, 1 during warm-up), wait for it, write its averaged gradient
           into ``p.grad`` (views into its set, or a copy; unscaled with its own step's loss scale under ``amp``), clip
           it (``clipping``) and run the wrapped optimizer on it (a non-finite one raises or is skipped).
-So ``w_{t+1} = w_t - lr * mean_i(g^i_{t-K+1})``: K = 1 is synchronous AllReduce SGD, K = 2 is Pipe-SGD.
-Every gradient is applied exactly once: during the K-1 steps after warm-up the pipeline fills and
-``step()`` applies nothing; ``flush()`` applies the last K-1 at the end.
+So ``w_{t+1} = w_t - lr * mean_i(g^i_{t-K+1})``: K = 1 is synchronous AllReduce SGD, K = 2 is Pipe-SGD. Every gradient
+is applied exactly once: during the K-1 steps after warm-up the pipeline fills and ``step()`` applies nothing;
+``flush()`` applies the last K-1 at the end.
 
 Data path, one module per stage: ``buckets`` (pack) -> ``compression`` (codec; error feedback) -> ``ring``,
 ``alltoall`` or ``gather`` over ``topology``, run per step by ``exchange`` on the ``channel``'s worker ->
@@ -58,10 +58,8 @@ from pipesgd.wrapper_state import WrapperIdentity, WrapperState
 
 
 class PipeSGD:
-    """Wraps a torch optimizer; averages gradients across ranks with a K-deep pipeline (see module doc).
-
-    Schedulers and anything else that needs a ``torch.optim.Optimizer`` use ``opt.optimizer``.
-    """
+    """Wraps a torch optimizer; averages gradients across ranks with a K-deep pipeline (see module doc). Schedulers
+    and anything else that needs a ``torch.optim.Optimizer`` use ``opt.optimizer``."""
 
     def __init__(
         self,
@@ -213,10 +211,11 @@ class PipeSGD:
     def step(self) -> StepStats:
         """Hand this step's gradients to the ring; apply the averaged gradient of step t-K+1 if due."""
         self._check_usage()
-        t = self._step
+        t, auto_start = self._step, time.perf_counter()
         early = self._auto.begin(t) if self._auto is not None else None
         if early is not None:  # a clearly slow link: this step's own exchange runs the provisional codec (auto)
             self._use_choice(early)
+        t_auto = time.perf_counter() - auto_start
         lookahead = self._lookahead
         if lookahead is not None:  # the master weights back before anything is applied to them
             lookahead.begin_step()
@@ -250,13 +249,14 @@ class PipeSGD:
             stats.t_wait_s += waited  # for coarse stand-ins (pipesgd.delay.coarse), mostly in the last forward pass
             stats.t_standin_wait_s = in_forward if self._coarse is not None else None
         if self._auto is not None:  # the warm-up's end, or a re-check that switches
-            stats.auto_choice = auto.describe(early) if early is not None else None
+            auto_start, stats.auto_choice = time.perf_counter(), auto.describe(early) if early is not None else None
             applied = stats.applied_step is not None  # the exchange's and the optimizer's times only then
             choice = self._auto.end(t, stats.t_comm_busy_s if applied else None,
                                     stats.t_wait_s + (stats.t_buffers_s or 0.0), stats.t_update_s if applied else None)
             if choice is not None:
                 self._use_choice(choice, stats)
                 self._auto.switched()
+            stats.t_auto_s = t_auto + time.perf_counter() - auto_start
         self._step += 1
         self.last_stats = stats
         every = self.options.check_replicas_every

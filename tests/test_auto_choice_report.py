@@ -27,6 +27,23 @@ def test_the_table_names_the_best_fixed_and_each_auto_variants_ratio(tmp_path, c
     assert len(to_target) == 1 and "| 6.00 | 2.00 | 2.20 | pipe+q4 | 1.10 |" in to_target[0]
 
 
+def test_autos_own_time_is_held_against_two_per_cent_of_a_200_step_run(tmp_path, capsys):
+    """Two sittings: auto cost 60 and 100 ms at 50 ms per iteration (10 s for 200 steps): 0.60 % and 1.00 %; 300 ms
+    at 60 ms (12 s): 2.50 %, over the bound. A fixed run records none."""
+    runs = [[_run("c", "pipe+q4", 0.05, 2.0), {**_run("c", "pipe+auto", 0.05, 2.2), "auto_s": 0.06},
+             {**_run("d", "pipe+auto", 0.06, 3.0), "auto_s": 0.3}],
+            [_run("c", "pipe+q4", 0.05, 2.0), {**_run("c", "pipe+auto", 0.05, 2.1), "auto_s": 0.1}]]
+    paths = []
+    for i, sitting in enumerate(runs):
+        paths.append(tmp_path / f"sitting{i}.json")
+        paths[-1].write_text(json.dumps({"provenance": {"command": "a test"}, "runs": sitting}))
+    assert main(["--result", *map(str, paths)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "| c | pipe+auto | 2 | 80 | 60 | 100 | 0.80% | 1.00% | 2 of 2 |" in lines
+    assert "| d | pipe+auto | 1 | 300 | 300 | 300 | 2.50% | 2.50% | 0 of 1 |" in lines
+    assert not any(line.startswith("| c | pipe+q4 | ") and "%" in line for line in lines)
+
+
 def test_a_file_it_cannot_read_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["--result", str(tmp_path / "missing.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()

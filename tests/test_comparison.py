@@ -86,6 +86,22 @@ def test_run_record_throughput_accuracy_and_time_to_target(tmp_path):
     assert missed["time_to_target_s"] is None and not missed["reached_target"]
 
 
+def test_autos_own_time_is_each_steps_least_over_its_ranks_summed(tmp_path):
+    """``t_auto`` (``StepStats.t_auto_s``): rank 0 waited 50 ms at step 0 in an agreement rank 1 reached last (10 ms
+    of its own); step 2 took 20 and 30 ms: auto cost 10 + 20 ms, not a rank's own sum."""
+    path = write_metrics(tmp_path / "a.jsonl")
+    auto = {(0, 0): 0.05, (0, 1): 0.01, (2, 0): 0.02, (2, 1): 0.03}
+    for rank in range(2):
+        rank_path = tmp_path / f"a.rank{rank}.jsonl"
+        lines = [json.loads(line) for line in rank_path.read_text().splitlines()]
+        for line in lines:
+            if line["type"] == "step":
+                line["t_auto"] = auto.get((line["step"], rank), 0.0)
+        rank_path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    assert run_record(load_run(path), skip=2, target=0.9)["auto_s"] == pytest.approx(0.03)
+    assert "auto_s" not in run_record(load_run(write_metrics(tmp_path / "b.jsonl")), skip=2, target=0.9)
+
+
 def test_time_to_a_loss_target_is_the_first_evaluation_at_or_below_it(tmp_path):
     # evals (step, wall, accuracy) with loss = 1 - accuracy: 0.5 at 1.5 s, 0.07 at 3.0 s
     rec = run_record(load_run(write_metrics(tmp_path / "a.jsonl")), skip=2, target=0.5, metric="loss")

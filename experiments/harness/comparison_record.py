@@ -109,7 +109,7 @@ def run_record(run: Run, *, skip: int, target: float, metric: str = "accuracy") 
             "time_to_target_s": reached_at,
             "reached_target": accuracy is not None and reached_at is not None,
             "train_wall_s": run.summary.get("wall") or (final.get("wall_s") if final else None),
-            "curve": points, **_auto_choice(run)}
+            "curve": points, **_auto_choice(run), **_auto_cost(run)}
 
 
 def _auto_choice(run: Run) -> dict:
@@ -118,3 +118,14 @@ def _auto_choice(run: Run) -> dict:
     if not choice:
         return {}
     return {"auto_choice": choice_label(choice.get("width"), choice["compression"], bool(choice.get("error_feedback")))}
+
+
+def _auto_cost(run: Run) -> dict:
+    """{"auto_s": seconds} for a run whose step records hold auto's own time (``t_auto``, ``StepStats.t_auto_s``):
+    each step's least over its ranks, summed over every step (a rank that reached one of auto's agreements first
+    waited there for the last one, a wait that the synchronous exchange holds where auto measures nothing); else {}."""
+    least: dict[int, float] = {}
+    for record in run.steps:
+        if isinstance(record.get("t_auto"), (int, float)):
+            least[record["step"]] = min(least.get(record["step"], float("inf")), float(record["t_auto"]))
+    return {"auto_s": sum(least.values())} if least else {}

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from pipesgd.auto.clock import StepClock
 from pipesgd.auto.knobs import CANDIDATES, SMALL_FRACTION
 from pipesgd.compression import build
-from pipesgd.compression.throughput import measure_codec_gbps
+from pipesgd.compression.throughput import measure_codec_gbps, timing_vector
 
 REPEATS = 2  # timed small all-reduces after the one that sets up: the least of them is the link's
 CODEC_SAMPLE = 4_000_000  # elements at most for a codec's timed encode and decode
@@ -39,9 +39,10 @@ def measure(numel: int, device: torch.device, dtype: torch.dtype, group: dist.Pr
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
     measured = {"small_allreduce_s": min(times)}
+    sample = min(numel, CODEC_SAMPLE)
+    x = timing_vector(sample, device) if codecs else None
     for codec in codecs:
-        encode, decode = measure_codec_gbps(build(codec, **(codec_options or {})), numel=min(numel, CODEC_SAMPLE),
-                                            repeats=1, device=device)
+        encode, decode = measure_codec_gbps(build(codec, **(codec_options or {})), sample, 1, device, x)
         measured[f"{codec}_encode_Bps"], measured[f"{codec}_decode_Bps"] = encode * 1e9, decode * 1e9
     return measured
 

@@ -20,7 +20,8 @@ seconds since start):
   broadcast|average and a model that has buffers; with the -delayed modes the snapshot's copy), t_lookahead
   (seconds of look-ahead work since the step before: mode pipe, width >= 2, --staleness lookahead), t_standin_wait
   (with --lookahead-standin other than local: seconds the forward pass waited for the coarse stand-in, counted in
-  t_wait and not in t_compute)
+  t_wait and not in t_compute), t_auto (--width/--compression auto: seconds of the step on auto's own timing,
+  measuring, deciding and switching, waits for the other ranks there included), auto_choice (the step that chose)
 - ``eval``: step, epoch, accuracy, loss, wall (with ``--eval-deferred``: the wall clock when the evaluated weights
   were copied, and ``deferred: true``; those records are written after training)
 - ``summary``: the end-of-run figures printed on rank 0
@@ -48,7 +49,7 @@ from .config import TrainConfig
 STEP_FIELDS = ("step", "epoch", "rank", "mode", "loss", "t_iter", "t_compute", "t_wait", "t_update",
                "bytes_sent", "wall", "applied_step", "compression_ratio", "residual_norm", "t_comm_busy")
 # In a step record only when their feature is on (StepStats' optional fields).
-OPTIONAL_STEP_FIELDS = ("grad_norm", "t_buffers", "t_lookahead", "t_standin_wait")
+OPTIONAL_STEP_FIELDS = ("grad_norm", "t_buffers", "t_lookahead", "t_standin_wait", "t_auto", "auto_choice")
 EVAL_FIELDS = ("step", "epoch", "accuracy", "loss", "wall")
 # The per-iteration times the summary averages (means of the measured steps).
 SUMMARY_TIMES = ("t_iter", "t_compute", "t_wait", "t_update")
