@@ -3,9 +3,9 @@ variant's ratio to it, per iteration and in time to the target accuracy, with wh
 auto's own measuring and deciding cost each run (against the issue's 2 % of a 200-step run).
 
     python experiments/auto_choice_report.py                                   # the whole grid's runs.json
-    python experiments/auto_choice_report.py --result experiments/results/auto_choice/alexnet_cores_seed32.json
+    python experiments/auto_choice_report.py --result experiments/results/auto_choice/alexnet_cost_seed50.json
     python experiments/auto_choice_report.py --result \
-        experiments/results/auto_choice/alexnet_cores_seed*.json      # several sittings: each ratio's mean and range
+        experiments/results/auto_choice/alexnet_cost_seed*.json       # several sittings: each ratio's mean and range
     python experiments/auto_choice_report.py --result SITTING.json ... --short SHORT.json ...  # runs cut short
 
 Every ratio is taken within one sitting (auto against the best fixed configuration of the same sitting, run side by
