@@ -124,8 +124,6 @@ def _auto_cost(run: Run) -> dict:
     """{"auto_s": seconds} for a run whose step records hold auto's own time (``t_auto``, ``StepStats.t_auto_s``):
     each step's least over its ranks, summed over every step (a rank that reached one of auto's agreements first
     waited there for the last one, a wait that the synchronous exchange holds where auto measures nothing); else {}."""
-    least: dict[int, float] = {}
-    for record in run.steps:
-        if isinstance(record.get("t_auto"), (int, float)):
-            least[record["step"]] = min(least.get(record["step"], float("inf")), float(record["t_auto"]))
-    return {"auto_s": sum(least.values())} if least else {}
+    spent = [[float(r["t_auto"]) for r in ranks.values() if isinstance(r.get("t_auto"), (int, float))]
+             for ranks in _by_step(run, 0).values()]
+    return {"auto_s": sum(min(times) for times in spent if times)} if any(spent) else {}

@@ -40,9 +40,9 @@ def measure(numel: int, device: torch.device, dtype: torch.dtype, group: dist.Pr
         times.append(time.perf_counter() - start)
     measured = {"small_allreduce_s": min(times)}
     sample = min(numel, CODEC_SAMPLE)
-    x = timing_vector(sample, device) if codecs else None
+    vector = timing_vector(sample, device) if codecs else None
     for codec in codecs:
-        encode, decode = measure_codec_gbps(build(codec, **(codec_options or {})), sample, 1, device, x)
+        encode, decode = measure_codec_gbps(build(codec, **(codec_options or {})), sample, 1, device, vector)
         measured[f"{codec}_encode_Bps"], measured[f"{codec}_decode_Bps"] = encode * 1e9, decode * 1e9
     return measured
 
