@@ -9,6 +9,9 @@ per-hop Python, sets the pace:
 
     python experiments/bench_allreduce_choice.py --bandwidth 200mbit --nodes 4 --codecs q8,sign --sizes-mib 1,7
 
+``--gather-ab`` and ``--pairwise-ab`` add the exchange with its all-gather sent as an all-to-all, and with both its
+collectives sent one peer at a time (``RingTopology.pairwise``), as columns of their own.
+
 Each round times both, in alternating order; a cell is the
 median over rounds of the slowest rank's median over ``--repeats`` calls. Error feedback is on (the trainer's case
 for sign; for the others it adds the same booking work to both). Prints a markdown table and writes it, provenance
@@ -57,16 +60,25 @@ def _alltoall_gathered_by_alltoall(flat, compressor, topology, op, residual):
     finally:
         topology.gathers_by_alltoall = None
 
+def _alltoall_pairwise(flat, compressor, topology, op, residual):
+    """The exchange with both collectives sent one peer at a time (``RingTopology.pairwise``)."""
+    topology.pairwise = True
+    try:
+        return alltoall_allreduce_(flat, compressor, topology, op, residual)
+    finally:
+        topology.pairwise = None
+
 
 ALGORITHMS = {"ring": ring_allreduce_, "alltoall": alltoall_allreduce_}
 GATHER_AB = {"alltoall_a2a_gather": _alltoall_gathered_by_alltoall}  # --gather-ab
+PAIRWISE_AB = {"alltoall_pairwise": _alltoall_pairwise}  # --pairwise-ab
 
 
 def bench(rank: int, world: int, codecs: list[str], sizes_mib: list[float], rounds: int, repeats: int,
-          out_path: str, gather_ab: bool = False, raw: bool = False) -> None:
+          out_path: str, gather_ab: bool = False, raw: bool = False, pairwise_ab: bool = False) -> None:
     """Every (size, codec) cell on this group; rank 0 writes the table rows to ``out_path``."""
     topology = RingTopology(dist.group.WORLD)
-    algorithms = ALGORITHMS | (GATHER_AB if gather_ab else {})
+    algorithms = ALGORITHMS | (GATHER_AB if gather_ab else {}) | (PAIRWISE_AB if pairwise_ab else {})
     rows, raw_rows = [], []
     for size_mib in sizes_mib:
         numel = int(size_mib * 2**20 / 4)
@@ -109,6 +121,9 @@ def _row(row: dict, calibration) -> str:
     if "alltoall_a2a_gather_s" in row:
         gathered = row["alltoall_a2a_gather_s"]
         line += f" {gathered * 1e3:.1f} | {gathered / ring:.2f} |"
+    if "alltoall_pairwise_s" in row:
+        pairwise = row["alltoall_pairwise_s"]
+        line += f" {pairwise * 1e3:.1f} | {pairwise / ring:.2f} |"
     if calibration is None:
         return line
     n_bytes = int(row["mib"] * 2**20 / 4) * 4
@@ -144,6 +159,8 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=4, help="nodes of the emulated cluster (with --bandwidth)")
     parser.add_argument("--gather-ab", action="store_true",
                         help="also time the exchange with its all-gather sent as an all-to-all")
+    parser.add_argument("--pairwise-ab", action="store_true",
+                        help="also time the exchange with both collectives sent one peer at a time")
     parser.add_argument("--raw", action="store_true", help="also time the bare gloo collectives per size "
                         "(experiments/harness/raw_collectives.py)")
     args = parser.parse_args()
@@ -164,9 +181,10 @@ def main() -> None:
     lines = [f"ring vs alltoall, {where} on {os.cpu_count()} cores; median over "
              f"{args.rounds} rounds of the slowest rank's median over {args.repeats} calls, error feedback on", ""]
     gathered = " alltoall, all-gather as all-to-all, ms | its / ring |" if args.gather_ab else ""
+    gathered += " alltoall, one peer at a time, ms | its / ring |" if args.pairwise_ab else ""
     model = " model ring ms | model alltoall ms | model picks the faster |" if calibration else ""
     lines += ["| p | MiB | codec | ring ms | alltoall ms | alltoall / ring |" + gathered + model,
-              "|---|---|---|---|---|---|" + ("---|---|" if args.gather_ab else "")
+              "|---|---|---|---|---|---|" + ("---|---|" * (args.gather_ab + args.pairwise_ab))
               + ("---|---|---|" if calibration else "")]
     raw_lines = ["", "The bare collectives on chunks of each bucket's q8 payload per peer (ms):", "",
                  "| p | MiB | chunk KB | all-to-all | pairwise rounds | all-gather | ring hops x (p-1) |",
@@ -177,7 +195,7 @@ def main() -> None:
             if args.bandwidth:
                 settings = json.dumps({"codecs": codecs, "sizes_mib": sizes, "rounds": args.rounds,
                                        "repeats": args.repeats, "out_path": path, "gather_ab": args.gather_ab,
-                                       "raw": args.raw})
+                                       "raw": args.raw, "pairwise_ab": args.pairwise_ab})
                 try:
                     launch_ranks("experiments.bench_allreduce_choice", settings, lambda: None, nodes=world,
                                  bandwidth=args.bandwidth, bandwidth_bps=bandwidth_bps, cluster_name="psgdchoice",
@@ -186,7 +204,8 @@ def main() -> None:
                     print(f"error: {err}", file=sys.stderr)
                     raise SystemExit(1) from None
             else:
-                run_on_ranks(bench, world, codecs, sizes, args.rounds, args.repeats, path, args.gather_ab, args.raw)
+                run_on_ranks(bench, world, codecs, sizes, args.rounds, args.repeats, path, args.gather_ab, args.raw,
+                             args.pairwise_ab)
             with open(path) as f:
                 measured = json.load(f)
             lines += [_row(row, calibration) for row in measured["rows"]]

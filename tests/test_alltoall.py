@@ -100,6 +100,51 @@ def test_the_all_gather_sent_as_an_all_to_all_gives_the_same_bits(world):
                 assert torch.equal(results[name, numel], want), (name, numel, rank)
 
 
+def _sent_pairwise(rank: int, world: int):
+    """The exchange with both collectives sent one peer at a time (``RingTopology.pairwise``): this rank's results
+    per codec and size, what it reported sending, and the conserved-sum gaps of two calls with q4's feedback."""
+    topology = RingTopology(dist.group.WORLD)
+    topology.pairwise = True
+    assert topology.sends_pairwise(torch.device("cpu"))
+    results, sent = {}, {}
+    for name in CODECS:
+        for numel in SIZES:
+            results[name, numel] = flat = rank_data(rank, numel)
+            sent[name, numel] = alltoall_allreduce_(flat, build(name), topology, "mean").bytes_sent
+    feedback = ErrorFeedback(build("q4"))
+    gaps = [feedback_gap(world, rank_data(rank + 10 * call, 100_003, torch.float64),
+                         feedback.residual(0, rank_data(rank, 100_003, torch.float64)),
+                         lambda flat, residual: alltoall_allreduce_(flat, feedback.compressor, topology, "mean",
+                                                                    residual))[0] for call in range(2)]
+    return results, sent, gaps
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_the_collectives_sent_one_peer_at_a_time_give_the_same_bits(world):
+    per_rank = run_ranks(_sent_pairwise, world)
+    for name in CODECS:
+        codec = build(name)
+        for numel in SIZES:
+            want = reference_mean([rank_data(q, numel) for q in range(world)], codec)
+            for rank, (results, sent, _) in enumerate(per_rank):
+                assert torch.equal(results[name, numel], want), (name, numel, rank)
+                chunks = [(q + 1) * numel // world - q * numel // world for q in range(world)]
+                own = codec.payload_bytes(chunks[rank], torch.float32) if chunks[rank] else 0
+                others = sum(codec.payload_bytes(n, torch.float32) for q, n in enumerate(chunks) if q != rank and n)
+                assert sent[name, numel] == (others + (world - 1) * own if numel else 0), (name, numel, rank)
+    for _, _, gaps in per_rank:
+        assert max(gaps) < 1e-9
+
+
+def test_only_gloo_on_host_memory_sends_pairwise(process_group):
+    topology = RingTopology(dist.group.WORLD)
+    assert not topology.sends_pairwise(torch.device("cpu"))  # not by default
+    topology.pairwise = True
+    assert topology.sends_pairwise(torch.device("cpu"))
+    topology.batched = True  # NCCL's way: its unbatched pairs can deadlock
+    assert not topology.sends_pairwise(torch.device("cpu"))
+
+
 def _stochastic_and_public_api(rank: int, world: int):
     out = {}
     for name in ("q8", "q4"):

@@ -31,13 +31,13 @@ def test_bad_flags_are_one_line_and_exit_2(argv, message, tmp_path):
     assert not any(tmp_path.iterdir())  # refused before any work
 
 
-def test_a_tiny_run_prints_both_all_reduces_the_gather_ab_and_the_bare_collectives(tmp_path):
+def test_a_tiny_run_prints_both_all_reduces_the_a_b_variants_and_the_bare_collectives(tmp_path):
     done = _run("--ranks", "3", "--codecs", "q8", "--sizes-mib", "0.02", "--rounds", "1", "--repeats", "1",
-                "--gather-ab", "--raw", "--out", str(tmp_path))
+                "--gather-ab", "--pairwise-ab", "--raw", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
     table = (tmp_path / "allreduce_choice.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| 3 |")]
     assert len(rows) == 2  # the all-reduces' row and the bare collectives' row
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
-    assert cells[2] == "q8" and len(cells) == 8 and all(float(c) > 0 for c in cells[3:])
+    assert cells[2] == "q8" and len(cells) == 10 and all(float(c) > 0 for c in cells[3:])
     assert all(float(c) > 0 for c in rows[1].strip("|").split("|")[3:])

@@ -12,6 +12,9 @@ collective calls instead of 2(p-1) hops. Rank r of p owns chunk r (the r-th of p
           every other rank decodes (replicas stay bitwise identical, stochastic rounding included).
   Step 5 (all-gather): every rank's payload of its chunk reaches every rank.
   Step 6: decode each chunk c != r in place.
+Where gloo carries host tensors, both collectives can go one peer at a time instead (``RingTopology.pairwise``:
+p-1 rounds, round i to rank r+i and from rank r-i), each arrival decoded while the next round is on the wire; the
+sums, payloads and results are the same bits either way.
 Steps 1, 3 and 6 (and error feedback's booking) each make their p-1 encodes or decodes in as few codec calls as the
 codec allows (``pipesgd.compression.rows``: q8, q4 and sign chunks of one block count, on CPU up to 32 Ki elements;
 fp16 and bf16 chunks side by side in memory), with the same bits as one call per chunk, so the Python and kernel
@@ -33,7 +36,7 @@ import torch.distributed as dist
 from pipesgd.compression import Compressor
 from pipesgd.compression.error_feedback import open_encoder
 from pipesgd.comm.handles import Work
-from pipesgd.comm.payload_collectives import all_gather_payload, all_to_all_payloads
+from pipesgd.comm.payload_collectives import all_gather_payload, all_to_all_payloads, pairwise_payloads
 from pipesgd.comm.ring import RingReport, chunk_bounds, run_allreduce
 from pipesgd.comm.topology import RingTopology
 
@@ -68,14 +71,21 @@ def alltoall_allreduce_(
     for c, payload in zip(others, encoder.encode_chunks([chunk[c] for c in others], [bounds[c] for c in others])):
         outgoing[c] = payload
     # Step 2: all-to-all; the encodes' errors are booked meanwhile.
-    incoming = all_to_all_payloads(topology, outgoing, [sizes[r] if q != r else 0 for q in range(p)], flat.device,
-                                   encoder.drain)
+    own, pairwise = chunk[r], topology.sends_pairwise(flat.device)
+    incoming_bytes = [sizes[r] if q != r else 0 for q in range(p)]
+    if pairwise:  # one peer at a time, each arrival decoded while the next one is on the wire
+        decoded: dict[int, torch.Tensor] = {}
+        pairwise_payloads(topology, outgoing, incoming_bytes, flat.device,
+                          lambda q, payload: decoded.__setitem__(q, encoder.decode(payload, own)), encoder.drain)
+        contributions = [decoded[q] for q in others]
+    else:
+        incoming = all_to_all_payloads(topology, outgoing, incoming_bytes, flat.device, encoder.drain)
+        contributions = encoder.decode_chunks([incoming[q] for q in others], [own] * len(others))
     report.bytes_sent += sum(payload.numel() for payload in outgoing)
     report.raw_bytes += (flat.numel() - chunk[r].numel()) * item
 
     # Step 3: the owned chunk's sum, in a fixed order (own exact values first, then by rank).
-    own = chunk[r]
-    for contribution in encoder.decode_chunks([incoming[q] for q in others], [own] * len(others)):
+    for contribution in contributions:
         own.add_(contribution)
     if op == "mean":
         own.div_(p)
@@ -83,14 +93,18 @@ def alltoall_allreduce_(
     # Step 4: encoded once; a lossy codec's owner settles on the decoded bits (at the drain below, on the wire).
     payload = encoder.encode(own, bounds[r]) if compressor.lossless else encoder.settle_(own, bounds[r])
 
-    # Step 5: all-gather.
-    gathered = all_gather_payload(topology, payload, sizes, flat.device, encoder.drain)
-    report.bytes_sent += (p - 1) * max(sizes)  # a rank forwards p-1 slots in gloo's and NCCL's ring all-gather
+    # Steps 5 and 6: all-gather, every other chunk decoded in place.
+    if pairwise:  # each arrival decoded while the next one is on the wire
+        peers_bytes = [0 if q == r else sizes[q] for q in range(p)]
+        pairwise_payloads(topology, [no_bytes if q == r else payload for q in range(p)], peers_bytes, flat.device,
+                          lambda q, got: chunk[q].copy_(encoder.decode(got, chunk[q])), encoder.drain, 1)
+        report.bytes_sent += (p - 1) * payload.numel()
+    else:
+        gathered = all_gather_payload(topology, payload, sizes, flat.device, encoder.drain)
+        report.bytes_sent += (p - 1) * max(sizes)  # a rank forwards p-1 slots in gloo's and NCCL's ring all-gather
+        for q, got in zip(others, encoder.decode_chunks([gathered[q] for q in others], [chunk[q] for q in others])):
+            chunk[q].copy_(got)
     report.raw_bytes += (p - 1) * own.numel() * item
-
-    # Step 6: every other chunk decoded in place.
-    for q, decoded in zip(others, encoder.decode_chunks([gathered[q] for q in others], [chunk[q] for q in others])):
-        chunk[q].copy_(decoded)
     encoder.drain()  # nothing is left (Step 5 drained); kept so no path can skip it
     report.busy_s = time.perf_counter() - start
     return report

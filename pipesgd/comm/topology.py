@@ -59,6 +59,9 @@ class RingTopology:
         # bytes 0.23-0.26 ms), not elsewhere (on 200 Mbit/s links its concurrent flows made q8's exchange 1.2x
         # slower); True or False forces it (the benchmarks' A/B).
         self.gathers_by_alltoall: bool | None = None
+        # The exchange's two collectives sent one peer at a time (payload_collectives.pairwise_payloads) where gloo
+        # carries host tensors: None is the library's choice (``sends_pairwise``); True or False forces it.
+        self.pairwise: bool | None = None
         if group is None or not dist.is_initialized():
             self.rank, self.size = 0, 1
             self._stage_on_host = False
@@ -113,6 +116,13 @@ class RingTopology:
         a ring is what the next ring's first slot waits for)."""
         self._forwarded = torch.cuda.Event()
         self._forwarded.record(torch.cuda.current_stream(device))
+
+    def sends_pairwise(self, device: torch.device) -> bool:
+        """Whether the exchange's collectives go one peer at a time (``pairwise``): only point-to-point on host
+        memory over gloo (NCCL's unbatched pairs can deadlock; staged payloads keep the collectives)."""
+        if self.batched or self.stages(device) or not self._stage_on_host:
+            return False
+        return bool(self.pairwise)
 
     def stages(self, device: torch.device) -> bool:
         """Whether bytes for tensors on ``device`` travel through host buffers (gloo with CUDA tensors)."""
