@@ -66,19 +66,27 @@ def alltoall_allreduce_(
     item = flat.element_size()
 
     others = [c for c in range(p) if c != r]
-    # Step 1: each chunk that another rank owns, encoded once (all of them in as few codec calls as the codec allows).
-    outgoing = [no_bytes] * p
-    for c, payload in zip(others, encoder.encode_chunks([chunk[c] for c in others], [bounds[c] for c in others])):
-        outgoing[c] = payload
-    # Step 2: all-to-all; the encodes' errors are booked meanwhile.
     own, pairwise = chunk[r], topology.sends_pairwise(flat.device)
+    outgoing = [no_bytes] * p
+
+    def encode(owners: list[int]) -> None:
+        """Step 1: each chunk that another rank owns, encoded once (in as few codec calls as the codec allows)."""
+        if not owners:
+            return
+        for c, payload in zip(owners, encoder.encode_chunks([chunk[c] for c in owners], [bounds[c] for c in owners])):
+            outgoing[c] = payload
+
+    # Step 2: all-to-all; the encodes' errors are booked meanwhile.
     incoming_bytes = [sizes[r] if q != r else 0 for q in range(p)]
-    if pairwise:  # one peer at a time, each arrival decoded while the next one is on the wire
-        decoded: dict[int, torch.Tensor] = {}
+    if pairwise:  # round 1's chunk encoded first, the rest on its wire time; each arrival decoded during the next
+        first, decoded = (r + 1) % p, {}
+        encode([first])
         pairwise_payloads(topology, outgoing, incoming_bytes, flat.device,
-                          lambda q, payload: decoded.__setitem__(q, encoder.decode(payload, own)), encoder.drain)
+                          lambda q, payload: decoded.__setitem__(q, encoder.decode(payload, own)),
+                          lambda: (encode([c for c in others if c != first]), encoder.drain()))
         contributions = [decoded[q] for q in others]
     else:
+        encode(others)
         incoming = all_to_all_payloads(topology, outgoing, incoming_bytes, flat.device, encoder.drain)
         contributions = encoder.decode_chunks([incoming[q] for q in others], [own] * len(others))
     report.bytes_sent += sum(payload.numel() for payload in outgoing)

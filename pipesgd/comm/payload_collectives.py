@@ -104,8 +104,9 @@ def pairwise_payloads(
     every peer at once, and three flows through one 200 Mbit/s token-bucket link took 88.0 ms where the same bytes
     one peer at a time took 57.9). What round i brought goes to ``on_receive(q, payload)`` while round i+1 is on the
     wire, so decoding overlaps the transfer; the last round's after it. ``while_waiting`` runs once round 1 is
-    posted. Payloads handed to ``on_receive`` are views into a buffer that the next call reuses. ``collective``
-    tells the calls of one all-reduce apart (their tags differ)."""
+    posted, and may fill in later rounds' ``outgoing`` (each is read when its round is posted). Payloads handed to
+    ``on_receive`` are views into a buffer that the next call reuses. ``collective`` tells the calls of one
+    all-reduce apart (their tags differ)."""
     p, r, group = topology.size, topology.rank, topology.group
     starts = [sum(incoming_bytes[:q]) for q in range(p)]
     recv = topology.wire_buffer(f"pairwise-recv-{collective}", sum(incoming_bytes), device)
