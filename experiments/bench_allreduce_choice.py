@@ -9,8 +9,10 @@ per-hop Python, sets the pace:
 
     python experiments/bench_allreduce_choice.py --bandwidth 200mbit --nodes 4 --codecs q8,sign --sizes-mib 1,7
 
-``--gather-ab`` and ``--pairwise-ab`` add the exchange with its all-gather sent as an all-to-all, and with both its
-collectives sent one peer at a time (``RingTopology.pairwise``), as columns of their own.
+The "alltoall" column is the exchange as the library runs it (both collectives one peer at a time for payloads of
+32 KiB per peer and more, ``RingTopology.sends_pairwise``). ``--gather-ab`` adds it with its all-gather sent as an
+all-to-all; ``--pairwise-ab`` makes that column gloo's collectives and adds one with both collectives sent one peer
+at a time.
 
 Each round times both, in alternating order; a cell is the
 median over rounds of the slowest rank's median over ``--repeats`` calls. Error feedback is on (the trainer's case
@@ -53,25 +55,31 @@ from timing_model.predict import Scenario, predict
 from timing_model.validation import calibrated_scenario
 
 def _alltoall_gathered_by_alltoall(flat, compressor, topology, op, residual):
-    """The exchange with its all-gather sent as an all-to-all (what it does where payloads are staged)."""
-    topology.gathers_by_alltoall = True
+    """The exchange's collectives with its all-gather sent as an all-to-all (what it does where payloads are
+    staged)."""
+    topology.gathers_by_alltoall, topology.pairwise = True, False
     try:
         return alltoall_allreduce_(flat, compressor, topology, op, residual)
     finally:
-        topology.gathers_by_alltoall = None
+        topology.gathers_by_alltoall = topology.pairwise = None
 
-def _alltoall_pairwise(flat, compressor, topology, op, residual):
-    """The exchange with both collectives sent one peer at a time (``RingTopology.pairwise``)."""
-    topology.pairwise = True
-    try:
-        return alltoall_allreduce_(flat, compressor, topology, op, residual)
-    finally:
-        topology.pairwise = None
+def _alltoall_sent(pairwise: bool):
+    """The exchange with both collectives sent one peer at a time (``RingTopology.pairwise``), or as gloo's."""
+
+    def run(flat, compressor, topology, op, residual):
+        topology.pairwise = pairwise
+        try:
+            return alltoall_allreduce_(flat, compressor, topology, op, residual)
+        finally:
+            topology.pairwise = None
+
+    return run
 
 
 ALGORITHMS = {"ring": ring_allreduce_, "alltoall": alltoall_allreduce_}
 GATHER_AB = {"alltoall_a2a_gather": _alltoall_gathered_by_alltoall}  # --gather-ab
-PAIRWISE_AB = {"alltoall_pairwise": _alltoall_pairwise}  # --pairwise-ab
+# --pairwise-ab: the exchange's "alltoall" column as gloo's collectives, beside it one peer at a time
+PAIRWISE_AB = {"alltoall": _alltoall_sent(False), "alltoall_pairwise": _alltoall_sent(True)}
 
 
 def bench(rank: int, world: int, codecs: list[str], sizes_mib: list[float], rounds: int, repeats: int,
@@ -183,7 +191,8 @@ def main() -> None:
     gathered = " alltoall, all-gather as all-to-all, ms | its / ring |" if args.gather_ab else ""
     gathered += " alltoall, one peer at a time, ms | its / ring |" if args.pairwise_ab else ""
     model = " model ring ms | model alltoall ms | model picks the faster |" if calibration else ""
-    lines += ["| p | MiB | codec | ring ms | alltoall ms | alltoall / ring |" + gathered + model,
+    exchange = "alltoall collectives ms | collectives / ring" if args.pairwise_ab else "alltoall ms | alltoall / ring"
+    lines += [f"| p | MiB | codec | ring ms | {exchange} |" + gathered + model,
               "|---|---|---|---|---|---|" + ("---|---|" * (args.gather_ab + args.pairwise_ab))
               + ("---|---|---|" if calibration else "")]
     raw_lines = ["", "The bare collectives on chunks of each bucket's q8 payload per peer (ms):", "",

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from pipesgd.comm.alltoall import alltoall_allreduce, alltoall_allreduce_
 from pipesgd.comm.gather import gather_allreduce, gather_allreduce_
 from pipesgd.compression import ErrorFeedback, build
-from pipesgd.comm.topology import RingTopology
+from pipesgd.comm.topology import PAIRWISE_MIN_BYTES, RingTopology
 from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
 from tests.test_ring import UNIT_ERROR, rank_data
@@ -105,7 +105,7 @@ def _sent_pairwise(rank: int, world: int):
     per codec and size, what it reported sending, and the conserved-sum gaps of two calls with q4's feedback."""
     topology = RingTopology(dist.group.WORLD)
     topology.pairwise = True
-    assert topology.sends_pairwise(torch.device("cpu"))
+    assert topology.sends_pairwise(torch.device("cpu"), 1)
     results, sent = {}, {}
     for name in CODECS:
         for numel in SIZES:
@@ -136,13 +136,15 @@ def test_the_collectives_sent_one_peer_at_a_time_give_the_same_bits(world):
         assert max(gaps) < 1e-9
 
 
-def test_only_gloo_on_host_memory_sends_pairwise(process_group):
-    topology = RingTopology(dist.group.WORLD)
-    assert not topology.sends_pairwise(torch.device("cpu"))  # not by default
+def test_long_payloads_go_pairwise_by_default_and_only_gloo_on_host_memory_does(process_group):
+    topology, cpu = RingTopology(dist.group.WORLD), torch.device("cpu")
+    assert topology.sends_pairwise(cpu, PAIRWISE_MIN_BYTES) and not topology.sends_pairwise(cpu, PAIRWISE_MIN_BYTES - 1)
     topology.pairwise = True
-    assert topology.sends_pairwise(torch.device("cpu"))
-    topology.batched = True  # NCCL's way: its unbatched pairs can deadlock
-    assert not topology.sends_pairwise(torch.device("cpu"))
+    assert topology.sends_pairwise(cpu, 1)
+    topology.pairwise = False
+    assert not topology.sends_pairwise(cpu, 1 << 30)
+    topology.pairwise, topology.batched = True, True  # NCCL's way: its unbatched pairs can deadlock
+    assert not topology.sends_pairwise(cpu, 1 << 30)
 
 
 def _stochastic_and_public_api(rank: int, world: int):

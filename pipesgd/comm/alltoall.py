@@ -66,7 +66,7 @@ def alltoall_allreduce_(
     item = flat.element_size()
 
     others = [c for c in range(p) if c != r]
-    own, pairwise = chunk[r], topology.sends_pairwise(flat.device)
+    own, pairwise = chunk[r], topology.sends_pairwise(flat.device, max(sizes))
     outgoing = [no_bytes] * p
 
     def encode(owners: list[int]) -> None:

@@ -13,6 +13,14 @@ from pipesgd.runlog import phases
 
 _TAG = 7_201  # a tag of our own so user point-to-point traffic on the same group cannot be matched
 
+# The exchange's collectives go one peer at a time (``RingTopology.sends_pairwise``) from this many payload bytes per
+# peer, as MPICH's all-to-all sends long messages in pairwise rounds to keep one flow per link (Thakur, Rabenseifner
+# and Gropp 2005; its medium/long bound is 32 KiB). Measured on 4 emulated nodes sharing 2 cores
+# (experiments/results/allreduce_choice/): q8's exchange of a 7 MiB bucket (460 KB per peer) took 121.8 ms this way
+# against 159.2 as gloo's collectives at 200 Mbit/s, 32.7 against 37.3 at 1 Gbit/s; over loopback it cost more
+# (32.9 against 27.5 ms), each round waiting on the slowest peer's Python.
+PAIRWISE_MIN_BYTES = 32 * 1024
+
 
 class HostStaging:
     """Host buffers that gloo reads and writes for CUDA tensors, one per (direction, piece) slot, kept between
@@ -117,12 +125,13 @@ class RingTopology:
         self._forwarded = torch.cuda.Event()
         self._forwarded.record(torch.cuda.current_stream(device))
 
-    def sends_pairwise(self, device: torch.device) -> bool:
-        """Whether the exchange's collectives go one peer at a time (``pairwise``): only point-to-point on host
-        memory over gloo (NCCL's unbatched pairs can deadlock; staged payloads keep the collectives)."""
-        if self.batched or self.stages(device) or not self._stage_on_host:
+    def sends_pairwise(self, device: torch.device, peer_bytes: int) -> bool:
+        """Whether the exchange's collectives go one peer at a time (``pairwise``), for payloads of up to
+        ``peer_bytes`` per peer: only on host memory over gloo (NCCL's unbatched pairs can deadlock; staged payloads
+        keep the collectives), and by default for payloads of ``PAIRWISE_MIN_BYTES`` per peer or more."""
+        if self.batched or self.stages(device) or not self._stage_on_host:  # _stage_on_host: the group runs gloo
             return False
-        return bool(self.pairwise)
+        return peer_bytes >= PAIRWISE_MIN_BYTES if self.pairwise is None else self.pairwise
 
     def stages(self, device: torch.device) -> bool:
         """Whether bytes for tensors on ``device`` travel through host buffers (gloo with CUDA tensors)."""
