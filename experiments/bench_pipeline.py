@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from experiments.harness.pipeline import BASELINES, VARIANTS, WORKLOADS, PipelineSettings, run, settings_json
 from experiments.harness.pipeline_report import markdown, read_records
+from experiments.harness.provenance import markdown_header, provenance
 from experiments.harness.rank_launch import LaunchError, launch_ranks
 from pipesgd.bandwidth import parse_bandwidth_bps
 
@@ -84,6 +85,7 @@ def main() -> int:
     except ValueError as error:
         parser.error(str(error))
     write_text_atomic(records_path, "")
+    origin = provenance()  # before the run: the code it runs, not what the tree holds when it ends
     start = time.perf_counter()
     try:
         where_text = launch_ranks("experiments.harness.pipeline", settings_json(settings),
@@ -101,12 +103,14 @@ def main() -> int:
         print(f"bench_pipeline: error: {error}", file=sys.stderr)
         return 1
     cores = args.nodes * args.cores_per_node or os.cpu_count()  # what the ranks' processes may run on
-    table = markdown(records, f"Pipe-SGD at its limit: {where_text}, one thread per process, allreduce "
-                              f"{args.allreduce} ({cores} cores; {elapsed:.0f} s)", cores=cores)
+    title = (f"Pipe-SGD at its limit: {where_text}, one thread per process, allreduce {args.allreduce} ({cores} "
+             f"cores; {elapsed:.0f} s)")
+    table = markdown(records, title, cores=cores)
     print(table)
-    write_text_atomic(os.path.join(args.out, f"{label}.md"), table + "\n")
-    summary = {"where": where_text, "elapsed_s": elapsed, "cpu_count": os.cpu_count(), "cores_used": cores,
-               "records": records}
+    header = markdown_header(title, origin)
+    write_text_atomic(os.path.join(args.out, f"{label}.md"), header + table.split("\n", 1)[1] + "\n")
+    summary = {"where": where_text, "allreduce": args.allreduce, "elapsed_s": elapsed, "cpu_count": os.cpu_count(),
+               "cores_used": cores, "provenance": origin, "records": records}
     write_text_atomic(os.path.join(args.out, f"{label}.json"), json.dumps(summary, indent=2) + "\n")
     return 0
 

@@ -117,4 +117,8 @@ def test_quick_loopback_run_prints_and_writes_the_tables(tmp_path):
     assert q8["ranks"] == 2 and q8["t_iter"] > 0 and q8["efficiency"] > 0
     assert q8["codec"] > 0 and q8["error_feedback"] > 0 and q8["wire_wait"] > 0 and q8["pack_unpack"] > 0
     assert records[0]["error_feedback"] == 0.0  # no feedback, nothing booked
-    assert (tmp_path / "loopback.md").read_text().startswith("# Pipe-SGD at its limit: 2 ranks on loopback")
+    written = (tmp_path / "loopback.md").read_text()
+    assert written.startswith("# Pipe-SGD at its limit: 2 ranks on loopback")
+    assert "\n- command: `" in written and "\n- commit: " in written and "\n| tiny (0.01 M) | none |" in written
+    summary = json.loads((tmp_path / "loopback.json").read_text())
+    assert summary["allreduce"] == "auto" and summary["provenance"]["commit"]
