@@ -136,6 +136,33 @@ def test_the_collectives_sent_one_peer_at_a_time_give_the_same_bits(world):
         assert max(gaps) < 1e-9
 
 
+def _pairwise_on_a_subgroup(rank: int, world: int):
+    """On the group of global ranks 1..world-1 (group rank = global rank - 1), a 200_003-element q8 exchange: one
+    peer at a time by default (its payloads are over PAIRWISE_MIN_BYTES per peer), then forced to gloo's
+    collectives; both results, and what the default reported sending."""
+    group = dist.new_group(list(range(1, world)))
+    if rank == 0:
+        return None
+    topology = RingTopology(group)
+    default, collectives = rank_data(rank, 200_003), rank_data(rank, 200_003)
+    report = alltoall_allreduce_(default, build("q8"), topology, "mean")
+    topology.pairwise = False
+    alltoall_allreduce_(collectives, build("q8"), topology, "mean")
+    return default, collectives, report.bytes_sent
+
+
+def test_a_subgroup_goes_one_peer_at_a_time_by_default_with_the_collectives_bits():
+    per_rank = run_ranks(_pairwise_on_a_subgroup, 4)[1:]
+    q8 = build("q8")
+    chunk = [(c + 1) * 200_003 // 3 - c * 200_003 // 3 for c in range(3)]
+    assert q8.payload_bytes(min(chunk), torch.float32) >= PAIRWISE_MIN_BYTES
+    for group_rank, (default, collectives, sent) in enumerate(per_rank):
+        assert torch.equal(default, collectives) and torch.equal(default, per_rank[0][0])
+        own = q8.payload_bytes(chunk[group_rank], torch.float32)
+        # one peer at a time sends no pad (gloo's all-gather sends p-1 slots of the largest payload)
+        assert sent == sum(q8.payload_bytes(n, torch.float32) for c, n in enumerate(chunk) if c != group_rank) + 2 * own
+
+
 def test_long_payloads_go_pairwise_by_default_and_only_gloo_on_host_memory_does(process_group):
     topology, cpu = RingTopology(dist.group.WORLD), torch.device("cpu")
     assert topology.sends_pairwise(cpu, PAIRWISE_MIN_BYTES) and not topology.sends_pairwise(cpu, PAIRWISE_MIN_BYTES - 1)
