@@ -54,32 +54,28 @@ from timing_model.calibration import read_calibration
 from timing_model.predict import Scenario, predict
 from timing_model.validation import calibrated_scenario
 
-def _alltoall_gathered_by_alltoall(flat, compressor, topology, op, residual):
-    """The exchange's collectives with its all-gather sent as an all-to-all (what it does where payloads are
-    staged)."""
-    topology.gathers_by_alltoall, topology.pairwise = True, False
-    try:
-        return alltoall_allreduce_(flat, compressor, topology, op, residual)
-    finally:
-        topology.gathers_by_alltoall = topology.pairwise = None
 
-def _alltoall_sent(pairwise: bool):
-    """The exchange with both collectives sent one peer at a time (``RingTopology.pairwise``), or as gloo's."""
+def _alltoall_with(**knobs: bool):
+    """The exchange with ``RingTopology`` knobs forced for the call (``gathers_by_alltoall``: its all-gather as an
+    all-to-all, what it does where payloads are staged; ``pairwise``: both collectives one peer at a time or as
+    gloo's), then given back to the library's choice."""
 
     def run(flat, compressor, topology, op, residual):
-        topology.pairwise = pairwise
+        for knob, value in knobs.items():
+            setattr(topology, knob, value)
         try:
             return alltoall_allreduce_(flat, compressor, topology, op, residual)
         finally:
-            topology.pairwise = None
+            for knob in knobs:
+                setattr(topology, knob, None)
 
     return run
 
 
 ALGORITHMS = {"ring": ring_allreduce_, "alltoall": alltoall_allreduce_}
-GATHER_AB = {"alltoall_a2a_gather": _alltoall_gathered_by_alltoall}  # --gather-ab
+GATHER_AB = {"alltoall_a2a_gather": _alltoall_with(gathers_by_alltoall=True, pairwise=False)}  # --gather-ab
 # --pairwise-ab: the exchange's "alltoall" column as gloo's collectives, beside it one peer at a time
-PAIRWISE_AB = {"alltoall": _alltoall_sent(False), "alltoall_pairwise": _alltoall_sent(True)}
+PAIRWISE_AB = {"alltoall": _alltoall_with(pairwise=False), "alltoall_pairwise": _alltoall_with(pairwise=True)}
 
 
 def bench(rank: int, world: int, codecs: list[str], sizes_mib: list[float], rounds: int, repeats: int,

@@ -80,10 +80,16 @@ def alltoall_allreduce_(
     incoming_bytes = [sizes[r] if q != r else 0 for q in range(p)]
     if pairwise:  # round 1's chunk encoded first, the rest on its wire time; each arrival decoded during the next
         first, decoded = (r + 1) % p, {}
+
+        def decode_arrival(q: int, arrived: torch.Tensor) -> None:
+            decoded[q] = encoder.decode(arrived, own)
+
+        def encode_the_rest_and_book() -> None:
+            encode([c for c in others if c != first])
+            encoder.drain()
+
         encode([first])
-        pairwise_payloads(topology, outgoing, incoming_bytes, flat.device,
-                          lambda q, payload: decoded.__setitem__(q, encoder.decode(payload, own)),
-                          lambda: (encode([c for c in others if c != first]), encoder.drain()))
+        pairwise_payloads(topology, outgoing, incoming_bytes, flat.device, decode_arrival, encode_the_rest_and_book)
         contributions = [decoded[q] for q in others]
     else:
         encode(others)

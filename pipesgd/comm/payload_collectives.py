@@ -110,12 +110,12 @@ def pairwise_payloads(
     p, r, group = topology.size, topology.rank, topology.group
     starts = [sum(incoming_bytes[:q]) for q in range(p)]
     recv = topology.wire_buffer(f"pairwise-recv-{collective}", sum(incoming_bytes), device)
+    tag = _PAIRWISE_TAG + collective
     arrived: tuple[int, torch.Tensor] | None = None
     for i in range(1, p):
         to, frm = (r + i) % p, (r - i) % p
         into = recv[starts[frm] : starts[frm] + incoming_bytes[frm]]
         works = []
-        tag = _PAIRWISE_TAG + collective
         if into.numel():  # the receive first, as the ring posts it
             works.append(dist.irecv(into, dist.get_global_rank(group, frm), group=group, tag=tag))
         if outgoing[to].numel():
