@@ -6,9 +6,11 @@ the BatchNorm buffers' blocking broadcast, which gpu_speed's "of which wait ms" 
     python experiments/gpu_host_profile.py --device cpu --ranks 2 --steps 4 --out /tmp/h
 
 Per model and Pipe-SGD variant (K = 2, the buffers' sync blocking or delayed, SGD with momentum 0.9, batch 64 of
-3x32x32): ``--steps`` steps after a warm-up, with Python's ``cProfile`` on the training thread only (the comm
-worker's thread is not profiled) around ``step()`` and ``zero_grad()``; rank 0's functions with the most own time
-(tottime) and the most time including callees (cumtime), per step. Writes ``host_profile.md`` under ``--out``.
+3x32x32): ``--steps`` steps after a warm-up, with Python's ``cProfile`` enabled around ``step()`` and ``zero_grad()``
+(on Python 3.11 and older it sees the training thread only; from 3.12 on, the GPU machine's, it sees every thread
+while enabled, the communication worker's calls too: ``gpu_thread_profile.py`` splits them by thread); rank 0's
+functions with the most own time (tottime) and the most time including callees (cumtime), per step. Writes
+``host_profile.md`` under ``--out``.
 """
 from __future__ import annotations
 

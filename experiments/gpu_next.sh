@@ -1,14 +1,15 @@
 #!/bin/bash
-# The next GPU machine's call, prepared (issue 38 part 4): one call of about 4 minutes.
-#   run (device tool): command "bash experiments/gpu_next.sh 300", timeout_s 330; the results come back packed in
+# The next GPU machine's call, prepared (issue 38 part 4): one call of about 5 minutes.
+#   run (device tool): command "bash experiments/gpu_next.sh 400", timeout_s 430; the results come back packed in
 #   $OUT/gpu13.tgz (one folder per step, each step's log, steps.txt with each step's time and exit code).
-# The look-ahead stand-ins that wait for an exchange of the step just taken (coarse-q8, coarse-lowrank) beside the
-# own gradient, in training and in the check; the gather rows again. Not yet run since coarse-lowrank became the
-# one-all-reduce form (2026-11-27; its check row is the first CUDA run of it), and width and compression "auto"
-# (issue 39: the early look's timed broadcasts, the agreed measurements and rank 0's broadcast decision on CUDA
-# tensors, never yet run there). One call:
-# under MPS the gloo-CUDA check (stand-in rows added) and the speed table of all three models; then, without MPS,
-# NCCL at world size 1. A step that no longer fits the budget (first argument, seconds) is skipped and says so.
+# New since the fifth session: the fifth session's lead, one Pipe-SGD step's host time thread by thread
+# (experiments/gpu_thread_profile.py: LeNet and ResNet-18, q8 on the exchange, ring and gather, none; the training
+# thread's and the communication thread's CPU time, operators, kernel launches, copies and syncs; rank 0's trace).
+# Still never run there: the look-ahead stand-ins that wait for an exchange of the step just taken (coarse-lowrank as
+# one all-reduce) and width and compression "auto" on CUDA tensors (issue 39), in the check and the speed table; the
+# exchange one peer at a time is CPU-only (staged CUDA payloads keep gloo's collectives).
+# One call: under MPS the gloo-CUDA check, the speed table of all three models and the thread profile; then, without
+# MPS, NCCL at world size 1. A step that no longer fits the budget (first argument, seconds) is skipped and says so.
 # Installs with --no-build-isolation (no network for build dependencies) and runs from the checkout either way
 # (PYTHONPATH).
 set -u
@@ -33,6 +34,7 @@ pip install -q --no-deps --no-build-isolation -e . > $R/install.log 2>&1 || echo
 nvidia-cuda-mps-control -d && echo "MPS on" >> $R/env.txt
 step check-gloo 110 python3 experiments/gpu_check.py --device cuda --ranks 4 --out $R/check
 step speed-mps 150 python3 experiments/gpu_speed.py --device cuda --ranks 4 --out $R/speed
+step profile-mps 90 python3 experiments/gpu_thread_profile.py --device cuda --ranks 4 --out $R/profile
 echo quit | nvidia-cuda-mps-control
 step check-nccl1 60 python3 experiments/gpu_check.py --device cuda --ranks 1 --backend nccl --out $R/check-nccl
 echo "done in $(( $(date +%s) - START ))s" | tee -a $R/steps.txt

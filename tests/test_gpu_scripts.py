@@ -97,6 +97,43 @@ def test_gpu_host_profile_runs_on_cpu_and_profiles_every_variant(tmp_path):
     assert len(sections) == 4 and all("ms per step under the profiler" in line for line in sections)
 
 
+@pytest.mark.slow
+def test_gpu_thread_profile_runs_on_cpu_and_splits_every_variant_by_thread(tmp_path):
+    proc = run_script("gpu_thread_profile.py", "--device", "cpu", "--ranks", "2", "--models", "lenet", "--steps", "2",
+                      "--warmup", "1", "--variants", "q8:alltoall,q8:ring", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "thread_profile.json").read_text())
+    assert list(data) == ["lenet, Pipe-SGD K = 2, q8 on alltoall", "lenet, Pipe-SGD K = 2, q8 on ring"]
+    for threads in data.values():
+        training, comm = threads["training"], threads["communication"]
+        assert training["cpu_ms"] > 0 and comm["cpu_ms"] > 0 and comm["span_ms"] > 0
+        # the communication thread's operators are its own: the collectives there, the backward pass on the other
+        assert any(name.startswith("c10d::") for name, _ in comm["top_ops"])
+        assert not any("backward" in name for name, _ in comm["top_ops"])
+        assert any("backward" in name for name, _ in training["top_ops"])
+        assert 0 < comm["op_own_ms"] <= comm["span_ms"] * 1.01
+    assert (tmp_path / "trace-lenet.json.gz").stat().st_size > 0 and (tmp_path / "thread_profile.md").exists()
+
+
+def test_thread_profile_own_times_leave_out_spans_that_outlast_their_parent():
+    import gpu_thread_profile
+    events = [{"name": "job", "ts": 0, "dur": 100}, {"name": "c10d::send", "ts": 10, "dur": 20},
+              {"name": "gloo:send", "ts": 15, "dur": 500},  # ends when the transfer does: asynchronous
+              {"name": "aten::div", "ts": 40, "dur": 30}, {"name": "aten::empty", "ts": 45, "dur": 5}]
+    own = gpu_thread_profile.self_times(events)
+    assert own == {0: 50, 1: 20, 3: 25, 4: 5}
+
+
+@pytest.mark.parametrize("args, needle", [(["--variants", "q8:tree"], "a variant is CODEC:ALLREDUCE"),
+                                          (["--variants", "q9:ring"], "unknown codec q9"),
+                                          (["--models", "vgg"], "--models: one or more of"),
+                                          (["--steps", "0"], "must be >= 1")])
+def test_gpu_thread_profile_bad_arguments_are_one_line(args, needle, tmp_path):
+    proc = run_script("gpu_thread_profile.py", *args, "--out", str(tmp_path / "p"), timeout_s=60)
+    assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "p").exists()
+
+
 @pytest.mark.parametrize("script", ["gpu_check.py", "gpu_speed.py"])
 def test_nccl_without_cuda_is_one_line(script, tmp_path):
     proc = run_script(script, "--device", "cpu", "--backend", "nccl", "--out", str(tmp_path), timeout_s=60)
