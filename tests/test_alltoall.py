@@ -9,7 +9,7 @@ import torch.distributed as dist
 from pipesgd.comm.alltoall import alltoall_allreduce, alltoall_allreduce_
 from pipesgd.comm.gather import gather_allreduce, gather_allreduce_
 from pipesgd.compression import ErrorFeedback, build
-from pipesgd.comm.topology import PAIRWISE_MIN_BYTES, RingTopology
+from pipesgd.comm.topology import PAIRWISE_MIN_BYTES, RingTopology, launched_on_one_host
 from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
 from tests.test_ring import UNIT_ERROR, rank_data
@@ -138,12 +138,13 @@ def test_the_collectives_sent_one_peer_at_a_time_give_the_same_bits(world):
 
 def _pairwise_on_a_subgroup(rank: int, world: int):
     """On the group of global ranks 1..world-1 (group rank = global rank - 1), a 200_003-element q8 exchange: one
-    peer at a time by default (its payloads are over PAIRWISE_MIN_BYTES per peer), then forced to gloo's
+    peer at a time by default between hosts (its payloads are over PAIRWISE_MIN_BYTES per peer), then forced to gloo's
     collectives; both results, and what the default reported sending."""
     group = dist.new_group(list(range(1, world)))
     if rank == 0:
         return None
     topology = RingTopology(group)
+    topology.one_host = False  # as between hosts, whatever this launch's environment says
     default, collectives = rank_data(rank, 200_003), rank_data(rank, 200_003)
     report = alltoall_allreduce_(default, build("q8"), topology, "mean")
     topology.pairwise = False
@@ -165,6 +166,9 @@ def test_a_subgroup_goes_one_peer_at_a_time_by_default_with_the_collectives_bits
 
 def test_long_payloads_go_pairwise_by_default_and_only_gloo_on_host_memory_does(process_group):
     topology, cpu = RingTopology(dist.group.WORLD), torch.device("cpu")
+    topology.one_host = True  # what launched_on_one_host finds under torchrun on one node
+    assert not topology.sends_pairwise(cpu, 1 << 30)  # no link for concurrent flows to share
+    topology.one_host = False
     assert topology.sends_pairwise(cpu, PAIRWISE_MIN_BYTES) and not topology.sends_pairwise(cpu, PAIRWISE_MIN_BYTES - 1)
     topology.pairwise = True
     assert topology.sends_pairwise(cpu, 1)
@@ -172,6 +176,16 @@ def test_long_payloads_go_pairwise_by_default_and_only_gloo_on_host_memory_does(
     assert not topology.sends_pairwise(cpu, 1 << 30)
     topology.pairwise, topology.batched = True, True  # NCCL's way: its unbatched pairs can deadlock
     assert not topology.sends_pairwise(cpu, 1 << 30)
+
+
+@pytest.mark.parametrize("environ, one_host", [
+    ({"LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.1"}, True),   # torchrun, one node
+    ({"LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.1"}, False),  # torchrun, four nodes
+    ({"WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1"}, True), ({"WORLD_SIZE": "4", "MASTER_ADDR": "127.0.1.1"}, True),
+    ({"WORLD_SIZE": "4", "MASTER_ADDR": "localhost"}, True), ({"WORLD_SIZE": "4", "MASTER_ADDR": "[::1]"}, True),
+    ({"WORLD_SIZE": "4", "MASTER_ADDR": "node0.cluster"}, False), ({"WORLD_SIZE": "4"}, False), ({}, False)])
+def test_the_launchers_environment_says_whether_every_rank_shares_one_host(environ, one_host):
+    assert launched_on_one_host(environ) is one_host
 
 
 def _stochastic_and_public_api(rank: int, world: int):

@@ -4,6 +4,8 @@ buffers that are reused from call to call (``wire_buffer`` lends such buffers to
 """
 from __future__ import annotations
 
+import ipaddress
+import os
 from typing import Callable
 
 import torch
@@ -20,6 +22,25 @@ _TAG = 7_201  # a tag of our own so user point-to-point traffic on the same grou
 # this way against 156.7 as gloo's collectives at 200 Mbit/s (the ring 119.5), 33.2 against 37.9 at 1 Gbit/s; over
 # loopback (4 ranks) it cost more, 32.6 against 27.8 ms, each round waiting on the slowest peer's Python.
 PAIRWISE_MIN_BYTES = 32 * 1024
+
+
+def launched_on_one_host(environ=os.environ) -> bool:
+    """Whether the launcher's environment says every rank runs on this host, in this network namespace: torchrun's
+    ``LOCAL_WORLD_SIZE`` equal to ``WORLD_SIZE`` (one node), or a loopback ``MASTER_ADDR`` (which only processes in
+    the same namespace can reach). Every rank reads the same answer, so all send the same way. Over loopback there
+    is no link for concurrent flows to share, and the rounds only add a wait on the slowest peer per round: with four
+    ranks on 2 cores gloo's collectives ran q8's 7 MiB exchange in 27.8 ms, the rounds in 32.6
+    (experiments/results/allreduce_choice/allreduce_choice-loopback-pairwise.md). Unknown (another launcher): False."""
+    local, world = environ.get("LOCAL_WORLD_SIZE"), environ.get("WORLD_SIZE")
+    if local is not None and local == world:
+        return True
+    address = environ.get("MASTER_ADDR", "").strip("[]")
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
 
 
 class HostStaging:
@@ -70,6 +91,7 @@ class RingTopology:
         # The exchange's two collectives sent one peer at a time (payload_collectives.pairwise_payloads) where gloo
         # carries host tensors: None is the library's choice (``sends_pairwise``); True or False forces it.
         self.pairwise: bool | None = None
+        self.one_host = launched_on_one_host()
         if group is None or not dist.is_initialized():
             self.rank, self.size = 0, 1
             self._stage_on_host = False
@@ -128,10 +150,13 @@ class RingTopology:
     def sends_pairwise(self, device: torch.device, peer_bytes: int) -> bool:
         """Whether the exchange's collectives go one peer at a time (``pairwise``), for payloads of up to
         ``peer_bytes`` per peer: only on host memory over gloo (NCCL's unbatched pairs can deadlock; staged payloads
-        keep the collectives), and by default for payloads of ``PAIRWISE_MIN_BYTES`` per peer or more."""
+        keep the collectives), and by default for payloads of ``PAIRWISE_MIN_BYTES`` per peer or more between hosts
+        (not where the launcher says all ranks share this one, ``launched_on_one_host``)."""
         if self.batched or self.stages(device) or not self._stage_on_host:  # _stage_on_host: the group runs gloo
             return False
-        return peer_bytes >= PAIRWISE_MIN_BYTES if self.pairwise is None else self.pairwise
+        if self.pairwise is None:
+            return peer_bytes >= PAIRWISE_MIN_BYTES and not self.one_host
+        return self.pairwise
 
     def stages(self, device: torch.device) -> bool:
         """Whether bytes for tensors on ``device`` travel through host buffers (gloo with CUDA tensors)."""
