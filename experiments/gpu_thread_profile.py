@@ -12,7 +12,8 @@ thread: the training thread (forward, backward, ``step()``) and the communicatio
 time: the rest of a span is Python and waiting outside an operator), CUDA runtime calls (kernel launches, memory
 copies, synchronizations: count and host time), and the operators with the most own time. Unlike ``cProfile``
 (one profiler per process on Python 3.12, all threads at once) the split is by the thread each event ran on.
-Writes ``thread_profile.md`` and, for the first variant, rank 0's trace ``trace-<model>.json.gz`` (Perfetto).
+Writes ``thread_profile.md`` and ``.json`` and, for the first model's first variant, rank 0's trace
+``trace-<model>.json.gz`` (Perfetto).
 """
 from __future__ import annotations
 
@@ -206,9 +207,10 @@ def section(title: str, threads: dict[str, dict], top: int) -> str:
 def main_rank(rank: int, world: int, args) -> None:
     device = rank_device(args.device, rank)
     sections, data = [], {}
-    for name in args.models.split(","):
+    for m, name in enumerate(args.models.split(",")):
         for i, (codec, allreduce) in enumerate(args.variants):
-            trace = Path(args.out) / f"trace-{name}.json.gz" if rank == 0 and i == 0 else None
+            # One trace: the first model's first variant (a ResNet-18 trace with CUDA events runs to megabytes).
+            trace = Path(args.out) / f"trace-{name}.json.gz" if rank == 0 and m == 0 and i == 0 else None
             threads = profile_variant(device, name, codec, allreduce, args, trace)
             title = f"{name}, Pipe-SGD K = 2, {codec} on {allreduce}"
             data[title] = threads
