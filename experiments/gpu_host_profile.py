@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import build, device_name, launch, rank_device  # noqa: E402
+from gpu_common import (add_profile_flags, build, check_profile_flags, device_name, launch,  # noqa: E402
+                        rank_device)
 
 from pipesgd import PipeSGD  # noqa: E402
 
@@ -85,16 +86,9 @@ def main_rank(rank: int, world: int, args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--models", default="resnet20,resnet18")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--top", type=int, default=15)
-    parser.add_argument("--out", required=True)
+    add_profile_flags(parser, models="resnet20,resnet18", steps=20, top=15)
     args = parser.parse_args(argv)
-    if args.ranks < 1 or args.steps < 1 or args.warmup < 0 or args.top < 1:
-        parser.error("--ranks, --steps and --top must be >= 1, --warmup >= 0")
+    check_profile_flags(parser, args)
     launch(main_rank, args.ranks, "gloo", args)
     return 0
 

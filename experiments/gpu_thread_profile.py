@@ -33,11 +33,13 @@ from torch import nn
 from torch.profiler import ProfilerActivity, _ExperimentalConfig, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import build, device_name, launch, rank_device  # noqa: E402
+from gpu_common import (add_profile_flags, build, check_profile_flags, device_name, launch,  # noqa: E402
+                        rank_device)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from experiments.harness.one_line import OneLineParser  # noqa: E402
 from pipesgd import PipeSGD  # noqa: E402
+from pipesgd.runlog.atomic import write_text_atomic  # noqa: E402
 
 ALLREDUCES = ("alltoall", "ring", "gather")
 _NESTING_SLACK_US = 1.0  # trace timestamps are rounded: a child may seem to end a hair after its parent
@@ -229,8 +231,8 @@ def main_rank(rank: int, world: int, args) -> None:
                   f"operators (the rest of a span is Python and waits outside them); launches, copies, syncs: CUDA "
                   f"runtime calls per step (their host ms)")
         text = header + "\n\n" + "\n\n".join(sections) + "\n"
-        (Path(args.out) / "thread_profile.md").write_text(text)
-        (Path(args.out) / "thread_profile.json").write_text(json.dumps(data, indent=1) + "\n")
+        write_text_atomic(Path(args.out) / "thread_profile.md", text)
+        write_text_atomic(Path(args.out) / "thread_profile.json", json.dumps(data, indent=1) + "\n")
 
 
 def parse_variants(parser, text: str) -> list[tuple[str, str]]:
@@ -246,21 +248,11 @@ def parse_variants(parser, text: str) -> list[tuple[str, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="gpu_thread_profile", description=__doc__)
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--models", default="lenet,resnet18")
+    add_profile_flags(parser, models="lenet,resnet18", steps=10, top=6)
     parser.add_argument("--variants", default="q8:alltoall,q8:ring,q8:gather,none:alltoall",
                         help="CODEC:ALLREDUCE, comma-separated (default: %(default)s)")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--top", type=int, default=6)
-    parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    if args.ranks < 1 or args.steps < 1 or args.warmup < 0 or args.top < 1:
-        parser.error("--ranks, --steps and --top must be >= 1, --warmup >= 0")
-    known = {"lenet", "resnet20", "resnet18"}
-    if not set(args.models.split(",")) <= known:
-        parser.error(f"--models: one or more of {', '.join(sorted(known))}; got {args.models!r}")
+    check_profile_flags(parser, args)
     args.variants = parse_variants(parser, args.variants)
     from pipesgd.compression import available
     bad = [c for c, _ in args.variants if c not in available()]
