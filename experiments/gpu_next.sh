@@ -9,7 +9,9 @@
 # one all-reduce) and width and compression "auto" on CUDA tensors (issue 39), in the check and the speed table; the
 # exchange one peer at a time is CPU-only (staged CUDA payloads keep gloo's collectives).
 # One call: under MPS the gloo-CUDA check, the speed table of all three models and the thread profile; then, without
-# MPS, NCCL at world size 1. A step that no longer fits the budget (first argument, seconds) is skipped and says so.
+# MPS, the contention table time-sliced (issue 38 part 4 asks for both; gpu_contention.md is still the first session's,
+# the ring alone) and NCCL at world size 1. The fifth session's calls took 112-152 s for the check, speed, contention
+# and NCCL steps together. A step that no longer fits the budget (first argument, seconds) is skipped and says so.
 # Installs with --no-build-isolation (no network for build dependencies) and runs from the checkout either way
 # (PYTHONPATH).
 set -u
@@ -36,5 +38,6 @@ step check-gloo 110 python3 experiments/gpu_check.py --device cuda --ranks 4 --o
 step speed-mps 150 python3 experiments/gpu_speed.py --device cuda --ranks 4 --out $R/speed
 step profile-mps 90 python3 experiments/gpu_thread_profile.py --device cuda --ranks 4 --out $R/profile
 echo quit | nvidia-cuda-mps-control
+step contention-ts 80 python3 experiments/gpu_contention.py --device cuda --ranks 4 --out $R/contention
 step check-nccl1 60 python3 experiments/gpu_check.py --device cuda --ranks 1 --backend nccl --out $R/check-nccl
 echo "done in $(( $(date +%s) - START ))s" | tee -a $R/steps.txt
