@@ -34,7 +34,7 @@ def launched_on_one_host(environ=os.environ) -> bool:
     local, world = environ.get("LOCAL_WORLD_SIZE"), environ.get("WORLD_SIZE")
     if local is not None and local == world:
         return True
-    address = environ.get("MASTER_ADDR", "").strip("[]")
+    address = environ.get("MASTER_ADDR", "").strip().strip("[]")
     if address == "localhost":
         return True
     try:
