@@ -1,6 +1,6 @@
 #!/bin/bash
-# The next GPU machine's call, prepared (issue 38 part 4): one call of about 5 minutes.
-#   run (device tool): command "bash experiments/gpu_next.sh 400", timeout_s 430; the results come back packed in
+# The next GPU machine's call, prepared (issue 38 parts 3 and 4): one call of about 5-7 minutes.
+#   run (device tool): command "bash experiments/gpu_next.sh 450", timeout_s 480; the results come back packed in
 #   $OUT/gpu13.tgz (one folder per step, each step's log, steps.txt with each step's time and exit code).
 # New since the fifth session: the fifth session's lead, one Pipe-SGD step's host time thread by thread
 # (experiments/gpu_thread_profile.py: LeNet and ResNet-18, q8 on the exchange, ring and gather, none; the training
@@ -9,9 +9,11 @@
 # one all-reduce) and width and compression "auto" on CUDA tensors (issue 39), in the check and the speed table; the
 # exchange one peer at a time is CPU-only (staged CUDA payloads keep gloo's collectives).
 # One call: under MPS the gloo-CUDA check, the speed table of all three models and the thread profile; then, without
-# MPS, the contention table time-sliced (issue 38 part 4 asks for both; gpu_contention.md is still the first session's,
-# the ring alone) and NCCL at world size 1. The fifth session's calls took 112-152 s for the check, speed, contention
-# and NCCL steps together. A step that no longer fits the budget (first argument, seconds) is skipped and says so.
+# MPS, the contention table time-sliced (issue 38 part 4 asks for both; gpu_contention.md is still the first
+# session's, the ring alone), q8 and q4 with their kernels fused by torch.compile against the eager codec (part 3:
+# same values? host and device time per call; experiments/bench_codec_compiled.py) and NCCL at world size 1. The fifth
+# session's calls took 112-152 s for the check, speed, contention and NCCL steps together. A step that no longer fits
+# the budget (first argument, seconds) is skipped and says so.
 # Installs with --no-build-isolation (no network for build dependencies) and runs from the checkout either way
 # (PYTHONPATH).
 set -u
@@ -39,5 +41,6 @@ step speed-mps 150 python3 experiments/gpu_speed.py --device cuda --ranks 4 --ou
 step profile-mps 90 python3 experiments/gpu_thread_profile.py --device cuda --ranks 4 --out $R/profile
 echo quit | nvidia-cuda-mps-control
 step contention-ts 80 python3 experiments/gpu_contention.py --device cuda --ranks 4 --out $R/contention
+step codec-compiled 120 python3 experiments/bench_codec_compiled.py --device cuda --out $R/codec
 step check-nccl1 60 python3 experiments/gpu_check.py --device cuda --ranks 1 --backend nccl --out $R/check-nccl
 echo "done in $(( $(date +%s) - START ))s" | tee -a $R/steps.txt

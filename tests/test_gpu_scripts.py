@@ -10,6 +10,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
@@ -244,3 +245,35 @@ def test_the_prepared_gpu_call_runs_every_step_and_packs_its_results(tmp_path):
         names = packed.getnames()
     assert f"{folder.name}/speed-mps.log" in names and f"{folder.name}/steps.txt" in names
     assert "--backend nccl" in (folder / "check-nccl1.log").read_text()
+
+
+@pytest.mark.slow
+def test_bench_codec_compiled_runs_on_cpu_and_gives_the_eager_codecs_values(tmp_path):
+    """The compiled q8 against the library's, on CPU (inductor's C++): same scales, codes and decoded values, for a
+    chunk with a zero block and an inf (masked) and one with a short last block."""
+    proc = run_script("bench_codec_compiled.py", "--device", "cpu", "--codecs", "q8", "--sizes", "35000,12289",
+                      "--repeats", "2", "--out", str(tmp_path), timeout_s=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line for line in (tmp_path / "codec_compiled.md").read_text().splitlines() if line.startswith("| q8 |")]
+    assert len(rows) == 2 and all(row.split("|")[3].strip() == "yes" for row in rows), rows
+
+
+def test_the_compiled_codecs_comparison_tells_a_wrong_code_apart():
+    import bench_codec_compiled
+    payload = torch.tensor([0, 0, 0, 128, 5, 6], dtype=torch.uint8)  # a -0.0 scale, two code bytes
+    same = payload.clone()
+    same[3] = 0  # +0.0: the same value
+    assert bench_codec_compiled.same_payload(payload, same, rows=1)
+    wrong = same.clone()
+    wrong[5] = 7
+    assert not bench_codec_compiled.same_payload(payload, wrong, rows=1)
+    assert not bench_codec_compiled.same_values(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, 2.0]))
+
+
+@pytest.mark.parametrize("args, needle", [(["--codecs", "sign"], "unknown codec sign"),
+                                          (["--sizes", "1k"], "--sizes: comma-separated element counts"),
+                                          (["--repeats", "0"], "must be >= 1")])
+def test_bench_codec_compiled_bad_arguments_are_one_line(args, needle, tmp_path):
+    proc = run_script("bench_codec_compiled.py", "--device", "cpu", *args, "--out", str(tmp_path / "c"), timeout_s=60)
+    assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "c").exists()
