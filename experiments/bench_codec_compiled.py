@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from experiments.harness.one_line import OneLineParser, known_names  # noqa: E402
+from experiments.harness.provenance import markdown_header, provenance  # noqa: E402
 from pipesgd.compression import build  # noqa: E402
 from pipesgd.runlog.atomic import write_text_atomic  # noqa: E402
 
@@ -176,10 +177,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(measure(name, n, device, args.repeats))
             print(table(rows[-1:]).splitlines()[-1], flush=True)
     what = (torch.cuda.get_device_name(device) + f", CUDA {torch.version.cuda}") if device.type == "cuda" else "CPU"
-    text = (f"# q8 and q4, eager against compiled (torch.compile)\n\n- command: `python experiments/"
-            f"bench_codec_compiled.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n- date: "
-            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n- device: {what}, torch {torch.__version__}\n"
-            f"- per call, {args.repeats} calls in a row; host us: the wall time of issuing them\n\n{table(rows)}\n")
+    text = (markdown_header("q8 and q4, eager against compiled (torch.compile)", provenance())
+            + f"- device: {what}, torch {torch.__version__}; per call, {args.repeats} calls in a row; host us: the "
+            f"wall time of issuing them\n\n{table(rows)}\n")
     print(text)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
