@@ -14,6 +14,8 @@
 # same values? host and device time per call; experiments/bench_codec_compiled.py) and NCCL at world size 1. The fifth
 # session's calls took 112-152 s for the check, speed, contention and NCCL steps together. A step that no longer fits
 # the budget (first argument, seconds) is skipped and says so.
+# Afterwards, here: python experiments/gpu_import.py FILES_AT/gpu13.tgz --commit <the working tree's commit> --call
+# "<session>, <call>" writes each finished step's table with its header into experiments/results.
 # Installs with --no-build-isolation (no network for build dependencies) and runs from the checkout either way
 # (PYTHONPATH).
 set -u
@@ -33,7 +35,7 @@ step() {  # name timeout cmd...
 }
 pack() { tar czf $OUT/gpu13.tgz -C $OUT gpu13; }
 trap pack EXIT
-(nvidia-smi -L; python3 -c "import torch,sys; print(torch.__version__, torch.version.cuda, sys.version)"; git log --oneline -1; nproc) > $R/env.txt 2>&1
+(date -u +%Y-%m-%d; nvidia-smi -L; python3 -c "import torch,sys; print(torch.__version__, torch.version.cuda, sys.version)"; git log --oneline -1; nproc) > $R/env.txt 2>&1
 pip install -q --no-deps --no-build-isolation -e . > $R/install.log 2>&1 || echo "install failed (PYTHONPATH used)" >> $R/install.log
 nvidia-cuda-mps-control -d && echo "MPS on" >> $R/env.txt
 step check-gloo 110 python3 experiments/gpu_check.py --device cuda --ranks 4 --out $R/check
