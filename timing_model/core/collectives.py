@@ -97,8 +97,9 @@ def allreduce_exchange(p: int, M: float, α: float, β: float, γ: float = 0.0, 
 
     The same steps and bytes as ``allreduce_ring``, one call more: in the textbook the two differ by c0 alone. What
     sets them apart in practice is the implementation (our ring makes a Python round trip per step, the exchange
-    two backend calls, or p-1 rounds of one peer each from ``pipesgd.comm.topology.PAIRWISE_MIN_BYTES`` per peer on
-    gloo over host memory: this formula's pairwise exchange), so ``calibrate`` fits each its own α and β."""
+    two backend calls, or between hosts p-1 rounds of one peer each from ``pipesgd.comm.topology.PAIRWISE_MIN_BYTES``
+    per peer on gloo over host memory: this formula's pairwise exchange), so ``calibrate`` fits each its own α and
+    β, for the way it runs where it is calibrated."""
     if p <= 1:
         return 0.0
     return 2 * c0 + 2 * (p - 1) * α + 2 * (p - 1) / p * M * β + (p - 1) / p * M * γ
