@@ -33,7 +33,7 @@ QUANT_BLOCK_SIZE = 4096
 # ranks sharing the GPU over gloo, the ring's q8 all-reduce took 10.5-12.5 ms against 14.0-18.5 for ResNet-18 in four
 # sittings and Pipe-SGD q8 ran 1.43-1.61x DDP on it against 0.99-1.15x (experiments/results/gpu/README.md). Open: on
 # 200 Mbit/s emulated links the ring ran q8 iterations 1.03-1.08x faster (1.23-1.29x while the exchange used gloo's
-# collectives, which send to every peer at once; it now goes one peer at a time there,
+# collectives, which send to every peer at once; between hosts it now goes one peer at a time,
 # pipesgd.comm.topology.PAIRWISE_MIN_BYTES), and at 2 ranks on loopback the ring was 1.2-1.7x faster for 25 MiB
 # buckets (experiments/results/exchange_model/): no static rule wins everywhere, so compression="auto" measures both
 # in the warm-up (pipesgd.auto.allreduce_trial); a named codec keeps this rule.

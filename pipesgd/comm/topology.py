@@ -19,8 +19,8 @@ _TAG = 7_201  # a tag of our own so user point-to-point traffic on the same grou
 # peer, as MPICH's all-to-all sends long messages in pairwise rounds to keep one flow per link (Thakur, Rabenseifner
 # and Gropp 2005; its medium/long bound is 32 KiB). Measured on 4 emulated nodes sharing 2 cores
 # (experiments/results/allreduce_choice/*-pairwise.md): q8's exchange of a 7 MiB bucket (460 KB per peer) took 129.1 ms
-# this way against 156.7 as gloo's collectives at 200 Mbit/s (the ring 119.5), 33.2 against 37.9 at 1 Gbit/s; over
-# loopback (4 ranks) it cost more, 32.6 against 27.8 ms, each round waiting on the slowest peer's Python.
+# this way against 156.7 as gloo's collectives at 200 Mbit/s (the ring 119.5), 33.2 against 37.9 at 1 Gbit/s; on one
+# host it does not (``launched_on_one_host``).
 PAIRWISE_MIN_BYTES = 32 * 1024
 
 
