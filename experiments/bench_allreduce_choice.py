@@ -43,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from pipesgd.comm.alltoall import alltoall_allreduce_
 from pipesgd.runlog.atomic import write_text_atomic
 from experiments.harness.provenance import markdown_header, provenance
+from experiments.harness.one_line import OneLineParser
 from experiments.harness.raw_collectives import raw_collective_ms
 from pipesgd.compression import ErrorFeedback, build
 from pipesgd.bandwidth import parse_bandwidth_bps
@@ -151,7 +152,7 @@ def node_main(settings_json: str) -> None:
 def main() -> None:
     if len(sys.argv) == 2 and sys.argv[1].startswith("{"):  # a node of the emulated cluster
         return node_main(sys.argv[1])
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", default="2,3,4", help="world sizes, comma-separated")
     parser.add_argument("--sizes-mib", default="0.25,25", help="bucket sizes in MiB of fp32, comma-separated")
     parser.add_argument("--codecs", default="fp16,q8,q4,sign")

@@ -28,6 +28,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
 
 from experiments.harness.provenance import markdown_header, provenance
+from experiments.harness.one_line import OneLineParser
 from pipesgd.cli_conventions import positive_int
 from pipesgd.comm.alltoall import alltoall_allreduce_
 from pipesgd.comm.ring import chunk_bounds
@@ -147,7 +148,7 @@ def _exchange_on_ranks(rank: int, world: int, codecs: list[str], sizes: list[flo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--codecs", default="q8,q4,bf16,sign", type=lambda s: s.split(","))
     parser.add_argument("--p", default="2,4,8,16", type=lambda s: [positive_int(x) for x in s.split(",")],
                         help="world sizes of table 1, comma-separated")

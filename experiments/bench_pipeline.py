@@ -22,6 +22,7 @@ from pipesgd.runlog.atomic import write_text_atomic
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
 
 from experiments.harness.pipeline import BASELINES, VARIANTS, WORKLOADS, PipelineSettings, run, settings_json
+from experiments.harness.one_line import OneLineParser, known_names
 from experiments.harness.pipeline_report import markdown, read_records
 from experiments.harness.provenance import markdown_header, provenance
 from experiments.harness.rank_launch import LaunchError, launch_ranks
@@ -30,16 +31,8 @@ from pipesgd.bandwidth import parse_bandwidth_bps
 QUICK = {"workloads": ("mlp1.9m",), "steps": 4, "warmup": 2, "ring_repeats": 2}
 
 
-def _names(text: str, valid, what: str, parser) -> tuple[str, ...]:
-    names = tuple(n for n in text.split(",") if n)
-    bad = [n for n in names if n not in valid]
-    if bad or not names:
-        parser.error(f"unknown {what} {', '.join(bad) or repr(text)}; valid: {', '.join(valid)}")
-    return names
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="bench_pipeline", description=__doc__,
+    parser = OneLineParser(prog="bench_pipeline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--bandwidth", help="per-link rate of the emulated cluster, e.g. 200mbit (root)")
@@ -62,28 +55,37 @@ def main() -> int:
     args = parser.parse_args()
     if args.nodes < 2:
         parser.error(f"--nodes must be >= 2, got {args.nodes}")
+    if args.timeout <= 0:
+        parser.error(f"--timeout must be > 0 seconds, got {args.timeout:g}")
+    if args.cores_per_node < 0:
+        parser.error(f"--cores-per-node must be >= 0, got {args.cores_per_node}")
     if args.cores_per_node and args.loopback:
         parser.error("--cores-per-node pins emulated nodes; it does not apply to --loopback")
     chosen = dict(QUICK) if args.quick else {}
     if args.workloads:
-        chosen["workloads"] = _names(args.workloads, WORKLOADS, "workload", parser)
+        chosen["workloads"] = tuple(known_names(parser, args.workloads, WORKLOADS, "workload"))
     if args.variants:
-        chosen["variants"] = _names(args.variants, VARIANTS, "variant", parser)
+        chosen["variants"] = tuple(known_names(parser, args.variants, VARIANTS, "variant"))
     if args.baselines == "-":
         chosen["baselines"] = ()
     elif args.baselines:
-        chosen["baselines"] = _names(args.baselines, BASELINES, "baseline", parser)
+        chosen["baselines"] = tuple(known_names(parser, args.baselines, BASELINES, "baseline"))
     if args.steps is not None:
         chosen["steps"] = args.steps
     chosen["allreduce"] = args.allreduce
     label = args.label or ("loopback" if args.loopback else args.bandwidth)
-    os.makedirs(args.out, exist_ok=True)
+    if os.sep in label or label in ("", ".", ".."):
+        parser.error(f"--label names the result files; it cannot be {label!r}")
     records_path = os.path.join(args.out, f"{label}.jsonl")
     try:
         settings = PipelineSettings(out_json=os.path.abspath(records_path), **chosen)
         bandwidth_bps = None if args.loopback else parse_bandwidth_bps(args.bandwidth)
     except ValueError as error:
         parser.error(str(error))
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as error:
+        parser.error(f"--out {args.out}: {error.strerror}")
     write_text_atomic(records_path, "")
     origin = provenance()  # before the run: the code it runs, not what the tree holds when it ends
     start = time.perf_counter()

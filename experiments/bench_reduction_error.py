@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from pipesgd.comm.alltoall import alltoall_allreduce_
 from pipesgd.runlog.atomic import write_text_atomic
 from experiments.harness.provenance import markdown_header, provenance, write_result
+from experiments.harness.one_line import OneLineParser
 from pipesgd.compression import ErrorFeedback, build
 from pipesgd.launch import run_on_ranks
 from pipesgd.comm.ring import RingTopology, ring_allreduce_
@@ -131,7 +132,7 @@ def tables(records: list[dict], ranks: list[int], steps: int) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", default="2,4,8,16", help="world sizes, comma-separated")
     parser.add_argument("--numel", type=int, default=2**20, help="elements of the gradient-like data")
     parser.add_argument("--steps", type=int, default=6, help="consecutive steps per configuration")

@@ -32,7 +32,9 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import check_backend, device_name, launch, markdown, rank_device, stall, write_results  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from experiments.harness.one_line import OneLineParser  # noqa: E402
+from gpu_common import check_device, device_name, launch, markdown, rank_device, stall, write_results  # noqa: E402
 
 from pipesgd import PipeSGD  # noqa: E402
 from pipesgd.auto import CONFIRM_STEPS, describe  # noqa: E402
@@ -368,7 +370,7 @@ def main_rank(rank: int, world: int, args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--ranks", type=int, default=4, help="spawned processes when not under torchrun")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
@@ -379,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.ranks < 1 or args.steps < 3 or args.hidden < 1:
         parser.error("--ranks and --hidden must be >= 1 and --steps >= 3")
-    check_backend(args.backend, args.ranks, args.device)
+    check_device(parser, args.device, args.backend, args.ranks)
     launch(main_rank, args.ranks, args.backend, args)
     results = Path(args.out) / "gpu_check.json"
     failed = [r for r in json.loads(results.read_text())["rows"] if r["result"] == "FAIL"]

@@ -100,13 +100,16 @@ def check_profile_flags(parser, args) -> None:
         parser.error(f"--models: one or more of {', '.join(known)}; got {args.models!r}")
 
 
-def check_backend(backend: str, ranks: int, device_kind: str) -> None:
-    """NCCL needs CUDA and one GPU per rank; say so in one line instead of NCCL's "Duplicate GPU detected"."""
+def check_device(parser, device_kind: str, backend: str = "gloo", ranks: int = 1) -> None:
+    """Before any rank starts: CUDA asked for and present; NCCL with CUDA and one GPU per rank (in one line instead
+    of every spawned rank's traceback, or NCCL's "Duplicate GPU detected"). ``parser.error``: exit status 2."""
+    if device_kind == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda but no CUDA device is available (use --device cpu for a smoke run)")
     if backend == "nccl" and device_kind != "cuda":
-        raise SystemExit("error: --backend nccl needs --device cuda")
+        parser.error("--backend nccl needs --device cuda")
     if backend == "nccl" and "RANK" not in os.environ and ranks > torch.cuda.device_count():
-        raise SystemExit(f"error: {ranks} ranks but {torch.cuda.device_count()} GPU(s): NCCL needs one GPU per rank; "
-                         "use --backend gloo (ranks then share the GPU) or fewer --ranks")
+        parser.error(f"{ranks} ranks but {torch.cuda.device_count()} GPU(s): NCCL needs one GPU per rank; "
+                     "use --backend gloo (ranks then share the GPU) or fewer --ranks")
 
 
 def _entry(rank: int, world: int, port: int, backend: str, fn: Callable, args: tuple) -> None:

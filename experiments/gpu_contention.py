@@ -28,7 +28,9 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import (add_ab_flags, apply_ab_flags, build, check_ab_flags,  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from experiments.harness.one_line import OneLineParser  # noqa: E402
+from gpu_common import (add_ab_flags, apply_ab_flags, build, check_ab_flags, check_device,  # noqa: E402
                         device_name, launch, markdown, rank_device, stall, write_results)
 
 from pipesgd.comm.channel import open_private_channel  # noqa: E402
@@ -116,7 +118,7 @@ def main_rank(rank: int, world: int, args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpu_contention", description=__doc__,
+    parser = OneLineParser(prog="gpu_contention", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--ranks", type=int, default=4, help="spawned processes when not under torchrun")
@@ -129,8 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     check_ab_flags(parser, args)
     if args.ranks < 2 or args.batch < 1 or args.repeats < 1:
         parser.error("--ranks must be at least 2 (a ring needs a peer), --batch and --repeats at least 1")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda but no GPU is visible")
+    check_device(parser, args.device)
     launch(main_rank, args.ranks, "gloo", args)
     return 0
 

@@ -22,7 +22,9 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import device_name, launch, markdown, rank_device, write_results  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from experiments.harness.one_line import OneLineParser  # noqa: E402
+from gpu_common import check_device, device_name, launch, markdown, rank_device, write_results  # noqa: E402
 
 from pipesgd.comm.alltoall import alltoall_allreduce_  # noqa: E402
 from pipesgd.comm.ring import RingTopology, chunk_bounds, ring_allreduce_  # noqa: E402
@@ -90,7 +92,7 @@ def main_rank(rank: int, world: int, args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--sizes", default="0.14,11.17", help="gradient sizes, millions of fp32 elements")
@@ -103,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--sizes: comma-separated numbers, got {args.sizes!r}")
     if args.ranks < 2 or args.repeats < 1 or min(args.sizes) <= 0:
         parser.error("--ranks must be >= 2, --repeats >= 1 and every size > 0")
+    check_device(parser, args.device)
     launch(main_rank, args.ranks, "gloo", args)
     return 0
 

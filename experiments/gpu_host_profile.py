@@ -25,7 +25,9 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import (add_profile_flags, build, check_profile_flags, device_name, launch,  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from experiments.harness.one_line import OneLineParser  # noqa: E402
+from gpu_common import (add_profile_flags, build, check_device, check_profile_flags, device_name, launch,  # noqa: E402
                         rank_device)
 
 from pipesgd import PipeSGD  # noqa: E402
@@ -85,10 +87,11 @@ def main_rank(rank: int, world: int, args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_profile_flags(parser, models="resnet20,resnet18", steps=20, top=15)
     args = parser.parse_args(argv)
     check_profile_flags(parser, args)
+    check_device(parser, args.device)
     launch(main_rank, args.ranks, "gloo", args)
     return 0
 

@@ -25,6 +25,8 @@ from pipesgd.runlog.atomic import write_text_atomic  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 MPS = "under the MPS daemon"
 NO_MPS = "no MPS (the daemon was stopped before this step): the processes time-slice the GPU"
+CLUSTER = ("no GPU: 4 emulated nodes (network namespaces, tc tbf from bookworm's iproute2 unpacked without dpkg), "
+           "4 CPU cores of their own each")
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,11 @@ STEPS = {
     "check-nccl1": StepResult("check-nccl/gpu_check.md", "experiments/results/gpu/gpu_check-nccl.md",
                               "python3 experiments/gpu_check.py --device cuda --ranks 1 --backend nccl --out DIR",
                               NO_MPS),
+    "pipeline-16cores": StepResult("pipeline/200mbit-16cores.md",
+                                   "experiments/results/gpu/bench_pipeline-200mbit-16cores-alltoall.md",
+                                   "python3 experiments/bench_pipeline.py --bandwidth 200mbit --nodes 4 "
+                                   "--cores-per-node 4 --variants q8,q8+ef --baselines - --allreduce alltoall "
+                                   "--label 200mbit-16cores --out DIR", CLUSTER),
 }
 _STEP_LINE = re.compile(r"== (\S+) \(timeout \d+s\) (\d\d:\d\d):\d\dZ")
 _RC_LINE = re.compile(r"\s+rc=(\d+) in (\d+)s")

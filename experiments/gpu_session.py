@@ -38,6 +38,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from experiments.harness.one_line import OneLineParser  # noqa: E402
 STAGES = ("env", "check", "speed", "model", "cluster", "grid")
 MODEL_VARIANTS = {"sync": ["--mode", "sync"], "ddp": ["--mode", "ddp"], "pipe": ["--mode", "pipe"],
                   "pipe+bf16": ["--mode", "pipe", "--compression", "bf16"],
@@ -283,7 +285,7 @@ def _commit() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpu_session", description=__doc__,
+    parser = OneLineParser(prog="gpu_session", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stages", default="env,check,speed", help=f"comma list of {', '.join(STAGES)}, or all")
     parser.add_argument("--out", default=os.environ.get("OUT") or "results/gpu_session", help="results folder")

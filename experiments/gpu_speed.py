@@ -33,7 +33,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import (add_ab_flags, apply_ab_flags, build, check_backend,  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from experiments.harness.one_line import OneLineParser  # noqa: E402
+from gpu_common import (add_ab_flags, apply_ab_flags, build, check_device,  # noqa: E402
                         check_ab_flags, device_name, launch, markdown, rank_device, write_results)
 
 from pipesgd import PipeSGD  # noqa: E402
@@ -208,7 +210,7 @@ def main_rank(rank: int, world: int, args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--ranks", type=int, default=4, help="spawned processes when not under torchrun")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
@@ -225,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown --models {','.join(unknown)} (valid: lenet, resnet20, resnet18)")
     if args.ranks < 1 or args.batch < 1 or args.repeats < 1 or args.codec_mb < 1:
         parser.error("--ranks, --batch, --repeats and --codec-mb must be >= 1")
-    check_backend(args.backend, args.ranks, args.device)
+    check_device(parser, args.device, args.backend, args.ranks)
     launch(main_rank, args.ranks, args.backend, args)
     return 0
 

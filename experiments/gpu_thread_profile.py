@@ -33,7 +33,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, _ExperimentalConfig, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import (add_profile_flags, build, check_profile_flags, device_name, launch,  # noqa: E402
+from gpu_common import (add_profile_flags, build, check_device, check_profile_flags, device_name, launch,  # noqa: E402
                         rank_device)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -258,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = [c for c, _ in args.variants if c not in available()]
     if bad:
         parser.error(f"unknown codec {', '.join(bad)}; valid: {', '.join(available())}")
+    check_device(parser, args.device)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     launch(main_rank, args.ranks, "gloo", args)
     return 0

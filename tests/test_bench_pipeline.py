@@ -100,6 +100,16 @@ def test_script_refuses_bad_flags_in_one_line(tmp_path):
     assert "Traceback" not in proc.stderr
     proc = _script("--loopback", "--nodes", "1", "--out", str(tmp_path))
     assert proc.returncode == 2 and "--nodes must be >= 2" in proc.stderr
+    for args, says in ((("--nodes", "four"), "invalid int value: 'four'"), (("--timeout", "0"), "--timeout must be > 0"),
+                       (("--cores-per-node", "-1"), "--cores-per-node must be >= 0"),
+                       (("--label", "a/b"), "--label names the result files"),
+                       (("--out", str(tmp_path / "file.txt" / "sub")), "--out ")):
+        (tmp_path / "file.txt").write_text("kept")
+        out = () if args[0] == "--out" else ("--out", str(tmp_path))
+        proc = _script("--loopback", *args, *out)
+        assert proc.returncode == 2 and says in proc.stderr, (args, proc.stderr)
+        assert proc.stderr.count("\n") == 1 and proc.stdout == "", (args, proc.stderr)  # one line, no usage block
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]  # nothing written before the refusals
 
 
 @pytest.mark.slow

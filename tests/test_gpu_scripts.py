@@ -138,8 +138,29 @@ def test_gpu_thread_profile_bad_arguments_are_one_line(args, needle, tmp_path):
 @pytest.mark.parametrize("script", ["gpu_check.py", "gpu_speed.py"])
 def test_nccl_without_cuda_is_one_line(script, tmp_path):
     proc = run_script(script, "--device", "cpu", "--backend", "nccl", "--out", str(tmp_path), timeout_s=60)
-    assert proc.returncode != 0
-    assert proc.stderr.strip() == "error: --backend nccl needs --device cuda"
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"{script}: error: --backend nccl needs --device cuda"
+
+
+GPU_SCRIPTS = ["gpu_check.py", "gpu_speed.py", "gpu_contention.py", "gpu_exchange_probe.py", "gpu_host_profile.py",
+               "gpu_thread_profile.py"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+@pytest.mark.parametrize("script", GPU_SCRIPTS)
+def test_cuda_asked_for_where_there_is_none_is_one_line_before_any_rank_starts(script, tmp_path):
+    proc = run_script(script, "--device", "cuda", "--out", str(tmp_path / "o"), timeout_s=60)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
+    assert "error: --device cuda but no CUDA device is available" in proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("script", [*GPU_SCRIPTS, "gpu_session.py", "bench_allreduce_choice.py",
+                                    "bench_reduction_error.py", "bench_codec_rows.py"])
+def test_a_flag_that_does_not_parse_is_one_line_without_the_usage_block(script):
+    proc = run_script(script, "--no-such-flag", timeout_s=60)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
+    assert "unrecognized arguments: --no-such-flag" in proc.stderr or "required" in proc.stderr
 
 
 # -- the GPU session runbook (experiments/gpu_session.py) ---------------------------------------------------------
@@ -211,7 +232,8 @@ def test_deb_unpacking_without_dpkg(tmp_path):
 @pytest.mark.parametrize("script", ["gpu_speed.py", "gpu_contention.py"])
 def test_a_switch_interval_must_be_positive(script, tmp_path):
     proc = run_script(script, "--device", "cpu", "--out", str(tmp_path), "--switch-interval-ms", "0", timeout_s=60)
-    assert proc.returncode == 2 and "--switch-interval-ms must be positive" in proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "--switch-interval-ms must be positive" in proc.stderr and \
+        len(proc.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("args,needle", [(["--stages", "gpu"], "unknown stage gpu"),
@@ -219,7 +241,7 @@ def test_a_switch_interval_must_be_positive(script, tmp_path):
                                          (["--budget-s", "0"], "must be positive")])
 def test_gpu_session_bad_arguments_are_one_line(args, needle, tmp_path):
     proc = run_script("gpu_session.py", "--dry-run", "--out", str(tmp_path), *args, timeout_s=60)
-    assert proc.returncode == 2 and needle in proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_the_prepared_gpu_call_runs_every_step_and_packs_its_results(tmp_path):
