@@ -16,8 +16,10 @@
 # session's, the ring alone), q8 and q4 with their kernels fused by torch.compile against the eager codec (part 3:
 # same values? host and device time per call; experiments/bench_codec_compiled.py) and NCCL at world size 1. The fifth
 # session's calls took 112-152 s for the check, speed, contention and NCCL steps together. A step that no longer fits
-# the budget (first argument, seconds) is skipped and says so. Last, with 100 s left: bench_pipeline's 200 Mbit/s
-# target on the exchange, 4 emulated nodes with 4 cores of their own each.
+# the budget (first argument, seconds) is skipped and says so. After the codec: the BatchNorm buffers' per-step
+# copies, the per-buffer loop against the flat group that replaced it (experiments/bench_buffer_copies.py).
+# Last, with 100 s left: bench_pipeline's 200 Mbit/s target on the exchange, 4 emulated nodes with 4 cores of their
+# own each.
 # Afterwards, here: python experiments/gpu_import.py FILES_AT/gpu13.tgz --commit <the working tree's commit> --call
 # "<session>, <call>" writes each finished step's table with its header into experiments/results.
 # Installs with --no-build-isolation (no network for build dependencies) and runs from the checkout either way
@@ -48,6 +50,7 @@ step profile-mps 90 python3 experiments/gpu_thread_profile.py --device cuda --ra
 echo quit | nvidia-cuda-mps-control
 step contention-ts 80 python3 experiments/gpu_contention.py --device cuda --ranks 4 --out $R/contention
 step codec-compiled 120 python3 experiments/bench_codec_compiled.py --device cuda --out $R/codec
+step buffer-copies 40 python3 experiments/bench_buffer_copies.py --device cuda --out $R/buffers
 step check-nccl1 60 python3 experiments/gpu_check.py --device cuda --ranks 1 --backend nccl --out $R/check-nccl
 # Last, and only with 100 s left: issue 38's CPU target on the exchange with 4 cores per node (the 2-core host reads
 # 0.88 on the 1.9 M MLP; the ring read 0.97-1.00 here in the first session). iproute2 from the carried packages.

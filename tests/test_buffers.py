@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pipesgd import PipeSGD, ReplicaDivergenceError
-from pipesgd.grads.buffers import BufferSync
+from pipesgd.grads.buffers import BufferSync, FlatGroup
 from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
 from tests.test_pipesgd import batch, due
@@ -142,6 +143,48 @@ def test_world_size_one_and_parameter_lists_sync_nothing(process_group):
     x, y = batch(0, 0)
     nn.functional.mse_loss(model(x), y).backward()
     assert opt.step().t_buffers_s is None and "t_buffers" not in opt.last_stats.as_metrics()
+
+
+class _CountOps(TorchDispatchMode):
+    """The torch operations issued under it, as the dispatcher sees them from Python (one per call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _buffers(count: int) -> list[torch.Tensor]:
+    shapes = [(5,), (), (2, 3)]  # a BatchNorm's statistics, its 0-d counter, a 2-D buffer
+    return [torch.full(shapes[i % 3], float(i)) for i in range(count)]
+
+
+def test_a_flat_group_round_trips_in_the_same_number_of_calls_for_any_number_of_buffers():
+    calls = []
+    for count in (3, 60):
+        group = FlatGroup(_buffers(count))
+        flat = group.flatten()
+        assert flat.shape == (sum(t.numel() for t in group.tensors),)
+        with _CountOps() as seen:
+            group.flatten()
+            group.unflatten_(flat * 2 + 1)
+        calls.append(len(seen.ops))
+        for i, t in enumerate(group.tensors):  # each buffer got its own slice back, written in place
+            assert torch.equal(t, torch.full_like(t, 2.0 * i + 1))
+    assert calls[0] == calls[1] <= 6, calls  # a loop over the buffers made four calls each
+
+
+def test_a_group_with_a_buffer_that_is_not_contiguous_still_writes_back():
+    strided = torch.arange(6.0).view(2, 3).t()  # no 1-D view of it exists
+    group = FlatGroup([torch.zeros(4), strided])
+    assert group.views is None
+    flat = group.flatten()
+    assert torch.equal(flat[4:], strided.reshape(-1))
+    group.unflatten_(-flat)
+    assert torch.equal(group.tensors[1], -torch.arange(6.0).view(2, 3).t()) and group.tensors[1] is strided
 
 
 @pytest.mark.parametrize("mode", ["sum", "", None, "Broadcast"])

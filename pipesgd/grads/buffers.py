@@ -60,6 +60,7 @@ class BufferSync:
         self._groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
         for b in self.buffers:
             self._groups.setdefault((b.dtype, b.device), []).append(b)
+        self._flat = {key: FlatGroup(tensors) for key, tensors in self._groups.items()}
 
     @property
     def active(self) -> bool:
@@ -71,21 +72,21 @@ class BufferSync:
             return
         # Traced as a wait: the training thread blocks on this collective (beside the ring in flight, on the wire).
         with torch.no_grad(), trace.span("buffer sync", "wait"):
-            for (dtype, _device), tensors in self._groups.items():
-                flat = torch.cat([t.reshape(-1) for t in tensors])
+            for (dtype, _device), group in self._flat.items():
+                flat = group.flatten()
                 if self._averages(dtype):
                     dist.all_reduce(flat, group=self._group)
                     flat.div_(self._size)
                 else:
                     dist.broadcast(flat, src=self._source, group=self._group)
-                copy_into(tensors, flat)
+                group.unflatten_(flat)
 
     def snapshot(self) -> list[torch.Tensor]:
         """Delayed modes, caller's thread: this rank's share of every buffer group, one flat copy each (its values
         to average, or for a broadcast its values on group rank 0 and zeros elsewhere, so a sum is rank 0's)."""
         source = dist.get_rank(self._group) == 0
         with torch.no_grad():
-            flats = [torch.cat([t.reshape(-1) for t in tensors]) for tensors in self._groups.values()]
+            flats = [group.flatten() for group in self._flat.values()]
             for (dtype, _device), flat in zip(self._groups, flats):
                 if not source and not self._averages(dtype):
                     flat.zero_()
@@ -113,8 +114,8 @@ class BufferSync:
     def load(self, flats: list[torch.Tensor]) -> None:
         """Delayed modes, caller's thread: write reduced snapshots into the buffers."""
         with torch.no_grad():
-            for tensors, flat in zip(self._groups.values(), flats):
-                copy_into(tensors, flat)
+            for group, flat in zip(self._flat.values(), flats):
+                group.unflatten_(flat)
 
     def _averages(self, dtype: torch.dtype) -> bool:
         return self._reduction == "average" and dtype.is_floating_point
@@ -126,6 +127,30 @@ def _exchange_then_reduce(exchange, sync: "BufferSync", snapshot: list[torch.Ten
     result = exchange(buckets)
     result.module_buffers = sync.reduce_(snapshot, group)
     return result
+
+
+class FlatGroup:
+    """One group's buffers to and from one flat tensor in a fixed number of torch calls, however many buffers there
+    are (ResNet-18 has 60): each buffer's 1-D view is made once, so a step concatenates them (one call) and writes a
+    flat tensor back with one multi-tensor copy of its split, where a loop over the buffers made four calls each
+    (view, slice, view, copy), every one a kernel launch or a dispatch on the training thread. A group holding a
+    buffer that is not contiguous (no 1-D view of it can write back) keeps the loop."""
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self.tensors = tensors
+        self.numels = [t.numel() for t in tensors]
+        self.views = [t.view(-1) for t in tensors] if all(t.is_contiguous() for t in tensors) else None
+
+    def flatten(self) -> torch.Tensor:
+        """A new 1-D tensor holding every buffer's values, in order."""
+        return torch.cat(self.views if self.views is not None else [t.reshape(-1) for t in self.tensors])
+
+    def unflatten_(self, flat: torch.Tensor) -> None:
+        """Every buffer overwritten with its slice of ``flat`` (``flatten``'s inverse)."""
+        if self.views is None:
+            copy_into(self.tensors, flat)
+        else:
+            torch._foreach_copy_(self.views, list(flat.split(self.numels)))
 
 
 def copy_into(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
