@@ -24,9 +24,12 @@ def load(folder):
     return ranks
 
 
-rows = {"a2a": [], "ag": [], "gap": [], "late": [], "exchange": [], "compute_in_a2a": []}
+rows = {"a2a": [], "ag": [], "gap": [], "late": [], "exchange": [], "compute_in_a2a": [], "late_alone": []}
 for folder in sys.argv[1:]:
     ranks = load(folder)
+    alone = [exchanges[:-10] for exchanges, _ in ranks.values()]  # before the pipeline's 2 warm-up and 8 timed ones
+    for k in range(min(len(a) for a in alone)):
+        rows["late_alone"].append(max(a[k][2][0][1] - a[k][0] for a in alone))
     for k in range(-8, 0):  # the timed iterations (bench_pipeline --steps 8)
         ex = [ranks[r][0][k] for r in ranks]
         a2a_start = min(tp for _, _, rounds in ex for c, tp, _, _ in rounds if c == 0)
@@ -45,6 +48,7 @@ print(f"{len(rows['a2a'])} exchanges; 3 rounds on the link alone: {ideal * 1e3:.
 for key, what in (("a2a", "all-to-all, 3 rounds (first post to last done, over ranks)"),
                   ("ag", "all-gather, 3 rounds"), ("gap", "first all-gather post less last all-to-all end (sum and encode; negative where ranks overlap)"),
                   ("late", "round 1 posted after the exchange began (latest rank)"),
+                  ("late_alone", "the same in the all-reduce alone (its exchanges before the pipeline's)"),
                   ("exchange", "whole exchange (first start to last end)"),
                   ("compute_in_a2a", "training threads' compute inside the all-to-all (4 ranks summed)")):
     v = [x * 1e3 for x in rows[key]]
