@@ -14,6 +14,7 @@ grows with them. Writes ``step_calls.md`` (provenance first) under ``--out``.
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -53,24 +54,16 @@ def count(model_name: str, optimizer: str, way: str, iters: int) -> tuple[float,
     x, y = torch.randn(8, *CIFAR_SHAPE), torch.randint(0, 10, (8,))
     in_step, total = Calls(), Calls()
     for i in range(3 + iters):
-        with total if i >= 3 else _Nothing():
-            with in_step if i >= 3 else _Nothing():
+        with total if i >= 3 else nullcontext():
+            with in_step if i >= 3 else nullcontext():
                 opt.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()
-            with in_step if i >= 3 else _Nothing():
+            with in_step if i >= 3 else nullcontext():
                 opt.step()
     if way != "alone":
         opt.flush()
         opt.close()
     return in_step.count / iters, total.count / iters
-
-
-class _Nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def main_rank(rank: int, world: int, args) -> None:
