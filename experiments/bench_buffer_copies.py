@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from experiments.gpu_common import build  # noqa: E402
+from experiments.gpu_common import build, check_device  # noqa: E402
 from experiments.harness.one_line import OneLineParser, known_names  # noqa: E402
 from experiments.harness.provenance import markdown_header, provenance  # noqa: E402
-from pipesgd.grads.buffers import FlatGroup, copy_into  # noqa: E402
+from pipesgd.grads.buffers import FlatGroup, copy_into, flat_groups  # noqa: E402
 from pipesgd.runlog.atomic import write_text_atomic  # noqa: E402
 
 MODELS = ("resnet20", "resnet18")
@@ -64,8 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     models = known_names(parser, args.models, MODELS, "model")
     if args.repeats < 1 or args.calls < 1:
         parser.error("--repeats and --calls must be >= 1")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda but no CUDA device is available")
+    check_device(parser, args.device)
     device = torch.device(args.device)
     origin = provenance()
     torch.set_num_threads(1)
@@ -75,10 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         for name in models:
             buffers = list(build(name).to(device).buffers())
-            by_kind: dict[tuple, list[torch.Tensor]] = {}
-            for b in buffers:
-                by_kind.setdefault((b.dtype, b.device), []).append(b)
-            groups = [FlatGroup(tensors) for tensors in by_kind.values()]
+            groups = list(flat_groups(buffers).values())  # as BufferSync groups them
             times: dict[str, list[tuple[float, float]]] = {way: [] for way in ways}
             for way in ways.values():  # warm-up: allocator, first kernels
                 timed(way, groups, 2, device)

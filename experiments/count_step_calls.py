@@ -43,10 +43,8 @@ class Calls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def count(model_name: str, optimizer: str, way: str, iters: int) -> tuple[float, float]:
-    """(calls in zero_grad + step, calls in the whole iteration), per iteration."""
-    torch.manual_seed(0)
-    model = build(model_name)
+def count(model: torch.nn.Module, optimizer: str, way: str, iters: int) -> tuple[float, float]:
+    """(calls in zero_grad + step, calls in the whole iteration), per iteration, on a fresh ``model``."""
     opt = OPTIMIZERS[optimizer](model.parameters())
     if way != "alone":
         opt = PipeSGD(opt, model, width=2, compression="q8", warmup_steps=0,
@@ -68,19 +66,21 @@ def count(model_name: str, optimizer: str, way: str, iters: int) -> tuple[float,
 
 def main_rank(rank: int, world: int, args) -> None:
     torch.set_num_threads(1)
-    rows = []
+    rows, params = [], {}
     for model_name in args.models:
         for optimizer in OPTIMIZERS:
             base = None
             for way in WAYS:
-                step, whole = count(model_name, optimizer, way, args.iters)
+                torch.manual_seed(0)
+                model = build(model_name)
+                params[model_name] = sum(1 for _ in model.parameters())
+                step, whole = count(model, optimizer, way, args.iters)
                 base = whole if way == "alone" else base
                 rows.append({"model": model_name, "optimizer": optimizer, "way": way, "zero_grad + step": f"{step:g}",
                              "iteration": f"{whole:g}", "added to the iteration": f"{whole - base:+g}"})
                 if rank == 0:
                     print(rows[-1], flush=True)
     if rank == 0:
-        params = {m: sum(1 for _ in build(m).parameters()) for m in args.models}
         note = (f"{world} gloo ranks on CPU, torch {torch.__version__}; per iteration, over {args.iters} after 3; "
                 "parameters: " + ", ".join(f"{m} {n}" for m, n in params.items()))
         table = markdown(rows, list(rows[0]))

@@ -119,7 +119,7 @@ def main_rank(rank: int, world: int, args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="gpu_contention", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--ranks", type=int, default=4, help="spawned processes when not under torchrun")
     parser.add_argument("--model", choices=("lenet", "resnet20", "resnet18"), default="resnet18")

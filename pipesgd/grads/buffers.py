@@ -56,11 +56,7 @@ class BufferSync:
         self._group = group
         self._size = dist.get_world_size(group) if dist.is_initialized() else 1
         self._source = dist.get_global_rank(group, 0) if group is not None and self._size > 1 else 0
-        # Buffers grouped by (dtype, device): one collective per group, in a fixed order on every rank.
-        self._groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-        for b in self.buffers:
-            self._groups.setdefault((b.dtype, b.device), []).append(b)
-        self._flat = {key: FlatGroup(tensors) for key, tensors in self._groups.items()}
+        self._flat = flat_groups(self.buffers)  # one collective per group, in a fixed order on every rank
 
     @property
     def active(self) -> bool:
@@ -87,7 +83,7 @@ class BufferSync:
         source = dist.get_rank(self._group) == 0
         with torch.no_grad():
             flats = [group.flatten() for group in self._flat.values()]
-            for (dtype, _device), flat in zip(self._groups, flats):
+            for (dtype, _device), flat in zip(self._flat, flats):
                 if not source and not self._averages(dtype):
                     flat.zero_()
         return flats
@@ -105,7 +101,7 @@ class BufferSync:
     def reduce_(self, flats: list[torch.Tensor], group: dist.ProcessGroup | None) -> list[torch.Tensor]:
         """Delayed modes, the ring's worker on the ring's group (the same ranks): every rank's snapshots summed,
         averages divided by the world size; in place, returned."""
-        for (dtype, _device), flat in zip(self._groups, flats):
+        for (dtype, _device), flat in zip(self._flat, flats):
             dist.all_reduce(flat, group=group)
             if self._averages(dtype):
                 flat.div_(self._size)
@@ -151,6 +147,14 @@ class FlatGroup:
             copy_into(self.tensors, flat)
         else:
             torch._foreach_copy_(self.views, list(flat.split(self.numels)))
+
+
+def flat_groups(buffers: list[torch.Tensor]) -> dict[tuple[torch.dtype, torch.device], FlatGroup]:
+    """``buffers`` grouped by (dtype, device), in the order each group first appears, one ``FlatGroup`` each."""
+    grouped: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for b in buffers:
+        grouped.setdefault((b.dtype, b.device), []).append(b)
+    return {key: FlatGroup(tensors) for key, tensors in grouped.items()}
 
 
 def copy_into(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
