@@ -141,3 +141,27 @@ def test_casts_of_chunks_side_by_side_take_one_call_over_their_span(name, monkey
         assert codec.calls == calls, (picked, codec.calls)  # the payloads of one call lie side by side too
         for w, g, x in zip(want, decoded, xs):
             assert torch.equal(codec.inner.decompress(w, ChunkContext(x.numel(), torch.float64)), g)
+
+
+def test_views_at_gives_the_slices_in_one_call_and_overlaps_slice_by_slice():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from pipesgd.compression.rows import views_at
+
+    class Calls(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Calls.count += 1
+            return func(*args, **(kwargs or {}))
+
+    flat = torch.arange(20.0)
+    for starts, sizes in (([0, 5, 5, 12], [5, 0, 7, 8]), ([2, 9], [3, 4]), ([0], [20]), ([], [])):
+        Calls.count = 0
+        with Calls():
+            got = views_at(flat, starts, sizes)
+        assert Calls.count == 1
+        assert [g.tolist() for g in got] == [flat[a : a + n].tolist() for a, n in zip(starts, sizes)]
+        assert all(g.data_ptr() == flat[a:].data_ptr() for g, a in zip(got, starts) if g.numel())  # views
+    overlapping = views_at(flat, [0, 3], [5, 5])
+    assert [g.tolist() for g in overlapping] == [flat[:5].tolist(), flat[3:8].tolist()]

@@ -17,8 +17,11 @@ p-1 rounds, round i to rank r+i and from rank r-i), each arrival decoded while t
 sums, payloads and results are the same bits either way.
 Steps 1, 3 and 6 (and error feedback's booking) each make their p-1 encodes or decodes in as few codec calls as the
 codec allows (``pipesgd.compression.rows``: q8, q4 and sign chunks of one block count, on CPU up to 32 Ki elements;
-fp16 and bf16 chunks side by side in memory), with the same bits as one call per chunk, so the Python and kernel
-launches per bucket do not grow with p.
+fp16 and bf16 chunks side by side in memory), with the same bits as one call per chunk, and the copies around them
+(the batch's rows, the payloads into the send buffer, which is the batch's own buffer where gloo needs no staging,
+the decoded chunks back into place, the booking) are one call each over all the chunks. What still grows with p:
+the sum's adds, one per contribution in rank order (the fixed order keeps the bits), and sign's short rows
+(``experiments/results/bench_host/exchange_calls.md``, ``experiments/count_exchange_calls.py``).
 Error feedback (``open_encoder``, one residual buffer per bucket as for the ring): the worker residual, what
 Step 1's encodes dropped, is booked at the chunks other ranks own; the owner residual, what Step 4's encode dropped
 (in sum units), at chunk r, where no worker error ever lands since the own chunk is never encoded. Both are folded
@@ -35,6 +38,7 @@ import torch.distributed as dist
 
 from pipesgd.compression import Compressor
 from pipesgd.compression.error_feedback import open_encoder
+from pipesgd.compression.rows import views_at
 from pipesgd.comm.handles import Work
 from pipesgd.comm.payload_collectives import all_gather_payload, all_to_all_payloads, pairwise_payloads
 from pipesgd.comm.ring import RingReport, chunk_bounds, run_allreduce
@@ -60,7 +64,7 @@ def alltoall_allreduce_(
     if p == 1 or flat.numel() == 0:  # the same on every rank
         return RingReport(busy_s=time.perf_counter() - start)  # exact: nothing to encode, nothing to send
     bounds = chunk_bounds(flat.numel(), p)
-    chunk = [flat[bounds[c] : bounds[c + 1]] for c in range(p)]
+    chunk = views_at(flat, bounds[:-1], [bounds[c + 1] - bounds[c] for c in range(p)])
     sizes = [compressor.payload_bytes(x.numel(), flat.dtype) for x in chunk]
     no_bytes = torch.empty(0, dtype=torch.uint8, device=flat.device)
     item = flat.element_size()
@@ -116,8 +120,8 @@ def alltoall_allreduce_(
     else:
         gathered = all_gather_payload(topology, payload, sizes, flat.device, encoder.drain)
         report.bytes_sent += (p - 1) * max(sizes)  # a rank forwards p-1 slots in gloo's and NCCL's ring all-gather
-        for q, got in zip(others, encoder.decode_chunks([gathered[q] for q in others], [chunk[q] for q in others])):
-            chunk[q].copy_(got)
+        theirs = [chunk[q] for q in others]
+        torch._foreach_copy_(theirs, encoder.decode_chunks([gathered[q] for q in others], theirs))
     report.raw_bytes += (p - 1) * own.numel() * item
     encoder.drain()  # nothing is left (Step 5 drained); kept so no path can skip it
     report.busy_s = time.perf_counter() - start

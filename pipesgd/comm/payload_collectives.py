@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from pipesgd.runlog import phases
+from pipesgd.compression.rows import views_at
 from pipesgd.comm.topology import RingTopology
 
 _PAIRWISE_TAG = 7_301  # our own tags, apart from the ring's (pipesgd.comm.topology) and from user traffic
@@ -34,17 +35,16 @@ def all_to_all_payloads(
     """Send ``outgoing[q]`` to group rank q and receive ``incoming_bytes[q]`` bytes from rank q, for every q (an
     empty payload sends nothing). Returns what arrived from each rank, on ``device``: views into a buffer that the
     next call reuses. ``while_waiting`` runs once the collective is posted, before it is waited for."""
-    send = topology.wire_buffer("alltoall-send", sum(payload.numel() for payload in outgoing), device)
-    offset = 0
-    for payload in outgoing:  # a blocking copy when staged: gloo reads the host buffer once the call is posted
-        send[offset : offset + payload.numel()].copy_(payload)
-        offset += payload.numel()
+    sizes = [payload.numel() for payload in outgoing]
+    send = _span(outgoing) if not topology.stages(device) else None  # the codec's buffer itself, payloads in order
+    if send is None:  # a blocking copy when staged: gloo reads the host buffer once the call is posted
+        send = topology.wire_buffer("alltoall-send", sum(sizes), device)
+        torch._foreach_copy_(views_at(send, [sum(sizes[:q]) for q in range(len(sizes))], sizes), outgoing)
     recv = topology.wire_buffer("alltoall-recv", sum(incoming_bytes), device)
-    work = dist.all_to_all_single(recv, send, list(incoming_bytes), [payload.numel() for payload in outgoing],
-                                  group=topology.group, async_op=True)
+    work = dist.all_to_all_single(recv, send, list(incoming_bytes), sizes, group=topology.group, async_op=True)
     _wait(work, while_waiting)
-    return _split(_arrived(topology, recv, device), incoming_bytes, [sum(incoming_bytes[:q]) for q in
-                                                                     range(len(incoming_bytes))])
+    return views_at(_arrived(topology, recv, device), [sum(incoming_bytes[:q]) for q in range(len(incoming_bytes))],
+                    incoming_bytes)
 
 
 def all_gather_payload(
@@ -67,7 +67,7 @@ def all_gather_payload(
     recv = topology.wire_buffer("allgather-recv", slot * len(sizes), device)
     work = _ALL_GATHER(recv, send, group=topology.group, async_op=True)
     _wait(work, while_waiting)
-    return _split(_arrived(topology, recv, device), sizes, [q * slot for q in range(len(sizes))])
+    return views_at(_arrived(topology, recv, device), [q * slot for q in range(len(sizes))], sizes)
 
 
 def _gather_by_alltoall(topology: RingTopology, payload: torch.Tensor, sizes: list[int], slot: int,
@@ -78,14 +78,14 @@ def _gather_by_alltoall(topology: RingTopology, payload: torch.Tensor, sizes: li
     send = topology.wire_buffer("allgather-send", (p - 1) * slot, device)
     send[: payload.numel()].copy_(payload)  # once from the device when staged; the copies below stay on the host
     send[payload.numel() : slot].zero_()  # the pad: never decoded, zeroed so the bytes on the wire are deterministic
-    for k in range(1, p - 1):
-        send[k * slot : (k + 1) * slot].copy_(send[:slot])
+    if p > 2:  # the other p-2 slots in one copy (a kernel or memcpy per slot would grow with p)
+        send[slot:].view(p - 2, slot).copy_(send[:slot].expand(p - 2, slot))
     recv = topology.wire_buffer("allgather-recv", (p - 1) * slot, device)
     splits = [0 if q == r else slot for q in range(p)]
     work = dist.all_to_all_single(recv, send, splits, splits, group=topology.group, async_op=True)
     _wait(work, while_waiting)
-    parts = _split(_arrived(topology, recv, device), [sizes[q] for q in range(p) if q != r],
-                   [k * slot for k in range(p - 1)])
+    parts = views_at(_arrived(topology, recv, device), [k * slot for k in range(p - 1)],
+                     [sizes[q] for q in range(p) if q != r])
     return parts[:r] + [payload] + parts[r:]
 
 
@@ -148,5 +148,14 @@ def _arrived(topology: RingTopology, recv: torch.Tensor, device: torch.device) -
     return topology.scratch(recv.numel(), torch.uint8, device).copy_(recv)
 
 
-def _split(buffer: torch.Tensor, sizes: list[int], starts: list[int]) -> list[torch.Tensor]:
-    return [buffer[start : start + size] for start, size in zip(starts, sizes)]
+def _span(payloads: list[torch.Tensor]) -> torch.Tensor | None:
+    """The non-empty ``payloads`` as one 1-D view when each starts where the one before ends in one contiguous
+    storage (the rows of one batched encode), else None."""
+    full = [payload for payload in payloads if payload.numel()]
+    if not full or any(t.dtype != torch.uint8 or t.dim() != 1 or not t.is_contiguous() for t in full):
+        return None
+    first, storage = full[0], full[0].untyped_storage().data_ptr()
+    for a, b in zip(full, full[1:]):
+        if b.untyped_storage().data_ptr() != storage or b.data_ptr() != a.data_ptr() + a.numel():
+            return None
+    return torch.as_strided(first, (sum(t.numel() for t in full),), (1,))

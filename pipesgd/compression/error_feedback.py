@@ -18,7 +18,7 @@ import torch
 
 from pipesgd.runlog import phases
 from pipesgd.compression.base import ChunkContext, Compressor, codec_state, load_codec_state
-from pipesgd.compression.rows import compress_rows, decompress_rows
+from pipesgd.compression.rows import compress_rows, decompress_rows, views_at
 from pipesgd.grads.finite import all_finite, l2_norm
 
 _WORKING_DTYPES = (torch.float32, torch.float64)
@@ -194,9 +194,9 @@ class FeedbackEncoder(HopEncoder):
     def _book_chunks(self, xs: list[torch.Tensor], positions: list[int], payloads: list[torch.Tensor]) -> None:
         # Step 2: what these encodes dropped, kept for the next ring (the decodes batched, booked as feedback's cost).
         with phases.timed("error_feedback"):
-            decoded = decompress_rows(self.compressor, payloads, [x.numel() for x in xs], self._dtype)
-            for x, position, plain in zip(xs, positions, decoded):
-                self._residual[position : position + x.numel()].add_(x - plain)
+            sizes = [x.numel() for x in xs]
+            decoded = decompress_rows(self.compressor, payloads, sizes, self._dtype)
+            torch._foreach_add_(views_at(self._residual, positions, sizes), torch._foreach_sub(xs, decoded))
 
     def _book(self, x: torch.Tensor, position: int, payload: torch.Tensor) -> None:
         self._book_chunks([x], [position], [payload])

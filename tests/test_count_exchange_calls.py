@@ -1,0 +1,38 @@
+"""experiments/count_exchange_calls.py: a tiny run on 3 and 4 gloo ranks counts the exchange's calls per bucket, and
+one more peer adds at most the sum's add (the code before the batched copies added 10 kernels per peer with q8, 16
+with error feedback); bad input exits 2 with one line before any rank starts (the counts themselves are its committed
+result, experiments/results/bench_host/exchange_calls.md)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "count_exchange_calls.py"
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=240)
+
+
+def test_one_more_peer_adds_at_most_the_sums_add(tmp_path):
+    done = run("--ranks", "3,4", "--codecs", "q8,q8+ef", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = (tmp_path / "exchange_calls.md").read_text()
+    assert "- command: " in text and "- commit: " in text
+    header = next(line for line in text.splitlines() if line.startswith("| p |")).strip("| ").split(" | ")
+    rows = [dict(zip(header, line.strip("| ").split(" | "))) for line in text.splitlines() if line[:4] in ("| 3 ", "| 4 ")]
+    assert [(r["p"], r["codec"]) for r in rows] == [("3", "q8"), ("4", "q8"), ("3", "q8+ef"), ("4", "q8+ef")]
+    for low, high in (rows[:2], rows[2:]):
+        assert low["encoder amax"] == high["encoder amax"] == "2", rows  # the p-1 chunks in one encode, the sum in one
+        assert int(high["kernels"]) - int(low["kernels"]) <= 1, rows
+        assert float(high["kernels per extra peer"]) <= 1.0 and float(high["calls per extra peer"]) <= 8.0, rows
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    for args, says in ((["--ranks", "1"], "must be >= 2"), (["--ranks", "2,x"], "comma-separated whole numbers"),
+                       (["--codecs", "q9"], "unknown codec q9"), (["--model", "vgg"], "unknown model vgg")):
+        done = run(*args, "--out", str(tmp_path / "never"))
+        assert done.returncode == 2 and says in done.stderr, (args, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "never").exists()
