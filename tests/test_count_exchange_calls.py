@@ -4,15 +4,11 @@ with error feedback); bad input exits 2 with one line before any rank starts (th
 result, experiments/results/bench_host/exchange_calls.md)."""
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "count_exchange_calls.py"
+from tests.test_gpu_scripts import run_script
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=240)
+def run(*args: str):
+    return run_script("count_exchange_calls.py", *args, timeout_s=240)
 
 
 def test_one_more_peer_adds_at_most_the_sums_add(tmp_path):
