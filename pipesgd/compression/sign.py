@@ -49,6 +49,26 @@ def _bit_weights(device: torch.device) -> torch.Tensor:
     return weights
 
 
+_PADDED_ROWS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _padded_rows(block: int, length: int, lengths: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """For rows of ``length`` elements of which the first ``lengths[j]`` are real: each block's count of real
+    elements (flat, fp32; at least 1, so an all-padding block's scale is 0 / 1 = 0 as 0 / block would be) and each
+    code byte's mask of real bits. Made once per shape and kept on ``device`` (a bucket's chunks have the same
+    lengths every step), so the rows cost no Python loop and no host-to-device copy after the first call."""
+    key = (block, length, tuple(lengths), device)
+    made = _PADDED_ROWS.get(key)
+    if made is None:
+        if len(_PADDED_ROWS) >= 64:  # a bound: shapes come from buckets, a handful per run
+            _PADDED_ROWS.clear()
+        real = torch.tensor(lengths, dtype=torch.int64)[:, None]
+        counts = (real - torch.arange(0, length, block)).clamp_(1, block).to(torch.float32).view(-1)
+        keep = ((1 << (real - torch.arange(0, length, 8)).clamp_(0, 8)) - 1).to(torch.uint8)
+        made = _PADDED_ROWS[key] = (counts.to(device), keep.to(device))
+    return made
+
+
 def _on_host(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` is in host memory. There numpy packs and unpacks the sign bits (~10x faster than torch's
     comparison to bool and its bit masks) and asking whether a scale is bad costs no sync; on CUDA the torch
@@ -80,16 +100,10 @@ class SignCompressor:
         those of ``compress(row[:lengths[j]])``: the short last block's scale is the mean over its real elements,
         and the bits past a row's real elements are 0 (``pipesgd.compression.rows`` batches with it)."""
         rows, length = matrix.shape
-        per_row = n_blocks(length, self.block_size)
-        counts = torch.full((rows, per_row), float(self.block_size), dtype=torch.float32, device=matrix.device)
-        for row, real in enumerate(lengths):
-            if real % self.block_size:
-                counts[row, (real - 1) // self.block_size] = real % self.block_size
-        payload = self._compress(matrix.reshape(-1), counts.view(-1))
-        bits = payload[4 * rows * per_row :].view(rows, length // 8)
-        for row, real in enumerate(lengths):
-            if real % 8:  # the zeros' sign bits, set by x >= 0, cleared as compress pads its last byte
-                bits[row, real // 8] &= (1 << (real % 8)) - 1
+        counts, keep = _padded_rows(self.block_size, length, lengths, matrix.device)
+        payload = self._compress(matrix.reshape(-1), counts)
+        # The zeros' sign bits, set by x >= 0, cleared as compress pads its last byte.
+        payload[4 * counts.numel() :].view(rows, length // 8).bitwise_and_(keep)
         return payload
 
     def _compress(self, tensor: torch.Tensor, counts: torch.Tensor | None) -> torch.Tensor:
