@@ -100,6 +100,36 @@ def test_the_all_gather_sent_as_an_all_to_all_gives_the_same_bits(world):
                 assert torch.equal(results[name, numel], want), (name, numel, rank)
 
 
+class _StagedOnCPU(RingTopology):
+    """gloo with CUDA tensors, on CPU: every wire buffer in host staging slots and arrivals copied out of them."""
+
+    def stages(self, device: torch.device) -> bool:
+        return True
+
+
+def _staged(rank: int, world: int):
+    """The exchange where gloo stages payloads through host buffers (one copy of the batch's payloads into the
+    send slot, arrivals copied out, the all-gather as an all-to-all): this rank's results per codec and size."""
+    topology = _StagedOnCPU(dist.group.WORLD)
+    assert not topology.sends_pairwise(torch.device("cpu"), 1 << 20)
+    results = {}
+    for name in CODECS:
+        for numel in SIZES:
+            results[name, numel] = flat = rank_data(rank, numel)
+            alltoall_allreduce_(flat, build(name), topology, "mean")
+    return results
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_payloads_staged_through_host_buffers_give_the_same_bits(world):
+    per_rank = run_ranks(_staged, world)
+    for name in CODECS:
+        for numel in SIZES:
+            want = reference_mean([rank_data(q, numel) for q in range(world)], build(name))
+            for rank, results in enumerate(per_rank):
+                assert torch.equal(results[name, numel], want), (name, numel, rank)
+
+
 def _sent_pairwise(rank: int, world: int):
     """The exchange with both collectives sent one peer at a time (``RingTopology.pairwise``): this rank's results
     per codec and size, what it reported sending, and the conserved-sum gaps of two calls with q4's feedback."""

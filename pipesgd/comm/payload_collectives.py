@@ -36,10 +36,13 @@ def all_to_all_payloads(
     empty payload sends nothing). Returns what arrived from each rank, on ``device``: views into a buffer that the
     next call reuses. ``while_waiting`` runs once the collective is posted, before it is waited for."""
     sizes = [payload.numel() for payload in outgoing]
-    send = _span(outgoing) if not topology.stages(device) else None  # the codec's buffer itself, payloads in order
-    if send is None:  # a blocking copy when staged: gloo reads the host buffer once the call is posted
+    send = span = _span(outgoing)  # the payloads in order in the codec's own buffer (one batched encode), or None
+    if span is None or topology.stages(device):  # a blocking copy when staged: gloo reads the host buffer once posted
         send = topology.wire_buffer("alltoall-send", sum(sizes), device)
-        torch._foreach_copy_(views_at(send, [sum(sizes[:q]) for q in range(len(sizes))], sizes), outgoing)
+        if span is not None:  # one device-to-host copy (and one wait) for all the payloads
+            send.copy_(span)
+        else:
+            torch._foreach_copy_(views_at(send, [sum(sizes[:q]) for q in range(len(sizes))], sizes), outgoing)
     recv = topology.wire_buffer("alltoall-recv", sum(incoming_bytes), device)
     work = dist.all_to_all_single(recv, send, list(incoming_bytes), sizes, group=topology.group, async_op=True)
     _wait(work, while_waiting)
