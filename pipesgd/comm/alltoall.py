@@ -18,8 +18,9 @@ sums, payloads and results are the same bits either way.
 Steps 1, 3 and 6 (and error feedback's booking) each make their p-1 encodes or decodes in as few codec calls as the
 codec allows (``pipesgd.compression.rows``: q8, q4 and sign chunks of one block count, on CPU up to 32 Ki elements;
 fp16 and bf16 chunks side by side in memory), with the same bits as one call per chunk, and the copies around them
-(the batch's rows, the payloads into the send buffer, which is the batch's own buffer where gloo needs no staging,
-the decoded chunks back into place, the booking) are one call each over all the chunks. What still grows with p:
+(the batch's rows, the payloads into the send buffer, which is the batch's own buffer where gloo needs no staging
+and one copy to host memory where it does, the decoded chunks back into place, the booking) are one call each over
+all the chunks. What still grows with p:
 the sum's adds, one per contribution in rank order (the fixed order keeps the bits)
 (``experiments/results/bench_host/exchange_calls.md``, ``experiments/count_exchange_calls.py``).
 Error feedback (``open_encoder``, one residual buffer per bucket as for the ring): the worker residual, what
