@@ -11,8 +11,10 @@ calling thread here, the same code the worker runs), in four kinds: views (no ke
 allocations, host syncs (``item()`` and the like: on a GPU the thread waits for the device) and the rest, each a
 kernel on a GPU, the collectives among them; and the encoder's own calls (``amax``: one per encode call). Chunks are
 batched as on CUDA, whatever their length (``pipesgd.compression.rows`` batches CPU chunks of up to 32 Ki elements
-only, where that measured faster). The last column is the growth per extra peer between the smallest and largest p.
-Writes ``exchange_calls.md`` (provenance first) under ``--out``.
+only, where that measured faster). Two paths: ``direct``, payloads on the tensors' own device (gloo on CPU, NCCL), and
+``staged``, through host buffers as gloo carries CUDA tensors (here host to host: the same calls, the copies plain
+ones). The last columns are the growth per extra peer between the smallest and largest p. Writes
+``exchange_calls.md`` (provenance first) under ``--out``.
 """
 from __future__ import annotations
 
@@ -63,14 +65,24 @@ class Kinds(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class StagedTopology(RingTopology):
+    """A topology that stages every payload through host buffers, as gloo with CUDA tensors does."""
+
+    def stages(self, device: torch.device) -> bool:
+        return True
+
+
+PATHS = {"direct": RingTopology, "staged": StagedTopology}
+
+
 def count_rank(rank: int, world: int, args) -> None:
     torch.set_num_threads(1)
     rows_module.CPU_BATCH_ELEMENTS = 1 << 62  # CUDA's rule: every chunk batched (module doc)
     numel = sum(p.numel() for p in build(args.model).parameters())
-    for variant in args.codecs:
+    for path, variant in ((path, variant) for path in args.paths for variant in args.codecs):
         name, feedback = variant.removesuffix("+ef"), variant.endswith("+ef")
         codec = build_codec(name, rank=rank)
-        exchange = GradientExchange(RingTopology(dist.group.WORLD), codec, "alltoall",
+        exchange = GradientExchange(PATHS[path](dist.group.WORLD), codec, "alltoall",
                                     ErrorFeedback(codec) if feedback else None)
         bucket = [torch.randn(numel, generator=torch.Generator().manual_seed(rank))]
         exchange(bucket)
@@ -78,7 +90,7 @@ def count_rank(rank: int, world: int, args) -> None:
         with kinds:
             exchange(bucket)
         if rank == 0:
-            row = {"p": world, "codec": variant, "calls": sum(kinds.count[k] for k in KINDS[:4]),
+            row = {"path": path, "p": world, "codec": variant, "calls": sum(kinds.count[k] for k in KINDS[:4]),
                    **{kind: kinds.count[kind] for kind in KINDS}}
             print(row, flush=True)
             with open(args.rows_file, "a", encoding="utf-8") as rows:
@@ -86,14 +98,14 @@ def count_rank(rank: int, world: int, args) -> None:
 
 
 def table(rows: list[dict], codecs: list[str]) -> str:
-    """Rows by codec then p; each codec's largest p also gets the growth per extra peer since its smallest p."""
-    ordered = sorted(rows, key=lambda r: (codecs.index(r["codec"]), r["p"]))
-    for codec in codecs:
-        same = [r for r in ordered if r["codec"] == codec]
+    """Rows by path, codec and p; each path and codec's largest p also gets the growth per extra peer."""
+    ordered = sorted(rows, key=lambda r: (list(PATHS).index(r["path"]), codecs.index(r["codec"]), r["p"]))
+    for path, codec in {(r["path"], r["codec"]) for r in ordered}:
+        same = [r for r in ordered if (r["path"], r["codec"]) == (path, codec)]
         low, high = same[0], same[-1]
         for kind in ("calls", "kernels") if high["p"] > low["p"] else ():
             high[f"{kind} per extra peer"] = f"{(high[kind] - low[kind]) / (high['p'] - low['p']):.1f}"
-    columns = ["p", "codec", "calls", *KINDS, "calls per extra peer", "kernels per extra peer"]
+    columns = ["path", "p", "codec", "calls", *KINDS, "calls per extra peer", "kernels per extra peer"]
     return markdown(ordered, columns)
 
 
@@ -101,11 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="count_exchange_calls", description=__doc__)
     parser.add_argument("--ranks", default="2,4,8", help="comma-separated world sizes, each >= 2 (default 2,4,8)")
     parser.add_argument("--codecs", default=",".join(CODECS), help=f"comma-separated, of {', '.join(CODECS)}")
+    parser.add_argument("--paths", default="direct,staged", help="comma-separated, of direct, staged")
     parser.add_argument("--model", default="lenet", help=f"the bucket: this model's parameters ({', '.join(MODELS)})")
     parser.add_argument("--out", default="experiments/results/bench_host")
     args = parser.parse_args(argv)
     args.codecs = known_names(parser, args.codecs, CODECS, "codec")
     known_names(parser, args.model, MODELS, "model")
+    args.paths = known_names(parser, args.paths, PATHS, "path")
     try:
         worlds = sorted({int(p) for p in args.ranks.split(",")})
     except ValueError:

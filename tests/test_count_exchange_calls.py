@@ -16,10 +16,12 @@ def test_one_more_peer_adds_at_most_the_sums_add(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     text = (tmp_path / "exchange_calls.md").read_text()
     assert "- command: " in text and "- commit: " in text
-    header = next(line for line in text.splitlines() if line.startswith("| p |")).strip("| ").split(" | ")
-    rows = [dict(zip(header, line.strip("| ").split(" | "))) for line in text.splitlines() if line[:4] in ("| 3 ", "| 4 ")]
-    assert [(r["p"], r["codec"]) for r in rows] == [(p, c) for c in ("q8", "q8+ef", "sign+ef") for p in ("3", "4")]
-    for low, high in (rows[:2], rows[2:4], rows[4:]):
+    header = next(line for line in text.splitlines() if line.startswith("| path |")).strip("| ").split(" | ")
+    rows = [dict(zip(header, line.strip("| ").split(" | "))) for line in text.splitlines()
+            if line.startswith(("| direct |", "| staged |"))]
+    assert [(r["path"], r["p"], r["codec"]) for r in rows] == [
+        (path, p, c) for path in ("direct", "staged") for c in ("q8", "q8+ef", "sign+ef") for p in ("3", "4")]
+    for low, high in zip(rows[0::2], rows[1::2]):
         if low["codec"] != "sign+ef":  # q8's encodes: the p-1 chunks in one call, the sum in one
             assert low["encoder amax"] == high["encoder amax"] == "2", rows
         assert int(high["kernels"]) - int(low["kernels"]) <= 1, rows
@@ -28,7 +30,8 @@ def test_one_more_peer_adds_at_most_the_sums_add(tmp_path):
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
     for args, says in ((["--ranks", "1"], "must be >= 2"), (["--ranks", "2,x"], "comma-separated whole numbers"),
-                       (["--codecs", "q9"], "unknown codec q9"), (["--model", "vgg"], "unknown model vgg")):
+                       (["--codecs", "q9"], "unknown codec q9"), (["--model", "vgg"], "unknown model vgg"),
+                       (["--paths", "nccl"], "unknown path nccl")):
         done = run(*args, "--out", str(tmp_path / "never"))
         assert done.returncode == 2 and says in done.stderr, (args, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
