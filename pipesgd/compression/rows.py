@@ -10,9 +10,9 @@ is a whole number of blocks, zero-padded, so no block spans two rows, and the ma
 padding changes neither a block's max |x| (the scale) nor any real element's code, so row j's scales and the first
 codes of its row are chunk j's payload; copying those out gives exactly ``compress(chunk j)``. The copies in and out
 are one call each for all the chunks (``torch._foreach_copy_`` over views made by one ``split``), so a batch costs
-as many calls for 15 chunks as for 2 (``experiments/count_exchange_calls.py``). Sign's scale is a mean over a block's real elements and its last byte pads with 0 bits, so it
-encodes the padded rows itself (``SignCompressor.compress_padded_rows``). Decoding copies the payloads into that
-layout and decodes once. Chunks whose block counts differ go in separate calls.
+as many calls for 15 chunks as for 2 (``experiments/count_exchange_calls.py``). Sign's scale is a mean over a block's
+real elements and its last byte pads with 0 bits, so it encodes the padded rows itself
+(``SignCompressor.compress_padded_rows``). Decoding copies the payloads into that layout and decodes once. Chunks whose block counts differ go in separate calls.
 
 Where it pays (``experiments/bench_codec_rows.py``; ``experiments/results/codec_rows/``): the copy into the matrix is
 a pass over the data that the calls it saves must outweigh. On CPU that held for chunks of up to

@@ -52,7 +52,8 @@ def _bit_weights(device: torch.device) -> torch.Tensor:
 _PADDED_ROWS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _padded_rows(block: int, length: int, lengths: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _padded_rows(block: int, length: int, lengths: list[int],
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """For rows of ``length`` elements of which the first ``lengths[j]`` are real: each block's count of real
     elements (flat, fp32; at least 1, so an all-padding block's scale is 0 / 1 = 0 as 0 / block would be) and each
     code byte's mask of real bits. Made once per shape and kept on ``device`` (a bucket's chunks have the same
