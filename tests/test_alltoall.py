@@ -77,11 +77,8 @@ def test_matches_the_reference_bit_for_bit_on_every_rank(world):
         torch.testing.assert_close(per_rank[0][0]["none", numel][0], want, rtol=1e-5, atol=1e-5)
 
 
-def _gathered_by_alltoall(rank: int, world: int):
-    """The exchange with its all-gather sent as an all-to-all (what it does where payloads are staged through host
-    memory, gloo with CUDA tensors): this rank's results per codec and size."""
-    topology = RingTopology(dist.group.WORLD)
-    topology.gathers_by_alltoall = True
+def _every_codec_and_size_on(topology: RingTopology, rank: int) -> dict:
+    """This rank's results of ``alltoall_allreduce_`` on ``topology``, per codec and size."""
     results = {}
     for name in CODECS:
         for numel in SIZES:
@@ -90,14 +87,25 @@ def _gathered_by_alltoall(rank: int, world: int):
     return results
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
-def test_the_all_gather_sent_as_an_all_to_all_gives_the_same_bits(world):
-    per_rank = run_ranks(_gathered_by_alltoall, world)
+def assert_every_rank_has_the_reference(per_rank: list[dict], world: int) -> None:
     for name in CODECS:
         for numel in SIZES:
             want = reference_mean([rank_data(q, numel) for q in range(world)], build(name))
             for rank, results in enumerate(per_rank):
                 assert torch.equal(results[name, numel], want), (name, numel, rank)
+
+
+def _gathered_by_alltoall(rank: int, world: int):
+    """The exchange with its all-gather sent as an all-to-all (what it does where payloads are staged through host
+    memory, gloo with CUDA tensors): this rank's results per codec and size."""
+    topology = RingTopology(dist.group.WORLD)
+    topology.gathers_by_alltoall = True
+    return _every_codec_and_size_on(topology, rank)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_the_all_gather_sent_as_an_all_to_all_gives_the_same_bits(world):
+    assert_every_rank_has_the_reference(run_ranks(_gathered_by_alltoall, world), world)
 
 
 class _StagedOnCPU(RingTopology):
@@ -112,22 +120,12 @@ def _staged(rank: int, world: int):
     send slot, arrivals copied out, the all-gather as an all-to-all): this rank's results per codec and size."""
     topology = _StagedOnCPU(dist.group.WORLD)
     assert not topology.sends_pairwise(torch.device("cpu"), 1 << 20)
-    results = {}
-    for name in CODECS:
-        for numel in SIZES:
-            results[name, numel] = flat = rank_data(rank, numel)
-            alltoall_allreduce_(flat, build(name), topology, "mean")
-    return results
+    return _every_codec_and_size_on(topology, rank)
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_payloads_staged_through_host_buffers_give_the_same_bits(world):
-    per_rank = run_ranks(_staged, world)
-    for name in CODECS:
-        for numel in SIZES:
-            want = reference_mean([rank_data(q, numel) for q in range(world)], build(name))
-            for rank, results in enumerate(per_rank):
-                assert torch.equal(results[name, numel], want), (name, numel, rank)
+    assert_every_rank_has_the_reference(run_ranks(_staged, world), world)
 
 
 def _sent_pairwise(rank: int, world: int):
