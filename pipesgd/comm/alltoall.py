@@ -20,9 +20,8 @@ codec allows (``pipesgd.compression.rows``: q8, q4 and sign chunks of one block 
 fp16 and bf16 chunks side by side in memory), with the same bits as one call per chunk, and the copies around them
 (the batch's rows, the payloads into the send buffer, which is the batch's own buffer where gloo needs no staging
 and one copy to host memory where it does, the decoded chunks back into place, the booking) are one call each over
-all the chunks. What still grows with p:
-the sum's adds, one per contribution in rank order (the fixed order keeps the bits)
-(``experiments/results/bench_host/exchange_calls.md``, ``experiments/count_exchange_calls.py``).
+all the chunks. What still grows with p: the sum's adds, one per contribution in rank order (the fixed order keeps
+the bits) (``experiments/results/bench_host/exchange_calls.md``, ``experiments/count_exchange_calls.py``).
 Error feedback (``open_encoder``, one residual buffer per bucket as for the ring): the worker residual, what
 Step 1's encodes dropped, is booked at the chunks other ranks own; the owner residual, what Step 4's encode dropped
 (in sum units), at chunk r, where no worker error ever lands since the own chunk is never encoded. Both are folded

@@ -12,7 +12,8 @@ codes of its row are chunk j's payload; copying those out gives exactly ``compre
 are one call each for all the chunks (``torch._foreach_copy_`` over views made by one ``split``), so a batch costs
 as many calls for 15 chunks as for 2 (``experiments/count_exchange_calls.py``). Sign's scale is a mean over a block's
 real elements and its last byte pads with 0 bits, so it encodes the padded rows itself
-(``SignCompressor.compress_padded_rows``). Decoding copies the payloads into that layout and decodes once. Chunks whose block counts differ go in separate calls.
+(``SignCompressor.compress_padded_rows``). Decoding copies the payloads into that layout and decodes once. Chunks
+whose block counts differ go in separate calls.
 
 Where it pays (``experiments/bench_codec_rows.py``; ``experiments/results/codec_rows/``): the copy into the matrix is
 a pass over the data that the calls it saves must outweigh. On CPU that held for chunks of up to
@@ -269,4 +270,3 @@ def views_at(tensor: torch.Tensor, starts: Sequence[int], sizes: Sequence[int]) 
         pieces += [start - at, size]
         at = start + size
     return list(tensor.split([*pieces, tensor.numel() - at])[1::2])
-
