@@ -77,19 +77,19 @@ def test_matches_the_reference_bit_for_bit_on_every_rank(world):
         torch.testing.assert_close(per_rank[0][0]["none", numel][0], want, rtol=1e-5, atol=1e-5)
 
 
-def _every_codec_and_size_on(topology: RingTopology, rank: int) -> dict:
+def _every_codec_and_size_on(topology: RingTopology, rank: int, sizes=SIZES) -> dict:
     """This rank's results of ``alltoall_allreduce_`` on ``topology``, per codec and size."""
     results = {}
     for name in CODECS:
-        for numel in SIZES:
+        for numel in sizes:
             results[name, numel] = flat = rank_data(rank, numel)
             alltoall_allreduce_(flat, build(name), topology, "mean")
     return results
 
 
-def assert_every_rank_has_the_reference(per_rank: list[dict], world: int) -> None:
+def assert_every_rank_has_the_reference(per_rank: list[dict], world: int, sizes=SIZES) -> None:
     for name in CODECS:
-        for numel in SIZES:
+        for numel in sizes:
             want = reference_mean([rank_data(q, numel) for q in range(world)], build(name))
             for rank, results in enumerate(per_rank):
                 assert torch.equal(results[name, numel], want), (name, numel, rank)
@@ -126,6 +126,23 @@ def _staged(rank: int, world: int):
 @pytest.mark.parametrize("world", [2, 4])
 def test_payloads_staged_through_host_buffers_give_the_same_bits(world):
     assert_every_rank_has_the_reference(run_ranks(_staged, world), world)
+
+
+# Chunks on both sides of a 4096-element block (4096 and 4097 elements: one scale and two), so a rank's p-1 payloads
+# come from two codec calls, in two buffers, and go into the send buffer by the copy path rather than as one span.
+STRADDLING = {3: 3 * 4096 + 1, 4: 4 * 4096 + 2}
+
+
+def _straddling(rank: int, world: int):
+    topology = RingTopology(dist.group.WORLD)
+    return [_every_codec_and_size_on(topology, rank, [STRADDLING[world]]),
+            _every_codec_and_size_on(_StagedOnCPU(dist.group.WORLD), rank, [STRADDLING[world]])]
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_payloads_of_two_block_counts_give_the_same_bits_direct_and_staged(world):
+    for path in zip(*run_ranks(_straddling, world)):
+        assert_every_rank_has_the_reference(list(path), world, [STRADDLING[world]])
 
 
 def _sent_pairwise(rank: int, world: int):
