@@ -78,13 +78,12 @@ PATHS = {"direct": RingTopology, "staged": StagedTopology}
 def count_rank(rank: int, world: int, args) -> None:
     torch.set_num_threads(1)
     rows_module.CPU_BATCH_ELEMENTS = 1 << 62  # CUDA's rule: every chunk batched (module doc)
-    numel = sum(p.numel() for p in build(args.model).parameters())
     for path, variant in ((path, variant) for path in args.paths for variant in args.codecs):
         name, feedback = variant.removesuffix("+ef"), variant.endswith("+ef")
         codec = build_codec(name, rank=rank)
         exchange = GradientExchange(PATHS[path](dist.group.WORLD), codec, "alltoall",
                                     ErrorFeedback(codec) if feedback else None)
-        bucket = [torch.randn(numel, generator=torch.Generator().manual_seed(rank))]
+        bucket = [torch.randn(args.numel, generator=torch.Generator().manual_seed(rank))]
         exchange(bucket)
         kinds = Kinds()
         with kinds:
@@ -132,13 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:
         parser.error(f"--out {args.out}: {error.strerror}")
     args.origin = provenance()
+    args.numel = sum(p.numel() for p in build(args.model).parameters())  # the bucket: one model's gradient
     with tempfile.TemporaryDirectory() as scratch:  # the ranks' rows, one line each from rank 0
         args.rows_file = str(Path(scratch) / "rows.jsonl")
         for world in worlds:
             launch(count_rank, world, "gloo", args)
         rows = [json.loads(line) for line in Path(args.rows_file).read_text().splitlines()]
     note = (f"loopback gloo on CPU, torch {torch.__version__}; one bucket of {args.model}'s "
-            f"{sum(p.numel() for p in build(args.model).parameters())} parameters, one exchange call after one")
+            f"{args.numel} parameters, one exchange call after one")
     text = markdown_header("Torch calls per bucket of the two-collective exchange, by p", args.origin)
     write_text_atomic(str(out / "exchange_calls.md"), f"{text}\n{note}\n\n{table(rows, args.codecs)}\n")
     print(f"wrote {out / 'exchange_calls.md'}")

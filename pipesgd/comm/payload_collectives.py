@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from pipesgd.runlog import phases
-from pipesgd.compression.rows import views_at
+from pipesgd.compression.rows import follows, views_at
 from pipesgd.comm.topology import RingTopology
 
 _PAIRWISE_TAG = 7_301  # our own tags, apart from the ring's (pipesgd.comm.topology) and from user traffic
@@ -152,13 +152,9 @@ def _arrived(topology: RingTopology, recv: torch.Tensor, device: torch.device) -
 
 
 def _span(payloads: list[torch.Tensor]) -> torch.Tensor | None:
-    """The non-empty ``payloads`` as one 1-D view when each starts where the one before ends in one contiguous
-    storage (the rows of one batched encode), else None."""
+    """The non-empty ``payloads`` as one 1-D view when each starts where the one before ends in one storage (the rows
+    of one batched encode), else None."""
     full = [payload for payload in payloads if payload.numel()]
-    if not full or any(t.dtype != torch.uint8 or t.dim() != 1 or not t.is_contiguous() for t in full):
+    if not full or full[0].dim() != 1 or full[0].stride(0) != 1 or not all(map(follows, full, full[1:])):
         return None
-    first, storage = full[0], full[0].untyped_storage().data_ptr()
-    for a, b in zip(full, full[1:]):
-        if b.untyped_storage().data_ptr() != storage or b.data_ptr() != a.data_ptr() + a.numel():
-            return None
-    return torch.as_strided(first, (sum(t.numel() for t in full),), (1,))
+    return torch.as_strided(full[0], (sum(t.numel() for t in full),), (1,))

@@ -35,7 +35,7 @@ import torch
 from pipesgd.compression.base import ChunkContext, Compressor
 from pipesgd.compression.sizes import SCALE_BYTES, n_blocks
 
-__all__ = ["CPU_BATCH_ELEMENTS", "compress_rows", "decompress_rows", "one_call_per_chunk", "views_at"]
+__all__ = ["CPU_BATCH_ELEMENTS", "compress_rows", "decompress_rows", "follows", "one_call_per_chunk", "views_at"]
 
 CPU_BATCH_ELEMENTS = 1 << 15  # the longest CPU chunk batched (module doc: 32 Ki gained, 64 Ki was about even)
 
@@ -110,7 +110,7 @@ def _is_cast(codec: Compressor) -> bool:
     return isinstance(codec, (Float16Cast, BFloat16Truncation))
 
 
-def _follows(a: torch.Tensor, b: torch.Tensor) -> bool:
+def follows(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether 1-D ``b`` starts where 1-D ``a`` ends, in one storage (neither empty)."""
     return (a.numel() > 0 and b.numel() > 0 and a.dim() == b.dim() == 1 and a.stride(0) == b.stride(0) == 1
             and a.dtype == b.dtype and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
@@ -122,7 +122,7 @@ def _cast_runs(tensors: Sequence[torch.Tensor]) -> list[tuple[list[int], torch.T
     so one call over the span gives each tensor's payload (or values) as a slice."""
     runs: list[list[int]] = []
     for j, tensor in enumerate(tensors):
-        if runs and _batching and _follows(tensors[runs[-1][-1]], tensor):
+        if runs and _batching and follows(tensors[runs[-1][-1]], tensor):
             runs[-1].append(j)
         else:
             runs.append([j])
