@@ -17,7 +17,6 @@ Reads what ``python experiments/comparison.py --config experiments/configs/auto_
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -25,6 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
+from experiments.harness.one_line import OneLineParser  # noqa: E402
 from experiments.harness.projected_target import projected  # noqa: E402
 
 RESULT = "experiments/results/auto_choice/runs.json"
@@ -193,7 +193,7 @@ def _read(path: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--result", nargs="+", default=[RESULT],
                         help=f"runs.json to read (default {RESULT}); several: one sitting each, summarised")
     parser.add_argument("--short", nargs="+", default=[],

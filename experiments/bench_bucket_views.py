@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
 
+from experiments.harness.one_line import OneLineParser  # noqa: E402
 from experiments.harness.one_line import known_names
 from experiments.harness.pipeline import WORKLOADS
 from pipesgd.optimizer import PipeSGD
@@ -47,7 +48,7 @@ def _iteration(model, opt, x, y, set_to_none: bool) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters", type=int, default=60)
     parser.add_argument("--width", type=int, default=2)
     parser.add_argument("--workloads", default="mlp1.9m,mlp6.3m")

@@ -17,6 +17,9 @@ import os
 import statistics
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
+
+from experiments.harness.one_line import OneLineParser  # noqa: E402
 from pipesgd.grads.buffers import BUFFER_MODES
 from pipesgd.cluster.cluster import Cluster
 from pipesgd.cluster.netns import ClusterError
@@ -34,7 +37,7 @@ def buffer_sync_s(path: str, skip: int) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--bandwidth", default="1gbit", help="per-link rate (1gbit, 100mbit) or unshaped")
     parser.add_argument("--steps", type=int, default=40)

@@ -22,6 +22,7 @@ import tempfile
 from pipesgd.runlog.atomic import write_text_atomic
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
 
+from experiments.harness.one_line import OneLineParser  # noqa: E402
 from experiments.harness.speed import run_variant, speed_table
 from experiments.harness.variants import ACCURACY_VARIANTS, SPEED_VARIANTS
 from pipesgd.cluster.cluster import Cluster
@@ -30,7 +31,7 @@ from pipesgd.bandwidth import parse_bandwidth_bps
 from pipesgd.runlog.results import load_run
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--bandwidth", default="1gbit")
     parser.add_argument("--steps", type=int, default=40, help="speed runs: steps per variant")

@@ -10,11 +10,16 @@ the time measured here; inside `pipesgd-cluster up --bandwidth 1gbit` pass --lin
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
+
+from experiments.harness.one_line import OneLineParser  # noqa: E402
 from pipesgd import PipeSGD
 from pipesgd.compression import build
 from pipesgd.compression.throughput import measure_codec_gbps
@@ -149,7 +154,7 @@ def _size(n_bytes: int) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=2, help="local processes when not under torchrun")
     parser.add_argument("--repeats", type=int, default=12)
     parser.add_argument("--codec-mb", type=int, default=16, help="message size of the compressed-ring table")

@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
 
+from experiments.harness.one_line import OneLineParser  # noqa: E402
 from experiments.harness.one_line import known_names
 from pipesgd.optimizer import PipeSGD
 from pipesgd.train.data import load_digits, load_pysrc
@@ -78,7 +79,7 @@ def _iteration(model, opt, x, y) -> tuple[float, float | None]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters", type=int, default=40)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--optimizers", default=",".join(OPTIMIZERS))

@@ -24,6 +24,7 @@ from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
 
+from experiments.harness.one_line import OneLineParser  # noqa: E402
 from experiments.harness.comparison import calibrate_cell, rescore, run_grid
 from experiments.harness.comparison_config import load_config, select
 from experiments.harness.comparison_report import estimate_table, report
@@ -51,7 +52,7 @@ def _names(text: str | None) -> list[str] | None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=DEFAULT_CONFIG,
                         help="grid TOML (default experiments/configs/comparison.toml)")
     parser.add_argument("--cells", help="comma list of WORKLOAD-BANDWIDTH cells, e.g. lenet-1gbit")

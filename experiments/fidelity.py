@@ -31,6 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
 
+from experiments.harness.one_line import OneLineParser  # noqa: E402
 from experiments.harness.fidelity import FidelitySettings, log, run_cell, summary, write_json_atomic
 from experiments.harness.fidelity_report import markdown, scatter
 from experiments.harness.variants import DEFAULT_FIDELITY_VARIANTS, FIDELITY_VARIANTS
@@ -41,7 +42,7 @@ DEFAULT_VARIANTS = ",".join(DEFAULT_FIDELITY_VARIANTS)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bandwidths", default="1gbit,200mbit", help="comma list of link rates")
     parser.add_argument("--nodes", default="2,4", help="comma list of node counts")
     parser.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma list of {', '.join(FIDELITY_VARIANTS)}")

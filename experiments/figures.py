@@ -16,6 +16,7 @@ import sys
 from pipesgd.runlog.atomic import write_text_atomic
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
 
+from experiments.harness.one_line import OneLineParser  # noqa: E402
 from experiments.harness.provenance import find_results, read_result
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "figures")
@@ -75,7 +76,7 @@ FIGURES = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help=f"comma list of figures, of {', '.join(FIGURES)}")
     parser.add_argument("--out", default=OUT)
     args = parser.parse_args(argv)

@@ -25,6 +25,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
 
+from experiments.harness.one_line import OneLineParser  # noqa: E402
 from experiments.harness.provenance import provenance, read_result, write_result
 from pipesgd.cluster.cluster import Cluster
 from pipesgd.cluster.netns import ClusterError, preflight
@@ -128,7 +129,7 @@ def report(data: dict) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--before", default="1gbit", help="link rate at the start (default 1gbit)")
     parser.add_argument("--after", default="100mbit", help="link rate from step --at on (default 100mbit)")

@@ -9,10 +9,14 @@ side on one emulated cluster; ratios to ``--baseline`` are taken within a sittin
 """
 from __future__ import annotations
 
-import argparse
 import json
+import os
 import statistics
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
+
+from experiments.harness.one_line import OneLineParser  # noqa: E402
 
 
 def _mean_sd(values: list[float], digits: int) -> str:
@@ -48,7 +52,7 @@ def summary_rows(sittings: list[dict], baseline: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="over_seeds", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="over_seeds", description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", help="runs.json files, one per sitting")
     parser.add_argument("--baseline", default="ddp", help="the variant ratios are taken to (default ddp)")
     args = parser.parse_args(argv)

@@ -21,6 +21,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
 
+from experiments.harness.one_line import OneLineParser  # noqa: E402
 from experiments.harness.provenance import write_result
 from experiments.harness.timeline import SCHEMES, build_result, loopback_runner, run_scheme
 
@@ -28,7 +29,7 @@ RESULT = os.path.join("experiments", "results", "timeline", "timeline.json")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--bandwidth", default="100mbit")
     parser.add_argument("--model", default="resnet20")
