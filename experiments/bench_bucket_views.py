@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from experiments.harness.one_line import OneLineParser  # noqa: E402
 from experiments.harness.one_line import known_names
 from experiments.harness.pipeline import WORKLOADS
+from pipesgd.options import PipeSGDOptions
 from pipesgd.optimizer import PipeSGD
 from pipesgd.train.models import build_mlp
 
@@ -33,7 +34,7 @@ def _job(name: str, views: bool, width: int):
     torch.manual_seed(0)
     model = build_mlp((w.features,), 10, hidden=w.hidden)
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=1e-4), model, width=width, warmup_steps=0,
-                  gradient_as_bucket_view=views)
+                  options=PipeSGDOptions(gradient_as_bucket_view=views))
     x, y = torch.randn(w.batch_size, w.features), torch.randint(0, 10, (w.batch_size,))
     return model, opt, x, y
 

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from experiments.harness.one_line import OneLineParser  # noqa: E402
 from gpu_common import check_device, device_name, launch, markdown, rank_device, stall, write_results  # noqa: E402
 
+from pipesgd.options import PipeSGDOptions
 from pipesgd import PipeSGD  # noqa: E402
 from pipesgd.auto import CONFIRM_STEPS, describe  # noqa: E402
 from pipesgd.compression import build  # noqa: E402
@@ -99,8 +100,8 @@ def train(rank: int, device: torch.device, hidden: int, steps: int, width: int, 
     synchronised on the calling thread (one ``file:line`` per sync warning)."""
     model = make_model(hidden).to(device)
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, width=width, warmup_steps=0,
-                  compression=compression, error_feedback=feedback, staleness=staleness, allreduce=allreduce,
-                  lookahead_standin=standin)
+                  compression=compression, error_feedback=feedback, staleness=staleness,
+                  options=PipeSGDOptions(allreduce=allreduce, lookahead_standin=standin))
     main_thread_syncs: list[str] = []
     for t in range(steps):
         x, y = (v.to(device) for v in batch(t, rank))
@@ -269,7 +270,8 @@ def check_sync_batchnorm(rank: int, world: int, device: torch.device, args) -> l
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.Tanh(), nn.Linear(32, 4))
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model).to(device)
-        opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, width=2, warmup_steps=0, buffers=buffers)
+        opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, width=2, warmup_steps=0,
+                      options=PipeSGDOptions(buffers=buffers))
         try:
             for t in range(args.steps):
                 x, y = (v.to(device) for v in batch(t, rank))
@@ -337,7 +339,7 @@ def check_memory(rank: int, world: int, device: torch.device, args) -> list[dict
                 if width:
                     # Read between rings: a ring in flight holds its hop buffers (q8 pieces read as +1 MiB of
                     # "growth" once). The worker runs jobs in order, so a no-op job returns after the ring.
-                    opt._channel.submit(lambda: None).wait()
+                    opt._parts.channel.submit(lambda: None).wait()
                 torch.cuda.synchronize()
                 seen[t + 1] = torch.cuda.memory_allocated(device) - base - grad_bytes  # beyond the weights
         if width:

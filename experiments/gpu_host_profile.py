@@ -30,6 +30,7 @@ from experiments.harness.one_line import OneLineParser  # noqa: E402
 from gpu_common import (add_profile_flags, build, check_device, check_profile_flags, device_name, launch,  # noqa: E402
                         rank_device)
 
+from pipesgd.options import PipeSGDOptions
 from pipesgd import PipeSGD  # noqa: E402
 
 VARIANTS = (("none", "lookahead", "auto", "broadcast"), ("q8", "lookahead", "ring", "broadcast"),
@@ -43,7 +44,8 @@ def profile_variant(device: torch.device, name: str, variant: tuple[str, str, st
     x = torch.randn(64, 3, 32, 32, device=device)
     y = torch.randint(0, 10, (64,), device=device)
     opt = PipeSGD(torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9), net, width=2, warmup_steps=0,
-                  compression=codec, staleness=staleness, allreduce=allreduce, buffers=buffers)
+                  compression=codec, staleness=staleness,
+                  options=PipeSGDOptions(allreduce=allreduce, buffers=buffers))
     profiler = cProfile.Profile()
     for t in range(args.warmup + args.steps):
         nn.functional.cross_entropy(net(x), y).backward()

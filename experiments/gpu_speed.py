@@ -38,6 +38,7 @@ from experiments.harness.one_line import OneLineParser  # noqa: E402
 from gpu_common import (add_ab_flags, apply_ab_flags, build, check_device,  # noqa: E402
                         check_ab_flags, device_name, launch, markdown, rank_device, write_results)
 
+from pipesgd.options import PipeSGDOptions
 from pipesgd import PipeSGD  # noqa: E402
 from pipesgd.compression import build as build_codec  # noqa: E402
 from pipesgd.compression.throughput import measure_codec_gbps  # noqa: E402
@@ -145,13 +146,14 @@ def bench_model(rank: int, world: int, device: torch.device, name: str, args) ->
     runs += [("none", "none", "auto", "broadcast"), ("q8", "none", "alltoall", "broadcast")]
     runs += [(c, "lookahead", a, "broadcast-delayed")
              for c, a in (("none", "auto"), ("q8", "alltoall"), ("q8", "ring"), ("q8", "gather"))]
-    # the stand-ins that wait for an exchange of the step just taken (issue 36): everyone's q8 average, and the
-    # average's part in a shared rank-4 subspace (pipesgd.delay.lowrank), beside the own gradient above
-    runs += [("q8", "lookahead", "ring", "broadcast", s) for s in ("coarse-q8", "coarse-lowrank")]
+    # the shared stand-in that waits for an exchange of the step just taken: the average's part in a shared
+    # low-rank subspace (pipesgd.delay.lowrank), beside the own gradient above
+    runs += [("q8", "lookahead", "ring", "broadcast", "coarse-lowrank")]
     for codec_name, staleness, allreduce, buffers, *standin in runs:
         net = fresh()
         opt = PipeSGD(sgd(net), net, width=2, warmup_steps=0, compression=codec_name, staleness=staleness,
-                      allreduce=allreduce, buffers=buffers, lookahead_standin=(standin or ["local"])[0])
+                      options=PipeSGDOptions(allreduce=allreduce, buffers=buffers,
+                                             lookahead_standin=(standin or ["local"])[0]))
         variant = f"Pipe-SGD K = 2, {staleness}, {codec_name}, {opt.allreduce}" + (
             "" if buffers == "broadcast" else f", buffers {buffers}") + (f", stand-in {standin[0]}" if standin else "")
         pipe_comm[variant] = (codec_name, opt.allreduce)

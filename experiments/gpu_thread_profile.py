@@ -38,6 +38,7 @@ from gpu_common import (add_profile_flags, build, check_device, check_profile_fl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from experiments.harness.one_line import OneLineParser  # noqa: E402
+from pipesgd.options import PipeSGDOptions
 from pipesgd import PipeSGD  # noqa: E402
 from pipesgd.runlog.atomic import write_text_atomic  # noqa: E402
 
@@ -124,7 +125,7 @@ def profile_variant(device: torch.device, name: str, codec: str, allreduce: str,
     x = torch.randn(64, 3, 32, 32, device=device)
     y = torch.randint(0, 10, (64,), device=device)
     opt = PipeSGD(torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9), net, width=2, warmup_steps=0,
-                  compression=codec, allreduce=allreduce)
+                  compression=codec, options=PipeSGDOptions(allreduce=allreduce))
 
     def iteration() -> None:
         with record_function(STEP_SPAN):

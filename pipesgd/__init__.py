@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _EXPORTS = {
     "PipeSGD": "pipesgd.optimizer",
+    "PipeSGDOptions": "pipesgd.options",
     "NonFiniteGradientError": "pipesgd.optimizer",
     "ring_allreduce": "pipesgd.comm.ring",
     "alltoall_allreduce": "pipesgd.comm.alltoall",
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from pipesgd.accounting import StepStats
     from pipesgd.comm.handles import CompletedWork, Work
     from pipesgd.optimizer import NonFiniteGradientError, PipeSGD
+    from pipesgd.options import PipeSGDOptions
     from pipesgd.grads.replica_check import ReplicaDivergenceError
     from pipesgd.wrapper import OptimizerWrapper
     from pipesgd.comm.ring import ring_allreduce

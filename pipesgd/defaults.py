@@ -45,25 +45,17 @@ GRADIENT_AS_BUCKET_VIEW = True
 
 # What a pipeline of width K >= 2 does about its stale gradients (pipesgd.delay.lookahead): "lookahead" computes each
 # gradient at the weights the K-1 updates in flight will produce (this rank's own gradients standing in for their
-# averages), "none" is the paper's plain update, the gradient of weights K-1 updates old. One step of staleness
-# cost 20-27 accuracy points with momentum 0.9 in the plain update; look-ahead kept widths 2-4 within a seed spread
-# of width 1 (experiments/results/accuracy/report.md).
+# averages), "none" is the paper's plain update, the gradient of weights K-1 updates old. Plain staleness costs
+# momentum SGD much of its accuracy; look-ahead keeps it (experiments/results/accuracy/report.md).
 STALENESS_MODES = ("lookahead", "none")
 STALENESS = "lookahead"
 # What stands in, during look-ahead, for the averages still in flight: "local", this rank's own gradients (free);
-# "coarse-q8" and "coarse-q4", every rank's averaged with that codec before the exact exchange (pipesgd.delay.coarse:
-# an all-reduce per step that the next forward waits for). On the AdamW character GPT at width 3 (4 ranks) the own
-# gradients left +6.2 % validation loss, the q4 average +2.2 %, the q8 average +0.2 % (experiments/results/accuracy),
-# but waiting for it cost more time than synchronous q8 all-reduce. "local-then-q8": the own gradients for the newest
-# step in flight, the q8 average for the older ones (it arrives during a compute phase: no forward waits for it);
-# width 3 and more (at width 2 it is "local"). "coarse-lowrank": the own gradients with every rank's average in a
-# shared subspace of each weight matrix, rank 4 per step in flight (pipesgd.delay.lowrank: one small all-reduce the
-# next forward waits for and one after it, about a twentieth of the uncompressed bytes on the GPT; in simulation as
-# good as the q4 average of all).
-# "auto" (the default): "coarse-lowrank" under Adam and AdamW, where the own gradients' error costs most (the GPT:
-# +1.8 % at width 2, against +0.5 % with the low-rank stand-in), "local" under any other optimizer (momentum SGD:
-# within a seed spread of width 1 with the own gradients, and nothing to wait for).
-LOOKAHEAD_STANDINS = ("auto", "local", "coarse-q8", "coarse-q4", "local-then-q8", "coarse-lowrank")
+# "coarse-lowrank", the own gradients with every rank's average in a shared low-rank subspace of each weight matrix
+# (pipesgd.delay.lowrank: one small all-reduce that the next forward waits for). "auto" (the default) is
+# "coarse-lowrank" under Adam and AdamW, whose replay the own gradients' error costs most, and "local" under any
+# other optimizer, where the own gradients keep width 1's accuracy and nothing waits. The codec averages of all
+# gradients that once stood in here cost more time than synchronous training saved (docs/training.md).
+LOOKAHEAD_STANDINS = ("auto", "local", "coarse-lowrank")
 LOOKAHEAD_STANDIN = "auto"  # PipeSGD's and the trainer's default
 UNSHARED_STANDINS = ("auto", "local")  # no all-reduce of their own: also valid (and idle) without look-ahead
 ADAM_FAMILY = ("adam", "adamw")  # torch.optim.Adam, AdamW and their subclasses; the trainer's names
@@ -83,14 +75,10 @@ def resolve_lookahead_standin(standin: str, optimizer: tuple | list) -> str:
     return "coarse-lowrank" if is_adam_family(optimizer) else "local"
 
 
-# Error feedback where compression="auto" chooses the codec (pipesgd.auto): with q8 and q4 under momentum SGD (the
-# ladder of timing_model.recommend; q4 and sign lose accuracy without it), none under Adam and AdamW. On the AdamW
-# GPT at width 2 with look-ahead it cost accuracy with either codec: q8 +0.7 % of width 1's validation loss without
-# it, +1.1 % with it (six seeds; 5 of 6 worse with it), q4 +2.4 % and +5.2 % (3 of 3) (experiments/results/accuracy).
-# (1-bit Adam and Bagua's QAdam freeze Adam's second moment before compressing with error compensation: Adam depends
-# on the gradient non-linearly.) Nor does the choice go below q8 there: q4 missed the GPT's 1 % with or without
-# feedback, and on the emulated cluster a re-check walked from q8 to q4 (experiments/results/charlm_time). A user who
-# names the codec gets it, with error_feedback as given.
+# What compression="auto" may choose under Adam and AdamW (pipesgd.auto): no error feedback and nothing below q8,
+# which cost the character GPT accuracy under look-ahead (experiments/results/accuracy/report.md). Adam depends on
+# the gradient non-linearly, so a residual fed back into its moments does not cancel as it does under SGD. A user
+# who names the codec gets it, with error_feedback as given.
 ADAM_AUTO_CODECS = ("none", "bf16", "q8")
 AUTO_ADAM_NOTE = "no error feedback and nothing below q8 under Adam/AdamW (they cost the GPT accuracy under look-ahead)"
 

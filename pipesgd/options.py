@@ -1,5 +1,8 @@
-"""What a PipeSGD wrapper is asked to do, validated in one place: ``PipeSGDOptions`` raises ``ValueError``
-saying why a value or a combination is invalid, before any group, worker or buffer exists.
+"""What a PipeSGD wrapper is asked to do, validated in one place before any group, worker or buffer exists.
+
+``PipeSGDOptions`` holds the knobs that one user in a hundred changes (a new knob is one field here); the
+constructor's own arguments and these options together make the ``WrapperConfig`` the wrapper runs with. Both raise
+``ValueError`` saying why a value or a combination is invalid.
 """
 from __future__ import annotations
 
@@ -8,115 +11,101 @@ from typing import Any
 
 import torch
 
-from pipesgd.grads.buffers import BUFFER_MODES
-from pipesgd.grads.clipping import resolve_max_grad_norm
 from pipesgd.auto import AUTO
 from pipesgd.comm.exchange import GradientExchange
 from pipesgd.comm.topology import RingTopology
 from pipesgd.compression import Compressor, ErrorFeedback, build
-from pipesgd.defaults import (
-    ALLREDUCE_CHOICES,
-    BUCKET_MB,
-    GRADIENT_AS_BUCKET_VIEW,
-    LOOKAHEAD_STANDINS,
-    NEEDS_ERROR_FEEDBACK,
-    STALENESS,
-    STALENESS_MODES,
-    UNSHARED_STANDINS,
-    WARMUP_STEPS,
-    resolve_allreduce,
-)
+from pipesgd.defaults import (ALLREDUCE_CHOICES, BUCKET_MB, GRADIENT_AS_BUCKET_VIEW, LOOKAHEAD_STANDINS,
+                              NEEDS_ERROR_FEEDBACK, STALENESS, STALENESS_MODES, UNSHARED_STANDINS, WARMUP_STEPS,
+                              resolve_allreduce)
+from pipesgd.grads.buffers import BUFFER_MODES
+from pipesgd.grads.clipping import resolve_max_grad_norm
 
 NONFINITE_POLICIES = ("raise", "skip")
-MAX_LOOKAHEAD_REACH = 2.0  # twice the displacement of the steps in flight: past it a reach is a different method
 
 
 @dataclass(frozen=True, slots=True)
 class PipeSGDOptions:
-    """The keyword arguments of ``PipeSGD`` (same names, same defaults), checked on construction."""
+    """The rarely changed knobs of ``PipeSGD`` (``PipeSGD(..., options=PipeSGDOptions(nonfinite="skip"))``)."""
 
-    # Pipeline: K steps in flight after ``warmup_steps`` synchronous ones (see pipesgd.delay.pipeline); "auto":
-    # chosen at the end of the warm-up (pipesgd.auto), synchronous until then.
-    width: int | str = 2
-    warmup_steps: int = WARMUP_STEPS
-    # Stale gradients (width >= 2): "lookahead" computes each at the weights the updates in flight will produce
-    # (pipesgd.delay.lookahead), "none" is the paper's plain update.
-    staleness: str = STALENESS
-    # Look-ahead's displacement in replayed updates (pipesgd.delay.lookahead "Reach"); 1: the weights the steps in
-    # flight will produce.
-    lookahead_reach: float = 1.0
-    # What stands in for the averages in flight (pipesgd.defaults.LOOKAHEAD_STANDINS; pipesgd.delay.coarse).
+    # What stands in for the averages in flight during look-ahead (pipesgd.defaults.LOOKAHEAD_STANDINS).
     lookahead_standin: str = "auto"
-    # Codec on every ring hop (pipesgd.compression registry name and its options); "auto": chosen at the end of
-    # the warm-up from what it measured (pipesgd.auto), uncompressed until then or until a provisional codec.
-    compression: str = "none"
+    # The codec's own parameters (pipesgd.compression registry), e.g. {"stochastic": True} for q8.
     compression_options: dict[str, Any] = field(default_factory=dict)
-    error_feedback: bool = False  # keep what the codec dropped and send it with the next step
-    # Communication.
-    bucket_mb: float = BUCKET_MB  # MiB of gradients per flat bucket (one collective call each)
-    allreduce: str = "auto"  # pipesgd.defaults.ALLREDUCE_CHOICES
-    timeout_s: float | None = None  # bound on every wait of the background ring; None: torch's default
-    # Safety.
-    nonfinite: str = "raise"  # a NaN/Inf averaged gradient raises, or the step is skipped ("skip")
+    allreduce: str = "auto"  # how a bucket travels (pipesgd.defaults.ALLREDUCE_CHOICES)
+    timeout_s: float | None = None  # bound on every wait of the background exchange; None: torch's default
+    max_grad_norm: float | None = None  # clip the averaged gradient to this global L2 norm; None or 0: off
+    nonfinite: str = "raise"  # a NaN/Inf averaged gradient raises, or its step is skipped ("skip")
     check_replicas_every: int = 0  # compare the weights (and synced buffers) bitwise across ranks every N steps
-    # Before every ring, agree (one small all-reduce on the background worker) on which ranks still train, so a
-    # rank that ran out of data is named instead of a hang (pipesgd.comm.uneven). False when every rank runs the
-    # same number of steps by construction: the agreement is a latency-bound collective per step.
+    # Before every exchange, agree on which ranks still train, so a rank that ran out of data is named instead of
+    # a hang (pipesgd.comm.uneven). False where every rank runs the same number of steps by construction.
     check_uneven: bool = True
-    # What DDP users expect (pipesgd.grads.clipping, pipesgd.grads.buffers, pipesgd.grads.amp).
-    max_grad_norm: float | None = None  # clip the averaged gradient to this global L2 norm; None or 0: no clipping
-    # module buffers: rank 0's ("broadcast", as DDP), the mean ("average"), "none", or either "-delayed" (with the
-    # gradients, set when they are applied; pipesgd.grads.buffers)
+    # Module buffers (BatchNorm statistics): rank 0's ("broadcast", as DDP), the mean ("average"), "none", or
+    # either "-delayed" (pipesgd.grads.buffers).
     buffers: str = "broadcast"
     grad_scaler: Any = None  # a torch.amp.GradScaler the wrapper drives (fp16 loss scaling); None: no scaling
-    # Memory layout (pipesgd.grads.bucket_sets): p.grad as views into K bucket sets, so no step copies a gradient.
-    gradient_as_bucket_view: bool = GRADIENT_AS_BUCKET_VIEW
-    # Start every rank from rank 0's parameters and buffers (DDP's ``init_sync``); False only for a model already
-    # identical on every rank by construction (it skips one broadcast of the model).
+    gradient_as_bucket_view: bool = GRADIENT_AS_BUCKET_VIEW  # p.grad as views into the flat buckets
+    # Start every rank from rank 0's parameters and buffers (DDP's behaviour); False only for a model already
+    # identical on every rank by construction.
     init_sync: bool = True
-    # width or compression "auto": choose again every N steps after the warm-up (0: once; pipesgd.auto).
-    auto_recheck_every: int = 0
+    auto_recheck_every: int = 0  # width or compression "auto": choose again every N steps (0: once)
 
     def __post_init__(self) -> None:
-        if self.width != AUTO and (not isinstance(self.width, int) or isinstance(self.width, bool) or self.width < 1):
-            raise ValueError(f"width must be an integer >= 1 or 'auto', got {self.width!r}")
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
-        if self.staleness not in STALENESS_MODES:
-            raise ValueError(f"staleness must be one of {STALENESS_MODES}, got {self.staleness!r}")
-        if (isinstance(self.lookahead_reach, bool) or not isinstance(self.lookahead_reach, (int, float))
-                or not 0 < self.lookahead_reach <= MAX_LOOKAHEAD_REACH):
-            raise ValueError(f"lookahead_reach must be a number in (0, {MAX_LOOKAHEAD_REACH}], got "
-                             f"{self.lookahead_reach!r}")
-        if self.lookahead_reach != 1.0 and self.staleness != "lookahead":
-            raise ValueError(f"lookahead_reach applies to staleness='lookahead' only, not {self.staleness!r}")
         if self.lookahead_standin not in LOOKAHEAD_STANDINS:
             raise ValueError(f"lookahead_standin must be one of {LOOKAHEAD_STANDINS}, got {self.lookahead_standin!r}")
-        if self.lookahead_standin not in UNSHARED_STANDINS and self.staleness != "lookahead":
-            raise ValueError(f"lookahead_standin applies to staleness='lookahead' only, not {self.staleness!r}")
-        if self.nonfinite not in NONFINITE_POLICIES:
-            raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {self.nonfinite!r}")
-        if not self.bucket_mb > 0:
-            raise ValueError(f"bucket_mb must be positive, got {self.bucket_mb!r}")
-        if self.timeout_s is not None and not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be positive, got {self.timeout_s!r}")
         if self.allreduce not in ALLREDUCE_CHOICES:
             raise ValueError(f"allreduce must be one of {ALLREDUCE_CHOICES}, got {self.allreduce!r}")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {self.timeout_s!r}")
         object.__setattr__(self, "max_grad_norm", resolve_max_grad_norm(self.max_grad_norm))  # 0 -> None (off)
+        if self.nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {self.nonfinite!r}")
+        if not isinstance(self.check_replicas_every, int) or self.check_replicas_every < 0:
+            raise ValueError(f"check_replicas_every must be an integer >= 0, got {self.check_replicas_every!r}")
         if self.buffers not in BUFFER_MODES:
             raise ValueError(f"buffers must be one of {BUFFER_MODES}, got {self.buffers!r}")
         if self.grad_scaler is not None and not isinstance(self.grad_scaler, torch.amp.GradScaler):
             raise ValueError(f"grad_scaler must be a torch.amp.GradScaler, got {type(self.grad_scaler).__name__}")
-        if not isinstance(self.check_uneven, bool):
-            raise ValueError(f"check_uneven must be True or False, got {self.check_uneven!r}")
-        if not isinstance(self.init_sync, bool):
-            raise ValueError(f"init_sync must be True or False, got {self.init_sync!r}")
-        if not isinstance(self.gradient_as_bucket_view, bool):
-            raise ValueError(f"gradient_as_bucket_view must be True or False, got {self.gradient_as_bucket_view!r}")
-        if self.check_replicas_every < 0:
-            raise ValueError(f"check_replicas_every must be >= 0, got {self.check_replicas_every!r}")
+        for name in ("check_uneven", "init_sync", "gradient_as_bucket_view"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if not isinstance(self.auto_recheck_every, int) or self.auto_recheck_every < 0:
+            raise ValueError(f"auto_recheck_every must be an integer >= 0, got {self.auto_recheck_every!r}")
         # A private copy: the caller's dict may change later, these options may not.
         object.__setattr__(self, "compression_options", dict(self.compression_options or {}))
+
+
+@dataclass(frozen=True, slots=True)
+class WrapperConfig:
+    """Everything a wrapper runs with: the constructor's arguments and its options, checked together."""
+
+    # Pipeline: K steps in flight after ``warmup_steps`` synchronous ones (pipesgd.delay.pipeline); "auto": chosen
+    # at the end of the warm-up (pipesgd.auto), synchronous until then.
+    width: int | str = 2
+    warmup_steps: int = WARMUP_STEPS
+    # Stale gradients at width >= 2: "lookahead" computes each at the weights the updates in flight will produce
+    # (pipesgd.delay.lookahead), "none" is the paper's plain update.
+    staleness: str = STALENESS
+    # The codec (pipesgd.compression registry name); "auto": chosen at the end of the warm-up (pipesgd.auto).
+    compression: str = "none"
+    error_feedback: bool = False  # keep what the codec dropped and send it with the next step
+    bucket_mb: float = BUCKET_MB  # MiB of gradients per flat bucket (one collective call each)
+    options: PipeSGDOptions = field(default_factory=PipeSGDOptions)
+
+    def __post_init__(self) -> None:
+        if self.width != AUTO and (not isinstance(self.width, int) or isinstance(self.width, bool) or self.width < 1):
+            raise ValueError(f"width must be an integer >= 1 or 'auto', got {self.width!r}")
+        if not isinstance(self.warmup_steps, int) or isinstance(self.warmup_steps, bool) or self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
+        if self.staleness not in STALENESS_MODES:
+            raise ValueError(f"staleness must be one of {STALENESS_MODES}, got {self.staleness!r}")
+        if not isinstance(self.bucket_mb, (int, float)) or not self.bucket_mb > 0:
+            raise ValueError(f"bucket_mb must be positive, got {self.bucket_mb!r}")
+        if not isinstance(self.options, PipeSGDOptions):
+            raise ValueError(f"options must be a pipesgd.PipeSGDOptions, got {type(self.options).__name__}")
+        options = self.options
+        if options.lookahead_standin not in UNSHARED_STANDINS and self.staleness != "lookahead":
+            raise ValueError(f"lookahead_standin applies to staleness='lookahead' only, not {self.staleness!r}")
         if self.compression == AUTO and self.error_feedback:
             raise ValueError("compression='auto' chooses error feedback with the codec; leave error_feedback "
                              "False (or name a codec)")
@@ -124,9 +113,7 @@ class PipeSGDOptions:
         if chosen and self.warmup_steps < 2:
             raise ValueError(f"{chosen[0]}='auto' measures during the synchronous warm-up: warmup_steps must be "
                              f">= 2, got {self.warmup_steps}")
-        if not isinstance(self.auto_recheck_every, int) or self.auto_recheck_every < 0:
-            raise ValueError(f"auto_recheck_every must be an integer >= 0, got {self.auto_recheck_every!r}")
-        if self.auto_recheck_every and not chosen:
+        if options.auto_recheck_every and not chosen:
             raise ValueError("auto_recheck_every needs width='auto' or compression='auto' (nothing else is chosen)")
         codec = self.build_compressor()  # an unknown name or a bad codec option raises here
         if self.compression in NEEDS_ERROR_FEEDBACK and not self.error_feedback:
@@ -142,21 +129,28 @@ class PipeSGDOptions:
     def bucket_bytes(self) -> int:
         return int(self.bucket_mb * 2**20)
 
+    @property
+    def chooses(self) -> bool:
+        """Whether the warm-up chooses the width or the codec (pipesgd.auto)."""
+        return AUTO in (self.width, self.compression)
+
     def build_compressor(self, rank: int | None = None) -> Compressor:
         """The codec for ``rank`` (stochastic rounding draws noise of its own on every rank); with "auto", the
         warm-up's: none (until a provisional codec, ``pipesgd.auto``)."""
         if self.compression == AUTO:
             return build("none")
-        return build(self.compression, rank=rank, **self.compression_options)
+        return build(self.compression, rank=rank, **self.options.compression_options)
 
-    def build_exchange(self, topology: RingTopology, rank: int, device: torch.device) -> GradientExchange:
-        """How the buckets travel with these options: this rank's codec (and its error feedback) on the all-reduce
-        it runs in, for gradients on ``device``."""
+    def build_exchange(self, topology: RingTopology, rank: int, device: torch.device,
+                       allreduce: str | None = None) -> GradientExchange:
+        """How the buckets travel: this rank's codec (and its error feedback) on the all-reduce it runs in, for
+        gradients on ``device``; ``allreduce`` overrides the options' choice (a measured one, ``pipesgd.auto``)."""
         compressor = self.build_compressor(rank)
-        return GradientExchange(topology, compressor, self.allreduce_for(compressor, topology.stages(device)),
+        choice = self.options.allreduce if allreduce is None else allreduce
+        return GradientExchange(topology, compressor,
+                                resolve_allreduce(choice, compressor.lossless, topology.stages(device)),
                                 ErrorFeedback(compressor) if self.error_feedback else None)
 
     def allreduce_for(self, compressor: Compressor, staged: bool = False) -> str:
-        """"ring", "alltoall", "gather" or "backend": which all-reduce runs a bucket with ``compressor``, its payloads
-        staged through host memory or not (pipesgd.defaults)."""
-        return resolve_allreduce(self.allreduce, compressor.lossless, staged)
+        """Which all-reduce runs a bucket with ``compressor``, its payloads staged through host memory or not."""
+        return resolve_allreduce(self.options.allreduce, compressor.lossless, staged)

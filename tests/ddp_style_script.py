@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipesgd.options import PipeSGDOptions
 import pipesgd
 
 STEPS, SAVE_AT, ACCUMULATE = 10, 5, 2
@@ -29,7 +30,7 @@ decay = [p for p in model.parameters() if p.dim() >= 2]
 no_decay = [p for p in model.parameters() if p.dim() < 2]
 inner = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                           lr=1e-2, betas=(0.9, 0.95))
-opt = pipesgd.PipeSGD(inner, model, width=2, warmup_steps=2, max_grad_norm=1.0)  # <- not DDP(model); wrap, then load
+opt = pipesgd.PipeSGD(inner, model, width=2, warmup_steps=2, options=PipeSGDOptions(max_grad_norm=1.0))  # <- not DDP(model); wrap, then load
 start = 0
 if checkpoint is not None:
     opt.load_state_dict(checkpoint["optimizer"])

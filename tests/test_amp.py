@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pipesgd.options import PipeSGDOptions
 from pipesgd import PipeSGD
 from pipesgd.grads.amp import DelayedLossScale
 from tests.distributed import run_ranks
@@ -23,7 +24,8 @@ def train(rank: int, precision: str, inject: bool):
     model = make_model(torch.float32)
     inner = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12) if precision == "fp16" else None
-    opt = PipeSGD(inner, model, width=2, warmup_steps=0, grad_scaler=scaler, nonfinite="skip", max_grad_norm=10.0)
+    opt = PipeSGD(inner, model, width=2, warmup_steps=0,
+                  options=PipeSGDOptions(grad_scaler=scaler, nonfinite="skip", max_grad_norm=10.0))
     skipped, scales = [], []
     for t in range(STEPS):
         x, y = batch(t, rank, torch.float32)

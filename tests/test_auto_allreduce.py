@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pipesgd.options import PipeSGDOptions
 from pipesgd import PipeSGD, auto
 from pipesgd.auto.allreduce_trial import MIN_STEPS, ORDER, AllreduceTrial
 from tests.distributed import run_ranks
@@ -57,11 +58,11 @@ def _ranks_ring_wins(rank: int, world: int, allreduce: str) -> dict:
         ("ring", {"alltoall_s": 0.02, "ring_s": 0.01}) if all(self.times.values()) else None)  # any sample
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=TRIAL_WARMUP,
-                  allreduce=allreduce)
+                  options=PipeSGDOptions(allreduce=allreduce))
     stats = _train(model, opt, range(TRIAL_WARMUP + 2), rank)
     state = opt.state_dict()
-    again = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=TRIAL_WARMUP,
-                    allreduce=allreduce)
+    again = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto",
+                    warmup_steps=TRIAL_WARMUP, options=PipeSGDOptions(allreduce=allreduce))
     auto.measure = _no_measuring
     again.load_state_dict(state)
     result = {"labels": [s.auto_choice for s in stats], "allreduce": opt.allreduce, "resumed": again.allreduce,

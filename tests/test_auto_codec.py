@@ -13,7 +13,8 @@ from torch import nn
 from pipesgd import PipeSGD, auto
 from pipesgd.auto import probes
 from pipesgd.auto.allreduce_trial import ORDER
-from pipesgd.options import PipeSGDOptions
+from pipesgd.options import PipeSGDOptions, WrapperConfig
+from tests.wrap import split_options
 from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
 
@@ -125,7 +126,8 @@ def test_the_first_steps_compute_runs_from_its_first_forward_pass():
 ])
 def test_what_auto_refuses(options, needle):
     with pytest.raises(ValueError, match=needle):
-        PipeSGDOptions(**options)
+        own, rest = split_options(options)
+        WrapperConfig(**own, options=rest)
 
 
 def link_from_measure() -> None:
@@ -171,7 +173,7 @@ def _ranks_choose(rank: int, world: int, optimizer=torch.optim.SGD) -> dict:
     opt.check_replicas()
     choice = dict(opt.auto_choice)
     opt.close()
-    return {"choice": choice, "compression": opt.compression, "error_feedback": opt.options.error_feedback}
+    return {"choice": choice, "compression": opt.compression, "error_feedback": opt.config.error_feedback}
 
 
 def test_every_rank_reaches_the_same_choice_and_replicas_stay_identical():
@@ -204,7 +206,7 @@ def test_a_resumed_run_keeps_the_choice_without_measuring(process_group, monkeyp
     monkeypatch.setattr(auto, "measure", _no_measuring)
     again = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
     again.load_state_dict(state)
-    assert again.compression == "q8" and again.options.error_feedback and again.auto_choice["reason"] == "a test"
+    assert again.compression == "q8" and again.config.error_feedback and again.auto_choice["reason"] == "a test"
     _train(model, again, range(WARMUP + 2, WARMUP + 5))
     for wrapper in (opt, again):
         wrapper.flush()
@@ -315,7 +317,7 @@ def _ranks_early_look(rank: int, world: int, init_sync: bool, warmup: int = PROB
     auto.measure, auto.decide, auto.uncompressed_hides = _slow_link, _guesses(calls), never_hides
     model = _model()  # the same on every rank (a seed), so init_sync=False starts from equal replicas too
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=warmup,
-                  init_sync=init_sync)
+                  options=PipeSGDOptions(init_sync=init_sync))
     stats = _train(model, opt, range(warmup + 2), rank)
     opt.flush()
     opt.check_replicas()
@@ -423,7 +425,7 @@ def test_a_recheck_after_a_warmup_that_timed_nothing_measures_the_link_once(proc
     monkeypatch.setattr(auto, "measure", lambda *_args: calls.append(1) or dict(FAST))
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP,
-                  auto_recheck_every=2)
+                  options=PipeSGDOptions(auto_recheck_every=2))
     _train(model, opt, range(WARMUP))
     assert calls == [] and "small_allreduce_s" not in opt.auto_choice["measured"]
     _train(model, opt, range(WARMUP, WARMUP + 6))  # three windows: the first decides (and measures), then nothing moved

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pipesgd.options import PipeSGDOptions
 from pipesgd import PipeSGD, auto
 from pipesgd.auto import decision
 from tests.distributed import run_ranks
@@ -217,7 +218,7 @@ def _recheck_ranks(rank: int, world: int) -> dict:
     auto.StepClock.comm_s = property(lambda self: 0.001 if chosen else 0.2)  # the provisional codec's: slow too
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model, width=2, compression="auto",
-                  error_feedback=False, warmup_steps=WARMUP, auto_recheck_every=EVERY)
+                  error_feedback=False, warmup_steps=WARMUP, options=PipeSGDOptions(auto_recheck_every=EVERY))
     updates = []
     opt.optimizer.register_step_post_hook(lambda *_: updates.append(1))
     steps = WARMUP + 2 * EVERY + 2
@@ -249,14 +250,14 @@ def test_a_switch_between_codecs_with_feedback_carries_the_residuals(process_gro
     monkeypatch.setattr(auto.StepClock, "comm_s", property(lambda self: 0.01))
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP,
-                  auto_recheck_every=EVERY)
+                  options=PipeSGDOptions(auto_recheck_every=EVERY))
     _train(model, opt, range(WARMUP + EVERY - 1))
-    old = opt._exchange
+    old = opt._parts.exchange
     _train(model, opt, range(WARMUP + EVERY - 1, WARMUP + EVERY))  # the re-check switches to q4
-    assert opt.compression == "q4" and opt._exchange is not old
+    assert opt.compression == "q4" and opt._parts.exchange is not old
     owed = old.feedback.residuals_state()
-    assert owed and owed.keys() == opt._exchange.feedback.residuals_state().keys()
-    assert all(torch.equal(owed[k], opt._exchange.feedback.residuals_state()[k]) for k in owed)
+    assert owed and owed.keys() == opt._parts.exchange.feedback.residuals_state().keys()
+    assert all(torch.equal(owed[k], opt._parts.exchange.feedback.residuals_state()[k]) for k in owed)
     opt.flush()
     opt.close()
 
@@ -423,7 +424,7 @@ def test_after_a_provisional_codec_a_held_width_goes_back_to_width_1_with_that_c
     assert labels[0] == "warm-up: q4 + error feedback" and labels[PROBING - 1] == "width 2, q4 + error feedback"
     assert labels[PROBING - 1 + auto.EARLY_HOLD_STEPS] == "width 1, q4 + error feedback"
     assert (opt.width, opt.compression, opt.auto_choice["error_feedback"]) == (1, "q4", True)
-    assert opt._exchange.feedback is not None and list(opt.auto_choice["ran"]) == ["1:q4+ef"]
+    assert opt._parts.exchange.feedback is not None and list(opt.auto_choice["ran"]) == ["1:q4+ef"]
     assert "held against the warm-up" in opt.auto_choice["reason"]
     opt.flush()
     opt.check_replicas()

@@ -9,14 +9,13 @@ from experiments.harness.fidelity_report import markdown
 from experiments.harness.speed import speed_table
 from experiments.harness.comparison_config import load_config
 from experiments.harness.variants import (ACCURACY_VARIANTS, AUTO_CHOICE_VARIANTS, CHARLM_TIME_VARIANTS,
-                                         COARSE_VARIANTS, COMPARISON_VARIANTS,
+                                         COMPARISON_VARIANTS,
                                          CONVENTIONAL_BASELINES, DDP_BASELINES, DEFAULT_FIDELITY_VARIANTS,
                                          FIDELITY_VARIANTS, PIPE_VARIANTS, SPEED_VARIANTS, TIME_TO_ACCURACY_VARIANTS,
                                          TRAINER_FLAGS, trainer_flags)
 from pipesgd.runlog.results import Run
 
 AUTO_CHOICE_CONFIG = "experiments/configs/auto_choice.toml"
-COARSE_CONFIG = "experiments/configs/coarse_standin.toml"
 CHARLM_TIME_CONFIG = "experiments/configs/charlm_time.toml"
 
 
@@ -32,10 +31,8 @@ def test_variants_are_the_flags_the_experiments_ran():
     assert set(DEFAULT_FIDELITY_VARIANTS) <= set(FIDELITY_VARIANTS)
     # every variant of the table is run by some experiment (issue 12's grid added pipe+sign, pipe-w3, ddp+powersgd)
     assert set(SPEED_VARIANTS) | set(FIDELITY_VARIANTS) | set(TIME_TO_ACCURACY_VARIANTS) | set(
-        AUTO_CHOICE_VARIANTS) | set(COARSE_VARIANTS) | set(CHARLM_TIME_VARIANTS) == set(TRAINER_FLAGS)
-    assert tuple(load_config(COARSE_CONFIG).variants) == COARSE_VARIANTS
+        AUTO_CHOICE_VARIANTS) | set(CHARLM_TIME_VARIANTS) == set(TRAINER_FLAGS)
     assert tuple(load_config(CHARLM_TIME_CONFIG).variants) == CHARLM_TIME_VARIANTS
-    assert trainer_flags("pipe+q8+reach")[-4:] == ["--lookahead-reach", "1.2", "--lookahead-standin", "local"]
     assert trainer_flags("pipe+q8+lowrank")[-2:] == ["--lookahead-standin", "coarse-lowrank"]
     assert trainer_flags("pipe+auto") == ["--mode", "pipe", "--width", "2", "--compression", "auto"]
     assert tuple(load_config(AUTO_CHOICE_CONFIG).variants) == AUTO_CHOICE_VARIANTS

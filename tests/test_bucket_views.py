@@ -8,6 +8,7 @@ from torch import nn
 
 from pipesgd import PipeSGD
 from pipesgd.options import PipeSGDOptions
+from tests.wrap import wrap
 from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
 
@@ -39,7 +40,7 @@ def run(views: bool, width: int = 2, warmup: int = 0, steps: int = 9, rank: int 
         model[2].bias.requires_grad_(False)
     inner = (torch.optim.Adam(model.parameters(), lr=0.01) if adam
              else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4))
-    opt = PipeSGD(inner, model, width=width, warmup_steps=warmup, gradient_as_bucket_view=views, **options)
+    opt = wrap(inner, model, width=width, warmup_steps=warmup, gradient_as_bucket_view=views, **options)
     seen = []
     for t in range(steps):
         for part in range(accumulate):  # several backward() before one step(): DDP's no_sync()

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from pipesgd.options import PipeSGDOptions
 from pipesgd import PipeSGD, ReplicaDivergenceError
 from pipesgd.grads.buffers import BufferSync, FlatGroup
 from tests.distributed import run_ranks
@@ -70,9 +71,9 @@ def reference(world: int, width: int, warmup: int, mode: str):
 
 def train(rank: int, width: int, warmup: int, mode: str):
     model = make_bn_model()
-    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model, width=width,
-                  warmup_steps=warmup, buffers=mode, check_replicas_every=1 if mode != "none" else 0,
-                  staleness="none")  # the reference is the paper's plain delayed update
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model, width=width, warmup_steps=warmup,
+                  staleness="none",
+                  options=PipeSGDOptions(buffers=mode, check_replicas_every=1 if mode != "none" else 0))  # the reference is the paper's plain delayed update
     trajectory, timed = [], []
     for t in range(STEPS):
         x, y = batch(t, rank)
@@ -191,7 +192,7 @@ def test_a_group_with_a_buffer_that_is_not_contiguous_still_writes_back():
 def test_unknown_buffer_modes_are_refused(mode):
     model = make_bn_model()
     with pytest.raises(ValueError, match="buffers must be one of"):
-        PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, buffers=mode)
+        PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, options=PipeSGDOptions(buffers=mode))
 
 
 def _sync_batchnorm(rank: int, world: int):
@@ -200,7 +201,7 @@ def _sync_batchnorm(rank: int, world: int):
     model = nn.Sequential(nn.Linear(6, 5), nn.BatchNorm1d(5), nn.Tanh(), nn.Linear(5, 3))
     model = nn.SyncBatchNorm.convert_sync_batchnorm(model).to(device)
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, width=2, warmup_steps=0,
-                  check_replicas_every=1)
+                  options=PipeSGDOptions(check_replicas_every=1))
     for t in range(4):
         x, y = (v.float().to(device) for v in batch(t, rank))
         nn.functional.mse_loss(model(x), y).backward()
@@ -223,7 +224,8 @@ def _odd_last_forward(rank: int, world: int):
     out = {}
     for mode in ("broadcast", "average", "broadcast-delayed", "average-delayed", "none"):
         model = make_bn_model()
-        opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, width=2, warmup_steps=0, buffers=mode)
+        opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, width=2, warmup_steps=0,
+                      options=PipeSGDOptions(buffers=mode))
         for t in range(3):
             x, y = batch(t, rank)
             nn.functional.mse_loss(model(x), y).backward()

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from pipesgd.options import PipeSGDOptions
 from pipesgd import PipeSGD
 from tests.distributed import run_ranks
 from tests.test_pipesgd import batch, make_model, snapshot
@@ -58,8 +59,8 @@ def reference(world: int, width: int, warmup: int, max_norm: float | None, accum
 
 def train(rank: int, width: int, warmup: int, max_norm: float | None, accumulate: int):
     model = make_model()
-    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model, width=width,
-                  warmup_steps=warmup, max_grad_norm=max_norm, staleness="none")  # the reference: plain delay
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model, width=width, warmup_steps=warmup,
+                  staleness="none", options=PipeSGDOptions(max_grad_norm=max_norm))  # the reference: plain delay
     trajectory, norms = [], []
     for t in range(STEPS):
         for m in range(accumulate):
@@ -114,7 +115,7 @@ def test_clipping_and_accumulation_match_the_reference(world):
 def test_no_applied_gradient_exceeds_the_clip_at_world_size_one():
     model = make_model()
     inner = torch.optim.SGD(model.parameters(), lr=0.1)
-    opt = PipeSGD(inner, model, width=2, warmup_steps=0, max_grad_norm=MAX_NORM)
+    opt = PipeSGD(inner, model, width=2, warmup_steps=0, options=PipeSGDOptions(max_grad_norm=MAX_NORM))
     seen = []
     inner.register_step_pre_hook(lambda o, *_: seen.append(float(nn.utils.get_total_norm(
         [p.grad for p in model.parameters()]))))
@@ -148,14 +149,15 @@ def test_accumulation_keeps_the_misuse_guards():
 def test_bad_max_grad_norm_is_refused(value):
     model = make_model()
     with pytest.raises(ValueError, match="max_grad_norm"):
-        PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, max_grad_norm=value)
+        PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, options=PipeSGDOptions(max_grad_norm=value))
 
 
 @pytest.mark.parametrize("value", [0, 0.0, None])
 def test_zero_or_none_turns_clipping_off(value):
     """As HF Trainer's ``max_grad_norm`` and nanoGPT's ``grad_clip``: 0 means no clipping."""
     model = make_model()
-    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, width=1, max_grad_norm=value)
-    assert opt.options.max_grad_norm is None
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, width=1,
+                  options=PipeSGDOptions(max_grad_norm=value))
+    assert opt.config.options.max_grad_norm is None
     nn.functional.mse_loss(model(batch(0, 0)[0]), batch(0, 0)[1] * 1e6).backward()  # a huge gradient
     assert opt.step().grad_norm is None  # nothing clipped, no norm computed

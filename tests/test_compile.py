@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch import nn
 
+from pipesgd.options import PipeSGDOptions
 from pipesgd import PipeSGD
 from tests.test_buffers import make_bn_model
 from tests.test_pipesgd import batch
@@ -26,7 +27,7 @@ def _compile_works() -> str | None:
 def losses(compiled: bool) -> list[float]:
     model = make_bn_model().float()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model, width=2, warmup_steps=1,
-                  max_grad_norm=1.0)
+                  options=PipeSGDOptions(max_grad_norm=1.0))
     forward = torch.compile(model) if compiled else model
     out = []
     for t in range(STEPS):

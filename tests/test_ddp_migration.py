@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from pipesgd.options import PipeSGDOptions
 from pipesgd import PipeSGD
 from pipesgd.launch import free_port
 from pipesgd.train.data import load_digits
@@ -32,7 +33,7 @@ def _tutorial_loop(rank: int, world: int):
     inner = torch.optim.SGD([{"params": decay, "weight_decay": 1e-4}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=0.05, momentum=0.9)
     # The changed lines: PipeSGD instead of DDP; the clip moves into the wrapper.
-    opt = PipeSGD(inner, model, width=2, max_grad_norm=CLIP)
+    opt = PipeSGD(inner, model, width=2, options=PipeSGDOptions(max_grad_norm=CLIP))
     applied_norms = []
     inner.register_step_pre_hook(lambda o, *_: applied_norms.append(float(torch.nn.utils.get_total_norm(
         [p.grad for p in model.parameters()]))))

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipesgd.options import PipeSGDOptions
 from pipesgd import PipeSGD
 from pipesgd.comm.channel import open_private_channel
 from pipesgd.compression import ErrorFeedback, build
@@ -62,8 +63,8 @@ def _skips_with_a_slow_reset(rank: int, world: int):
     ErrorFeedback.reset = slow_reset
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
-    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, width=2, warmup_steps=0,
-                  compression="q8", error_feedback=True, nonfinite="skip")
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, width=2, warmup_steps=0, compression="q8",
+                  error_feedback=True, options=PipeSGDOptions(nonfinite="skip"))
     skipped = []
     for t in range(7):
         g = torch.Generator().manual_seed(10 * t + rank)
@@ -118,7 +119,8 @@ def test_closing_a_private_channel_destroys_its_group():
 def _closing_pipesgd_destroys_its_groups(rank: int, world: int, check_uneven: bool):
     groups = set(dist.distributed_c10d._world.pg_map)
     model = nn.Linear(3, 2)
-    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, check_uneven=check_uneven)
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model,
+                  options=PipeSGDOptions(check_uneven=check_uneven))
     opened = len(set(dist.distributed_c10d._world.pg_map) - groups)
     dist.barrier()  # every rank connected to the new groups before any destroys them (as above)
     opt.close()

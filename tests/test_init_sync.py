@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipesgd.options import PipeSGDOptions
 import pipesgd
 from pipesgd import PipeSGD
 from pipesgd.comm.groups import NoProcessGroupError
@@ -31,7 +32,7 @@ def _wrap_rank_seeded(rank: int, world: int, init_sync: bool, sync_bn: bool, loa
     if loaded is not None and rank == 0:
         model.load_state_dict(loaded)  # only rank 0 restored a checkpoint
     with cpu_sync_batchnorm():
-        opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, init_sync=init_sync)
+        opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, options=PipeSGDOptions(init_sync=init_sync))
         before = _state(model)
         for step in range(3):
             torch.manual_seed(1000 * step + rank)

@@ -13,9 +13,11 @@ import pytest
 import torch
 from torch import nn
 
+from pipesgd.options import PipeSGDOptions
 from pipesgd import PipeSGD
 from pipesgd.delay.lookahead import Lookahead
 from pipesgd.delay.replay import OptimizerReplay
+from tests.wrap import wrap
 from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
 from tests.test_pipesgd import CODECS, batch, due, make_model, make_optimizer, snapshot
@@ -40,7 +42,7 @@ def _optimizer(kind: str, model: nn.Module) -> torch.optim.Optimizer:
 def _run(width: int, kind: str, dtype=torch.float32, steps: int = STEPS, accumulate: int = 1, **options):
     """World size 1: the losses of every step and the final weights."""
     model = make_model(dtype)
-    opt = PipeSGD(_optimizer(kind, model), model, width=width, **options)
+    opt = wrap(_optimizer(kind, model), model, width=width, **options)
     losses = []
     for t in range(steps):
         for micro in range(accumulate):
@@ -82,8 +84,8 @@ def test_with_a_grad_scaler_the_stand_in_is_unscaled_with_its_own_scale(process_
     def scaled(width):
         model = make_model(torch.float32)
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)  # the scale changes often
-        opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model, width=width,
-                      warmup_steps=1, grad_scaler=scaler)
+        opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model, width=width, warmup_steps=1,
+                      options=PipeSGDOptions(grad_scaler=scaler))
         losses = []
         for t in range(STEPS):
             loss = _loss(model, t, 0)
@@ -247,8 +249,8 @@ def _lookahead_ranks(rank: int, world: int):
     for width, warmup, kind in SCENARIOS:
         model = make_model()
         inner, sched = make_optimizer(kind, model)
-        opt = PipeSGD(inner, model, width=width, warmup_steps=warmup, check_replicas_every=1,
-                      lookahead_standin="local")  # the reference's stand-in (under Adam "auto" picks another)
+        opt = PipeSGD(inner, model, width=width, warmup_steps=warmup,
+                      options=PipeSGDOptions(check_replicas_every=1, lookahead_standin="local"))  # the reference's stand-in (under Adam "auto" picks another)
         trajectory = []
         for t in range(STEPS):
             _loss(model, t, rank).backward()
@@ -282,8 +284,8 @@ def _codecs_with_lookahead(rank: int, world: int):
         model = make_model()
         scaler = None
         opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model, width=2, warmup_steps=1,
-                      compression=compression, error_feedback=feedback, compression_options=options,
-                      check_replicas_every=1, max_grad_norm=1.0, grad_scaler=scaler)
+                      compression=compression, error_feedback=feedback,
+                      options=PipeSGDOptions(compression_options=options, check_replicas_every=1, max_grad_norm=1.0, grad_scaler=scaler))
         for t in range(8):
             _loss(model, t, rank).backward()
             opt.step()
@@ -313,7 +315,7 @@ def _resumable(rank: int, world: int, directory: str, mode: str, resume: bool):
     model = make_model()
     inner, sched = make_optimizer("sgd", model)
     opt = PipeSGD(inner, model, width=2, warmup_steps=1, compression="q8", error_feedback=True,
-                  compression_options={"stochastic": True})
+                  options=PipeSGDOptions(compression_options={"stochastic": True}))
     path = os.path.join(directory, f"rank{rank}.pt" if mode == "per-rank" else "rank0.pt")
     start, caught = 0, []
     if resume:

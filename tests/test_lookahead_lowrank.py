@@ -17,11 +17,12 @@ from pipesgd.defaults import resolve_lookahead_standin
 from pipesgd.delay.lowrank import LowRankFill
 from pipesgd.train.flags import resolve
 from pipesgd.train.metrics import pipe_staleness
+from tests.wrap import wrap
 from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
 from tests.test_lookahead import _run
 from tests.test_lookahead_coarse import _replicas, _standins
-from tests.test_lookahead_reach import _train
+from tests.test_lookahead_coarse import _train
 from tests.test_pipesgd import make_model, snapshot
 from tests.test_uneven import TIMEOUT_S, _uneven
 
@@ -152,7 +153,7 @@ class _MyAdamW(torch.optim.AdamW):
                                              (torch.optim.RMSprop, "local")])
 def test_auto_is_the_low_rank_stand_in_under_adam_and_adamw_and_the_own_gradient_otherwise(optimizer, want):
     assert resolve_lookahead_standin("auto", optimizer.__mro__) == want
-    assert resolve_lookahead_standin("coarse-q8", optimizer.__mro__) == "coarse-q8"  # a choice is kept
+    assert resolve_lookahead_standin("local", optimizer.__mro__) == "local"  # a choice is kept
     name = optimizer.__name__.lower()
     if name in ("sgd", "adam", "adamw"):  # the trainer's summary line names what "auto" chose
         cfg = resolve(["--mode", "pipe", "--width", "2", "--optimizer", name])
@@ -162,7 +163,7 @@ def test_auto_is_the_low_rank_stand_in_under_adam_and_adamw_and_the_own_gradient
 
 def _weights(rank: int, world: int, optimizer: type, options: dict) -> list[torch.Tensor]:
     model = make_model()
-    opt = PipeSGD(optimizer(model.parameters(), lr=0.01), model, width=2, warmup_steps=1, **options)
+    opt = wrap(optimizer(model.parameters(), lr=0.01), model, width=2, warmup_steps=1, **options)
     _train(model, opt, range(6), rank)
     opt.flush()
     opt.close()

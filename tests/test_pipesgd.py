@@ -7,8 +7,10 @@ import pytest
 import torch
 from torch import nn
 
+from pipesgd.options import PipeSGDOptions
 import pipesgd
 from pipesgd import NonFiniteGradientError, PipeSGD, ReplicaDivergenceError
+from tests.wrap import wrap
 from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
 
@@ -92,7 +94,7 @@ def train(rank: int, width: int, warmup: int, kind: str, steps: int = STEPS, **o
     model = make_model().to(DEVICE)
     inner, sched = make_optimizer(kind, model)
     options.setdefault("staleness", "none")  # the reference is the paper's plain delayed update
-    opt = PipeSGD(inner, model, width=width, warmup_steps=warmup, **options)
+    opt = wrap(inner, model, width=width, warmup_steps=warmup, **options)
     trajectory = []
     for t in range(steps):
         x, y = (v.to(DEVICE) for v in batch(t, rank))
@@ -184,7 +186,7 @@ def _resumable(rank: int, world: int, directory: str, resume: bool, allreduce: s
     model = make_model()
     inner, sched = make_optimizer("sgd", model)
     opt = PipeSGD(inner, model, width=2, warmup_steps=1, compression="q8", error_feedback=True,
-                  compression_options={"stochastic": True}, allreduce=allreduce)
+                  options=PipeSGDOptions(compression_options={"stochastic": True}, allreduce=allreduce))
     path = os.path.join(directory, f"rank{rank}.pt")
     start = 0
     if resume:
@@ -220,8 +222,8 @@ def _failures(rank: int, world: int):
     # A NaN gradient on one rank reaches every rank's averaged gradient; the error names its step.
     for policy in ("raise", "skip"):
         model = make_model()
-        opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, width=2, warmup_steps=0,
-                      compression="q8", nonfinite=policy)
+        opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, width=2, warmup_steps=0, compression="q8",
+                      options=PipeSGDOptions(nonfinite=policy))
         skipped = []
         try:
             for t in range(5):
@@ -296,7 +298,7 @@ def test_misuse_raises():
 def test_bad_arguments(kwargs, match):
     model = make_model()
     with pytest.raises(ValueError, match=match):
-        PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, **kwargs)
+        wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, **kwargs)
 
 
 def test_foreign_parameters_and_wrong_types_are_refused():

@@ -3,6 +3,7 @@ applies and when it waits, and what its state holds (the handle-level layer of t
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import pytest
 import torch
@@ -11,7 +12,8 @@ from torch import nn
 from pipesgd import PipeSGD
 from pipesgd.comm.topology import RingTopology
 from pipesgd.defaults import BUCKET_MB, WARMUP_STEPS
-from pipesgd.options import PipeSGDOptions
+from pipesgd.options import PipeSGDOptions, WrapperConfig
+from tests.wrap import split_options, wrap
 from tests.fake_handles import RecordingWork
 from tests.test_pipeline import expected_due
 from tests.test_pipesgd import batch, make_model, reference_trajectory, snapshot
@@ -27,18 +29,32 @@ def backward(model: nn.Module, t: int) -> None:
 
 # ------------------------------------------------------------------------------------------- options
 def test_options_defaults_come_from_their_owner_and_are_frozen():
-    options = PipeSGDOptions()
-    assert options.warmup_steps == WARMUP_STEPS and options.bucket_mb == BUCKET_MB
-    assert options.bucket_bytes == int(BUCKET_MB * 2**20)
+    config = WrapperConfig()
+    assert config.warmup_steps == WARMUP_STEPS and config.bucket_mb == BUCKET_MB
+    assert config.bucket_bytes == int(BUCKET_MB * 2**20)
+    assert config.options == PipeSGDOptions()
     with pytest.raises(dataclasses.FrozenInstanceError):
-        options.width = 3
+        config.width = 3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.options.nonfinite = "skip"
+
+
+def test_the_constructor_takes_at_most_ten_parameters_and_the_rest_are_options():
+    taken = [name for name in inspect.signature(PipeSGD.__init__).parameters if name != "self"]
+    assert len(taken) <= 10 and taken[-1] == "options"
+    assert not set(taken) & {f.name for f in dataclasses.fields(PipeSGDOptions)}  # one place for each knob
 
 
 def test_options_keep_a_private_copy_of_the_codec_options():
     given = {"stochastic": True, "seed": 3}
-    options = PipeSGDOptions(compression="q8", compression_options=given)
+    options = PipeSGDOptions(compression_options=given)
     given["seed"] = 99
     assert options.compression_options == {"stochastic": True, "seed": 3}
+
+
+def _config(kwargs: dict) -> WrapperConfig:
+    own, options = split_options(kwargs)
+    return WrapperConfig(**own, options=options)
 
 
 @pytest.mark.parametrize(
@@ -55,18 +71,18 @@ def test_options_keep_a_private_copy_of_the_codec_options():
 )
 def test_options_refuse_what_the_wrapper_cannot_run(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        PipeSGDOptions(**kwargs)
+        _config(kwargs)
 
 
 def test_options_resolve_the_allreduce_and_seed_the_codec_per_rank():
-    lossless, lossy = PipeSGDOptions(), PipeSGDOptions(compression="q8", compression_options={"stochastic": True})
+    lossless, lossy = WrapperConfig(), _config(dict(compression="q8", compression_options={"stochastic": True}))
     assert lossless.allreduce_for(lossless.build_compressor()) == "backend"
     assert lossy.allreduce_for(lossy.build_compressor()) == "alltoall"  # "auto": each contribution encoded once
     # gloo carrying CUDA tensors (payloads staged through host memory): "auto" takes the ring, which ran faster there
     assert lossy.allreduce_for(lossy.build_compressor(), staged=True) == "ring"
     assert lossless.allreduce_for(lossless.build_compressor(), staged=True) == "backend"
     for choice in ("ring", "alltoall"):
-        forced = PipeSGDOptions(compression="q8", allreduce=choice)
+        forced = _config(dict(compression="q8", allreduce=choice))
         for staged in (False, True):
             assert forced.allreduce_for(forced.build_compressor(), staged) == choice
     assert lossy.build_compressor(rank=0).seed != lossy.build_compressor(rank=1).seed
@@ -75,9 +91,9 @@ def test_options_resolve_the_allreduce_and_seed_the_codec_per_rank():
 def test_the_exchange_built_for_gradients_staged_through_the_host_runs_the_ring():
     topology = RingTopology(None)
     topology._stage_on_host = True  # what gloo sets: its collectives read host memory
-    options = PipeSGDOptions(compression="q8")
-    assert options.build_exchange(topology, 0, torch.device("cuda")).allreduce == "ring"
-    assert options.build_exchange(topology, 0, torch.device("cpu")).allreduce == "alltoall"
+    config = WrapperConfig(compression="q8")
+    assert config.build_exchange(topology, 0, torch.device("cuda")).allreduce == "ring"
+    assert config.build_exchange(topology, 0, torch.device("cpu")).allreduce == "alltoall"
 
 
 # -------------------------------------------------------------------------------- the delayed apply
@@ -116,7 +132,7 @@ class RecordingChannel:
 def test_step_waits_only_for_the_step_that_is_due():
     model = make_model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, width=3, warmup_steps=1)
-    opt._channel = channel = RecordingChannel()
+    opt._parts.channel = channel = RecordingChannel()
     waited_after_step = []
     for t in range(5):
         backward(model, t)
@@ -134,7 +150,7 @@ def test_lazy_rings_give_the_reference_trajectory():
     model = make_model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4), model,
                   width=width, warmup_steps=warmup, staleness="none")  # the reference is the plain delayed update
-    opt._channel = RecordingChannel()
+    opt._parts.channel = RecordingChannel()
     sched = torch.optim.lr_scheduler.StepLR(opt.optimizer, step_size=4, gamma=0.5)
     got = []
     for t in range(steps):
@@ -164,8 +180,8 @@ def test_state_saves_the_codec_random_state_once_and_restores_it():
     model = make_model()
     options = dict(width=2, warmup_steps=0, compression="q8", error_feedback=True,
                    compression_options={"stochastic": True})
-    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, **options)
-    codec = opt._exchange.compressor
+    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, **options)
+    codec = opt._parts.exchange.compressor
     codec.compress(torch.randn(100))  # a generator exists once the codec has drawn
     backward(model, 0)
     opt.step()
@@ -174,9 +190,9 @@ def test_state_saves_the_codec_random_state_once_and_restores_it():
     assert state["ranks"][0]["residuals"] is not None and len(state["in_flight"]) == 1  # this rank's own, keyed
     draws = codec.compress(torch.randn(100, generator=torch.Generator().manual_seed(1)))[0]
 
-    other = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, **options)
+    other = wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, **options)
     other.load_state_dict(state)
-    again = other._exchange.compressor.compress(torch.randn(100, generator=torch.Generator().manual_seed(1)))[0]
+    again = other._parts.exchange.compressor.compress(torch.randn(100, generator=torch.Generator().manual_seed(1)))[0]
     assert torch.equal(draws, again)
     assert other.in_flight == 1 and [s.applied_step for s in other.flush()] == [0]
 

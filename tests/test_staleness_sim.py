@@ -2,7 +2,7 @@
 is synchronous SGD bit for bit (so the diagnostic isolates the stand-in's noise); with a worker's own gradient it is
 not; the charlm recipe is the accuracy study's; the two diagnostic stand-ins (``standin_variants``) do what their
 docs say; the mean-point stand-in is each worker's batch gradient at the mean look-ahead point, and its runs say how
-large the reaction it leaves out is (the overshooting one is the library's reach, tests/test_lookahead_reach.py);
+large the reaction it leaves out is (the overshooting one is experiments.harness.standin_variants.OvershootLookahead);
 runs side by side are the runs one after another; a bad stand-in name or jobs count is one line and exit 2."""
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def test_the_shrunk_stand_in_learns_how_much_of_a_workers_gradient_the_average_k
         alone.observe(step, [average])
     assert 0.4 < pair.rho < 0.6 and alone.rho == 1.0
     alone.record(200, [shared])
-    assert torch.allclose(alone._pending[200][0][0], shared, rtol=0, atol=1e-6)
+    assert torch.allclose(alone._pending[200].grads[0], shared, rtol=0, atol=1e-6)
 
 
 def test_the_mean_point_stand_in_is_each_batch_gradient_at_the_mean_look_ahead_point():

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from pipesgd.options import PipeSGDOptions
 from pipesgd import PipeSGD
 from tests.cpu_sync_batchnorm import cpu_sync_batchnorm
 from tests.distributed import run_ranks
@@ -51,7 +52,7 @@ def train(rank: int, width: int, buffers: str):
     model = nn.SyncBatchNorm.convert_sync_batchnorm(make_bn_model())
     assert isinstance(model[1], nn.SyncBatchNorm)
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model, width=width, warmup_steps=0,
-                  buffers=buffers, check_replicas_every=1, staleness="none")  # the reference: plain delay
+                  staleness="none", options=PipeSGDOptions(buffers=buffers, check_replicas_every=1))  # the reference: plain delay
     trajectory = []
     for t in range(STEPS):
         x, y = batch(t, rank)

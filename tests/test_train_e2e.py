@@ -292,15 +292,15 @@ def test_width_and_compression_auto_print_their_choice_and_record_it(tmp_path):
         assert choice["allreduce"] == "alltoall"  # the rule where payloads are not staged
 
 
-def test_a_coarse_stand_in_is_named_and_its_wait_counted_as_communication(tmp_path):
-    """--lookahead-standin coarse-q8 (issue 36): the summary line names it, every step after the pipeline fills
+def test_a_shared_stand_in_is_named_and_its_wait_counted_as_communication(tmp_path):
+    """--lookahead-standin coarse-lowrank: the summary line names it, every step after the pipeline fills
     records the forward pass's wait for it, and that wait is in t_wait, not t_compute."""
     metrics = str(tmp_path / "coarse.jsonl")
-    results = launch(["--lookahead-standin", "coarse-q8", "--epochs", "1", "--eval-every", "0", "--timeout", "60",
+    results = launch(["--lookahead-standin", "coarse-lowrank", "--epochs", "1", "--eval-every", "0", "--timeout", "60",
                       "--metrics", metrics])
     for rc, _, err in results:
         assert rc == 0, err
-    assert "staleness lookahead (coarse-q8 stand-in)" in results[0][1]
+    assert "staleness lookahead (coarse-lowrank stand-in)" in results[0][1]
     steps = [r for r in records(metrics.replace(".jsonl", ".rank1.jsonl")) if r["type"] == "step"]
     waits = [r for r in steps if "t_standin_wait" in r]
     assert len(waits) >= len(steps) - 12  # all but the warm-up's and the first after it

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipesgd.options import PipeSGDOptions
 from pipesgd import PipeSGD
 from pipesgd.comm.uneven import UnevenInputsError
 from tests.distributed import run_ranks
@@ -21,8 +22,8 @@ TIMEOUT_S = 20.0
 def _uneven(rank: int, world: int, width: int, compression: str = "none", standin: str = "local", steps: int = 7):
     model = make_model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, width=width, warmup_steps=1,
-                  timeout_s=TIMEOUT_S, compression=compression, error_feedback=compression != "none",
-                  lookahead_standin=standin)
+                  compression=compression, error_feedback=compression != "none",
+                  options=PipeSGDOptions(timeout_s=TIMEOUT_S, lookahead_standin=standin))
     steps = 5 if rank == world - 1 else steps  # the last rank has two batches fewer (or more)
     start = time.monotonic()
     try:
@@ -80,7 +81,7 @@ def _agreements(rank: int, world: int, check_uneven: bool):
     uneven.Participation._post = counting
     model = make_model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, width=2, warmup_steps=1,
-                  check_uneven=check_uneven)
+                  options=PipeSGDOptions(check_uneven=check_uneven))
     for t in range(4):
         x, y = batch(t, rank)
         nn.functional.mse_loss(model(x), y).backward()
@@ -103,7 +104,7 @@ def test_check_uneven_off_skips_the_per_step_agreement_and_trains_the_same():
 def test_check_uneven_must_be_a_bool():
     model = make_model()
     with pytest.raises(ValueError, match="check_uneven must be True or False"):
-        PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, check_uneven="no")
+        PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, options=PipeSGDOptions(check_uneven="no"))
 
 
 class _Recorded:

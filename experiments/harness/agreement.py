@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from experiments.harness.pipeline import VARIANTS, WORKLOADS, Job, parse_variant
+from pipesgd.options import PipeSGDOptions
 from pipesgd.launch import exit_process, run_on_ranks
 from pipesgd.measure.timing import time_collective
 from pipesgd.optimizer import PipeSGD
@@ -50,7 +51,7 @@ class AgreementSettings:
 def _iteration_s(job: Job, variant: str, check_uneven: bool, steps: int) -> float:
     codec, feedback = parse_variant(variant)
     opt = PipeSGD(torch.optim.SGD(job.model.parameters(), lr=1e-5), job.model, width=2, compression=codec,
-                  error_feedback=feedback, warmup_steps=1, check_uneven=check_uneven)
+                  error_feedback=feedback, warmup_steps=1, options=PipeSGDOptions(check_uneven=check_uneven))
 
     def iteration() -> None:
         opt.zero_grad()

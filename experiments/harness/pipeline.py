@@ -135,7 +135,7 @@ def _ring_alone(job: Job, codec: str, feedback: bool, settings: PipelineSettings
 def _pipe(job: Job, codec: str, feedback: bool, settings: PipelineSettings) -> dict:
     """Step 3: timed width-2 iterations and their split (seconds per iteration, means over ranks)."""
     opt = PipeSGD(torch.optim.SGD(job.model.parameters(), lr=1e-4), job.model, width=2, compression=codec,
-                  error_feedback=feedback, warmup_steps=1, allreduce=settings.allreduce)
+                  error_feedback=feedback, warmup_steps=1, options=PipeSGDOptions(allreduce=settings.allreduce))
     split = {"compute": 0.0, "compute_cpu": 0.0, "wait": 0.0, "comm_busy": 0.0, "update": 0.0}
     sent = [0]
 

@@ -14,7 +14,7 @@ the delayed update; ``"shrunk"`` and ``"frozen-v"`` try two ways to lessen that 
 at the workers' mean look-ahead point instead of at its own (one more gradient per worker and step, which no real
 run would pay): the same batch noise, without the worker's response to its own look-ahead error (the Hessian times
 that error), so it separates the two; ``"overshoot"`` is the own gradient with the library's look-ahead reach 1.2
-(``PipeSGD(lookahead_reach=...)``) and ``"oracle-overshoot"`` the true average with that reach: synchronous SGD
+(``standin_variants.OvershootLookahead``) and ``"oracle-overshoot"`` the true average with that reach: synchronous SGD
 whose gradients are taken 0.2 updates past the weights, a control for whether the reach helps staleness or
 the optimizer; ``"last-average"`` is the last average applied to the master (the same on every worker, known
 without waiting) and ``"own-share"`` the own gradient's 1/W share beside it. ``charlm`` is the accuracy study's
@@ -51,7 +51,7 @@ from pipesgd.train.models import build_model
 from pipesgd.train.optimizers import build_inner_optimizer
 from pipesgd.train.schedule import build_schedule
 
-from experiments.harness.standin_variants import (OVERSHOOT, CorrectedLookahead, FrozenMomentLookahead,
+from experiments.harness.standin_variants import (OVERSHOOT, CorrectedLookahead, FrozenMomentLookahead, OvershootLookahead,
                                                   LaggedLowRankAverage, LowRankAverage, ShrunkLookahead,
                                                   coarse_average)
 
@@ -83,7 +83,7 @@ STANDIN_TITLES = {"oracle": "true-average stand-in", "shrunk": "shrunk stand-in"
                   "lowrank-lag": "own, the average's rank-4 part in last step's subspace"}
 # the worker's look-ahead where it is not the library's ``Lookahead``
 LOOKAHEADS = {"shrunk": ShrunkLookahead, "frozen-v": FrozenMomentLookahead, "corrected": CorrectedLookahead,
-              "overshoot": partial(Lookahead, reach=OVERSHOOT), "oracle-overshoot": partial(Lookahead, reach=OVERSHOOT)}
+              "overshoot": OvershootLookahead, "oracle-overshoot": OvershootLookahead}
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,10 +21,9 @@ what a worker holds:
   eighth of its bytes: the average's direction without the own error's reaction, with q4's rounding error
   ("coarse-sign": 1-bit sign with a scale per block, a 32nd of the bytes; "coarse-exchange": q4 with the mean
   encoded once more, as the library's two-collective exchange would deliver it).
-- "overshoot": the library's look-ahead with ``reach=OVERSHOOT`` (``PipeSGD(lookahead_reach=...)``): the worker's
-  own gradient, and the parameters moved ``OVERSHOOT`` times the replayed displacement (past the weights the steps
-  in flight will produce). Not a stand-in but a probe of the look-ahead's reach: a scratch run found the charlm gap
-  at width 2 shrinking as the reach grew past 1.
+- "overshoot": the library's look-ahead moved ``OVERSHOOT`` times the replayed displacement (past the weights the
+  steps in flight will produce; ``OvershootLookahead``, the library's option until it lost its measurement). Not a
+  stand-in but a probe of the look-ahead's reach.
 """
 from __future__ import annotations
 
@@ -37,6 +36,22 @@ from pipesgd.delay.lookahead import Lookahead
 
 SHRINK_DECAY = 0.9  # the exponential averages of the applied averages and of the least-squares sums
 OVERSHOOT = 1.2  # the "overshoot" look-ahead's reach, in replayed displacements
+
+
+class OvershootLookahead(Lookahead):
+    """Look-ahead whose parameters move ``reach`` times the replayed displacement: master + reach (look-ahead -
+    master)."""
+
+    def __init__(self, *args, reach: float = OVERSHOOT, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.reach = reach
+
+    def advance(self) -> None:
+        moving = not self.active and bool(self._pending)
+        super().advance()
+        if moving:
+            with torch.no_grad():
+                torch._foreach_lerp_(self.params, self._master, 1.0 - self.reach)
 
 
 class ShrunkLookahead(Lookahead):
@@ -156,7 +171,7 @@ class CorrectedLookahead(Lookahead):
                 error = [q - p for q, p in zip(self._points.pop(step), self.params)]
                 self._errors[step] = error
                 entry = self._pending[step]
-                entry[0] = [g - c * e for g, c, e in zip(entry[0], self.slopes(), error)]
+                entry.grads = [g - c * e for g, c, e in zip(entry.grads, self.slopes(), error)]
         super().advance()
         self._point = [p.detach().clone() for p in self.params]
 

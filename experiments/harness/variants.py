@@ -30,13 +30,6 @@ TRAINER_FLAGS: dict[str, list[str]] = {  # variant name: pipesgd-train flags
     "pipe-plain": ["--mode", "pipe", "--width", "2", "--staleness", "none"],
     "pipe+q8-plain": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback",
                       "--staleness", "none"],
-    # Look-ahead with every rank's q8 (q4) average standing in: an all-reduce per step before the exact one (issue 36)
-    "pipe+coarse": ["--mode", "pipe", "--width", "2", "--lookahead-standin", "coarse-q8"],
-    "pipe+q8+coarse": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback",
-                       "--lookahead-standin", "coarse-q8"],
-    "pipe+q8+coarse-q4": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback",
-                          "--lookahead-standin", "coarse-q4"],
-    "pipe-w3+coarse": ["--mode", "pipe", "--width", "3", "--lookahead-standin", "coarse-q8"],
     # every rank's average in a shared low-rank subspace of each weight matrix, the own gradient outside it (issue 36;
     # the "auto" stand-in under AdamW)
     "pipe+q8+lowrank": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback",
@@ -44,11 +37,6 @@ TRAINER_FLAGS: dict[str, list[str]] = {  # variant name: pipesgd-train flags
     # ... with q8 and no error feedback, which is what compression="auto" pairs with AdamW (pipesgd.defaults)
     "pipe+q8-noef+lowrank": ["--mode", "pipe", "--width", "2", "--compression", "q8",
                              "--lookahead-standin", "coarse-lowrank"],
-    "pipe-w3+late": ["--mode", "pipe", "--width", "3", "--lookahead-standin", "local-then-q8"],  # no wait for it
-    # the look-ahead reaching 1.2x the replayed displacement (charlm: -0.5 % at width 2; opt-in)
-    "pipe+reach": ["--mode", "pipe", "--width", "2", "--lookahead-reach", "1.2", *_OWN],
-    "pipe+q8+reach": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback",
-                      "--lookahead-reach", "1.2", *_OWN],
     "sync+bf16": ["--mode", "sync", "--compression", "bf16"],
     "sync+q8": ["--mode", "sync", "--compression", "q8", "--error-feedback"],
     "sync+q4": ["--mode", "sync", "--compression", "q4", "--error-feedback"],
@@ -72,12 +60,8 @@ COMPARISON_VARIANTS = ("ps-sync", "ps-async", "sync", "ddp", "ddp+fp16", "ddp+po
 # issue 36 (configs/time_to_accuracy.toml): the grid's variants and the plain update beside the look-ahead default
 PLAIN_VARIANTS = ("pipe-plain", "pipe+q8-plain")
 TIME_TO_ACCURACY_VARIANTS = COMPARISON_VARIANTS + PLAIN_VARIANTS
-# issue 36 (configs/coarse_standin.toml): the coarse stand-in's price in time, beside the own-gradient default
-COARSE_VARIANTS = ("ddp", "ddp+fp16", "pipe+q8", "pipe+q8+coarse", "pipe-w3", "pipe-w3+coarse", "sync", "sync+q8",
-                   "pipe", "pipe+coarse", "pipe+q8+coarse-q4", "pipe-w3+late")
 # AdamW's time to a target loss on the character GPT (experiments/configs/charlm_time.toml, issue 36)
-CHARLM_TIME_VARIANTS = ("ddp", "sync+q8", "pipe", "pipe+reach", "pipe+q8+reach", "pipe+coarse", "pipe+q8",
-                        "pipe+q8+lowrank", "pipe+q8-noef+lowrank", "pipe+auto", "pipe+auto+recheck")
+CHARLM_TIME_VARIANTS = ("ddp", "sync+q8", "pipe", "pipe+q8", "pipe+q8+lowrank", "pipe+q8-noef+lowrank", "pipe+auto", "pipe+auto+recheck")
 PIPE_VARIANTS = ("pipe", "pipe+bf16", "pipe+q8", "pipe+sign", "pipe-w3")  # the Pipe-SGD side of the speedup tables
 # issue 39 (configs/auto_choice.toml): --compression auto against every codec it chooses among, at width 1 and 2
 AUTO_CHOICE_VARIANTS = ("sync", "sync+bf16", "sync+q8", "sync+q4", "pipe", "pipe+bf16", "pipe+q8", "pipe+q4",

@@ -1,13 +1,14 @@
 """fp16 loss scaling under a delayed update: PipeSGD drives a ``torch.amp.GradScaler`` for the gradient it applies.
 
-The one way to use it::
+Use::
 
     scaler = torch.amp.GradScaler(device)
-    opt = PipeSGD(inner, model, grad_scaler=scaler, max_grad_norm=1.0)   # clipping optional
+    opt = PipeSGD(inner, model, options=PipeSGDOptions(grad_scaler=scaler, max_grad_norm=1.0))  # clipping optional
     with torch.autocast(device, dtype=torch.float16):
         loss = loss_fn(model(x), y)
     scaler.scale(loss).backward()
-    opt.step()            # never call scaler.unscale_/step/update yourself: the wrapper does, for the due step
+    scaler.step(opt)      # or opt.step() alone: the wrapper then updates the scaler itself
+    scaler.update()       # (only after scaler.step(opt)); never scaler.unscale_(opt): clip with max_grad_norm
     opt.zero_grad()
 
 A gradient applied at step t was produced at step t-K+1 under that step's scale, not today's, so:
@@ -37,6 +38,7 @@ class DelayedLossScale:
         self.scaler = scaler
         self.optimizer = optimizer
         self._scales: dict[int, float] = {}  # step -> the scale its backward used
+        self.user_updates = False  # this step came through ``scaler.step(opt)``: the user calls ``update()``
 
     def record(self, step: int) -> None:
         """Step 1: the scale that step ``step``'s backward used (the scaler's current one)."""
@@ -65,8 +67,28 @@ class DelayedLossScale:
         skipped = not all(all_finite(p.grad) for p in params if p.grad is not None)
         norm = None if skipped else clip()
         self.scaler.step(self.optimizer)  # runs the optimizer unless unscale_ found an inf/NaN
-        self.scaler.update()
+        if not self.user_updates:
+            self.scaler.update()
         return skipped, norm
+
+    def begin(self, wrapper: torch.optim.Optimizer) -> None:
+        """At the start of ``wrapper.step()``: whether ``scaler.step(wrapper)`` called it (GradScaler sets
+        ``found_inf`` on an optimizer whose step supports amp scaling, as PipeSGD's does), and refuse a misuse."""
+        self.user_updates = getattr(wrapper, "found_inf", None) is not None
+        if self.user_updates and getattr(wrapper, "grad_scale", None) is None:
+            raise ValueError("scaler.unscale_(opt) before scaler.step(opt) would unscale this rank's gradients before "
+                             "they are averaged; clip with PipeSGDOptions(max_grad_norm=...) instead")
+
+    def end(self, wrapper: torch.optim.Optimizer) -> None:
+        """At the end of a ``scaler.step(wrapper)``: the scaler's check of this rank's own gradients may differ from
+        rank to rank, so it is cleared, and ``scaler.update()`` reads only the applied average's (the same bits
+        everywhere), which keeps every rank's scale the same. (GradScaler keeps its per-optimizer checks in a
+        private dict; there is no public way to replace one.)"""
+        if self.user_updates:
+            state = self.scaler._per_optimizer_states.get(id(wrapper))
+            for found in (state or {}).get("found_inf_per_device", {}).values():
+                found.zero_()
+
 
     def state_dict(self) -> dict[int, float]:
         return dict(self._scales)

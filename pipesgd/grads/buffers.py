@@ -77,6 +77,12 @@ class BufferSync:
                     dist.broadcast(flat, src=self._source, group=self._group)
                 group.unflatten_(flat)
 
+    def timed(self) -> float:
+        """``self()``, and the seconds it took."""
+        start = time.perf_counter()
+        self()
+        return time.perf_counter() - start
+
     def snapshot(self) -> list[torch.Tensor]:
         """Delayed modes, caller's thread: this rank's share of every buffer group, one flat copy each (its values
         to average, or for a broadcast its values on group rank 0 and zeros elsewhere, so a sum is rank 0's)."""

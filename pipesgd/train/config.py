@@ -18,7 +18,6 @@ from pipesgd import compression
 from pipesgd.runlog.atomic import write_text_atomic
 from pipesgd.baselines.ddp import DDP_HOOKS
 from pipesgd.grads.buffers import BUFFER_MODES
-from pipesgd.options import MAX_LOOKAHEAD_REACH
 from pipesgd.defaults import (BUCKET_MB, LOOKAHEAD_STANDIN, LOOKAHEAD_STANDINS, NEEDS_ERROR_FEEDBACK, STALENESS,
                               STALENESS_MODES, UNSHARED_STANDINS, WARMUP_STEPS)
 from pipesgd.runlog.trace import parse_steps
@@ -64,17 +63,11 @@ class TrainConfig:
                             "the steps in flight will produce (this rank's own gradients standing in for their "
                             "averages); none is the paper's plain update (gradients K-1 steps stale)",
                             lambda: STALENESS_MODES)
-    lookahead_reach: float = _field(1.0, "--staleness lookahead: move the weights this many times the displacement "
-                                    "of the steps in flight (1: to the weights they will produce; 1.2 closed the "
-                                    "AdamW gap at width 2 in our study, docs/training.md; at most 2)")
     lookahead_standin: str = _field(LOOKAHEAD_STANDIN, "--staleness lookahead: what stands in for the averages in "
                                     "flight (docs/training.md): auto = coarse-lowrank under adam and adamw, local "
                                     "otherwise; local = this rank's own gradients (free); coarse-lowrank = the own "
                                     "gradients with every rank's average in a shared low-rank subspace of each "
-                                    "weight matrix (one small all-reduce the next forward waits for); coarse-q8, "
-                                    "coarse-q4 = every rank's averaged in q8 or q4 (one all-reduce the next forward "
-                                    "waits for); local-then-q8 = the own gradients for the newest step, the q8 "
-                                    "average for the older ones (width 3 and up, no wait)",
+                                    "weight matrix (one small all-reduce the next forward waits for)",
                                     lambda: LOOKAHEAD_STANDINS)
     compression: str = _field("none", "codec on every ring hop (pipe/sync only); auto: chosen at the end of the "
                               "warm-up from what it measured (compute, the link, each codec's speed)",
@@ -254,10 +247,6 @@ class TrainConfig:
                               "(1-bit SGD does not converge without it)")
         if self.staleness != STALENESS and self.mode != "pipe":
             raise ConfigError(f"--staleness applies to --mode pipe only, not {self.mode}")
-        if not 0 < self.lookahead_reach <= MAX_LOOKAHEAD_REACH:
-            raise ConfigError(f"--lookahead-reach must be in (0, {MAX_LOOKAHEAD_REACH:g}] (got {self.lookahead_reach})")
-        if self.lookahead_reach != 1.0 and (self.mode != "pipe" or self.staleness != "lookahead"):
-            raise ConfigError("--lookahead-reach applies to --mode pipe with --staleness lookahead only")
         if self.lookahead_standin not in UNSHARED_STANDINS and (self.mode != "pipe" or self.staleness != "lookahead"):
             raise ConfigError("--lookahead-standin applies to --mode pipe with --staleness lookahead only")
         if self.allreduce != "auto" and self.mode not in ("pipe", "sync"):

@@ -182,14 +182,13 @@ def summarize(cfg: TrainConfig, timings: Timings, pos: Position, accuracy: float
 
 
 def pipe_staleness(cfg: TrainConfig) -> str:
-    """", staleness lookahead" where a pipeline has stale gradients to treat (width >= 2), else ""; with a reach
-    other than 1 ", staleness lookahead (reach 1.2)", with a coarse stand-in "(coarse-q8 stand-in)"."""
+    """", staleness lookahead" where a pipeline has stale gradients to treat (width >= 2), else ""; with a shared
+    stand-in ", staleness lookahead (coarse-lowrank stand-in)"."""
     if cfg.mode != "pipe" or cfg.effective_width == 1:
         return ""
     standin = resolve_lookahead_standin(cfg.lookahead_standin, [cfg.optimizer])  # "auto": by the optimizer
-    notes = ([f"reach {cfg.lookahead_reach:g}"] if cfg.lookahead_reach != 1.0 else []) + \
-        ([f"{standin} stand-in"] if standin != "local" else [])
-    return f", staleness {cfg.staleness}" + (f" ({', '.join(notes)})" if notes else "")
+    note = f" ({standin} stand-in)" if standin != "local" else ""
+    return f", staleness {cfg.staleness}{note}"
 
 
 def format_summary(cfg: TrainConfig, s: dict) -> str:

@@ -21,6 +21,7 @@ from pipesgd.runlog import trace
 from pipesgd.baselines.ddp import DDPOptimizer
 from pipesgd.baselines.parameter_server import ParameterServer
 from pipesgd.optimizer import PipeSGD
+from pipesgd.options import PipeSGDOptions
 from pipesgd.wrapper import OptimizerWrapper
 
 from .modes import DDP_MODE, MODES, PS_TRAIN_MODES, RING_MODES
@@ -74,18 +75,20 @@ def trace_updates(optimizer: torch.optim.Optimizer) -> None:
 # -- the wrappers, by --mode ------------------------------------------------------------------------
 def _ring(cfg: TrainConfig, inner: torch.optim.Optimizer, model: nn.Module, device: torch.device,
           precision: Precision) -> Strategy:
-    opt = PipeSGD(inner, model, width=cfg.effective_width, staleness=cfg.staleness, compression=cfg.compression,
-                  lookahead_reach=cfg.lookahead_reach,
-                  lookahead_standin=cfg.lookahead_standin, error_feedback=cfg.error_feedback, allreduce=cfg.allreduce,
-                  bucket_mb=cfg.bucket_mb,
-                  warmup_steps=cfg.warmup_steps,
-                  check_replicas_every=cfg.check_replicas, timeout_s=cfg.timeout,
-                  auto_recheck_every=cfg.auto_recheck_every,
-                  max_grad_norm=cfg.clip_grad_norm or None, buffers=cfg.buffers, grad_scaler=precision.scaler,
-                  # Every rank runs the same number of steps (equal shards, one step count), so the per-step
-                  # agreement on who still trains would only add a collective per step and a group of its own.
-                  check_uneven=False)
+    opt = PipeSGD(inner, model, width=cfg.effective_width, compression=cfg.compression,
+                  error_feedback=cfg.error_feedback, staleness=cfg.staleness, bucket_mb=cfg.bucket_mb,
+                  warmup_steps=cfg.warmup_steps, options=pipesgd_options(cfg, precision))
     return Strategy(opt, model, dist.get_rank(), dist.get_world_size(), precision=precision)
+
+
+def pipesgd_options(cfg: TrainConfig, precision: Precision) -> PipeSGDOptions:
+    """The trainer's flags as PipeSGD's options."""
+    return PipeSGDOptions(lookahead_standin=cfg.lookahead_standin, allreduce=cfg.allreduce, timeout_s=cfg.timeout,
+                          max_grad_norm=cfg.clip_grad_norm or None, check_replicas_every=cfg.check_replicas,
+                          buffers=cfg.buffers, grad_scaler=precision.scaler, auto_recheck_every=cfg.auto_recheck_every,
+                          # Every rank runs the same number of steps (equal shards, one step count), so the
+                          # per-step agreement on who still trains would only add a collective per step.
+                          check_uneven=False)
 
 
 def _ddp(cfg: TrainConfig, inner: torch.optim.Optimizer, model: nn.Module, device: torch.device,
