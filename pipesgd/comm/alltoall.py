@@ -12,7 +12,7 @@ collective calls instead of 2(p-1) hops. Rank r of p owns chunk r (the r-th of p
           every other rank decodes (replicas stay bitwise identical, stochastic rounding included).
   Step 5 (all-gather): every rank's payload of its chunk reaches every rank.
   Step 6: decode each chunk c != r in place.
-Where gloo carries host tensors, both collectives can go one peer at a time instead (``RingTopology.pairwise``:
+Where gloo carries host tensors, both collectives can go one peer at a time instead (``RingTopology.sends_pairwise``:
 p-1 rounds, round i to rank r+i and from rank r-i), each arrival decoded while the next round is on the wire; the
 sums, payloads and results are the same bits either way.
 Steps 1, 3 and 6 (and error feedback's booking) each make their p-1 encodes or decodes in as few codec calls as the

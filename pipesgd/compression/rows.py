@@ -26,8 +26,7 @@ into a matrix, a cast, one operation, measured 0.55-0.83x).
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -35,24 +34,9 @@ import torch
 from pipesgd.compression.base import ChunkContext, Compressor
 from pipesgd.compression.sizes import SCALE_BYTES, n_blocks
 
-__all__ = ["CPU_BATCH_ELEMENTS", "compress_rows", "decompress_rows", "follows", "one_call_per_chunk", "views_at"]
+__all__ = ["CPU_BATCH_ELEMENTS", "compress_rows", "decompress_rows", "follows", "views_at"]
 
 CPU_BATCH_ELEMENTS = 1 << 15  # the longest CPU chunk batched (module doc: 32 Ki gained, 64 Ki was about even)
-
-_batching = True  # off only inside ``one_call_per_chunk`` (benchmarks' A/B)
-
-
-@contextmanager
-def one_call_per_chunk() -> Iterator[None]:
-    """Within this block every chunk goes through its own codec call, as before batching: the benchmarks' baseline
-    (same bits, so only the time differs). Not thread-safe: for a benchmark's process, not a training run."""
-    global _batching
-    saved, _batching = _batching, False
-    try:
-        yield
-    finally:
-        _batching = saved
-
 
 @dataclass(frozen=True, slots=True)
 class _Layout:
@@ -92,7 +76,7 @@ def _layout(codec: Compressor) -> _Layout | None:
 def _groups(layout: _Layout | None, numels: Sequence[int], device: torch.device) -> list[list[int]]:
     """Indices of the chunks to encode or decode together: by their number of scales where batching pays, else one
     by one."""
-    if layout is None or len(numels) < 2 or not _batching:
+    if layout is None or len(numels) < 2:
         return [[j] for j in range(len(numels))]
     together: dict[int, list[int]] = {}
     alone = []
@@ -122,7 +106,7 @@ def _cast_runs(tensors: Sequence[torch.Tensor]) -> list[tuple[list[int], torch.T
     so one call over the span gives each tensor's payload (or values) as a slice."""
     runs: list[list[int]] = []
     for j, tensor in enumerate(tensors):
-        if runs and _batching and follows(tensors[runs[-1][-1]], tensor):
+        if runs and follows(tensors[runs[-1][-1]], tensor):
             runs[-1].append(j)
         else:
             runs.append([j])
