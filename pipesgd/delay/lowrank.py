@@ -27,7 +27,6 @@ in flight (``pipesgd.delay.coarse``): at width 3 two stand-ins add their errors,
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 
@@ -109,10 +108,6 @@ class LowRankFill:
 
     def load_state_dict(self, state: dict | None) -> None:
         if not state:
-            return
-        if "basis" not in state and "warm" in state:  # saved by the two-all-reduce form (before 2026-11-27)
-            warnings.warn("the low-rank stand-in's saved state is the earlier form's warm start: the subspace starts "
-                          "afresh, so this resumed run does not repeat the uninterrupted one exactly", stacklevel=2)
             return
         bases = state.get("basis") or []
         if len(bases) != len(self._matrices) or any(u.shape != self._bases[i].shape
