@@ -39,7 +39,6 @@ from pipesgd.compression.base import ChunkContext, context_of
 from pipesgd.compression.sizes import n_blocks, payload_bytes
 from pipesgd.defaults import QUANT_BLOCK_SIZE
 
-DEFAULT_BLOCK_SIZE = QUANT_BLOCK_SIZE  # an alias: pipesgd.defaults owns the number
 _Q4_OFFSET = 8  # stores code + 8 in a nibble: codes [-7, 7] become [1, 15]
 # Four nibbles a0..a3 (one per byte of an int32, little-endian) times 0x110 = 16 + 256: the partial products land on
 # eight distinct nibbles (a0 at bits 4 and 8, a1 at 12 and 16, a2 at 20 and 24, a3 at 28 and 32, which wraps away),
