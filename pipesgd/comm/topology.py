@@ -17,10 +17,9 @@ _TAG = 7_201  # a tag of our own so user point-to-point traffic on the same grou
 
 # The exchange's collectives go one peer at a time (``RingTopology.sends_pairwise``) from this many payload bytes per
 # peer, as MPICH's all-to-all sends long messages in pairwise rounds to keep one flow per link (Thakur, Rabenseifner
-# and Gropp 2005; its medium/long bound is 32 KiB). Measured on 4 emulated nodes sharing 2 cores
-# (experiments/results/allreduce_choice/*-pairwise.md): q8's exchange of a 7 MiB bucket (460 KB per peer) took 129.1 ms
-# this way against 156.7 as gloo's collectives at 200 Mbit/s (the ring 119.5), 33.2 against 37.9 at 1 Gbit/s; on one
-# host it does not (``launched_on_one_host``).
+# and Gropp 2005; the bound is MPICH's medium/long one). Between emulated nodes one flow per link beat gloo's
+# concurrent flows for long payloads; on one host it does not (``launched_on_one_host``;
+# experiments/results/allreduce_choice/report.md).
 PAIRWISE_MIN_BYTES = 32 * 1024
 
 
@@ -28,8 +27,7 @@ def launched_on_one_host(environ=os.environ) -> bool:
     """Whether the launcher's environment says every rank runs on this host, in this network namespace: torchrun's
     ``LOCAL_WORLD_SIZE`` equal to ``WORLD_SIZE`` (one node), or a loopback ``MASTER_ADDR`` (which only processes in
     the same namespace can reach). Every rank reads the same answer, so all send the same way. Over loopback there
-    is no link for concurrent flows to share, and the rounds only add a wait on the slowest peer per round: with four
-    ranks on 2 cores gloo's collectives ran q8's 7 MiB exchange in 27.8 ms, the rounds in 32.6
+    is no link for concurrent flows to share, and the rounds only add a wait on the slowest peer per round
     (experiments/results/allreduce_choice/allreduce_choice-loopback-pairwise.md). Unknown (another launcher): False."""
     local, world = environ.get("LOCAL_WORLD_SIZE"), environ.get("WORLD_SIZE")
     if local is not None and local == world:
@@ -168,7 +166,7 @@ class RingTopology:
 
     def _exchange_posted(self, n_send, make_payload, recv_bufs, on_receive, while_waiting=None) -> list[torch.Tensor]:
         """Gloo: every receive is posted first (with p = 2 both directions share one gloo connection, and a
-        send posted before its matching receive took ~1.8x longer for 4 MB on a shaped link)."""
+        send posted before its matching receive took markedly longer on a shaped link)."""
         recv_wires, recv_ops = [], []
         for k, buf in enumerate(recv_bufs):
             wire = self._recv_wire(k, buf)
