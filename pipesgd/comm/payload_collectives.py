@@ -110,8 +110,8 @@ def pairwise_payloads(
     """``all_to_all_payloads``' bytes (or an all-gather's: the same payload for every peer) in p-1 rounds of one
     peer each, on gloo with host tensors: round i sends ``outgoing[r+i]`` to rank r+i and receives
     ``incoming_bytes[r-i]`` bytes from rank r-i, so every link carries one flow at a time (gloo's all-to-all sends to
-    every peer at once, and three flows through one 200 Mbit/s token-bucket link took 88.0 ms where the same bytes
-    one peer at a time took 57.9). What round i brought goes to ``on_receive(q, payload)`` while round i+1 is on the
+    every peer at once, and concurrent flows through one token-bucket link took longer than the same bytes one peer
+    at a time: ``pipesgd.comm.topology.PAIRWISE_MIN_BYTES``). What round i brought goes to ``on_receive(q, payload)`` while round i+1 is on the
     wire, so decoding overlaps the transfer; the last round's after it. ``while_waiting`` runs once round 1 is
     posted, and may fill in later rounds' ``outgoing`` (each is read when its round is posted). Payloads handed to
     ``on_receive`` are views into a buffer that the next call reuses. ``collective`` tells the calls of one

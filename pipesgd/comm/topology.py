@@ -93,7 +93,7 @@ class RingTopology:
 
     def scratch(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A receive buffer reused across hops and calls: fresh 10-100 MB allocations cost page faults
-        on every call (a third of a large ring's time on CPU). One topology serves one thread."""
+        on every call (a large share of a large ring's time on CPU). One topology serves one thread."""
         key = (dtype, device)
         buf = self._scratch.get(key)
         if buf is None or buf.numel() < numel:

@@ -1,7 +1,6 @@
 """``q8`` and ``q4``: uniform symmetric scalar quantization with one fp32 scale per block.
 
 The paper's "scalar quantization" compressor. Encoding, per block of ``block_size`` elements:
-
 1. scale = max|x| / qmax (qmax = 127 for 8 bits, 7 for 4 bits); a non-finite block gets a NaN scale.
 2. code = round(x / scale), to nearest (ties to even), or stochastically: floor(x / scale + u),
    u ~ U[0, 1), which is unbiased (E[code * scale] = x).
