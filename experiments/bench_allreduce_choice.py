@@ -45,6 +45,7 @@ from pipesgd.runlog.atomic import write_text_atomic
 from experiments.harness.provenance import markdown_header, provenance
 from experiments.harness.one_line import OneLineParser
 from experiments.harness.raw_collectives import raw_collective_ms
+from experiments.harness.switches import exchange_collectives
 from pipesgd.compression import ErrorFeedback, build
 from pipesgd.bandwidth import parse_bandwidth_bps
 from pipesgd.launch import run_on_ranks
@@ -56,25 +57,20 @@ from timing_model.predict import Scenario, predict
 from timing_model.validation import calibrated_scenario
 
 
-def _alltoall_with(**knobs: bool):
-    """The exchange with ``RingTopology`` knobs forced for the call (``gathers_by_alltoall``: its all-gather as an
-    all-to-all, what it does where payloads are staged; ``pairwise``: both collectives one peer at a time or as
-    gloo's), then given back to the library's choice."""
+def _alltoall_with(**forced: bool):
+    """The exchange with its collectives forced one way for the call (``experiments/harness/switches.py``:
+    ``gather_by_alltoall``, its all-gather as an all-to-all, what it does where payloads are staged; ``pairwise``,
+    both collectives one peer at a time or as gloo's), then given back to the library's choice."""
 
     def run(flat, compressor, topology, op, residual):
-        for knob, value in knobs.items():
-            setattr(topology, knob, value)
-        try:
+        with exchange_collectives(**forced):
             return alltoall_allreduce_(flat, compressor, topology, op, residual)
-        finally:
-            for knob in knobs:
-                setattr(topology, knob, None)
 
     return run
 
 
 ALGORITHMS = {"ring": ring_allreduce_, "alltoall": alltoall_allreduce_}
-GATHER_AB = {"alltoall_a2a_gather": _alltoall_with(gathers_by_alltoall=True, pairwise=False)}  # --gather-ab
+GATHER_AB = {"alltoall_a2a_gather": _alltoall_with(gather_by_alltoall=True, pairwise=False)}  # --gather-ab
 # --pairwise-ab: the exchange's "alltoall" column as gloo's collectives, beside it one peer at a time
 PAIRWISE_AB = {"alltoall": _alltoall_with(pairwise=False), "alltoall_pairwise": _alltoall_with(pairwise=True)}
 

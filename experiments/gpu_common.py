@@ -47,10 +47,10 @@ def add_ab_flags(parser) -> None:
     that wants the GIL while another runs Python waits up to that long before the holder is made to drop it, so a ring
     hop that wakes from the wire beside a training thread dispatching kernels may wait that long at each of its GIL
     acquisitions (issue 38: the ring loses 18-22 % beside training, 2.0-2.4x beside a Python loop).
-    ``--side-stream-priority``: the communication worker's CUDA stream priority (``CommWorker.STREAM_PRIORITY``;
-    negative is more urgent than the training step's kernels).
+    ``--side-stream-priority``: the communication worker's CUDA stream priority (patched in by
+    ``experiments/harness/switches.py``; negative is more urgent than the training step's kernels).
     ``--gather-through-device``: the compressed ring's all-gather copies each received payload to the GPU and back
-    before forwarding it, as before ``RingTopology.FORWARDS_ON_HOST``."""
+    before forwarding it, where the library forwards it from host memory (patched in the same way)."""
     parser.add_argument("--switch-interval-ms", type=float, default=None, dest="switch_interval_ms",
                         help="the interpreter's GIL switch interval on every rank (default: Python's, 5 ms)")
     parser.add_argument("--side-stream-priority", type=int, default=None,
@@ -61,17 +61,16 @@ def add_ab_flags(parser) -> None:
 
 def apply_ab_flags(args) -> str:
     """Set the A/B flags on this rank (none given: the library's defaults); the header's note of them."""
-    from pipesgd.comm.topology import RingTopology
-    from pipesgd.comm.worker import CommWorker
+    from experiments.harness.switches import forward_through_device, side_stream_priority
 
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
     note = f"; GIL switch interval {sys.getswitchinterval() * 1e3:g} ms"
     if args.side_stream_priority is not None:
-        CommWorker.STREAM_PRIORITY = args.side_stream_priority
+        side_stream_priority(args.side_stream_priority)
         note += f"; side stream priority {args.side_stream_priority}"
     if args.gather_through_device:
-        RingTopology.FORWARDS_ON_HOST = False
+        forward_through_device()
         note += "; ring all-gather through the device"
     return note
 

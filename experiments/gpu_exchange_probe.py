@@ -32,6 +32,7 @@ from pipesgd.compression import build as build_codec  # noqa: E402
 from pipesgd.measure import time_collective  # noqa: E402
 from pipesgd.runlog import phases  # noqa: E402
 from harness.raw_collectives import raw_collective_ms  # noqa: E402
+from harness.switches import exchange_collectives  # noqa: E402
 
 
 def raw_rows(world: int, rank: int, numel: int, codec, repeats: int) -> list[dict]:
@@ -51,24 +52,22 @@ def allreduce_rows(numel: int, device: torch.device, codec, repeats: int) -> lis
     flat = torch.randn(numel, device=device)
     topology = RingTopology(dist.group.WORLD)
     rows = []
-    native = topology.gathers_by_alltoall  # None: the library's own choice
     variants = (("exchange, all-gather as all-to-all (the library's where staged)", alltoall_allreduce_, True),
-                ("exchange, the backend's all-gather", alltoall_allreduce_, False), ("ring", ring_allreduce_, native))
-    for name, run, gathers_by_alltoall in variants:
-        topology.gathers_by_alltoall = gathers_by_alltoall
+                ("exchange, the backend's all-gather", alltoall_allreduce_, False), ("ring", ring_allreduce_, None))
+    for name, run, gather_by_alltoall in variants:
         call = lambda run=run: run(flat, codec, topology, "mean")  # noqa: E731
-        seconds = time_collective(call, repeats, 2, device=device)
-        phases.reset()
-        phases.enable(True)
-        for _ in range(repeats):
-            call()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        phases.enable(False)
+        with exchange_collectives(gather_by_alltoall=gather_by_alltoall):
+            seconds = time_collective(call, repeats, 2, device=device)
+            phases.reset()
+            phases.enable(True)
+            for _ in range(repeats):
+                call()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            phases.enable(False)
         split = phases.snapshot()
         rows.append({"all-reduce": name, "ms": f"{seconds * 1e3:.2f}"}
                     | {f"{k} ms": f"{v / repeats * 1e3:.2f}" for k, v in split.items()})
-    topology.gathers_by_alltoall = native
     return rows
 
 

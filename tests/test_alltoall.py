@@ -10,6 +10,7 @@ from pipesgd.comm.alltoall import alltoall_allreduce, alltoall_allreduce_
 from pipesgd.comm.gather import gather_allreduce, gather_allreduce_
 from pipesgd.compression import ErrorFeedback, build
 from pipesgd.comm.topology import PAIRWISE_MIN_BYTES, RingTopology, launched_on_one_host
+from experiments.harness.switches import exchange_collectives
 from tests.distributed import run_ranks
 from tests.single_process import process_group  # noqa: F401 - a fixture
 from tests.test_ring import UNIT_ERROR, rank_data
@@ -99,8 +100,8 @@ def _gathered_by_alltoall(rank: int, world: int):
     """The exchange with its all-gather sent as an all-to-all (what it does where payloads are staged through host
     memory, gloo with CUDA tensors): this rank's results per codec and size."""
     topology = RingTopology(dist.group.WORLD)
-    topology.gathers_by_alltoall = True
-    return _every_codec_and_size_on(topology, rank)
+    with exchange_collectives(gather_by_alltoall=True):
+        return _every_codec_and_size_on(topology, rank)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -146,10 +147,15 @@ def test_payloads_of_two_block_counts_give_the_same_bits_direct_and_staged(world
 
 
 def _sent_pairwise(rank: int, world: int):
-    """The exchange with both collectives sent one peer at a time (``RingTopology.pairwise``): this rank's results
-    per codec and size, what it reported sending, and the conserved-sum gaps of two calls with q4's feedback."""
+    """The exchange with both collectives sent one peer at a time (forced from ``experiments/harness/switches.py``):
+    this rank's results per codec and size, what it reported sending, and the conserved-sum gaps of two calls with
+    q4's feedback."""
+    with exchange_collectives(pairwise=True):
+        return _every_codec_and_size_pairwise(rank, world)
+
+
+def _every_codec_and_size_pairwise(rank: int, world: int):
     topology = RingTopology(dist.group.WORLD)
-    topology.pairwise = True
     assert topology.sends_pairwise(torch.device("cpu"), 1)
     results, sent = {}, {}
     for name in CODECS:
@@ -192,8 +198,8 @@ def _pairwise_on_a_subgroup(rank: int, world: int):
     topology.one_host = False  # as between hosts, whatever this launch's environment says
     default, collectives = rank_data(rank, 200_003), rank_data(rank, 200_003)
     report = alltoall_allreduce_(default, build("q8"), topology, "mean")
-    topology.pairwise = False
-    alltoall_allreduce_(collectives, build("q8"), topology, "mean")
+    with exchange_collectives(pairwise=False):
+        alltoall_allreduce_(collectives, build("q8"), topology, "mean")
     return default, collectives, report.bytes_sent
 
 
@@ -215,11 +221,7 @@ def test_long_payloads_go_pairwise_by_default_and_only_gloo_on_host_memory_does(
     assert not topology.sends_pairwise(cpu, 1 << 30)  # no link for concurrent flows to share
     topology.one_host = False
     assert topology.sends_pairwise(cpu, PAIRWISE_MIN_BYTES) and not topology.sends_pairwise(cpu, PAIRWISE_MIN_BYTES - 1)
-    topology.pairwise = True
-    assert topology.sends_pairwise(cpu, 1)
-    topology.pairwise = False
-    assert not topology.sends_pairwise(cpu, 1 << 30)
-    topology.pairwise, topology.batched = True, True  # NCCL's way: its unbatched pairs can deadlock
+    topology.batched = True  # NCCL's way: its unbatched pairs can deadlock
     assert not topology.sends_pairwise(cpu, 1 << 30)
 
 

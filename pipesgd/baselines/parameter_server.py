@@ -1,57 +1,32 @@
 """Parameter-server baselines, the paper's "conventional approaches": synchronous PS and Downpour SGD.
 
-Roles. ``servers=0``: rank 0 is the server and also a worker (co-located); ``servers=N``: ranks
-0..N-1 are dedicated servers holding the parameters sharded by whole tensors (balanced by bytes), the
-other ranks are workers. Only workers are data-parallel (``worker_rank``/``num_workers``).
+Roles. ``servers=0``: rank 0 is the server and also a worker (co-located); ``servers=N``: ranks 0..N-1 are dedicated
+servers holding the parameters sharded by whole tensors (balanced by bytes), the other ranks are workers. Only
+workers are data-parallel (``worker_rank``/``num_workers``). The worker's half of the protocol is
+``ps_worker``, the server's ``ps_server``, the messages ``ps_protocol``; docs/architecture.md tells the whole.
 
-Protocol (message format in ``ps_protocol``), on a dedicated gloo process group:
-
-- sync: every step each worker sends a header and its gradient (the shard each server owns) to every
-  server; a server waits for all live workers, averages (fixed order), applies the wrapped optimizer,
-  and sends the new weights back. With ``servers=0`` this is synchronous SGD on the global batch.
-- async (Downpour SGD, Dean et al. 2012): a worker sums its gradients locally and pushes the sum
-  every ``push_every`` steps (the send completes while the worker computes its next step; at most one
-  request per server is in flight), and pulls fresh weights every ``pull_every`` steps (blocking: one
-  request, one reply; a step that pushes and pulls sends one combined request). Between pulls it computes on the
-  weights it last pulled; it does not update them locally. A server answers requests from any worker
-  one at a time (``recv`` from any source) and applies each push as it arrives; rank 0 with
-  ``servers=0`` does this in a background thread while it also trains, its own pushes and pulls
-  going straight to the in-process server. Staleness of a push = server updates applied since the
-  weights the oldest summed gradient was computed on were pulled (0 for a single worker pulling
-  every step). Servers keep a histogram and a log (``server_stats``, ``staleness_log``); workers see
-  the staleness of their latest push at each pull (``last_staleness``).
-
-Hyperparameters (lr, momentum, betas, …): the co-located server uses rank 0's own param groups (the
-trainer steps rank 0's LR scheduler); a dedicated server, whose scheduler nobody steps, takes them
-from each worker's header. Buffers (e.g. BatchNorm statistics) stay local to each worker.
-
-Ending: every worker calls ``flush()`` (the wrapper seam's end of training; ``finish()`` is its former
-name) and every dedicated server ``serve()``; both end with a broadcast of the final weights on the PS
-group, so every rank's model holds the final weights.
-A dead or silent peer surfaces as a RuntimeError naming what was awaited, after the group timeout.
+Ending: every worker calls ``flush()`` and every dedicated server ``serve()``; both end with a broadcast of the final
+weights on the PS group, so every rank's model holds the final weights. A dead or silent peer surfaces as a
+RuntimeError naming what was awaited, after the group timeout.
 """
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from pipesgd.runlog import trace
 from pipesgd.accounting import StepStats
-from pipesgd.baselines.ps_protocol import (
-    DONE, HEADER_FIXED, PULL, PUSH, REPLY_LEN, TAG_GRAD, TAG_REPLY, TAG_REQUEST, TAG_WEIGHTS,
-    HyperSchema, assign_shards, wait_all,
-)
+from pipesgd.baselines.ps_protocol import DONE, HEADER_FIXED, TAG_REQUEST, HyperSchema, assign_shards, wait_all
+from pipesgd.baselines.ps_worker import WorkerSteps
 from pipesgd.baselines.ps_server import ShardServer
 from pipesgd.baselines.ps_setup import NullLock, check_params, default_timeout, repoint, share_weights
 
 MODES = ("sync", "async")
 
 
-class ParameterServer:
+class ParameterServer(WorkerSteps):
     """Optimizer-like wrapper: ``loss.backward(); ps.step(); ps.zero_grad()`` on workers, ``serve()`` on servers."""
 
     def __init__(
@@ -192,7 +167,7 @@ class ParameterServer:
         return applied
 
     def finish(self) -> None:
-        """The end of a worker's training by its former name: ``flush()``."""
+        """``flush()`` under a second name."""
         self.flush()
 
     def close(self) -> None:
@@ -261,118 +236,7 @@ class ParameterServer:
             self._last_pushed_step = state["last_pushed_step"]
             self.last_staleness = dict(state["last_staleness"])
 
-    # -- sync ---------------------------------------------------------------------------------------
-    def _step_sync(self) -> StepStats:
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        if self.server is not None:  # co-located: this rank runs the round itself
-            layout = self.server.layout
-            local = layout.pack(grads, self._buf("local", layout))
-            r = self.server.sync_round(self.group, self._remote_workers, local, self._step, self._bufs)
-            return StepStats(self._step, self._step, t_wait_s=r["t_wait_s"], t_update_s=r["t_update_s"], bytes_sent=r["bytes_sent"])
-        t0 = time.perf_counter()
-        header = self._header(PUSH | PULL, self._step, 0, 1)
-        sends, recvs, n_bytes = [], [], 0
-        with trace.span("push", "comm"):
-            for k, layout in enumerate(self.layouts):
-                out = layout.pack(grads, self._buf(("grad", k), layout))
-                sends += [dist.isend(header, dst=layout.server, group=self.group, tag=TAG_REQUEST)]
-                sends += [dist.isend(b, dst=layout.server, group=self.group, tag=TAG_GRAD) for b in out]
-                inb = self._buf(("weights", k), layout)
-                recvs += [dist.irecv(b, src=layout.server, group=self.group, tag=TAG_WEIGHTS) for b in inb]
-                n_bytes += header.numel() * 8 + layout.n_bytes
-        wait_all(sends + recvs, f"step {self._step}: push to and pull from servers {self.server_ranks}", traced="pull")
-        for k, layout in enumerate(self.layouts):
-            layout.unpack(self._bufs[("weights", k)], self.params)
-        return StepStats(self._step, self._step, t_wait_s=time.perf_counter() - t0, bytes_sent=n_bytes)
-
-    # -- async (Downpour) ---------------------------------------------------------------------------
-    def _step_async(self, step: int, flush: bool) -> StepStats:
-        if not flush:
-            # Step 1: sum the gradient into the push accumulator.
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-            if self._n_acc == 0:
-                self._acc_version = list(self._pulled_version)
-                self._acc = [g.detach().clone() for g in grads] if self.push_every > 1 else grads
-            else:
-                for a, g in zip(self._acc, grads):
-                    a.add_(g)
-            self._n_acc += 1
-        push = self._n_acc > 0 and (flush or (step + 1) % self.push_every == 0)
-        pull = flush or (step + 1) % self.pull_every == 0
-        t_wait = t_update = 0.0
-        n_bytes = 0
-        flags = (PUSH if push else 0) | (PULL if pull else 0)
-        if flags:
-            # Step 2: one request per server; pushes may stay in flight, pulls are waited for.
-            t0 = time.perf_counter()
-            self._wait_pending()
-            replies, recvs, posted_ns = {}, [], time.time_ns()
-            for k, layout in enumerate(self.layouts):
-                if layout.server == self.rank:
-                    if push:
-                        out = layout.pack(self._acc, self._buf(("grad", k), layout))
-                        t_update += self.server.apply(out, None, self._acc_version[k], self.rank, step)
-                    if pull:
-                        version = self.server.read(self._buf(("weights", k), layout))
-                        replies[k] = self.server.reply_for(self.rank, version)
-                    continue
-                header = self._header(flags, step, self._acc_version[k], self._n_acc)
-                sends = [dist.isend(header, dst=layout.server, group=self.group, tag=TAG_REQUEST)]
-                n_bytes += header.numel() * 8
-                if push:
-                    out = layout.pack(self._acc, self._buf(("grad", k), layout, fresh=True))
-                    sends += [dist.isend(b, dst=layout.server, group=self.group, tag=TAG_GRAD) for b in out]
-                    n_bytes += layout.n_bytes
-                self._pending.append((sends, [header] + (out if push else [])))
-                if pull:
-                    replies[k] = torch.zeros(REPLY_LEN, dtype=torch.float64)
-                    recvs += [dist.irecv(replies[k], src=layout.server, group=self.group, tag=TAG_REPLY)]
-                    recvs += [dist.irecv(b, src=layout.server, group=self.group, tag=TAG_WEIGHTS) for b in self._buf(("weights", k), layout)]
-            trace.record("push" if push else "request", posted_ns, time.time_ns(), "comm")
-            if pull:
-                wait_all(recvs, f"step {step}: pulling weights from servers {self.server_ranks}", traced="pull")
-                self._wait_pending()
-            if flush:
-                self._wait_pending()
-            t_wait = time.perf_counter() - t0 - t_update
-        applied = None
-        if push:
-            self._last_pushed_step, self._n_acc, self._acc = step, 0, None
-        if pull:
-            # Step 3: the pulled weights replace the worker's; record what the servers reported.
-            for k, layout in enumerate(self.layouts):
-                layout.unpack(self._bufs[("weights", k)], self.params)
-            applied = self._last_pushed_step
-            self._record_replies(replies)
-        return StepStats(step, applied, t_wait_s=t_wait, t_update_s=t_update, bytes_sent=n_bytes)
-
-    def _record_replies(self, replies: dict) -> None:
-        versions = {k: int(r[0]) for k, r in replies.items()}
-        for k, v in versions.items():
-            self._pulled_version[k] = v
-        reported = [int(r[1]) for r in replies.values() if int(r[2]) > 0]
-        s = self.last_staleness
-        if reported:
-            s["staleness"] = max(reported)
-            s["max_staleness"] = max(s["max_staleness"], s["staleness"])
-        s["pushes_applied"] = max(int(r[2]) for r in replies.values())
-        s["server_version"] = max(versions.values())
-
-    def _wait_pending(self) -> None:
-        pending, self._pending = self._pending, []
-        wait_all([w for works, _ in pending for w in works], "pushing gradients to the servers", traced="wait")
-
-    # -- helpers -----------------------------------------------------------------------------------
-    def _header(self, flags: int, step: int, version: int, n_acc: int) -> torch.Tensor:
-        return torch.tensor([flags, step, version, n_acc] + self.hyper.read(self.optimizer), dtype=torch.float64)
-
-    def _buf(self, key, layout, fresh: bool = False) -> list[torch.Tensor]:
-        if fresh:  # a buffer an in-flight isend may still read
-            return layout.empty_buffers()
-        if key not in self._bufs:
-            self._bufs[key] = layout.empty_buffers()
-        return self._bufs[key]
-
+    # -- the server thread and the end ------------------------------------------------------------
     def _serve_thread(self) -> None:
         try:
             with torch.no_grad():

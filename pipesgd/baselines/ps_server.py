@@ -4,7 +4,7 @@ A ``ShardServer`` owns the authoritative weights of one shard and applies update
 torch optimizer. ``sync_round`` serves one synchronous step of every live worker; ``serve_async``
 applies pushes as they arrive (Downpour SGD) until every worker has said it is done.
 Traced (``pipesgd.runlog.trace``): receive, apply and send spans, on the "server" row for ``serve_async``; the workers
-(``parameter_server``) mark push, pull (blocked on the weights) and wait (blocked on earlier pushes).
+(``ps_worker``) mark push, pull (blocked on the weights) and wait (blocked on earlier pushes).
 """
 from __future__ import annotations
 

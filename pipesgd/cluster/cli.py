@@ -1,8 +1,8 @@
 """``pipesgd-cluster``: up / run / status / measure / down for the emulated cluster (root only).
 
-    pipesgd-cluster up --nodes 4 --bandwidth 1gbit
-    pipesgd-cluster run --timeout 900 -- pipesgd-train --mode pipe
-    pipesgd-cluster down
+    ``pipesgd-cluster up --nodes 4 --bandwidth 1gbit``
+    ``pipesgd-cluster run --timeout 900 -- pipesgd-train --mode pipe``
+    ``pipesgd-cluster down``
 Bad input is one line ``pipesgd-cluster: error: ...`` and exit code 2, before anything is built or run; a failure
 (no root, a tool that fails, a node that fails) is one line of the same form and exit code 1 (``run`` returns the
 nodes' worst exit code, 124 on its timeout).

@@ -5,13 +5,8 @@ What runs on node i (inside ``ip netns exec {name}-node{i}``), with torchrun (th
     python -m torch.distributed.run --nnodes N --node-rank i --nproc-per-node k
         --master-addr 10.77.0.10 --master-port P --max-restarts R  TAIL
 
-where TAIL is chosen from the user's command (everything after ``--``):
-- ``pipesgd-train ARGS`` or ``python -m pipesgd.train ARGS``  → ``-m pipesgd.train ARGS``;
-- ``python -m MODULE ARGS``                                   → ``-m MODULE ARGS``;
-- ``python SCRIPT.py ARGS`` or ``SCRIPT.py ARGS``             → ``SCRIPT.py ARGS`` (torchrun runs it
-  with its own interpreter, like ``torchrun script.py``);
-- any other executable ``CMD ARGS``                           → ``--no-python CMD ARGS`` (torchrun
-  starts CMD directly, once per local rank, with RANK/WORLD_SIZE/… in its environment).
+where TAIL is the user's command (everything after ``--``) as torchrun takes it: ``-m pipesgd.train ARGS`` for
+``pipesgd-train``, ``-m MODULE`` or ``SCRIPT.py`` for Python, ``--no-python CMD ARGS`` for any other executable.
 With ``--no-torchrun`` the command runs unchanged, once per node, with NODE_RANK, NNODES, MASTER_ADDR,
 MASTER_PORT and NPROC_PER_NODE set. In both cases GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME /
 TP_SOCKET_IFNAME name the node's shaped veth, so inter-node traffic cannot bypass the shaper. On a cluster

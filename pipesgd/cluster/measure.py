@@ -5,7 +5,7 @@ Steps:
 2. start a sender in the source namespace; it streams zeros for ``duration_s`` (or ``max_bytes``);
 3. the receiver times the bytes that arrive after ``warmup_s`` (TCP slow start and the tbf burst are
    left out) and prints a JSON line; throughput = those bytes / that time.
-Expect ≈ 94 % of the tbf rate at MTU 1500 (1448 payload bytes per 1514-byte frame tbf counts).
+Expect a little under the tbf rate: tbf counts whole frames, of which TCP payload is only a part.
 """
 from __future__ import annotations
 
@@ -83,13 +83,13 @@ class Throughput:
 
 def measure_throughput(state: ClusterState, src: int = 0, dst: int = 1, duration_s: float = 2.0,
                        max_bytes: int | None = None, warmup_s: float = 0.3) -> Throughput:
-    # Bound the bytes: 1.5 x what the link can carry in duration_s (plus one burst).
+    # Bound the bytes: half as much again as the link can carry in duration_s (plus one burst).
     for node in (src, dst):
         if not 0 <= node < state.nodes:
             raise ClusterError(f"node {node} does not exist in cluster {state.name} ({state.nodes} nodes)")
     if src == dst:
         raise ClusterError("measure needs two different nodes")
-    if max_bytes is None:  # unshaped: bounded by duration_s alone (and this cap, 100 Gbit/s worth)
+    if max_bytes is None:  # unshaped: bounded by duration_s alone (and ``UNSHAPED_CAP_BPS``)
         rate_bps = state.bandwidth_bps if state.shaped else UNSHAPED_CAP_BPS
         max_bytes = int(1.5 * rate_bps / 8 * duration_s) + state.burst_bytes
     timeout_s = 30 + 3 * duration_s

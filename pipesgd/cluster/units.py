@@ -42,11 +42,6 @@ def default_burst_bytes(bandwidth_bps: float, mtu: int = 1500) -> int:
     return int(max(per_tick, frames, GSO_MAX_BYTES))
 
 
-def tbf_limit_bytes(bandwidth_bps: float, burst_bytes: int, queue_ms: float) -> int:
-    """Queue length in bytes equivalent to tbf's ``latency queue_ms`` (kept explicit for status)."""
-    return int(bandwidth_bps / 8.0 * queue_ms / 1000.0 + burst_bytes)
-
-
 _SIZE_RE = re.compile(r"^(?P<num>\d+(?:\.\d*)?)(?P<prefix>[kKmMgG]?)(?:i?[bB])?$")
 
 

@@ -1,9 +1,6 @@
-"""A compressed all-reduce in two collectives (an all-to-all, then an all-gather), beside the paper's per-hop ring.
-
-The ring re-encodes a growing partial sum at each of its p-1 reduce-scatter hops, so a lossy codec's error grows
-with p. Here every contribution is encoded once and the sum once, as in DeepSpeed's ``compressed_allreduce``,
-torchft's ``allreduce_quantized`` and CGX, with the ring's bytes on the wire (2(p-1)/p of the payload per rank) in 2
-collective calls instead of 2(p-1) hops. Rank r of p owns chunk r (the r-th of p near-equal slices):
+"""A compressed all-reduce in two collectives (an all-to-all, then an all-gather), beside the paper's per-hop ring:
+every contribution is encoded once and the sum once (the ring re-encodes a growing partial sum at each hop), as in
+DeepSpeed's ``compressed_allreduce`` and CGX, with the ring's bytes on the wire. Rank r of p owns chunk r:
   Step 1: encode each chunk c != r once; its owner's own chunk never needs encoding (it has the exact values).
   Step 2 (all-to-all): send chunk c's payload to rank c; receive every other rank's payload of chunk r.
   Step 3: sum chunk r in the working dtype (fp32/fp64): the exact own chunk first, then the decoded payloads in
@@ -12,22 +9,9 @@ collective calls instead of 2(p-1) hops. Rank r of p owns chunk r (the r-th of p
           every other rank decodes (replicas stay bitwise identical, stochastic rounding included).
   Step 5 (all-gather): every rank's payload of its chunk reaches every rank.
   Step 6: decode each chunk c != r in place.
-Where gloo carries host tensors, both collectives can go one peer at a time instead (``RingTopology.pairwise``:
-p-1 rounds, round i to rank r+i and from rank r-i), each arrival decoded while the next round is on the wire; the
-sums, payloads and results are the same bits either way.
-Steps 1, 3 and 6 (and error feedback's booking) each make their p-1 encodes or decodes in as few codec calls as the
-codec allows (``pipesgd.compression.rows``: q8, q4 and sign chunks of one block count, on CPU up to 32 Ki elements;
-fp16 and bf16 chunks side by side in memory), with the same bits as one call per chunk, and the copies around them
-(the batch's rows, the payloads into the send buffer, which is the batch's own buffer where gloo needs no staging
-and one copy to host memory where it does, the decoded chunks back into place, the booking) are one call each over
-all the chunks. What still grows with p: the sum's adds, one per contribution in rank order (the fixed order keeps
-the bits) (``experiments/results/bench_host/exchange_calls.md``, ``experiments/count_exchange_calls.py``).
-Error feedback (``open_encoder``, one residual buffer per bucket as for the ring): the worker residual, what
-Step 1's encodes dropped, is booked at the chunks other ranks own; the owner residual, what Step 4's encode dropped
-(in sum units), at chunk r, where no worker error ever lands since the own chunk is never encoded. Both are folded
-into the next call's input: chunk r then goes exactly into the next sum, so the owner's error is added to that
-chunk's next sum, as DeepSpeed's server error buffer is. The sum over ranks of the next inputs carries this call's
-total compression error, and one buffer per bucket checkpoints both residuals.
+Both collectives may go one peer at a time (``RingTopology.sends_pairwise``), with the same bits. Steps 1, 3 and 6
+batch their codec calls (``pipesgd.compression.rows``). Error feedback books what Step 1 dropped at the chunks others
+own and what Step 4 dropped at chunk r, in one residual buffer per bucket (docs/architecture.md).
 """
 from __future__ import annotations
 

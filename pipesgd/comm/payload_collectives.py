@@ -3,10 +3,10 @@ sizes every rank knows before the bytes arrive: an all-to-all with one payload p
 chunks do by one element) and an all-gather of one payload per rank, padded to the largest, since gloo and NCCL
 gather equal slots only. Both are the backend's native collectives (gloo on CPU has ``alltoallv`` and ``allgather``
 in torch 2.2 and later; NCCL has both); gloo with CUDA tensors stages through the topology's pinned host buffers, as
-the ring's hops do. There the all-gather is itself an all-to-all (``RingTopology.gathers_by_alltoall``): each rank
+the ring's hops do. There the all-gather is itself an all-to-all (``RingTopology.stages``): each rank
 sends its payload to every other, the same bytes per rank as gloo's ring all-gather, without the fixed cost that
 gloo's all-gather showed on the GPU host.
-``pairwise_payloads`` sends either collective's bytes one peer at a time instead (``RingTopology.pairwise``).
+``pairwise_payloads`` sends either collective's bytes one peer at a time instead (``RingTopology.sends_pairwise``).
 """
 from __future__ import annotations
 
@@ -60,10 +60,15 @@ def all_gather_payload(
     """Every rank's payload on every rank: ``sizes[q]`` is the size of rank q's (``sizes[rank]`` that of
     ``payload``). Each travels in a slot of ``max(sizes)`` bytes (the pad is at most a block's scale and a byte
     or two for the codecs we have). Returns views into a buffer that the next call reuses, on ``device``."""
+    if topology.stages(device):
+        return _gather_by_alltoall(topology, payload, sizes, device, while_waiting)
+    return _gather_native(topology, payload, sizes, device, while_waiting)
+
+
+def _gather_native(topology: RingTopology, payload: torch.Tensor, sizes: list[int], device: torch.device,
+                   while_waiting: Callable[[], None] | None) -> list[torch.Tensor]:
+    """``all_gather_payload`` as the backend's all-gather of equal slots of ``max(sizes)`` bytes."""
     slot = max(sizes)
-    by_alltoall = topology.gathers_by_alltoall
-    if by_alltoall if by_alltoall is not None else topology.stages(device):
-        return _gather_by_alltoall(topology, payload, sizes, slot, device, while_waiting)
     send = topology.wire_buffer("allgather-send", slot, device)
     send[: payload.numel()].copy_(payload)
     send[payload.numel() :].zero_()  # the pad: never decoded, zeroed so the bytes on the wire are deterministic
@@ -73,11 +78,12 @@ def all_gather_payload(
     return views_at(_arrived(topology, recv, device), [q * slot for q in range(len(sizes))], sizes)
 
 
-def _gather_by_alltoall(topology: RingTopology, payload: torch.Tensor, sizes: list[int], slot: int,
-                        device: torch.device, while_waiting: Callable[[], None] | None) -> list[torch.Tensor]:
-    """``all_gather_payload`` as an all-to-all: the payload, padded to ``slot``, goes to each of the p-1 other ranks
-    (nothing to itself); rank q's arrives at the (q-1)-th slot if q > rank, else the q-th. Own entry: ``payload``."""
-    p, r = len(sizes), topology.rank
+def _gather_by_alltoall(topology: RingTopology, payload: torch.Tensor, sizes: list[int], device: torch.device,
+                        while_waiting: Callable[[], None] | None) -> list[torch.Tensor]:
+    """``all_gather_payload`` as an all-to-all: the payload, padded to ``max(sizes)``, goes to each of the p-1 other
+    ranks (nothing to itself); rank q's arrives at the (q-1)-th slot if q > rank, else the q-th. Own entry:
+    ``payload``."""
+    p, r, slot = len(sizes), topology.rank, max(sizes)
     send = topology.wire_buffer("allgather-send", (p - 1) * slot, device)
     send[: payload.numel()].copy_(payload)  # once from the device when staged; the copies below stay on the host
     send[payload.numel() : slot].zero_()  # the pad: never decoded, zeroed so the bytes on the wire are deterministic
@@ -104,8 +110,8 @@ def pairwise_payloads(
     """``all_to_all_payloads``' bytes (or an all-gather's: the same payload for every peer) in p-1 rounds of one
     peer each, on gloo with host tensors: round i sends ``outgoing[r+i]`` to rank r+i and receives
     ``incoming_bytes[r-i]`` bytes from rank r-i, so every link carries one flow at a time (gloo's all-to-all sends to
-    every peer at once, and three flows through one 200 Mbit/s token-bucket link took 88.0 ms where the same bytes
-    one peer at a time took 57.9). What round i brought goes to ``on_receive(q, payload)`` while round i+1 is on the
+    every peer at once, and concurrent flows through one token-bucket link took longer than the same bytes one peer
+    at a time: ``pipesgd.comm.topology.PAIRWISE_MIN_BYTES``). What round i brought goes to ``on_receive(q, payload)`` while round i+1 is on the
     wire, so decoding overlaps the transfer; the last round's after it. ``while_waiting`` runs once round 1 is
     posted, and may fill in later rounds' ``outgoing`` (each is read when its round is posted). Payloads handed to
     ``on_receive`` are views into a buffer that the next call reuses. ``collective`` tells the calls of one

@@ -8,9 +8,8 @@ Algorithm (rank r of p, chunk c = the c-th of p near-equal slices of the flat te
           lossy codec, replaces it by decode(encode(chunk)) so the owner applies the same bits it sends.
   Step 3 (all-gather, p-1 hops): payloads are forwarded unchanged around the ring and decoded once on
           arrival, so every rank ends with bit-identical results (essential with stochastic rounding).
-A compressed hop on CPU travels in pieces of about a MiB: piece k+1 is encoded while piece k is on the wire,
-and each received piece is decoded while the next one arrives, so the codec overlaps the transfer (on a GPU,
-where the codec is fast and every piece costs a sync and launches, a hop is one piece: ``piece_bounds``).
+A compressed hop on CPU travels in pieces of about a MiB: piece k+1 is encoded while piece k is on the wire, and
+each received piece is decoded while the next arrives (on a GPU a hop is one piece: ``piece_bounds``).
 Every encode goes through one ``HopEncoder`` per ring (``pipesgd.compression.open_encoder``); with error
 feedback it folds the residual into the input first and books each encode's error, so the sum over ranks of
 the next inputs carries this ring's total compression error. The ring itself never touches a residual.
@@ -73,8 +72,8 @@ def piece_bounds(numel: int, on_gpu: bool = False) -> list[int]:
     only, so sender and receiver split alike (every rank holds its tensors on the same kind of device).
 
     On a GPU a hop is one piece: the codec runs at hundreds of GB/s, so there is nothing to overlap, while each
-    piece costs a blocking staging copy and a dozen kernel launches from Python. On an H100 (4 ranks sharing it
-    over gloo, ResNet-18) the q8 all-reduce took 70.4 ms in 8 pieces per hop and 14.3 ms in one."""
+    piece costs a blocking staging copy and a dozen kernel launches from Python, which made several pieces per hop
+    far slower than one on a GPU (experiments/results/gpu/README.md)."""
     count = 1 if on_gpu else max(1, min(MAX_PIECES, numel // PIECE_ELEMENTS))
     return chunk_bounds(numel, count)
 

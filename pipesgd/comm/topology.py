@@ -17,10 +17,9 @@ _TAG = 7_201  # a tag of our own so user point-to-point traffic on the same grou
 
 # The exchange's collectives go one peer at a time (``RingTopology.sends_pairwise``) from this many payload bytes per
 # peer, as MPICH's all-to-all sends long messages in pairwise rounds to keep one flow per link (Thakur, Rabenseifner
-# and Gropp 2005; its medium/long bound is 32 KiB). Measured on 4 emulated nodes sharing 2 cores
-# (experiments/results/allreduce_choice/*-pairwise.md): q8's exchange of a 7 MiB bucket (460 KB per peer) took 129.1 ms
-# this way against 156.7 as gloo's collectives at 200 Mbit/s (the ring 119.5), 33.2 against 37.9 at 1 Gbit/s; on one
-# host it does not (``launched_on_one_host``).
+# and Gropp 2005; the bound is MPICH's medium/long one). Between emulated nodes one flow per link beat gloo's
+# concurrent flows for long payloads; on one host it does not (``launched_on_one_host``;
+# experiments/results/allreduce_choice/report.md).
 PAIRWISE_MIN_BYTES = 32 * 1024
 
 
@@ -28,8 +27,7 @@ def launched_on_one_host(environ=os.environ) -> bool:
     """Whether the launcher's environment says every rank runs on this host, in this network namespace: torchrun's
     ``LOCAL_WORLD_SIZE`` equal to ``WORLD_SIZE`` (one node), or a loopback ``MASTER_ADDR`` (which only processes in
     the same namespace can reach). Every rank reads the same answer, so all send the same way. Over loopback there
-    is no link for concurrent flows to share, and the rounds only add a wait on the slowest peer per round: with four
-    ranks on 2 cores gloo's collectives ran q8's 7 MiB exchange in 27.8 ms, the rounds in 32.6
+    is no link for concurrent flows to share, and the rounds only add a wait on the slowest peer per round
     (experiments/results/allreduce_choice/allreduce_choice-loopback-pairwise.md). Unknown (another launcher): False."""
     local, world = environ.get("LOCAL_WORLD_SIZE"), environ.get("WORLD_SIZE")
     if local is not None and local == world:
@@ -65,17 +63,11 @@ class HostStaging:
 class RingTopology:
     """Who sends to whom in a process group, and how bytes cross the wire (staged via host for gloo+CUDA).
 
-    ``FORWARDS_ON_HOST``: where payloads are staged, a compressed ring's all-gather keeps what it receives in host
-    memory and forwards it from there (``forwarding_slot``), copying it to the device only to decode it, without
-    waiting for that copy; False restores the round trip through the device (the benchmarks' A/B).
-
     It keeps receive buffers between calls, so one topology serves one thread: the background worker that
     runs a group's rings (``pipesgd.comm.channel``) or one caller of the synchronous ``ring_allreduce``.
     ``batched``: post each piece as one send+recv pair through ``dist.batch_isend_irecv`` (what NCCL needs;
     its unbatched point-to-point ops deadlock when both neighbours are one peer). None picks it for NCCL.
     """
-
-    FORWARDS_ON_HOST = True
 
     def __init__(self, group: dist.ProcessGroup | None, batched: bool | None = None) -> None:
         self.group = group
@@ -83,14 +75,6 @@ class RingTopology:
         self._wire: dict[tuple[str, torch.device], torch.Tensor] = {}
         self._staging = HostStaging()
         self._forwarded: torch.cuda.Event | None = None  # the last ring's copies out of its forwarding slots
-        # The exchange's all-gather as an all-to-all (payload_collectives): None, where payloads are staged through
-        # host memory (gloo's all-gather took 8-10 ms for 4 ranks x 34 KB on the GPU host, an all-to-all of 4x the
-        # bytes 0.23-0.26 ms), not elsewhere (on 200 Mbit/s links its concurrent flows made q8's exchange 1.2x
-        # slower); True or False forces it (the benchmarks' A/B).
-        self.gathers_by_alltoall: bool | None = None
-        # The exchange's two collectives sent one peer at a time (payload_collectives.pairwise_payloads) where gloo
-        # carries host tensors: None is the library's choice (``sends_pairwise``); True or False forces it.
-        self.pairwise: bool | None = None
         self.one_host = launched_on_one_host()
         if group is None or not dist.is_initialized():
             self.rank, self.size = 0, 1
@@ -109,7 +93,7 @@ class RingTopology:
 
     def scratch(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A receive buffer reused across hops and calls: fresh 10-100 MB allocations cost page faults
-        on every call (a third of a large ring's time on CPU). One topology serves one thread."""
+        on every call (a large share of a large ring's time on CPU). One topology serves one thread."""
         key = (dtype, device)
         buf = self._scratch.get(key)
         if buf is None or buf.numel() < numel:
@@ -129,8 +113,10 @@ class RingTopology:
         return buf[:n_bytes]
 
     def forwards_on_host(self, device: torch.device) -> bool:
-        """Whether a compressed ring's all-gather forwards payloads from host memory (module doc of the class)."""
-        return self.FORWARDS_ON_HOST and self.stages(device)
+        """Whether a compressed ring's all-gather keeps what it receives in host memory and forwards it from there
+        (``forwarding_slot``), copying it to the device only to decode it, without waiting for that copy: wherever
+        payloads are staged."""
+        return self.stages(device)
 
     def forwarding_slot(self, hop: int, piece: int, n_bytes: int) -> torch.Tensor:
         """The pinned host buffer that all-gather hop ``hop`` receives ``piece`` into and the next hop sends it from:
@@ -148,15 +134,13 @@ class RingTopology:
         self._forwarded.record(torch.cuda.current_stream(device))
 
     def sends_pairwise(self, device: torch.device, peer_bytes: int) -> bool:
-        """Whether the exchange's collectives go one peer at a time (``pairwise``), for payloads of up to
+        """Whether the exchange's collectives go one peer at a time, for payloads of up to
         ``peer_bytes`` per peer: only on host memory over gloo (NCCL's unbatched pairs can deadlock; staged payloads
         keep the collectives), and by default for payloads of ``PAIRWISE_MIN_BYTES`` per peer or more between hosts
         (not where the launcher says all ranks share this one, ``launched_on_one_host``)."""
         if self.batched or self.stages(device) or not self._stage_on_host:  # _stage_on_host: the group runs gloo
             return False
-        if self.pairwise is None:
-            return peer_bytes >= PAIRWISE_MIN_BYTES and not self.one_host
-        return self.pairwise
+        return peer_bytes >= PAIRWISE_MIN_BYTES and not self.one_host
 
     def stages(self, device: torch.device) -> bool:
         """Whether bytes for tensors on ``device`` travel through host buffers (gloo with CUDA tensors)."""
@@ -182,7 +166,7 @@ class RingTopology:
 
     def _exchange_posted(self, n_send, make_payload, recv_bufs, on_receive, while_waiting=None) -> list[torch.Tensor]:
         """Gloo: every receive is posted first (with p = 2 both directions share one gloo connection, and a
-        send posted before its matching receive took ~1.8x longer for 4 MB on a shaped link)."""
+        send posted before its matching receive took markedly longer on a shaped link)."""
         recv_wires, recv_ops = [], []
         for k, buf in enumerate(recv_bufs):
             wire = self._recv_wire(k, buf)

@@ -7,14 +7,12 @@ Step 1: ``PipeSGD.step()`` submits ``exchange`` (the agreement beside the gradie
 Step 2: the agreement is one all-reduce of one integer per rank (0: still training, N+1: finished after N
         steps) on a group of its own, posted by the ring's worker in each job's slot, so it is matched with the
         peer's job of the same step. ``exchange`` posts it without waiting and runs the ring at once, reading the
-        answer after the ring: the ring no longer waits for a latency-bound collective. On shared cores that
-        wait lasted until the slowest rank's compute ended (4 emulated nodes on 2 cores: the q8 ring of a
-        1.9 M-parameter MLP started a compute time late every step, 160 ms per iteration against a 122 ms ring).
+        answer after the ring, so the ring never waits for a latency-bound collective (on shared cores that
+        wait would last until the slowest rank's compute ended, experiments/results/bench_agreement/report.md).
 Step 3: a rank that finished (``finish``) reads the answer first; if someone still trains, that rank is already
         in this step's ring, so the finished rank joins the ring with zeros (``shadow``) to let it complete. Then
-        both sides raise ``UnevenInputsError`` naming the rank(s) that ran out. The jobs a rank that still trains
-        queued after that step raise the same error at once: no peer would ever answer their collectives (a
-        caller waiting on one, as look-ahead's coarse stand-in does, would otherwise wait for the timeout).
+        both sides raise ``UnevenInputsError`` naming the rank(s) that ran out, and so do at once the jobs queued
+        after that step, whose collectives no peer would ever answer (a caller would wait for the timeout).
 """
 from __future__ import annotations
 

@@ -45,18 +45,11 @@ class StreamWork(Work):
 
 
 class CommWorker:
-    """Runs submitted callables on one background thread (and, on CUDA, one side stream), in order.
-
-    ``STREAM_PRIORITY``: the side stream's CUDA priority (lower is more urgent; torch maps any value into the device's
-    range). 0, the default stream's, unless set before the worker is made (the GPU benchmarks' A/B of a side stream
-    whose codec kernels are scheduled ahead of the training step's, as NCCL's high-priority streams are)."""
-
-    STREAM_PRIORITY = 0
+    """Runs submitted callables on one background thread (and, on CUDA, one side stream), in order."""
 
     def __init__(self, device: torch.device | str = "cpu", name: str = "pipesgd-comm") -> None:
         self.device = torch.device(device)
-        self._stream = (torch.cuda.Stream(self.device, priority=self.STREAM_PRIORITY) if self.device.type == "cuda"
-                        else None)
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._jobs: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()

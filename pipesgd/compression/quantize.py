@@ -1,16 +1,15 @@
 """``q8`` and ``q4``: uniform symmetric scalar quantization with one fp32 scale per block.
 
 The paper's "scalar quantization" compressor. Encoding, per block of ``block_size`` elements:
-
 1. scale = max|x| / qmax (qmax = 127 for 8 bits, 7 for 4 bits); a non-finite block gets a NaN scale.
 2. code = round(x / scale), to nearest (ties to even), or stochastically: floor(x / scale + u),
    u ~ U[0, 1), which is unbiased (E[code * scale] = x).
 3. code is clamped to [-qmax, qmax]; an all-zero block divides by 1 instead of 0 and codes zeros.
 
-Payload layout: ``n_blocks`` fp32 scales, then the codes (int8 for q8; for q4, two codes per byte as
-code + 8, element 2i in the low nibble and 2i+1 in the high nibble; an odd count pads with code 0). Decoding is code * scale in fp32.
+Payload layout: ``n_blocks`` fp32 scales, then the codes (int8 for q8; for q4, two codes per byte as code + 8,
+element 2i in the low nibble and 2i+1 in the high nibble; an odd count pads with code 0). Decoding: code * scale.
 
-Speed (issue 11): no copy of the input's whole blocks, codes computed tile by tile through one reused buffer and
+Speed: no copy of the input's whole blocks, codes computed tile by tile through one reused buffer and
 written straight into the payload, q4 packed with one integer multiply per four codes; the bytes are those of the
 straightforward version (``tests/codec_reference.py``), and stochastic rounding draws the same numbers in the
 same order (one per element of the zero-padded blocks). On CUDA nothing waits for the host.
@@ -39,7 +38,6 @@ from pipesgd.compression.base import ChunkContext, context_of
 from pipesgd.compression.sizes import n_blocks, payload_bytes
 from pipesgd.defaults import QUANT_BLOCK_SIZE
 
-DEFAULT_BLOCK_SIZE = QUANT_BLOCK_SIZE  # an alias: pipesgd.defaults owns the number
 _Q4_OFFSET = 8  # stores code + 8 in a nibble: codes [-7, 7] become [1, 15]
 # Four nibbles a0..a3 (one per byte of an int32, little-endian) times 0x110 = 16 + 256: the partial products land on
 # eight distinct nibbles (a0 at bits 4 and 8, a1 at 12 and 16, a2 at 20 and 24, a3 at 28 and 32, which wraps away),
@@ -107,7 +105,7 @@ class ScalarQuantizer:
         rows = n_blocks(numel, self.block_size)
 
         # Step 1: per-block scale; inf or NaN anywhere in the block makes it NaN so decoding shows it.
-        # max(amax, -amin) equals max|x| bit for bit and runs ~3x faster than abs().amax() (no temporary).
+        # max(amax, -amin) equals max|x| bit for bit and is faster than abs().amax() (no temporary).
         # The scales are computed in place in the payload.
         scale = payload[: 4 * rows].view(torch.float32)
         if len(matrices) == 1:
@@ -201,7 +199,7 @@ def _pack_nibbles(codes: torch.Tensor, numel: int, out: torch.Tensor) -> None:
     codes.add_(_Q4_OFFSET)  # [1, 15]: one nibble per byte
     if _LITTLE_ENDIAN:
         # The packed bytes sit in the high byte of every int16: shift them down in place, then int16 -> uint8
-        # keeps the low byte (contiguous passes; a strided copy of every other byte is ~10x slower).
+        # keeps the low byte (contiguous passes; a strided copy of every other byte is much slower).
         words = codes.view(torch.int32).mul_(_NIBBLE_GATHER).view(torch.int16).bitwise_right_shift_(8)
         out.copy_(rows_of(words, 0, out.numel()))
     else:
@@ -213,7 +211,7 @@ def _unpack_nibbles(code_bytes: torch.Tensor) -> torch.Tensor:
     """The int8 codes of a q4 payload's code bytes, two per byte (low nibble first)."""
     if _LITTLE_ENDIAN:
         # Byte b = lo + 16 hi widened to int16 and plus 15 * (16 hi) is lo + 256 hi: lo in the low byte, hi in the
-        # high one, which is the int8 pair (lo, hi) in memory. Contiguous integer passes; stack() was ~5x slower.
+        # high one, which is the int8 pair (lo, hi) in memory. Contiguous integer passes, faster than stack().
         words = code_bytes.to(torch.int16)
         nibbles = words.add_(words & 0xF0, alpha=15).view(torch.int8)
     else:

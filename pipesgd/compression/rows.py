@@ -1,33 +1,19 @@
 """Several chunks through a codec in one call: each payload exactly ``compress(chunk)``'s, each decoded chunk exactly
 ``decompress(payload)``'s, bit for bit, in a fixed number of codec calls instead of one per chunk.
 
-Why: the two-collective exchange (``pipesgd.comm.alltoall``) encodes the p-1 chunks other ranks own and decodes
-2(p-1) payloads per bucket. A codec call costs a fixed share of Python and small kernels on CPU (launches on a GPU)
-whatever its size, so small chunks paid it p-fold.
+Why: the two-collective exchange (``pipesgd.comm.alltoall``) encodes and decodes p-1 chunks per bucket at a time,
+and a codec call costs a fixed share of Python and small kernels whatever its size, so small chunks paid it p-fold.
 
-How, for q8 and q4 with round-to-nearest, and sign: the chunks are copied into the rows of one matrix whose row length
-is a whole number of blocks, zero-padded, so no block spans two rows, and the matrix is encoded in one call. Zero
-padding changes neither a block's max |x| (the scale) nor any real element's code, so row j's scales and the first
-codes of its row are chunk j's payload; copying those out gives exactly ``compress(chunk j)``. The copies in and out
-are one call each for all the chunks (``torch._foreach_copy_`` over views made by one ``split``), so a batch costs
-as many calls for 15 chunks as for 2 (``experiments/count_exchange_calls.py``). Sign's scale is a mean over a block's
-real elements and its last byte pads with 0 bits, so it encodes the padded rows itself
-(``SignCompressor.compress_padded_rows``). Decoding copies the payloads into that layout and decodes once. Chunks
-whose block counts differ go in separate calls.
-
-Where it pays (``experiments/bench_codec_rows.py``; ``experiments/results/codec_rows/``): the copy into the matrix is
-a pass over the data that the calls it saves must outweigh. On CPU that held for chunks of up to
-``CPU_BATCH_ELEMENTS``, and not for 128-256 Ki elements (0.76-0.96x), so longer CPU chunks go one by one; on CUDA,
-where each call is a dozen kernel launches and the copy is cheap, chunks of any length are batched (not yet timed on
-a GPU). Stochastic rounding goes chunk by chunk (it would draw its numbers in another order). fp16 and bf16 work
-element by element, so chunks that lie side by side in memory (the exchange's own chunks around the owned one, one
-collective's payloads) go through one call over the span that holds them, with no copy; elsewhere one by one (copied
-into a matrix, a cast, one operation, measured 0.55-0.83x).
+How, for q8 and q4 with round-to-nearest, and sign: the chunks are copied into the zero-padded rows of one matrix
+whose row length is a whole number of blocks, and the matrix is encoded in one call; zero padding changes neither a
+block's scale nor any real element's code, so row j's scales and first codes are chunk j's payload. Decoding copies
+the payloads into that layout and decodes once. Chunks whose block counts differ go in separate calls. fp16 and
+bf16 work element by element, so chunks side by side in memory go through one call over their span, with no copy.
+Where it pays, and why longer CPU chunks and stochastic rounding go one by one: docs/architecture.md.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -35,24 +21,9 @@ import torch
 from pipesgd.compression.base import ChunkContext, Compressor
 from pipesgd.compression.sizes import SCALE_BYTES, n_blocks
 
-__all__ = ["CPU_BATCH_ELEMENTS", "compress_rows", "decompress_rows", "follows", "one_call_per_chunk", "views_at"]
+__all__ = ["CPU_BATCH_ELEMENTS", "compress_rows", "decompress_rows", "follows", "views_at"]
 
-CPU_BATCH_ELEMENTS = 1 << 15  # the longest CPU chunk batched (module doc: 32 Ki gained, 64 Ki was about even)
-
-_batching = True  # off only inside ``one_call_per_chunk`` (benchmarks' A/B)
-
-
-@contextmanager
-def one_call_per_chunk() -> Iterator[None]:
-    """Within this block every chunk goes through its own codec call, as before batching: the benchmarks' baseline
-    (same bits, so only the time differs). Not thread-safe: for a benchmark's process, not a training run."""
-    global _batching
-    saved, _batching = _batching, False
-    try:
-        yield
-    finally:
-        _batching = saved
-
+CPU_BATCH_ELEMENTS = 1 << 15  # the longest CPU chunk batched (docs/architecture.md)
 
 @dataclass(frozen=True, slots=True)
 class _Layout:
@@ -92,7 +63,7 @@ def _layout(codec: Compressor) -> _Layout | None:
 def _groups(layout: _Layout | None, numels: Sequence[int], device: torch.device) -> list[list[int]]:
     """Indices of the chunks to encode or decode together: by their number of scales where batching pays, else one
     by one."""
-    if layout is None or len(numels) < 2 or not _batching:
+    if layout is None or len(numels) < 2:
         return [[j] for j in range(len(numels))]
     together: dict[int, list[int]] = {}
     alone = []
@@ -122,7 +93,7 @@ def _cast_runs(tensors: Sequence[torch.Tensor]) -> list[tuple[list[int], torch.T
     so one call over the span gives each tensor's payload (or values) as a slice."""
     runs: list[list[int]] = []
     for j, tensor in enumerate(tensors):
-        if runs and _batching and follows(tensors[runs[-1][-1]], tensor):
+        if runs and follows(tensors[runs[-1][-1]], tensor):
             runs[-1].append(j)
         else:
             runs.append([j])

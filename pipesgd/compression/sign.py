@@ -5,7 +5,7 @@ Per block: one fp32 scale = mean|x| over the block's real elements, and one bit 
 The codec is biased, so it is only meaningful with error feedback; ``PipeSGDOptions`` enforces that
 (``pipesgd.defaults.NEEDS_ERROR_FEEDBACK``).
 
-Speed (issue 11): on CPU numpy packs and unpacks the bits (``packbits``/``unpackbits``, little bit order: the same
+Speed: on CPU numpy packs and unpacks the bits (``packbits``/``unpackbits``, little bit order: the same
 bytes), |x| goes through one reused tile buffer and no copy of the input's whole blocks is made; on CUDA the torch
 kernels below run and nothing waits for the host. The bytes are those of ``tests/codec_reference.py``.
 """
@@ -42,7 +42,7 @@ _GATHER = 0x0102040810204080
 
 def _bit_weights(device: torch.device) -> torch.Tensor:
     """[1, 2, ..., 128] on ``device``, built once per device: building it from a Python list on every
-    decode was a host-to-device copy each time."""
+    decode would be a host-to-device copy each time."""
     weights = _BIT_WEIGHTS.get(device)
     if weights is None:
         weights = _BIT_WEIGHTS[device] = torch.tensor([1 << k for k in range(8)], dtype=torch.uint8, device=device)
@@ -71,7 +71,7 @@ def _padded_rows(block: int, length: int, lengths: list[int],
 
 
 def _on_host(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` is in host memory. There numpy packs and unpacks the sign bits (~10x faster than torch's
+    """Whether ``tensor`` is in host memory. There numpy packs and unpacks the sign bits (much faster than torch's
     comparison to bool and its bit masks) and asking whether a scale is bad costs no sync; on CUDA the torch
     kernels run and masks apply unasked, so nothing waits for the host."""
     return tensor.device.type == "cpu"
@@ -119,7 +119,7 @@ class SignCompressor:
         rows = n_blocks(numel, self.block_size)
 
         # Step 1: scale = mean|x| over the real elements; inf or NaN in the input makes the scale NaN.
-        # The sum stays in fp32 (fp64 accumulation costs 3x on CPU): a block whose |x| sums past 3.4e38
+        # The sum stays in fp32 (fp64 accumulation costs several times as much on CPU): a block whose |x| sums past 3.4e38
         # also reads as NaN, which only happens to gradients that are already about to overflow.
         # |x| goes tile by tile through one reused scratch; each row's sum is computed exactly as over all rows.
         per_tile = tile_rows(self.block_size, x.device)

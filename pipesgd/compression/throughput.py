@@ -15,8 +15,8 @@ def _sync(device: torch.device) -> None:
 
 
 def timing_vector(numel: int, device: str | torch.device = "cpu") -> torch.Tensor:
-    """The fixed fp32 vector every codec is timed on (a caller that times several makes it once: drawing ResNet-20's
-    0.27 M elements took 1.9 ms on one core, longer than timing bf16 and q8 on them together)."""
+    """The fixed fp32 vector every codec is timed on (a caller that times several makes it once: drawing it takes
+    longer than timing the fast codecs on it)."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     return torch.randn(numel, generator=gen, dtype=torch.float32).to(device)
 

@@ -1,14 +1,6 @@
 """The low-rank stand-in (``PipeSGD(lookahead_standin="coarse-lowrank")``, the "auto" default's under Adam and
 AdamW): each rank's own gradient with its part in a small shared subspace replaced by every rank's average there;
-the next forward pass waits for one small all-reduce.
-
-Why: look-ahead's own-gradient stand-in leaves each rank reacting to its own look-ahead error (on the character GPT
-with AdamW +1.8 % validation loss at width 2, four ranks); everyone's q8 average closes the gap (+0.2 %) but it is a
-quarter of the uncompressed bytes on the critical path, as slow as synchronous q8 all-reduce
-(``experiments/results/charlm_time``). In simulation the average's part in a rank-4 subspace of each weight matrix,
-with the rank's own gradient outside it, did as well as the q4 average of everything, and as well with last step's
-subspace as with this step's (``experiments/results/staleness_sim/report.md``, ``lowrank-lag`` and ``lowrank``),
-for about a twentieth of the uncompressed bytes on the character GPT.
+the next forward pass waits for one small all-reduce. Why this stand-in, and why its rank: docs/architecture.md.
 
 What, per step on the channel's worker (``pipesgd.delay.coarse`` runs it before the exact exchange), per weight
 matrix M (a parameter's gradient, first dimension by the rest) with U the shared orthonormal basis (rank columns):
@@ -19,23 +11,20 @@ matrix M (a parameter's gradient, first dimension by the rest) with U the shared
   Step 3, after the signal (``advance``): one power iteration on the average with U as warm start (PowerSGD's,
           Vogels et al. 2019): P = M A all-reduced to the mean (average average^T U); the next step's U is its QR.
           The same on every rank; a checkpoint keeps it.
-The stand-ins average to the average (the subspace is shared), as the own gradients do. Bytes: rank x (rows + cols)
-per matrix plus the vectors, of which rank x cols and the vectors lie on the critical path. ``rank`` is 4 per step
-in flight (``pipesgd.delay.coarse``): at width 3 two stand-ins add their errors, and rank 8 there ended the GPT at
-+0.7 % where rank 4 did +1.1 % (``experiments/results/accuracy/report.md``).
+The stand-ins average to the average (the subspace is shared). Bytes: rank x (rows + cols) per matrix plus the
+vectors, of which rank x cols and the vectors lie on the critical path.
 """
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 
 from pipesgd.comm.ring import RingReport, backend_allreduce_
 from pipesgd.comm.topology import RingTopology
 
-# Columns of the shared subspace per matrix and per step in flight (rank 4 at width 2 matched the q4 average of all in
-# simulation; at width 3, where two stand-ins add their errors, rank 8 did better than 4: +0.4 % against +0.7 %).
+# Columns of the shared subspace per matrix and per step in flight: at width 3 two stand-ins add their errors, and a
+# subspace twice as wide did better there (docs/architecture.md).
 RANK = 4
 SEED = 0  # the first basis, the same on every rank
 
@@ -109,10 +98,6 @@ class LowRankFill:
 
     def load_state_dict(self, state: dict | None) -> None:
         if not state:
-            return
-        if "basis" not in state and "warm" in state:  # saved by the two-all-reduce form (before 2026-11-27)
-            warnings.warn("the low-rank stand-in's saved state is the earlier form's warm start: the subspace starts "
-                          "afresh, so this resumed run does not repeat the uninterrupted one exactly", stacklevel=2)
             return
         bases = state.get("basis") or []
         if len(bases) != len(self._matrices) or any(u.shape != self._bases[i].shape

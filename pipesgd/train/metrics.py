@@ -48,8 +48,6 @@ from .config import TrainConfig
 
 STEP_FIELDS = ("step", "epoch", "rank", "mode", "loss", "t_iter", "t_compute", "t_wait", "t_update",
                "bytes_sent", "wall", "applied_step", "compression_ratio", "residual_norm", "t_comm_busy")
-# In a step record only when their feature is on (StepStats' optional fields).
-OPTIONAL_STEP_FIELDS = ("grad_norm", "t_buffers", "t_lookahead", "t_standin_wait", "t_auto", "auto_choice")
 EVAL_FIELDS = ("step", "epoch", "accuracy", "loss", "wall")
 # The per-iteration times the summary averages (means of the measured steps).
 SUMMARY_TIMES = ("t_iter", "t_compute", "t_wait", "t_update")
