@@ -50,7 +50,7 @@ from pipesgd.delay.apply import DelayedApply, NonFiniteGradientError  # noqa: F4
 from pipesgd.delay.coarse import CoarseAverage
 from pipesgd.delay.lookahead import Lookahead
 from pipesgd.options import PipeSGDOptions
-from pipesgd.params import FreshGradients, communicated_params
+from pipesgd.params import FreshGradients, UnusedParameters, communicated_params
 from pipesgd.delay.pipeline import Pipeline
 from pipesgd.grads.replica_check import check_replicas
 from pipesgd.comm.uneven import Participation
@@ -127,8 +127,9 @@ class PipeSGD:
         self._buffer_sync = BufferSync(model_or_params, buffers, process_group)
         enabled = grad_scaler is not None and grad_scaler.is_enabled()
         self._loss_scale = DelayedLossScale(grad_scaler, optimizer) if enabled else None
+        self._unused = UnusedParameters(self._params, self._names, process_group, self._channel.size)
         self._apply = DelayedApply(optimizer, self._params, self._sets, self._buffer_sync, self._loss_scale, nonfinite,
-                                   self.options.max_grad_norm)
+                                   self.options.max_grad_norm, self._unused)
         # When it is applied.
         self._pipeline: Pipeline[ExchangeResult] = Pipeline(running_width, warmup_steps)
         self._step = 0
@@ -211,6 +212,7 @@ class PipeSGD:
     def step(self) -> StepStats:
         """Hand this step's gradients to the ring; apply the averaged gradient of step t-K+1 if due."""
         self._check_usage()
+        self._unused.observe(self._fresh, self._step)  # the first step agrees which parameters no backward reaches
         t, auto_start = self._step, time.perf_counter()
         early = self._auto.begin(t) if self._auto is not None else None
         if early is not None:  # a clearly slow link: this step's own exchange runs the provisional codec (auto)
