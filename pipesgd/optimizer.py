@@ -46,6 +46,7 @@ from pipesgd.defaults import BUCKET_MB, GRADIENT_AS_BUCKET_VIEW, STALENESS, WARM
 from pipesgd.comm.exchange import ExchangeResult
 from pipesgd.comm.groups import require_group
 from pipesgd.init_sync import sync_initial_state
+from pipesgd.model_snapshot import ModelSnapshotGuard
 from pipesgd.delay.apply import DelayedApply, NonFiniteGradientError  # noqa: F401 - public here too
 from pipesgd.delay.coarse import CoarseAverage
 from pipesgd.delay.lookahead import Lookahead
@@ -54,7 +55,7 @@ from pipesgd.params import FreshGradients, UnusedParameters, communicated_params
 from pipesgd.delay.pipeline import Pipeline
 from pipesgd.grads.replica_check import check_replicas
 from pipesgd.comm.uneven import Participation
-from pipesgd.wrapper_state import WrapperIdentity, WrapperState
+from pipesgd.wrapper_state import WrapperIdentity, WrapperState, saved_auto
 
 
 class PipeSGD:
@@ -127,9 +128,9 @@ class PipeSGD:
         self._buffer_sync = BufferSync(model_or_params, buffers, process_group)
         enabled = grad_scaler is not None and grad_scaler.is_enabled()
         self._loss_scale = DelayedLossScale(grad_scaler, optimizer) if enabled else None
-        self._unused = UnusedParameters(self._params, self._names, process_group, self._channel.size)
         self._apply = DelayedApply(optimizer, self._params, self._sets, self._buffer_sync, self._loss_scale, nonfinite,
-                                   self.options.max_grad_norm, self._unused)
+                                   self.options.max_grad_norm, UnusedParameters(self._params, self._names,
+                                                                                process_group, self._channel.size))
         # When it is applied.
         self._pipeline: Pipeline[ExchangeResult] = Pipeline(running_width, warmup_steps)
         self._step = 0
@@ -144,6 +145,7 @@ class PipeSGD:
         # Rings still in flight when the script ends finish before the interpreter stops their thread (lifecycle).
         self._background = lifecycle.Background(self._channel, self._participation, self._pipeline, timeout_s)
         self._closer = lifecycle.close_when_dropped(self, self._background)
+        self._snapshots = ModelSnapshotGuard.at_wrap(self._pipeline, optimizer, model_or_params, self._hooks)
         identity = WrapperIdentity(width, warmup_steps, compression, self._channel.size, dist.get_rank(user_group))
         self._state = WrapperState(identity, optimizer, self._params, self._buckets, self._pipeline, self._exchange,
                                    self._loss_scale, self._lookahead, user_group, self._coarse)
@@ -212,7 +214,8 @@ class PipeSGD:
     def step(self) -> StepStats:
         """Hand this step's gradients to the ring; apply the averaged gradient of step t-K+1 if due."""
         self._check_usage()
-        self._unused.observe(self._fresh, self._step)  # the first step agrees which parameters no backward reaches
+        self._apply.unused.observe(self._fresh, self._step)  # the first step agrees which parameters get none
+        self._snapshots.check()
         t, auto_start = self._step, time.perf_counter()
         early = self._auto.begin(t) if self._auto is not None else None
         if early is not None:  # a clearly slow link: this step's own exchange runs the provisional codec (auto)
@@ -323,29 +326,24 @@ class PipeSGD:
             hook.remove()
 
     def state_dict(self) -> dict:
-        """Inner optimizer state, averaged gradients still to be applied, loss scales, and this rank's own state
-        (error-feedback residuals, codec random state, look-ahead stand-ins) keyed by rank; after
-        ``consolidate_state_dict()`` at the same step, every rank's (``pipesgd.wrapper_state``).
-
-        Waits for in-flight rings. Not a collective: saving on rank 0 alone is fine."""
-        state = self._state.state_dict(self._step)
-        if self._auto is not None:
-            state["auto"] = self._auto.saved  # None until the warm-up chose a codec or its last step chose
-        return state
+        """A torch optimizer's ``"state"`` and ``"param_groups"`` (the inner one's) and, under ``"pipesgd"``, the
+        averaged gradients in flight, loss scales and each rank's own state (``pipesgd.wrapper_state``). Waits for
+        in-flight rings. Not a collective: saving on rank 0 alone is fine (after ``consolidate_state_dict()``)."""
+        self._snapshots.saved()  # "auto": None until the warm-up chose a codec or its last step chose
+        return self._state.state_dict(self._step, self._auto.saved if self._auto is not None else None)
 
     def consolidate_state_dict(self, to: int = 0) -> None:
-        """A collective (every rank of the wrapper's group calls it): gather each rank's own state onto group rank
-        ``to``, so that its ``state_dict()`` at this step restores every rank exactly, as torch's
-        ``ZeroRedundancyOptimizer.consolidate_state_dict``. Then ``if rank == to: torch.save(opt.state_dict())``."""
+        """A collective, as ``ZeroRedundancyOptimizer``'s: every rank calls it (before ``if rank == to: torch.save``),
+        gathering each rank's own state onto ``to``; raises within seconds if a rank does not (``wrapper_state``)."""
         if not isinstance(to, int) or not 0 <= to < self.world_size:
             raise ValueError(f"to must be a rank of the group (0..{self.world_size - 1}), got {to!r}")
         self._state.consolidate(to, self._step)
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a ``state_dict()`` saved on any rank; refuses one from another model, width, codec or world
-        size. Wrap first, then load (the state is PipeSGD's, not the inner optimizer's)."""
-        if self._auto is not None and isinstance(state, dict) and state.get("auto"):
-            self._auto.restore(state["auto"])  # the saved choice, not a new measurement
+        size. Wrap first, then load (a plain torch optimizer loads it too, losing its steps in flight; wrap warns)."""
+        if self._auto is not None and saved_auto(state):
+            self._auto.restore(saved_auto(state))  # the saved choice, not a new measurement
             self._use_choice(self._auto.saved)
         self._step = self._state.load_state_dict(state)
 

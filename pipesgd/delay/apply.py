@@ -31,7 +31,7 @@ class DelayedApply:
                  max_grad_norm: float | None, unused: UnusedParameters | None = None) -> None:
         self.optimizer, self._params, self._sets, self._buffer_sync = optimizer, params, sets, buffer_sync
         self._loss_scale, self._nonfinite, self._max_grad_norm = loss_scale, nonfinite, max_grad_norm
-        self._unused = unused  # parameters no rank's backward reaches: hidden from the optimizer's step
+        self.unused = unused  # parameters no rank's backward reaches: hidden from the optimizer's step
 
     def __call__(self, entry: InFlight[ExchangeResult], step: int, lookahead: Lookahead | None) -> StepStats:
         """Wait for ``entry``'s averaged gradient and run the wrapped optimizer on it (or refuse a NaN/Inf)."""
@@ -81,7 +81,7 @@ class DelayedApply:
         return stats
 
     def _hidden(self):
-        return self._unused.hidden() if self._unused is not None else nullcontext()
+        return self.unused.hidden() if self.unused is not None else nullcontext()
 
     def _clip(self) -> float | None:
         """Clip the averaged gradient in ``p.grad`` to ``max_grad_norm``; its norm before clipping (None: off)."""
