@@ -254,3 +254,22 @@ def test_the_exit_warning_names_a_failed_exchange_instead_of_flush():
     message = str(caught[0].message)
     assert "the background exchange failed (RuntimeError: Connection closed by peer [127.0.0.1]:29500)" in message
     assert "flush" not in message
+
+
+@pytest.mark.usefixtures("process_group")
+def test_the_trainers_checkpoint_and_deferred_evaluation_do_not_warn(tmp_path):
+    import warnings
+
+    from pipesgd.train import checkpoint
+    from pipesgd.train.eval_points import EvalPoints
+
+    model, opt = _stepped()
+    evals = EvalPoints(every_epochs=0, every_steps=1, total_steps=10, deferred=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run = checkpoint.RunIdentity(world_size=1, model_name="with-unused", mode="pipe")
+        checkpoint.save_run(str(tmp_path), 0, run, model, opt, checkpoint.Position(step=1))
+        _next_step(model, opt, 1)
+        assert evals.run(model, checkpoint.Position(step=2), 0.0, lambda: (0.0, 0.0)) is None  # a deferred copy
+        _next_step(model, opt, 2)
+        opt.close()

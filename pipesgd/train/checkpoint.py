@@ -125,10 +125,9 @@ def extra_rank_files(directory: str, world_size: int) -> list[str]:
 def save_run(directory: str, rank: int, run: RunIdentity, model: nn.Module, opt: OptimizerWrapper,
              pos: Position) -> str:
     """Checkpoint this rank of the run at ``pos``."""
-    optimizer = opt.state_dict()  # holds the steps in flight that the model's weights do not (pipesgd.model_snapshot)
     return save(directory, rank, {
         "world_size": run.world_size, "rank": rank, "model_name": run.model_name, "mode": run.mode,
-        "model": model.state_dict(), "optimizer": optimizer, "rng": capture_rng(),
+        "model": model.state_dict(), "optimizer": opt.state_dict(), "rng": capture_rng(),
         "epoch": pos.epoch, "step_in_epoch": pos.step_in_epoch, "step": pos.step,
     })
 
