@@ -1,15 +1,13 @@
-"""What a PipeSGD checkpoint holds: the state every rank shares, and each rank's own, keyed by rank.
-
-Shared (identical on every rank, so any rank's copy restores all): the inner optimizer's state, the step count,
-the averaged gradients still to be applied, the loss scales of the steps in flight, and what the wrapper was
-built with (refused on load when the model, world size, width or codec differ). Each rank's own: its
-error-feedback residuals, its codec's random state (stochastic rounding) and its look-ahead stand-ins (its local
-gradients of the steps in flight).
+"""What a PipeSGD checkpoint holds: a torch optimizer's ``state`` and ``param_groups`` (the inner one's), and under
+``pipesgd`` the state every rank shares and each rank's own, keyed by rank. Shared (any rank's copy restores all):
+the step count, the averaged gradients still to be applied, the loss scales of the steps in flight, and what the
+wrapper was built with (refused on load when the model, world size, width or codec differ). Each rank's own: its
+error-feedback residuals, its codec's random state and its look-ahead stand-ins (its local gradients in flight).
 
 Saving on one rank, as most DDP scripts do (``if rank == 0: torch.save(opt.state_dict(), ...)``), can only hold
-that rank's own state, since ``state_dict()`` is not a collective (the others are not there to ask). So:
-  - ``consolidate(to)`` (a collective, like ``ZeroRedundancyOptimizer.consolidate_state_dict``) gathers every
-    rank's own state onto rank ``to``; its ``state_dict()`` at the same step then restores every rank exactly.
+that rank's own state, since ``state_dict()`` is not a collective. So:
+  - ``consolidate(to)`` (a collective, like ``ZeroRedundancyOptimizer.consolidate_state_dict``, with a bounded wait
+    for every rank) gathers every rank's own state onto ``to``, whose ``state_dict()`` then restores every rank.
   - Without it, a rank whose own state is missing never takes another rank's: it starts with zero residuals (as
     DeepSpeed resets its error buffers on load), its codec as seeded for it, and the averaged gradients in flight
     as its look-ahead stand-ins; it warns once, naming ``consolidate_state_dict()``. Replicas stay identical; the

@@ -1,14 +1,5 @@
-"""fp16 loss scaling under a delayed update: PipeSGD drives a ``torch.amp.GradScaler`` for the gradient it applies.
-
-The one way to use it::
-
-    scaler = torch.amp.GradScaler(device)
-    opt = PipeSGD(inner, model, grad_scaler=scaler, max_grad_norm=1.0)   # clipping optional
-    with torch.autocast(device, dtype=torch.float16):
-        loss = loss_fn(model(x), y)
-    scaler.scale(loss).backward()
-    opt.step()            # never call scaler.unscale_/step/update yourself: the wrapper does, for the due step
-    opt.zero_grad()
+"""fp16 loss scaling under a delayed update: PipeSGD drives a ``torch.amp.GradScaler`` for the gradient it applies
+(how to use it: ``DelayedLossScale``).
 
 A gradient applied at step t was produced at step t-K+1 under that step's scale, not today's, so:
   Step 1: ``record(t)`` notes the scale each step's backward used (every rank uses the same scale).
@@ -31,7 +22,17 @@ from pipesgd.grads.finite import all_finite
 
 
 class DelayedLossScale:
-    """The scale of every in-flight step, and the apply of a due step through the user's GradScaler."""
+    """The scale of every in-flight step, and the apply of a due step through the user's GradScaler. The one way
+    to use it::
+
+        scaler = torch.amp.GradScaler(device)
+        opt = PipeSGD(inner, model, grad_scaler=scaler, max_grad_norm=1.0)   # clipping optional
+        with torch.autocast(device, dtype=torch.float16):
+            loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()
+        opt.step()            # never call scaler.unscale_/step/update yourself: the wrapper does, for the due step
+        opt.zero_grad()
+    """
 
     def __init__(self, scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
         self.scaler = scaler
