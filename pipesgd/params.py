@@ -39,7 +39,9 @@ class UnusedParameters:
         every rank of the group (a small all-reduce), later ones refuse a gradient for an agreed-unused one."""
         got, fresh.got = fresh.got, set()
         if self.indices is None:
-            reached = torch.tensor([id(p) in got for p in self._params], dtype=torch.int32)
+            # on the parameters' device: NCCL reduces nothing else, gloo takes either
+            device = self._params[0].device
+            reached = torch.tensor([id(p) in got for p in self._params], dtype=torch.int32, device=device)
             if self._world_size > 1:
                 dist.all_reduce(reached, op=dist.ReduceOp.MAX, group=self._group)
             self.indices = [i for i, v in enumerate(reached.tolist()) if not v]
