@@ -6,9 +6,8 @@ from __future__ import annotations
 import warnings
 from contextlib import contextmanager
 
-from torch import nn
-
 import torch
+from torch import nn
 
 from pipesgd.delay.pipeline import Pipeline
 from pipesgd.wrapper_state import IN_FLIGHT_KEY
