@@ -75,7 +75,7 @@ def sync_initial_state(model_or_params, group: dist.ProcessGroup, latency: bool 
     for t in tensors:
         groups.setdefault((t.dtype, t.device), []).append(t)
     # Before the values, on idle links: right after them, rank 0's queued sends (a broadcast returns there once its data
-    # is handed to the network) made one element's broadcast read 97 ms at 100 Mbit/s.
+    # is handed to the network) would make one element's broadcast read the bulk transfer's time, not the latency.
     latency_s = 0.0
     if latency:
         one = torch.zeros(1, device=device)

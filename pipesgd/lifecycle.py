@@ -2,12 +2,11 @@
 
 A script that ends without ``flush()`` leaves rings running on the background thread. At interpreter exit
 Python stops such a daemon thread wherever it is; inside a gloo wait that unwinds C++ frames that may not be
-unwound, and the process aborts ("terminate called without an active exception", exit -6 on every rank, a
-torchrun ``ChildFailedError``). So every wrapper's ``Background`` is closed once: by ``close()``, or, through
-a ``weakref.finalize``, when the wrapper is collected or at ``atexit`` (before daemon threads are stopped).
+unwound, and the process aborts on every rank. So every wrapper's ``Background`` is closed once: by ``close()``,
+or, through a ``weakref.finalize``, when the wrapper is collected or at ``atexit`` (before daemon threads stop).
 Closing lets the rings in flight finish (every rank submitted the same ones, so they complete), stops the worker
-and destroys the private groups; the finalizer also warns how many steps were never applied (an explicit
-``close()`` may be an error path, where that is no news).
+and destroys the private groups; the finalizer also warns how many steps were never applied, and why if a ring
+failed (an explicit ``close()`` may be an error path, where that is no news).
 """
 from __future__ import annotations
 
@@ -33,17 +32,35 @@ class Background:
 
     def close(self, warn: bool) -> None:
         """Finish the rings in flight and close the channel and groups; with ``warn``, say how many steps in flight
-        were never applied (the script ended without ``flush()``)."""
+        were never applied: the script ended without ``flush()``, or, if a ring failed, what ended it."""
         pending = len(self.pipeline)
-        if warn and pending:
+        wait_s = self.timeout_s if self.timeout_s is not None else EXIT_WAIT_S
+        closed = self.channel.close(wait_s)
+        failure = _failure(self.pipeline)  # among the jobs that finished
+        if warn and pending and failure is not None:
+            _warn(f"PipeSGD closed with {pending} step(s) in flight that were never applied: the background "
+                  f"exchange failed ({failure})")
+        elif warn and pending:
             _warn(f"PipeSGD closed with {pending} step(s) in flight that were never applied; call opt.flush() at "
                   f"the end of training to apply them")
-        wait_s = self.timeout_s if self.timeout_s is not None else EXIT_WAIT_S
-        if not self.channel.close(wait_s):
+        if not closed:
             _warn(f"PipeSGD's background ring had not finished after {wait_s:g} s (a peer stopped answering); "
                   f"leaving it running")
             return
         self.participation.close()
+
+
+def _failure(pipeline: Pipeline) -> str | None:
+    """The first line of the error that the oldest failed step in flight holds (a peer died, a connection closed,
+    a rank ran out of data), or None if none failed."""
+    for entry in pipeline.entries():
+        if entry.handle.is_completed():
+            try:
+                entry.handle.wait()
+            except BaseException as error:  # noqa: BLE001 - only described
+                lines = str(error).strip().splitlines()
+                return f"{type(error).__name__}: {lines[0][:200]}" if lines else type(error).__name__
+    return None
 
 
 def _warn(message: str) -> None:

@@ -28,6 +28,7 @@ from pipesgd.grads.replica_check import check_replicas
 from pipesgd.options import PipeSGDOptions, WrapperConfig
 from pipesgd.phases import AutoPhase, ReplicaPhase, StalenessPhase
 from pipesgd.wrapper_parts import WrapperParts
+from pipesgd.wrapper_state import saved_auto
 
 
 class PipeSGD(torch.optim.Optimizer):
@@ -147,6 +148,7 @@ class PipeSGD(torch.optim.Optimizer):
                 closure()
         self._parts.check_usage(self)
         t, staleness = self._step, self._staleness
+        self._parts.begin(t)
         if self._auto is not None:
             self._auto.begin(t)
         if self._staleness is not None:
@@ -212,28 +214,26 @@ class PipeSGD(torch.optim.Optimizer):
 
     # ----------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:
-        """The wrapped optimizer's state, the averaged gradients still to be applied, loss scales, and this rank's own
-        state (error-feedback residuals, codec random state, look-ahead stand-ins) keyed by rank; after
-        ``consolidate_state_dict()`` at the same step, every rank's (``pipesgd.wrapper_state``). Waits for in-flight
-        exchanges. Not a collective: saving on rank 0 alone is fine."""
-        state = self._parts.state.state_dict(self._step)
-        if self._auto is not None:
-            state["auto"] = self._auto.chooser.saved  # None until the warm-up chose
-        return state
+        """A torch optimizer's ``"state"`` and ``"param_groups"`` (the wrapped one's) and, under ``"pipesgd"``, the
+        averaged gradients in flight, loss scales and each rank's own state (error-feedback residuals, codec random
+        state, look-ahead stand-ins; every rank's after ``consolidate_state_dict()``, ``pipesgd.wrapper_state``).
+        Waits for in-flight exchanges. Not a collective: saving on rank 0 alone is fine."""
+        self._parts.snapshots.saved()
+        chosen = self._auto.chooser.saved if self._auto is not None else None  # None until the warm-up chose
+        return self._parts.state.state_dict(self._step, chosen)
 
     def consolidate_state_dict(self, to: int = 0) -> None:
-        """A collective (every rank of the wrapper's group calls it): gather each rank's own state onto group rank
-        ``to``, so that its ``state_dict()`` at this step restores every rank exactly, as torch's
-        ``ZeroRedundancyOptimizer.consolidate_state_dict``. Then ``if rank == to: torch.save(opt.state_dict())``."""
+        """A collective, as ``ZeroRedundancyOptimizer``'s: every rank calls it (before ``if rank == to: torch.save``),
+        gathering each rank's own state onto ``to``; raises within seconds if a rank does not (``wrapper_state``)."""
         if not isinstance(to, int) or not 0 <= to < self.world_size:
             raise ValueError(f"to must be a rank of the group (0..{self.world_size - 1}), got {to!r}")
         self._parts.state.consolidate(to, self._step)
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a ``state_dict()`` saved on any rank; refuses one from another model, width, codec or world size.
-        Wrap first, then load."""
-        if self._auto is not None and isinstance(state, dict) and state.get("auto"):
-            self._auto.chooser.restore(state["auto"])  # the saved choice, not a new measurement
+        Wrap first, then load (a plain torch optimizer loads it too, losing its steps in flight; wrapping warns)."""
+        if self._auto is not None and saved_auto(state):
+            self._auto.chooser.restore(saved_auto(state))  # the saved choice, not a new measurement
             self._use_choice(self._auto.chooser.saved, None)
         self._step = self._parts.state.load_state_dict(state)
 

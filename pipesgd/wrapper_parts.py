@@ -21,7 +21,8 @@ from pipesgd.grads.buckets import build_buckets
 from pipesgd.grads.buffers import BufferSync
 from pipesgd.init_sync import sync_initial_state
 from pipesgd.options import WrapperConfig
-from pipesgd.params import FreshGradients, communicated_params
+from pipesgd.model_snapshot import ModelSnapshotGuard
+from pipesgd.params import FreshGradients, UnusedParameters, communicated_params
 from pipesgd.wrapper_state import WrapperIdentity, WrapperState
 
 
@@ -59,7 +60,8 @@ class WrapperParts:
         scaler = options.grad_scaler
         self.loss_scale = DelayedLossScale(scaler, optimizer) if scaler is not None and scaler.is_enabled() else None
         self.apply = DelayedApply(optimizer, self.params, self.sets, self.buffer_sync, self.loss_scale,
-                                  options.nonfinite, options.max_grad_norm)
+                                  options.nonfinite, options.max_grad_norm,
+                                  UnusedParameters(self.params, self.names, process_group, self.channel.size))
         # Set by backward: the hooks hold this flag, not the wrapper (autograd keeps hooks where the garbage
         # collector cannot see them, so a hook bound to the wrapper would keep it alive as long as the model).
         self.fresh = FreshGradients()
@@ -70,6 +72,7 @@ class WrapperParts:
         self.pipeline = pipeline
         self.background = lifecycle.Background(self.channel, self.participation, pipeline, self.config.options.timeout_s)
         self.closer = lifecycle.close_when_dropped(owner, self.background)
+        self.snapshots = ModelSnapshotGuard.at_wrap(pipeline, self.optimizer, self.model, self.hooks)
         config = self.config
         identity = WrapperIdentity(config.width, config.warmup_steps, config.compression, self.channel.size,
                                    dist.get_rank(self.user_group))
@@ -104,6 +107,12 @@ class WrapperParts:
         if not self.fresh.value and self.params:
             raise RuntimeError("step() without a backward() since the last step(): the same gradients would be "
                                "sent twice")
+
+    def begin(self, step: int) -> None:
+        """At a step's start: the first step agrees which parameters no rank's backward reaches, later ones refuse a
+        gradient for one of them; a model-only snapshot taken with steps in flight is warned of."""
+        self.apply.unused.observe(self.fresh, step)
+        self.snapshots.check()
 
     def hand_off(self, step: int, keep_local: bool) -> BucketSet:
         """This step's bucket set (``p.grad`` no longer points into it once this returns), its loss scale noted."""

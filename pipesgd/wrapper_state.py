@@ -1,15 +1,13 @@
-"""What a PipeSGD checkpoint holds: the state every rank shares, and each rank's own, keyed by rank.
-
-Shared (identical on every rank, so any rank's copy restores all): the inner optimizer's state, the step count,
-the averaged gradients still to be applied, the loss scales of the steps in flight, and what the wrapper was
-built with (refused on load when the model, world size, width or codec differ). Each rank's own: its
-error-feedback residuals, its codec's random state (stochastic rounding) and its look-ahead stand-ins (its local
-gradients of the steps in flight).
+"""What a PipeSGD checkpoint holds: a torch optimizer's ``state`` and ``param_groups`` (the inner one's), and under
+``pipesgd`` the state every rank shares and each rank's own, keyed by rank. Shared (any rank's copy restores all):
+the step count, the averaged gradients still to be applied, the loss scales of the steps in flight, and what the
+wrapper was built with (refused on load when the model, world size, width or codec differ). Each rank's own: its
+error-feedback residuals, its codec's random state and its look-ahead stand-ins (its local gradients in flight).
 
 Saving on one rank, as most DDP scripts do (``if rank == 0: torch.save(opt.state_dict(), ...)``), can only hold
-that rank's own state, since ``state_dict()`` is not a collective (the others are not there to ask). So:
-  - ``consolidate(to)`` (a collective, like ``ZeroRedundancyOptimizer.consolidate_state_dict``) gathers every
-    rank's own state onto rank ``to``; its ``state_dict()`` at the same step then restores every rank exactly.
+that rank's own state, since ``state_dict()`` is not a collective. So:
+  - ``consolidate(to)`` (a collective, like ``ZeroRedundancyOptimizer.consolidate_state_dict``, with a bounded wait
+    for every rank) gathers every rank's own state onto ``to``, whose ``state_dict()`` then restores every rank.
   - Without it, a rank whose own state is missing never takes another rank's: it starts with zero residuals (as
     DeepSpeed resets its error buffers on load), its codec as seeded for it, and the averaged gradients in flight
     as its look-ahead stand-ins; it warns once, naming ``consolidate_state_dict()``. Replicas stay identical; the
@@ -19,6 +17,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, replace
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -34,6 +33,12 @@ from pipesgd.delay.lookahead import Lookahead
 from pipesgd.delay.pipeline import InFlight, Pipeline
 
 
+PIPESGD_KEY = "pipesgd"  # beside a torch optimizer's own "state" and "param_groups": the wrapper's part
+IN_FLIGHT_KEY = "pipesgd_steps_in_flight"  # in each saved param group while steps were in flight
+# How long consolidate() waits for every rank: enough for ranks a step apart, far below gloo's default timeout.
+ARRIVAL_WAIT_S = 30.0
+
+
 @dataclass(frozen=True, slots=True)
 class WrapperIdentity:
     """What a checkpoint must share with the wrapper that loads it."""
@@ -43,6 +48,12 @@ class WrapperIdentity:
     compression: str
     world_size: int
     rank: int  # in the wrapper's group: the key of this rank's own state
+
+
+def saved_auto(state) -> dict | None:
+    """The ``pipesgd.auto`` choice a ``state_dict()`` keeps (None: none, or not such a state)."""
+    part = state.get(PIPESGD_KEY) if isinstance(state, dict) else None
+    return part.get("auto") if isinstance(part, dict) else None
 
 
 class WrapperState:
@@ -60,8 +71,9 @@ class WrapperState:
         self._group = group
         self._consolidated: tuple[int, dict[int, dict]] | None = None  # (step, every rank's own state)
 
-    def state_dict(self, step: int) -> dict:
-        """Waits for the rings in flight (so residuals are settled and averages known)."""
+    def state_dict(self, step: int, auto: dict | None = None) -> dict:
+        """Waits for the rings in flight (so residuals are settled and averages known); ``auto``: the choice of
+        ``pipesgd.auto`` to keep."""
         in_flight = []
         for entry in self._pipeline.entries():
             result = entry.handle.wait()
@@ -70,8 +82,10 @@ class WrapperState:
         ranks = {self.identity.rank: self._own_state()}
         if self._consolidated is not None and self._consolidated[0] == step:
             ranks = {**self._consolidated[1], **ranks}
-        return {
-            "optimizer": self._optimizer.state_dict(),
+        inner = self._optimizer.state_dict()
+        # A plain torch optimizer that loads this keeps the marker in its groups: a later wrap warns (lost_steps).
+        groups = [{**g, IN_FLIGHT_KEY: len(in_flight)} if in_flight else g for g in inner["param_groups"]]
+        return {"state": inner["state"], "param_groups": groups, PIPESGD_KEY: {
             "step": step,
             "width": self.identity.width,
             "warmup_steps": self.identity.warmup_steps,
@@ -82,7 +96,8 @@ class WrapperState:
             "loss_scales": self._loss_scale.state_dict() if self._loss_scale is not None else None,
             "standin": self._coarse.state_dict() if self._coarse is not None else None,
             "ranks": ranks,
-        }
+            "auto": auto,
+        }}
 
     def use(self, exchange: GradientExchange, lookahead: Lookahead | None, width: int, compression: str,
             coarse: CoarseAverage | None = None) -> None:
@@ -100,16 +115,37 @@ class WrapperState:
         if size == 1:
             self._consolidated = (step, {0: mine})
             return
+        self._arrive()
         gathered = [None] * size if self.identity.rank == to else None
         dist.gather_object(mine, gathered, dst=dist.get_global_rank(self._group, to), group=self._group)
         if gathered is not None:
             self._consolidated = (step, dict(enumerate(gathered)))
 
+    def _arrive(self) -> None:
+        """Wait, at most ``ARRIVAL_WAIT_S``, for every rank to be in ``consolidate``: called on one rank only (inside
+        ``if rank == 0:``) the gather would wait for gloo's default timeout of half an hour, with nothing said."""
+        wait, arrival = timedelta(seconds=ARRIVAL_WAIT_S), None
+        try:  # a small gloo group of its own, made for the call (checkpoints are rare; NCCL has no monitored barrier)
+            ranks = dist.get_process_group_ranks(self._group if self._group is not None else dist.group.WORLD)
+            arrival = dist.new_group(ranks, backend="gloo", timeout=wait, use_local_synchronization=True)
+            dist.monitored_barrier(arrival, timeout=wait)
+        except RuntimeError as error:  # gloo's DistBackendError is one
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+            raise RuntimeError(f"consolidate_state_dict() is a collective: every rank must call it (before "
+                               f"`if rank == 0:`), but not every rank came within {ARRIVAL_WAIT_S:g} s ({first})"
+                               ) from None
+        finally:
+            if arrival is not None:
+                dist.destroy_process_group(arrival)
+
     def load_state_dict(self, state: dict) -> int:
         """Restore ``state`` (refusing one of another model, world size, width or codec); returns its step."""
-        if not isinstance(state, dict) or "optimizer" not in state or "in_flight" not in state:
-            raise ValueError(f"not a PipeSGD state_dict() (got {type(state).__name__}); a torch optimizer's own "
+        if not isinstance(state, dict) or "param_groups" not in state or PIPESGD_KEY not in state:
+            raise ValueError(f"not a PipeSGD state_dict() (no {PIPESGD_KEY!r} part); a torch optimizer's own "
                              f"state loads into opt.optimizer")
+        inner = {"state": state["state"],
+                 "param_groups": [{k: v for k, v in g.items() if k != IN_FLIGHT_KEY} for g in state["param_groups"]]}
+        state = state[PIPESGD_KEY]
         for key, mine in (("layout", layout_signature(self._params)), ("world_size", self.identity.world_size),
                           ("width", self.identity.width), ("compression", self.identity.compression)):
             theirs = state.get(key)
@@ -122,7 +158,7 @@ class WrapperState:
         if self._lookahead is not None and self._lookahead.active:
             raise RuntimeError("load_state_dict() between a forward pass and step(): the parameters hold the "
                                "look-ahead weights; load before the forward pass")
-        self._optimizer.load_state_dict(state["optimizer"])
+        self._optimizer.load_state_dict(inner)
         restored = []
         for entry in state["in_flight"]:
             buckets = [b.to(bucket.device) for b, bucket in zip(entry["buckets"], self._buckets)]

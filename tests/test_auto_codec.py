@@ -202,7 +202,7 @@ def test_a_resumed_run_keeps_the_choice_without_measuring(process_group, monkeyp
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
     _train(model, opt, range(WARMUP + 2))
     state = opt.state_dict()
-    assert state["auto"]["compression"] == "q8" and state["compression"] == "q8"
+    assert state["pipesgd"]["auto"]["compression"] == "q8" and state["pipesgd"]["compression"] == "q8"
     monkeypatch.setattr(auto, "measure", _no_measuring)
     again = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
     again.load_state_dict(state)
@@ -220,7 +220,8 @@ def test_a_state_saved_during_the_warmup_chooses_at_its_end(process_group, monke
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
     _train(model, opt, range(1))
     state = opt.state_dict()
-    assert state["auto"]["provisional"] and state["auto"]["compression"] == "none" and state["compression"] == "auto"
+    assert (state["pipesgd"]["auto"]["provisional"] and state["pipesgd"]["auto"]["compression"] == "none"
+            and state["pipesgd"]["compression"] == "auto")
     again = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
     again.load_state_dict(state)
     _train(model, again, range(1, WARMUP))
@@ -264,7 +265,8 @@ def _ranks_probe(rank: int, world: int) -> dict:
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=PROBING)
     stats = _train(model, opt, range(PROBING - 1), rank)
-    named = (opt.compression, opt.state_dict()["compression"], opt.state_dict()["auto"]["provisional"])
+    saved = opt.state_dict()["pipesgd"]
+    named = (opt.compression, saved["compression"], saved["auto"]["provisional"])
     stats += _train(model, opt, range(PROBING - 1, PROBING + 2), rank)
     opt.flush()
     opt.check_replicas()
@@ -500,7 +502,7 @@ def test_a_state_saved_with_a_provisional_codec_resumes_with_it(process_group, m
     model, opt, calls = probing(monkeypatch)
     _train(model, opt, range(2))
     state = opt.state_dict()
-    assert state["auto"]["provisional"] and state["compression"] == "auto"
+    assert state["pipesgd"]["auto"]["provisional"] and state["pipesgd"]["compression"] == "auto"
     monkeypatch.setattr(auto, "measure", _no_measuring)
     again = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=PROBING)
     again.load_state_dict(state)

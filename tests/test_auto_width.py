@@ -186,7 +186,7 @@ def test_a_resume_keeps_the_chosen_width_and_what_is_in_flight(process_group, mo
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, width="auto", warmup_steps=WARMUP)
     _train(model, opt, range(WARMUP + 2))
     state, weights = opt.state_dict(), [p.detach().clone() for p in model.parameters()]
-    assert state["width"] == 2 and len(state["in_flight"]) == 1
+    assert state["pipesgd"]["width"] == 2 and len(state["pipesgd"]["in_flight"]) == 1
     _train(model, opt, range(WARMUP + 2, WARMUP + 5))
     opt.flush()
     opt.close()  # its look-ahead hook leaves the model

@@ -132,7 +132,7 @@ def _scaled(rank: int, world: int, standin: str = SHARED) -> list[torch.Tensor]:
         skipped += bool(opt.step().skipped_nonfinite)
         opt.zero_grad()
     opt.flush()
-    kept = (opt.state_dict()["standin"] or {}).get("basis", [])  # the low-rank stand-in's subspace
+    kept = (opt.state_dict()["pipesgd"]["standin"] or {}).get("basis", [])  # the low-rank stand-in's subspace
     opt.close()
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert all(torch.isfinite(u).all() for u in kept)  # later stand-ins finite: the overflow left it alone

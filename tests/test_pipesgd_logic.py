@@ -187,7 +187,8 @@ def test_state_saves_the_codec_random_state_once_and_restores_it():
     opt.step()
     state = opt.state_dict()
     assert count_keys(state, "generators") == 1
-    assert state["ranks"][0]["residuals"] is not None and len(state["in_flight"]) == 1  # this rank's own, keyed
+    own = state["pipesgd"]
+    assert own["ranks"][0]["residuals"] is not None and len(own["in_flight"]) == 1  # this rank's own, keyed
     draws = codec.compress(torch.randn(100, generator=torch.Generator().manual_seed(1)))[0]
 
     other = wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, **options)
@@ -201,7 +202,8 @@ def test_state_saves_the_codec_random_state_once_and_restores_it():
 def test_load_refuses_another_width_codec_or_world_size(key, value):
     model = make_model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, width=2)
-    state = {**opt.state_dict(), key: value}
+    saved = opt.state_dict()
+    state = {**saved, "pipesgd": {**saved["pipesgd"], key: value}}
     with pytest.raises(ValueError, match=key):
         opt.load_state_dict(state)
 

@@ -4,6 +4,7 @@ optimizer (clipped, unscaled under fp16 loss scaling, or refused when non-finite
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 
 import torch
 
@@ -15,6 +16,7 @@ from pipesgd.grads.amp import DelayedLossScale
 from pipesgd.grads.bucket_sets import BucketSets
 from pipesgd.grads.buffers import BufferSync
 from pipesgd.grads.clipping import clip_averaged_gradient
+from pipesgd.params import UnusedParameters
 
 
 class NonFiniteGradientError(FloatingPointError):
@@ -26,9 +28,10 @@ class DelayedApply:
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor], sets: BucketSets,
                  buffer_sync: BufferSync, loss_scale: DelayedLossScale | None, nonfinite: str,
-                 max_grad_norm: float | None) -> None:
+                 max_grad_norm: float | None, unused: UnusedParameters | None = None) -> None:
         self.optimizer, self._params, self._sets, self._buffer_sync = optimizer, params, sets, buffer_sync
         self._loss_scale, self._nonfinite, self._max_grad_norm = loss_scale, nonfinite, max_grad_norm
+        self.unused = unused  # parameters no rank's backward reaches: hidden from the optimizer's step
 
     def __call__(self, entry: InFlight[ExchangeResult], step: int, lookahead: Lookahead | None) -> StepStats:
         """Wait for ``entry``'s averaged gradient and run the wrapped optimizer on it (or refuse a NaN/Inf)."""
@@ -62,18 +65,23 @@ class DelayedApply:
             self._sets.bind(result.buckets)
             stats.grad_norm = self._clip()
             start = time.perf_counter()
-            self.optimizer.step()
+            with self._hidden():
+                self.optimizer.step()
             stats.t_update_s = time.perf_counter() - start
         return stats
 
     def _apply_scaled(self, step: int, result: ExchangeResult, stats: StepStats) -> StepStats:
         self._sets.bind(result.buckets)
         start = time.perf_counter()
-        stats.skipped_nonfinite, stats.grad_norm = self._loss_scale.apply(step, result.finite, self._params,
-                                                                          self._clip)
+        with self._hidden():
+            stats.skipped_nonfinite, stats.grad_norm = self._loss_scale.apply(step, result.finite, self._params,
+                                                                              self._clip)
         stats.t_update_s = time.perf_counter() - start
         # An overflow's non-finite residual was already zeroed by the exchange, on the worker, in ring order.
         return stats
+
+    def _hidden(self):
+        return self.unused.hidden() if self.unused is not None else nullcontext()
 
     def _clip(self) -> float | None:
         """Clip the averaged gradient in ``p.grad`` to ``max_grad_norm``; its norm before clipping (None: off)."""

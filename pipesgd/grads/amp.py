@@ -1,15 +1,5 @@
-"""fp16 loss scaling under a delayed update: PipeSGD drives a ``torch.amp.GradScaler`` for the gradient it applies.
-
-Use::
-
-    scaler = torch.amp.GradScaler(device)
-    opt = PipeSGD(inner, model, options=PipeSGDOptions(grad_scaler=scaler, max_grad_norm=1.0))  # clipping optional
-    with torch.autocast(device, dtype=torch.float16):
-        loss = loss_fn(model(x), y)
-    scaler.scale(loss).backward()
-    scaler.step(opt)      # or opt.step() alone: the wrapper then updates the scaler itself
-    scaler.update()       # (only after scaler.step(opt)); never scaler.unscale_(opt): clip with max_grad_norm
-    opt.zero_grad()
+"""fp16 loss scaling under a delayed update: PipeSGD drives a ``torch.amp.GradScaler`` for the gradient it applies
+(how to use it: ``DelayedLossScale``).
 
 A gradient applied at step t was produced at step t-K+1 under that step's scale, not today's, so:
   Step 1: ``record(t)`` notes the scale each step's backward used (every rank uses the same scale).
@@ -32,7 +22,17 @@ from pipesgd.grads.finite import all_finite
 
 
 class DelayedLossScale:
-    """The scale of every in-flight step, and the apply of a due step through the user's GradScaler."""
+    """The scale of every in-flight step, and the apply of a due step through the user's GradScaler. Use::
+
+        scaler = torch.amp.GradScaler(device)
+        opt = PipeSGD(inner, model, options=PipeSGDOptions(grad_scaler=scaler, max_grad_norm=1.0))  # clip optional
+        with torch.autocast(device, dtype=torch.float16):
+            loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)      # or opt.step() alone: the wrapper then updates the scaler itself
+        scaler.update()       # (only after scaler.step(opt)); never scaler.unscale_(opt): clip with max_grad_norm
+        opt.zero_grad()
+    """
 
     def __init__(self, scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
         self.scaler = scaler

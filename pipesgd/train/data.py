@@ -72,9 +72,9 @@ def _split(name, x: np.ndarray, y: np.ndarray, num_classes: int, seed: int, test
 
 
 def load_digits(seed: int = 0) -> Dataset:
-    """scikit-learn's 8x8 handwritten digits (1797 images, 10 classes); 20 % held out with a fixed split."""
-    # Read scikit-learn's shipped CSV directly: importing sklearn costs ~2 s per process, which every rank
-    # of every run pays. Fall back to the public loader if the file is not where sklearn keeps it.
+    """scikit-learn's 8x8 handwritten digits (1797 images, 10 classes); a fifth held out with a fixed split."""
+    # Read scikit-learn's shipped CSV directly: importing sklearn takes seconds per process, which every
+    # rank of every run pays. Fall back to the public loader if the file is not where sklearn keeps it.
     spec = importlib.util.find_spec("sklearn")
     csv = os.path.join(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz") if spec else ""
     if csv and os.path.exists(csv):

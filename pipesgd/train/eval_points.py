@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from pipesgd import model_snapshot
+
 from .checkpoint import Position
 
 
@@ -44,7 +46,8 @@ class EvalPoints:
         """Evaluate now (returns accuracy and loss), or keep a copy of the weights for ``finish`` (returns None)."""
         if not self.deferred:
             return evaluate()
-        copy = {name: value.detach().to("cpu", copy=True) for name, value in model.state_dict().items()}
+        with model_snapshot.for_evaluation():  # a copy to evaluate, not to resume from: steps in flight are no loss
+            copy = {name: value.detach().to("cpu", copy=True) for name, value in model.state_dict().items()}
         self._copies.append((Position(pos.epoch, pos.step_in_epoch, pos.step), wall_s, copy))
         return None
 

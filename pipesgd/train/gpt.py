@@ -1,7 +1,7 @@
 """A small GPT (nanoGPT's decoder) for the character-level language-model task: tokens in, next-token logits out.
 
 Token and learned position embeddings, ``n_layers`` pre-LayerNorm blocks of causal self-attention
-(``F.scaled_dot_product_attention(is_causal=True)``) and a 4x GELU MLP, a final LayerNorm and an untied linear
+(``F.scaled_dot_product_attention(is_causal=True)``) and a GELU MLP four times as wide, a final LayerNorm and an untied linear
 head. Inputs are int64 ``(B, T)`` with T at most ``context``; the output is ``(B, T, vocab_size)`` logits.
 No dropout: runs are short and every rank must compute the same function of its batch.
 """

@@ -5,26 +5,7 @@ and by ``pipesgd.runlog.results``. File layout (named by ``pipesgd.runlog.run_fi
 to ``FILE.jsonl`` itself; with world size > 1 each rank writes ``FILE.rankN.jsonl`` (its own step
 records), and the reporting rank also writes the ``config``, ``eval`` and ``summary`` records into its
 file. The reporting rank is worker 0: global rank 0, except with dedicated parameter servers
-(``--servers N``: ranks 0..N-1 serve, rank N reports). Record types (times in seconds, ``wall`` =
-seconds since start):
-
-- ``config``: world_size, mode, width, compression, model, params, grad_bytes, batch_size, ... (first line)
-- ``step``: step, epoch, rank, mode, loss, t_iter, t_compute, t_wait, t_update, bytes_sent, wall,
-  applied_step, compression_ratio, residual_norm, t_comm_busy, skipped_nonfinite, t_data (batch loading),
-  t_iter spans the whole iteration (the previous step's end to this one's: the record writes, the progress line
-  and the batch fetch are in it, evaluation and checkpoints are not, ``loop``),
-  t_cpu (CPU seconds this process used over t_iter's span, all its threads: compute, the communication
-  thread, the backend's threads; with t_iter it shows whether the cores, rather than the links, set the pace);
-  only when their feature is on: grad_norm (the applied averaged gradient's L2 norm before clipping, with
-  --clip-grad-norm), t_buffers (seconds spent making module buffers identical across ranks, with --buffers
-  broadcast|average and a model that has buffers; with the -delayed modes the snapshot's copy), t_lookahead
-  (seconds of look-ahead work since the step before: mode pipe, width >= 2, --staleness lookahead), t_standin_wait
-  (with --lookahead-standin other than local: seconds the forward pass waited for the coarse stand-in, counted in
-  t_wait and not in t_compute), t_auto (--width/--compression auto: seconds of the step on auto's own timing,
-  measuring, deciding and switching, waits for the other ranks there included), auto_choice (the step that chose)
-- ``eval``: step, epoch, accuracy, loss, wall (with ``--eval-deferred``: the wall clock when the evaluated weights
-  were copied, and ``deferred: true``; those records are written after training)
-- ``summary``: the end-of-run figures printed on rank 0
+(``--servers N``: ranks 0..N-1 serve, rank N reports). Record types: ``MetricsWriter``.
 
 A resumed run (``--resume``) appends to the same files: a new ``config`` record with ``resumed_at_step``,
 then the steps from there on; readers keep the last record of each step. Without ``--resume`` a run refuses a
@@ -75,7 +56,29 @@ class StepTimes:
 
 
 class MetricsWriter:
-    """Appends records to this rank's JSONL file; a writer without a path writes nothing anywhere."""
+    """Appends records to this rank's JSONL file; a writer without a path writes nothing anywhere.
+
+    Record types (times in seconds, ``wall`` =
+    seconds since start):
+
+    - ``config``: world_size, mode, width, compression, model, params, grad_bytes, batch_size, ... (first line)
+    - ``step``: step, epoch, rank, mode, loss, t_iter, t_compute, t_wait, t_update, bytes_sent, wall,
+      applied_step, compression_ratio, residual_norm, t_comm_busy, skipped_nonfinite, t_data (batch loading),
+      t_iter spans the whole iteration (the previous step's end to this one's: the record writes, the progress line
+      and the batch fetch are in it, evaluation and checkpoints are not, ``loop``),
+      t_cpu (CPU seconds this process used over t_iter's span, all its threads: compute, the communication
+      thread, the backend's threads; with t_iter it shows whether the cores, rather than the links, set the pace);
+      only when their feature is on: grad_norm (the applied averaged gradient's L2 norm before clipping, with
+      --clip-grad-norm), t_buffers (seconds spent making module buffers identical across ranks, with --buffers
+      broadcast|average and a model that has buffers; with the -delayed modes the snapshot's copy), t_lookahead
+      (seconds of look-ahead work since the step before: mode pipe, width >= 2, --staleness lookahead), t_standin_wait
+      (with --lookahead-standin other than local: seconds the forward pass waited for the coarse stand-in, counted in
+      t_wait and not in t_compute), t_auto (--width/--compression auto: seconds of the step on auto's own timing,
+      measuring, deciding and switching, waits for the other ranks there included), auto_choice (the step that chose)
+    - ``eval``: step, epoch, accuracy, loss, wall (with ``--eval-deferred``: the wall clock when the evaluated weights
+      were copied, and ``deferred: true``; those records are written after training)
+    - ``summary``: the end-of-run figures printed on rank 0
+    """
 
     def __init__(self, path: str, rank: int, world_size: int, start_time: float | None = None):
         self.path = metrics_path(path, rank, world_size) if path else ""

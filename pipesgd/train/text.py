@@ -20,8 +20,8 @@ import torch
 OTHER, NEWLINE = 0, 1
 PRINTABLE = "".join(chr(c) for c in range(32, 127))
 VOCAB_SIZE = 2 + len(PRINTABLE)  # 97
-# The first 1e6 characters of the sorted sources (46 files of Python 3.11), read and windowed in ~0.07 s: the charlm
-# task's 300 steps of 32 windows of 64 per rank read 1.2 M characters at 2 ranks (~1.3 epochs), 2.5 M at 4.
+# The first million characters of the sorted sources: quick to read and window, and about what the charlm task's
+# steps read per rank at a few ranks, so a run sees its corpus about once.
 CORPUS_CHARS = 1_000_000
 # Directories under the standard library that hold installed packages or caches, not the library itself.
 _NOT_STDLIB = frozenset({"site-packages", "dist-packages", "__pycache__"})
