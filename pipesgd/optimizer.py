@@ -15,8 +15,8 @@ So ``w_{t+1} = w_t - lr * mean_i(g^i_{t-K+1})``: K = 1 is synchronous AllReduce 
 is applied exactly once: during the K-1 steps after warm-up the pipeline fills and ``step()`` applies nothing;
 ``flush()`` applies the last K-1 at the end.
 
-Data path, one module per stage: ``buckets`` (pack) -> ``compression`` (codec; error feedback) -> ``ring``,
-``alltoall`` or ``gather`` over ``topology``, run per step by ``exchange`` on the ``channel``'s worker ->
+Data path, one module per stage: ``buckets`` (pack) -> ``compression`` (codec; error feedback) -> ``ring``
+or ``alltoall`` over ``topology``, run per step by ``exchange`` on the ``channel``'s worker ->
 ``pipeline`` (which step is due) -> this wrapper (apply) -> the wrapped torch optimizer. ``options`` validates
 what the wrapper is asked. Every job carries an agreement on which ranks still train (``uneven``; posted beside the
 all-reduce, read after it), so uneven data ends in an error naming the rank that ran out instead of a hang.
@@ -176,7 +176,7 @@ class PipeSGD:
 
     @property
     def allreduce(self) -> str:
-        """The all-reduce that runs the buckets, "ring", "alltoall", "gather" or "backend" ("auto" resolved)."""
+        """The all-reduce that runs the buckets, "ring", "alltoall" or "backend" ("auto" resolved)."""
         return self._exchange.allreduce
 
     @property

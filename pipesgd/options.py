@@ -157,6 +157,6 @@ class PipeSGDOptions:
                                 ErrorFeedback(compressor) if self.error_feedback else None)
 
     def allreduce_for(self, compressor: Compressor, staged: bool = False) -> str:
-        """"ring", "alltoall", "gather" or "backend": which all-reduce runs a bucket with ``compressor``, its payloads
+        """"ring", "alltoall" or "backend": which all-reduce runs a bucket with ``compressor``, its payloads
         staged through host memory or not (pipesgd.defaults)."""
         return resolve_allreduce(self.allreduce, compressor.lossless, staged)

@@ -46,8 +46,7 @@ import os
 import statistics
 from dataclasses import dataclass, replace
 
-from pipesgd.runlog.results import ASYNC_MODES, iteration_over_ranks, slowest_rank, t_iter_by_rank
-from pipesgd.runlog.run_files import run_name
+from timing_model.run_metrics import ASYNC_MODES, iteration_over_ranks, run_name, slowest_rank, t_iter_by_rank
 
 from .calibration import Calibration
 from .empirical.host_terms import host_terms

@@ -36,7 +36,7 @@ from pipesgd.compression._blocks import (
     view_bytes_as,
 )
 from pipesgd.compression.base import ChunkContext, context_of
-from pipesgd.compression.sizes import n_blocks, payload_bytes
+from timing_model.codec_sizes import n_blocks, payload_bytes
 from pipesgd.defaults import QUANT_BLOCK_SIZE
 
 DEFAULT_BLOCK_SIZE = QUANT_BLOCK_SIZE  # an alias: pipesgd.defaults owns the number
