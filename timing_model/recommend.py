@@ -1,4 +1,4 @@
-"""Which width and codec Pipe-SGD should run on a cluster: the timing model's answer (issue 39).
+"""Which width and codec Pipe-SGD should run on a cluster: the timing model's answer.
 
 A user who does not know their cluster guesses ``width``, ``compression`` and ``error_feedback``; a wrong guess
 costs speed (no codec on a slow link) or accuracy (a codec or a width that loses it). ``recommend`` asks the model

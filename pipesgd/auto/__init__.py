@@ -7,13 +7,15 @@ the hold against width 1 (``hold``), the cores' floor (``cores``) and the wrappe
 """
 from pipesgd.auto.clock import StepClock
 from pipesgd.auto.config import CHANGED, PROVISIONAL_STEPS, AutoConfig, first_choice, probe, recheck
-from pipesgd.auto.decision import announce, codec_key, decide, describe, link_terms, run_key
-from pipesgd.auto.hold import CONFIRM_STEPS, EARLY_HOLD_STEPS
+from pipesgd.auto.decision import (announce, codec_key, decide, describe, exchange_key, link_terms, run_key,
+                                   uncompressed_hides)
+from pipesgd.auto.hold import CONFIRM_STEPS, EARLY_HOLD_STEPS, held_against_width_1, held_steps
 from pipesgd.auto.knobs import AUTO, CANDIDATES, MAX_WIDTH, SMALL_FRACTION, SWITCH_GAIN, Knobs
 from pipesgd.auto.look import BYTES_SHARE, SLOW_LOOK, clearly_slow, transfer_floor_s
-from pipesgd.auto.probes import agreed, measure
+from pipesgd.auto.probes import agreed, exchange_per_step, measure, on_rank0
 
 __all__ = ["AUTO", "CANDIDATES", "MAX_WIDTH", "SMALL_FRACTION", "SWITCH_GAIN", "CHANGED", "PROVISIONAL_STEPS",
            "CONFIRM_STEPS", "EARLY_HOLD_STEPS", "SLOW_LOOK", "BYTES_SHARE", "Knobs", "StepClock", "AutoConfig",
            "first_choice", "probe", "clearly_slow", "recheck", "transfer_floor_s", "measure", "agreed", "decide",
-           "link_terms", "describe", "announce", "codec_key", "run_key"]
+           "link_terms", "describe", "announce", "codec_key", "run_key", "exchange_key", "uncompressed_hides",
+           "held_against_width_1", "held_steps", "exchange_per_step", "on_rank0"]

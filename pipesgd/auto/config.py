@@ -299,8 +299,8 @@ def recheck(buckets: list[Bucket], knobs: Knobs, current: dict, clock: StepClock
 
 def _moved(window: dict[str, float], reference: dict[str, float]) -> bool:
     """A window's compute or exchange time ``CHANGED``-fold (either way) from the reference's, by a margin that could
-    pay for a switch (at least ``SWITCH_GAIN`` - 1 of the iteration: a 1.5-fold change of a 1 ms all-reduce in a 4 ms
-    step is this host's noise, not a cluster that changed)."""
+    pay for a switch (at least ``SWITCH_GAIN`` - 1 of the iteration: a change that small is a
+    host's noise, not a cluster that changed)."""
     floor = (SWITCH_GAIN - 1) * max(window.get("period_s", 0.0), reference.get("period_s", 0.0))
     return any(max(window[k], reference[k]) > CHANGED * max(min(window[k], reference[k]), 1e-9)
                and abs(window[k] - reference[k]) >= floor for k in ("compute_s", "comm_s"))
