@@ -46,7 +46,7 @@ NEAR_FASTEST = 1.10  # when nothing hides: the earliest candidate at most 10 % s
 CODEC_LADDER = (("none", False), ("bf16", False), ("q8", True), ("q4", True))  # most exact first
 SIGN = ("sign", True)
 ALLREDUCE_WORDS = {"ring": "per-hop ring", "alltoall": "two-collective exchange",
-                   "gather": "one all-gather of payloads", "backend": "the backend's all_reduce"}
+                   "backend": "the backend's all_reduce"}
 
 
 def codec_label(compression: str, error_feedback: bool) -> str:
