@@ -16,14 +16,14 @@ import os
 import sys
 import time
 
-from pipesgd.runlog.atomic import write_text_atomic
+from timing_model.atomic import write_text_atomic
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
 
 from experiments.harness.agreement import AgreementSettings, markdown, run, settings_json
 from experiments.harness.one_line import OneLineParser, known_names
 from experiments.harness.pipeline import VARIANTS, WORKLOADS
 from experiments.harness.rank_launch import LaunchError, launch_ranks
-from pipesgd.bandwidth import parse_bandwidth_bps
+from timing_model.bandwidth import parse_bandwidth_bps
 
 
 def main() -> int:

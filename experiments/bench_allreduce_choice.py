@@ -23,7 +23,7 @@ With ``--calibration FILE`` (``pipesgd-timing calibrate`` on the same ranks, mad
 timings) each row also gets the timing model's seconds for both all-reduces of that bucket and whether the model
 picks the one that measured faster: a held-out check of the model's ring-or-exchange verdict.
 
-    torchrun --nproc-per-node 4 -m timing_model calibrate --sizes 64KB:8MB --compressions none,q8,sign --out c.json
+    torchrun --nproc-per-node 4 -m pipesgd.measure calibrate --sizes 64KB:8MB --compressions none,q8,sign --out c.json
     python experiments/bench_allreduce_choice.py --ranks 2,4 --codecs q8,sign --sizes-mib 0.25,4,25 --calibration c.json
 """
 from __future__ import annotations
@@ -41,13 +41,13 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
 
 from pipesgd.comm.alltoall import alltoall_allreduce_
-from pipesgd.runlog.atomic import write_text_atomic
+from timing_model.atomic import write_text_atomic
 from experiments.harness.provenance import markdown_header, provenance
 from experiments.harness.one_line import OneLineParser
 from experiments.harness.raw_collectives import raw_collective_ms
 from experiments.harness.switches import exchange_collectives
 from pipesgd.compression import ErrorFeedback, build
-from pipesgd.bandwidth import parse_bandwidth_bps
+from timing_model.bandwidth import parse_bandwidth_bps
 from pipesgd.launch import run_on_ranks
 from experiments.harness.rank_launch import LaunchError, launch_ranks
 from pipesgd.measure import time_collective

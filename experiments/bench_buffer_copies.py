@@ -27,7 +27,7 @@ from experiments.gpu_common import build, check_device  # noqa: E402
 from experiments.harness.one_line import OneLineParser, known_names  # noqa: E402
 from experiments.harness.provenance import markdown_header, provenance  # noqa: E402
 from pipesgd.grads.buffers import FlatGroup, copy_into, flat_groups  # noqa: E402
-from pipesgd.runlog.atomic import write_text_atomic  # noqa: E402
+from timing_model.atomic import write_text_atomic  # noqa: E402
 
 MODELS = ("resnet20", "resnet18")
 

@@ -19,7 +19,7 @@ import os
 import sys
 import tempfile
 
-from pipesgd.runlog.atomic import write_text_atomic
+from timing_model.atomic import write_text_atomic
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
 
 from experiments.harness.one_line import OneLineParser  # noqa: E402
@@ -27,7 +27,7 @@ from experiments.harness.speed import run_variant, speed_table
 from experiments.harness.variants import ACCURACY_VARIANTS, SPEED_VARIANTS
 from pipesgd.cluster.cluster import Cluster
 from pipesgd.cluster.netns import ClusterError
-from pipesgd.bandwidth import parse_bandwidth_bps
+from timing_model.bandwidth import parse_bandwidth_bps
 from pipesgd.runlog.results import load_run
 
 def main() -> int:

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from experiments.harness.one_line import OneLineParser, known_names  # noqa: E402
 from experiments.harness.provenance import markdown_header, provenance  # noqa: E402
 from pipesgd.compression import build  # noqa: E402
-from pipesgd.runlog.atomic import write_text_atomic  # noqa: E402
+from timing_model.atomic import write_text_atomic  # noqa: E402
 
 CODECS = ("q8", "q4")
 DEFAULT_SIZES = "35000,140000,2800000,11200000"

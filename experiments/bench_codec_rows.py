@@ -30,14 +30,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from experiments.harness.provenance import markdown_header, provenance
 from experiments.harness.one_line import OneLineParser
 from experiments.harness.switches import one_call_per_chunk
-from pipesgd.cli_conventions import positive_int
+from timing_model.cli_conventions import positive_int
 from pipesgd.comm.alltoall import alltoall_allreduce_
 from pipesgd.comm.ring import chunk_bounds
 from pipesgd.comm.topology import RingTopology
 from pipesgd.compression import build
 from pipesgd.compression.error_feedback import open_encoder
 from pipesgd.launch import run_on_ranks
-from pipesgd.runlog.atomic import write_text_atomic
+from timing_model.atomic import write_text_atomic
 
 WAYS = ("one by one", "batched")
 

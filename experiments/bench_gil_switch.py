@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from experiments.harness.one_line import OneLineParser  # noqa: E402
 from experiments.harness.provenance import markdown_header, provenance  # noqa: E402
 from pipesgd.compression import build  # noqa: E402
-from pipesgd.runlog.atomic import write_text_atomic  # noqa: E402
+from timing_model.atomic import write_text_atomic  # noqa: E402
 
 
 def hops(count: int, wire_s: float, numel: int) -> float:

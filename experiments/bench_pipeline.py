@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-from pipesgd.runlog.atomic import write_text_atomic
+from timing_model.atomic import write_text_atomic
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
 
 from experiments.harness.pipeline import BASELINES, VARIANTS, WORKLOADS, PipelineSettings, run, settings_json
@@ -26,7 +26,7 @@ from experiments.harness.one_line import OneLineParser, known_names
 from experiments.harness.pipeline_report import markdown, read_records
 from experiments.harness.provenance import markdown_header, provenance
 from experiments.harness.rank_launch import LaunchError, launch_ranks
-from pipesgd.bandwidth import parse_bandwidth_bps
+from timing_model.bandwidth import parse_bandwidth_bps
 
 QUICK = {"workloads": ("mlp1.9m",), "steps": 4, "warmup": 2, "ring_repeats": 2}
 
@@ -44,7 +44,7 @@ def main() -> int:
     parser.add_argument("--baselines", help=f"comma-separated, of {', '.join(BASELINES)} (default: both; "
                         "'-' for none)")
     parser.add_argument("--steps", type=int, help="timed iterations per variant (default 8; --quick 4)")
-    parser.add_argument("--allreduce", default="auto", choices=("auto", "ring", "alltoall", "gather"),
+    parser.add_argument("--allreduce", default="auto", choices=("auto", "ring", "alltoall"),
                         help="PipeSGD's allreduce for every variant: auto (default), ring or alltoall (a lossless "
                         "variant runs the backend's under auto)")
     parser.add_argument("--label", help="result file names (default: loopback or the bandwidth)")

@@ -29,7 +29,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
 
 from pipesgd.comm.alltoall import alltoall_allreduce_
-from pipesgd.runlog.atomic import write_text_atomic
+from timing_model.atomic import write_text_atomic
 from experiments.harness.provenance import markdown_header, provenance, write_result
 from experiments.harness.one_line import OneLineParser
 from pipesgd.compression import ErrorFeedback, build

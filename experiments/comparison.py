@@ -31,7 +31,7 @@ from experiments.harness.comparison_report import estimate_table, report
 from experiments.harness.comparison_store import ResultStore, estimate_wall
 from experiments.harness.loopback_cluster import LOOPBACK
 from pipesgd.cluster.netns import ClusterError
-from timing_model.commands.calibrate import PROBES
+from pipesgd.measure.calibrate_command import PROBES
 from experiments.harness.provenance import read_result
 
 QUICK_STEPS = 20

@@ -38,7 +38,7 @@ from pipesgd.comm.topology import RingTopology  # noqa: E402
 from pipesgd.compression import ErrorFeedback  # noqa: E402
 from pipesgd.compression import build as build_codec  # noqa: E402
 from pipesgd.compression import rows as rows_module  # noqa: E402
-from pipesgd.runlog.atomic import write_text_atomic  # noqa: E402
+from timing_model.atomic import write_text_atomic  # noqa: E402
 
 CODECS = ("q8", "q8+ef", "sign+ef", "bf16")
 MODELS = ("lenet", "resnet20", "resnet18")

@@ -26,7 +26,7 @@ from experiments.harness.one_line import OneLineParser, known_names  # noqa: E40
 from experiments.harness.provenance import markdown_header, provenance  # noqa: E402
 from gpu_common import CIFAR_SHAPE, build, launch, markdown  # noqa: E402
 from pipesgd import PipeSGD  # noqa: E402
-from pipesgd.runlog.atomic import write_text_atomic  # noqa: E402
+from timing_model.atomic import write_text_atomic  # noqa: E402
 
 MODELS, WAYS = ("lenet", "resnet20", "resnet18"), ("alone", "pipe", "pipe+lookahead")
 OPTIMIZERS = {"sgd": lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9, foreach=True),

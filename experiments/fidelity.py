@@ -6,7 +6,7 @@ emulated cluster (root; `ip` and `tc`).
 
 Per (bandwidth, nodes) cell:
   Step 1: bring the cluster up (tc tbf shaping) and measure TCP throughput node0 -> node1 (for the record).
-  Step 2: `python -m timing_model calibrate` inside the cluster: micro-benchmarks of our ring and the
+  Step 2: `python -m pipesgd.measure calibrate` inside the cluster: micro-benchmarks of our ring and the
           backend all_reduce, the local reduction and the codecs, and the interference of each allreduce
           with the runs' model (its forward+backward on random data beside its gradient-sized allreduce);
           the fit is written to calib-<cell>.json. The fit never sees the end-to-end runs below.
@@ -36,7 +36,7 @@ from experiments.harness.fidelity import FidelitySettings, log, run_cell, summar
 from experiments.harness.fidelity_report import markdown, scatter
 from experiments.harness.variants import DEFAULT_FIDELITY_VARIANTS, FIDELITY_VARIANTS
 from pipesgd.cluster.netns import ClusterError
-from pipesgd.bandwidth import parse_bandwidth_bps
+from timing_model.bandwidth import parse_bandwidth_bps
 
 DEFAULT_VARIANTS = ",".join(DEFAULT_FIDELITY_VARIANTS)
 

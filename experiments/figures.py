@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from pipesgd.runlog.atomic import write_text_atomic
+from timing_model.atomic import write_text_atomic
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
 
 from experiments.harness.one_line import OneLineParser  # noqa: E402

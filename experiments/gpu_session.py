@@ -10,7 +10,7 @@ Stages, in priority order (what each settles):
   check    issue 13 part 3 and issue 10's SyncBatchNorm: ``gpu_check.py``, 4 ranks sharing the GPU over gloo,
            then NCCL at world size 1 (and across GPUs when there are two or more)
   speed    issue 13 part 4: ``gpu_speed.py``, 4 ranks sharing the GPU (LeNet, ResNet-20, ResNet-18)
-  model    issue 14 item 3: ``timing_model calibrate`` on the GPU (4 ranks, gloo on CUDA tensors), then
+  model    issue 14 item 3: ``pipesgd-timing calibrate`` on the GPU (4 ranks, gloo on CUDA tensors), then
            ResNet-20 runs (sync, ddp, pipe, pipe+bf16, pipe+q8) that the calibration never sees, then
            ``timing_model validate``
   cluster  issue 13 part 5 and issue 11 on a core per node: iproute2 from ``--debs`` (Debian packages fetched
@@ -113,7 +113,7 @@ def model_steps(folder: Path, device: str, ranks: int, smoke: bool) -> list[Step
     batch, steps_per_run = ("16", "8") if smoke else ("64", "60")
     calib = folder / "calib.json"
     steps = [Step("model", "calibrate", _torchrun(
-        ranks, "-m", "timing_model", "calibrate", "--device", device, "--backend", "gloo", "--model", model,
+        ranks, "-m", "pipesgd.measure", "calibrate", "--device", device, "--backend", "gloo", "--model", model,
         "--input-shape", features, "--batch-size", batch, "--compressions", "none,bf16,q8",
         "--sizes", "64KB:256KB" if smoke else "64KB:4MB", "--repeats", "3" if smoke else "10", "--out", str(calib)),
         300, 60)]

@@ -44,7 +44,6 @@ from pipesgd.compression import build as build_codec  # noqa: E402
 from pipesgd.compression.throughput import measure_codec_gbps  # noqa: E402
 from pipesgd.measure import time_collective  # noqa: E402
 from pipesgd.comm.alltoall import alltoall_allreduce_  # noqa: E402
-from pipesgd.comm.gather import gather_allreduce_  # noqa: E402
 from pipesgd.comm.ring import RingTopology, ring_allreduce_  # noqa: E402
 from pipesgd.train.step_timer import wait_for_compute  # noqa: E402
 
@@ -80,13 +79,12 @@ def bench_model(rank: int, world: int, device: torch.device, name: str, args) ->
     compute_s = iteration_time(compute_only, device, args.repeats)
     grads = torch.randn(n_params, device=device)
     topology = RingTopology(dist.group.WORLD)
-    # keyed (codec, all-reduce): the backend's for none; for a codec the two-collective exchange, the paper's per-hop
-    # ring and the one-collective gather (pipesgd.comm.gather)
+    # keyed (codec, all-reduce): the backend's for none; for a codec the two-collective exchange and the
+    # paper's per-hop ring
     comm_s = {("none", "backend"): time_collective(lambda: dist.all_reduce(grads), args.repeats, 2, device=device)}
     for codec_name in PIPE_CODECS[1:]:
         codec = build_codec(codec_name)
-        for allreduce, run in (("alltoall", alltoall_allreduce_), ("ring", ring_allreduce_),
-                               ("gather", gather_allreduce_)):
+        for allreduce, run in (("alltoall", alltoall_allreduce_), ("ring", ring_allreduce_)):
             comm_s[(codec_name, allreduce)] = time_collective(lambda: run(grads, codec, topology, "mean"),
                                                               args.repeats, 2, device=device)
 
@@ -137,15 +135,15 @@ def bench_model(rank: int, world: int, device: torch.device, name: str, args) ->
         iters[variant] = timed_training(ddp, sgd(net), variant)
     net = fresh()
     iters["sync (K = 1)"] = timed_training(net, PipeSGD(sgd(net), net, width=1), "sync (K = 1)")
-    # Look-ahead (the default) in every codec's row, each lossy codec with the exchange, the per-hop ring and the
-    # one-collective gather; the paper's plain update beside them for none and q8; the BatchNorm buffers exchanged
+    # Look-ahead (the default) in every codec's row, each lossy codec with the exchange and the per-hop ring; the
+    # paper's plain update beside them for none and q8; the BatchNorm buffers exchanged
     # with the gradients ("broadcast-delayed") instead of by the default blocking broadcast in step(), as DDP's
     # forward does.
     runs = [(c, "lookahead", "auto" if c == "none" else "alltoall", "broadcast") for c in PIPE_CODECS]
-    runs += [(c, "lookahead", a, "broadcast") for a in ("ring", "gather") for c in PIPE_CODECS[1:]]
+    runs += [(c, "lookahead", a, "broadcast") for a in ("ring",) for c in PIPE_CODECS[1:]]
     runs += [("none", "none", "auto", "broadcast"), ("q8", "none", "alltoall", "broadcast")]
     runs += [(c, "lookahead", a, "broadcast-delayed")
-             for c, a in (("none", "auto"), ("q8", "alltoall"), ("q8", "ring"), ("q8", "gather"))]
+             for c, a in (("none", "auto"), ("q8", "alltoall"), ("q8", "ring"))]
     # the shared stand-in that waits for an exchange of the step just taken: the average's part in a shared
     # low-rank subspace (pipesgd.delay.lowrank), beside the own gradient above
     runs += [("q8", "lookahead", "ring", "broadcast", "coarse-lowrank")]

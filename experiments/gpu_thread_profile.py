@@ -40,9 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from experiments.harness.one_line import OneLineParser  # noqa: E402
 from pipesgd.options import PipeSGDOptions
 from pipesgd import PipeSGD  # noqa: E402
-from pipesgd.runlog.atomic import write_text_atomic  # noqa: E402
+from timing_model.atomic import write_text_atomic  # noqa: E402
 
-ALLREDUCES = ("alltoall", "ring", "gather")
+ALLREDUCES = ("alltoall", "ring")
 _NESTING_SLACK_US = 1.0  # trace timestamps are rounded: a child may seem to end a hair after its parent
 STEP_SPAN, JOB_SPAN = "pipesgd::train_step", "pipesgd::allreduce"
 # CUDA runtime calls by what they cost the calling thread: kernel launches, memory copies, waits for the device.
@@ -250,7 +250,7 @@ def parse_variants(parser, text: str) -> list[tuple[str, str]]:
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="gpu_thread_profile", description=__doc__)
     add_profile_flags(parser, models="lenet,resnet18", steps=10, top=6)
-    parser.add_argument("--variants", default="q8:alltoall,q8:ring,q8:gather,none:alltoall",
+    parser.add_argument("--variants", default="q8:alltoall,q8:ring,none:alltoall",
                         help="CODEC:ALLREDUCE, comma-separated (default: %(default)s)")
     args = parser.parse_args(argv)
     check_profile_flags(parser, args)

@@ -30,7 +30,8 @@ from experiments.harness.provenance import provenance, read_result, write_result
 from pipesgd.cluster.cluster import Cluster
 from pipesgd.cluster.netns import ClusterError, preflight
 from pipesgd.cluster.units import parse_link
-from pipesgd.runlog.results import load_run, metrics_files
+from pipesgd.runlog.results import load_run
+from timing_model.run_metrics import metrics_files
 
 RESULT = "experiments/results/auto_choice/link_change.json"
 WARMUP = 3

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from experiments.harness.one_line import OneLineParser
 from experiments.harness.provenance import markdown_header, provenance
-from pipesgd.runlog.atomic import write_text_atomic
+from timing_model.atomic import write_text_atomic
 
 _SITTING = re.compile(r"^(?P<name>.+)-s(?P<k>\d+)\.json$")
 

@@ -59,7 +59,7 @@ def main() -> int:
                       for s in SCHEMES}
         else:
             from pipesgd.cluster.cluster import Cluster
-            from pipesgd.bandwidth import parse_bandwidth_bps
+            from timing_model.bandwidth import parse_bandwidth_bps
 
             with Cluster.up(args.nodes, parse_bandwidth_bps(args.bandwidth), name="psgd-trace", force=True) as cluster:
                 def runner(argv: list[str], log_path: str) -> int:

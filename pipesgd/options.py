@@ -152,5 +152,6 @@ class WrapperConfig:
                                 ErrorFeedback(compressor) if self.error_feedback else None)
 
     def allreduce_for(self, compressor: Compressor, staged: bool = False) -> str:
-        """Which all-reduce runs a bucket with ``compressor``, its payloads staged through host memory or not."""
+        """"ring", "alltoall" or "backend": which all-reduce runs a bucket with ``compressor``, its payloads
+        staged through host memory or not (pipesgd.defaults)."""
         return resolve_allreduce(self.options.allreduce, compressor.lossless, staged)

@@ -7,7 +7,6 @@ import torch
 import torch.distributed as dist
 
 from pipesgd.comm.alltoall import alltoall_allreduce, alltoall_allreduce_
-from pipesgd.comm.gather import gather_allreduce, gather_allreduce_
 from pipesgd.compression import ErrorFeedback, build
 from pipesgd.comm.topology import PAIRWISE_MIN_BYTES, RingTopology, launched_on_one_host
 from experiments.harness.switches import exchange_collectives
@@ -42,7 +41,7 @@ def reference_mean(inputs: list[torch.Tensor], codec) -> torch.Tensor:
 
 def _every_codec_and_size(rank: int, world: int, allreduce=alltoall_allreduce):
     """This rank's results of ``allreduce``, whether every rank got the same bits, and (for `none`) the backend's
-    mean (also for ``tests.test_gather``)."""
+    mean."""
     results = {}
     for name in CODECS:
         for numel in SIZES:
@@ -59,7 +58,7 @@ def _every_codec_and_size(rank: int, world: int, allreduce=alltoall_allreduce):
 
 def assert_matches_the_reference(per_rank: list, world: int, reference) -> None:
     """Every rank's result of every codec and size (``_every_codec_and_size``) the same and equal, bit for bit, to
-    ``reference(inputs, codec)`` (also for ``tests.test_gather``)."""
+    ``reference(inputs, codec)``."""
     for name in CODECS:
         codec = build(name)
         for numel in SIZES:
@@ -277,8 +276,7 @@ def test_stochastic_rounding_is_identical_on_every_rank_and_the_entry_point_keep
 
 def feedback_gap(world: int, x: torch.Tensor, residual: torch.Tensor, reduce_) -> tuple[float, object]:
     """One mean all-reduce ``reduce_(flat, residual)`` of ``x`` with feedback; returns the largest gap of
-    sum_i x_i + sum_i r_i(before) == p * mean + sum_i r_i(after) and what ``reduce_`` returned (also for
-    ``tests.test_gather``)."""
+    sum_i x_i + sum_i r_i(before) == p * mean + sum_i r_i(after) and what ``reduce_`` returned."""
     lhs = x + residual
     dist.all_reduce(lhs)
     flat = x.clone()
@@ -324,8 +322,7 @@ def test_error_feedback_conserves_the_sum():
             assert min(owner_parts) > 0 and min(worker_parts) > 0  # both encodes really dropped something
 
 
-@pytest.mark.parametrize("reduce_,public", [(alltoall_allreduce_, alltoall_allreduce),
-                                            (gather_allreduce_, gather_allreduce)])  # and pipesgd.comm.gather's
+@pytest.mark.parametrize("reduce_,public", [(alltoall_allreduce_, alltoall_allreduce)])
 def test_world_size_one_is_exact_sends_nothing_and_folds_the_residual(process_group, reduce_, public):
     x, r = torch.randn(100), torch.randn(100)
     flat, residual = x.clone(), r.clone()

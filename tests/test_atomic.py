@@ -1,4 +1,4 @@
-"""``pipesgd.runlog.atomic``: whole files or none, with the permissions ``open(path, "w")`` would give."""
+"""``timing_model.atomic``: whole files or none, with the permissions ``open(path, "w")`` would give."""
 from __future__ import annotations
 
 import os
@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from pipesgd.runlog.atomic import atomic_open, write_text_atomic
+from timing_model.atomic import atomic_open, write_text_atomic
 
 
 @pytest.fixture

@@ -1,10 +1,10 @@
-"""``pipesgd.bandwidth``: the one rate rule of every command line (tc and iperf spellings; bps, a lone b and a bare
+"""``timing_model.bandwidth``: the one rate rule of every command line (tc and iperf spellings; bps, a lone b and a bare
 number refused as ambiguous), and both CLIs reading a rate alike."""
 from __future__ import annotations
 
 import pytest
 
-from pipesgd.bandwidth import parse_bandwidth_Bps, parse_bandwidth_bps
+from timing_model.bandwidth import parse_bandwidth_Bps, parse_bandwidth_bps
 from pipesgd.cluster.units import parse_link
 from timing_model.units import parse_bandwidth
 

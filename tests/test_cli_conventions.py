@@ -1,4 +1,4 @@
-"""The three command lines' one convention (``pipesgd.cli_conventions``): every bad input is exactly one line
+"""The three command lines' one convention (``timing_model.cli_conventions``): every bad input is exactly one line
 ``PROG: error: ...`` on stderr, exit code 2, no traceback, and nothing started (each test makes starting work fail
 the test); and the shared pieces: negative values, non-finite numbers, output paths checked up front."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from pipesgd.cli_conventions import finite_float, join_negative_values, positive_float
+from timing_model.cli_conventions import finite_float, join_negative_values, positive_float
 from pipesgd.runlog.output_paths import check_output_dir, check_output_file
 
 
@@ -42,7 +42,7 @@ TRAIN_BAD = [  # {dir}: an existing directory, {file}: an existing file
     (["--lr", "-1e-3"], "--lr must be positive"),
     (["--steps", "abc"], "argument --steps: invalid int value: 'abc'"),
     (["--bogus"], "unrecognized arguments: --bogus"),
-    (["--allreduce", "mesh"], "unknown --allreduce 'mesh' (valid: auto, ring, alltoall, gather)"),
+    (["--allreduce", "mesh"], "unknown --allreduce 'mesh' (valid: auto, ring, alltoall)"),
     (["--mode", "ddp", "--allreduce", "ring"], "--allreduce applies to --mode pipe or sync only, not ddp"),
 ]
 
@@ -107,7 +107,7 @@ TIMING_BAD = [
 
 @pytest.mark.parametrize("argv,message", TIMING_BAD, ids=[" ".join(a) for a, _ in TIMING_BAD])
 def test_timing_refuses_bad_input_in_one_line(argv, message, tmp_path, capsys, monkeypatch):
-    from timing_model.cli import main
+    from pipesgd.measure.cli import main
 
     monkeypatch.setenv("WORLD_SIZE", "2")  # calibrate's own refusal of one rank comes first otherwise
     monkeypatch.setenv("RANK", "0")
@@ -121,8 +121,8 @@ def test_timing_calibration_failing_after_it_measured_is_exit_1(tmp_path, capsys
     """Once ranks measured, a failed fit is a run-time failure (1), not bad input (2)."""
     import torch.distributed as dist
 
-    from timing_model.cli import main
-    from timing_model.commands import calibrate
+    from pipesgd.measure.cli import main
+    from pipesgd.measure import calibrate_command as calibrate
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     for name in ("init_process_group", "barrier", "destroy_process_group"):

@@ -26,7 +26,7 @@ from pipesgd.cluster.netns import ClusterError, cluster_netns, netns_pids, prefl
 from pipesgd.cluster.state import (ClusterState, load_state, node_netns, port_ifname, remove_state,
                                    save_state, state_path, switch_netns, validate_name)
 from pipesgd.cluster.supervise import TIMEOUT_EXIT, exit_code, supervise
-from pipesgd.bandwidth import parse_bandwidth_bps
+from timing_model.bandwidth import parse_bandwidth_bps
 from pipesgd.cluster.units import default_burst_bytes, parse_size
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -9,7 +9,7 @@ import pytest
 
 from tests.distributed import run_ranks
 from tests.test_timing_terms import calibration, scenario
-from timing_model.commands.calibrate import _probes
+from pipesgd.measure.calibrate_command import _probes
 from timing_model.fitting import host_record
 from timing_model.predict import predict
 from timing_model.validation import calibrated_scenario
@@ -94,7 +94,7 @@ def test_the_probe_times_each_lossy_codec_with_feedback_on_every_rank():
 
 
 def test_calibrate_reports_what_feedback_adds():
-    from timing_model.commands.calibrate import report
+    from pipesgd.measure.calibrate_command import report
 
     text = report(with_feedback_rows(), "calib.json")
     assert "error feedback adds to the ring at the model's size: q8 +12.00 ms (31.00 ms without) at 1.00 MB" in text

@@ -34,7 +34,7 @@ def test_gpu_check_runs_on_cpu_and_every_check_passes_or_is_skipped(tmp_path):
     checks = {r["check"] for r in rows}
     assert {"K = 1 vs reference", "K = 2 vs reference", "stalled side stream", "stalled compute stream",
             "no sync from step()", "memory_allocated", "codec kernels CUDA vs CPU", "SyncBatchNorm, K = 2",
-            "K = 2, q8 + EF, ring, stand-in coarse-lowrank", "K = 2, q8, gather"} <= checks
+            "K = 2, q8 + EF, ring, stand-in coarse-lowrank"} <= checks
     assert (tmp_path / "gpu_check.md").read_text().startswith("# GPU path correctness")
 
 
@@ -48,12 +48,12 @@ def test_gpu_speed_runs_on_cpu_and_reports_overlap_efficiency(tmp_path):
     variants = {r["variant"]: r for r in data["rows"]}
     for name in ("compute only", "DDP", "DDP + fp16 hook", "sync (K = 1)", "Pipe-SGD K = 2, lookahead, none, backend",
                  "Pipe-SGD K = 2, lookahead, bf16, alltoall", "Pipe-SGD K = 2, lookahead, q8, alltoall",
-                 "Pipe-SGD K = 2, lookahead, q8, ring", "Pipe-SGD K = 2, lookahead, q8, gather",
-                 "Pipe-SGD K = 2, none, q8, alltoall", "all-reduce only, q8, gather",
+                 "Pipe-SGD K = 2, lookahead, q8, ring",
+                 "Pipe-SGD K = 2, none, q8, alltoall",
                  "Pipe-SGD K = 2, lookahead, q8, ring, stand-in coarse-lowrank",
                  "all-reduce only, q8, alltoall", "all-reduce only, q8, ring", "all-reduce only, none, backend"):
         assert name in variants, name
-    for allreduce in ("alltoall", "ring", "gather"):  # each against its own all-reduce's time
+    for allreduce in ("alltoall", "ring"):  # each against its own all-reduce's time
         q8 = variants[f"Pipe-SGD K = 2, lookahead, q8, {allreduce}"]
         assert float(q8["overlap efficiency"]) > 0 and q8["comm ms"] == variants[f"all-reduce only, q8, {allreduce}"][
             "comm ms"]
@@ -170,6 +170,7 @@ import gpu_session  # noqa: E402
 
 def test_gpu_session_plan_covers_every_stage_and_its_flags_parse(tmp_path):
     from pipesgd.train.flags import resolve
+    from pipesgd.measure.cli import COMMANDS
     from timing_model.cli import build_parser
 
     steps = gpu_session.plan(list(gpu_session.STAGES), tmp_path, "cuda", str(tmp_path), gpus=2)
@@ -183,7 +184,7 @@ def test_gpu_session_plan_covers_every_stage_and_its_flags_parse(tmp_path):
             config = resolve(step.argv[step.argv.index("pipesgd.train") + 1:])
             assert config.device == "cuda" and config.backend == "gloo" and config.model == "resnet20"
         if "calibrate" in step.argv:
-            args = build_parser().parse_args(step.argv[step.argv.index("timing_model") + 1:])
+            args = build_parser(COMMANDS).parse_args(step.argv[step.argv.index("pipesgd.measure") + 1:])
             assert args.device == "cuda" and args.backend == "gloo"
         if "--cores-per-node" in step.argv:
             assert step.argv[step.argv.index("--cores-per-node") + 1] == "4"

@@ -16,7 +16,7 @@ from tests.distributed import run_ranks
 from timing_model.core import equations
 from timing_model.empirical import overlap
 from timing_model.calibration import Fit
-from timing_model.cli import main
+from pipesgd.measure.cli import main
 from timing_model.fitting import ALGORITHM_OF, host_record, overlap_sizes
 from timing_model.modes import MODES
 from timing_model.params import CODEC_RATIOS
@@ -211,6 +211,15 @@ def test_python_m_entry_point_and_error_exit():
     assert bad.returncode == 2 and bad.stderr.startswith("pipesgd-timing: error:") and "Traceback" not in bad.stderr
 
 
+
+def test_python_m_timing_model_calibrate_points_to_pipesgd_timing():
+    """The pure model cannot measure: its ``calibrate`` is one line naming the command that can, exit 2."""
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    done = subprocess.run([sys.executable, "-m", "timing_model", "calibrate", "--sizes", "4KB:4KB", "--out", "c.json"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1
+    assert done.stderr.startswith("pipesgd-timing: error:") and "pipesgd-timing calibrate" in done.stderr
+
 GRID = [4096, 1 << 20, 4 << 20]
 KNOWN = Fit(0.0, 40e-6, 1.0e9, 8e9, 0, 0.0, 0.0)  # the terms the synthetic timings below are made of
 REDUCE_CALL_S = 3e-6
@@ -241,7 +250,7 @@ def _known_seconds(sample: dict, codecs: dict) -> float:
 def _fit_on_known_timings(measured: dict, compressions=("none",), compute=None):
     """The fit of the measured grid, with every sample's seconds replaced by ``KNOWN``'s: the grid the measurement
     produces must let the fit recover the terms (real timings on this busy box are too noisy to check a fit)."""
-    from timing_model.commands.calibrate import calibration_from
+    from pipesgd.measure.calibrate_command import calibration_from
 
     known = dict(measured, samples=[dict(s, seconds=_known_seconds(s, measured["codecs"]))
                                     for s in measured["samples"]])
@@ -368,7 +377,7 @@ def test_calibrate_failing_on_rank_0_leaves_the_other_ranks_clean(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "OMP_NUM_THREADS": "1"}
     out = tmp_path / "calib.json"
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-            "timing_model", "calibrate", "--sizes", "4KB:4KB", "--repeats", "2", "--warmup", "0", "--no-overlap",
+            "pipesgd.measure", "calibrate", "--sizes", "4KB:4KB", "--repeats", "2", "--warmup", "0", "--no-overlap",
             "--out", str(out)]
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=240)
     assert done.returncode != 0 and not out.exists()

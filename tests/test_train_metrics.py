@@ -4,7 +4,7 @@ from __future__ import annotations
 import io
 import json
 
-from pipesgd.runlog.run_files import metrics_path
+from timing_model.run_metrics import metrics_path
 from pipesgd.train.metrics import EVAL_FIELDS, STEP_FIELDS, MetricsWriter
 from pipesgd.train.progress import Progress
 

@@ -59,7 +59,6 @@ def test_workers_leave_out_dedicated_servers():
 
 
 @pytest.mark.parametrize("allreduce, compression, runs", [("ring", "q8", "ring"), ("alltoall", "q8", "alltoall"),
-                                                         ("gather", "q8", "gather"),
                                                          ("auto", "q8", "alltoall"), ("auto", "none", "backend")])
 def test_allreduce_reaches_the_wrapper(allreduce, compression, runs, process_group):  # noqa: F811
     config = TrainConfig(mode="pipe", allreduce=allreduce, compression=compression,

@@ -39,8 +39,8 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 
-from pipesgd.runlog.atomic import atomic_open
-from pipesgd.defaults import resolve_allreduce
+from timing_model.atomic import atomic_open
+from timing_model.trainer_defaults import resolve_allreduce
 
 from .core import collectives
 from .core.equations import codec_passes, codec_time
@@ -200,9 +200,7 @@ class Calibration:
     def codec_call_s(self, name: str, nodes: int = 2, allreduce: str = "ring") -> float:
         """Seconds one call of our ``allreduce`` with ``name`` costs beyond its wire and codec bytes, at the nearest
         calibrated cluster size (``fit_codec_costs``; the exchange lends the ring's when it has none); 0 when not
-        fitted, and for the gather (one call, none of the ring's hops)."""
-        if allreduce == "gather":
-            return 0.0
+        fitted."""
         return _nearest(self._own(self.codec_exchange_call_s, self.codec_ring_call_s, name, allreduce), name, nodes,
                         0.0)
 
@@ -248,16 +246,14 @@ class Calibration:
 
     def fit_for(self, mode: str, compression: str = "none", allreduce: str = "auto") -> Fit:
         """The fit of the all-reduce that runs ``mode``'s buckets: for sync and pipe the one ``allreduce`` resolves
-        to (``pipesgd.defaults.resolve_allreduce``: with "auto", the backend's all_reduce for the lossless codec and
+        to (``trainer_defaults.resolve_allreduce``: with "auto", the backend's all_reduce for the lossless codec and
         our two-collective exchange, ``'alltoall'``, for a lossy one, or the ring where the calibration ran gloo
         on CUDA tensors); the backend's for ddp and the parameter server. A calibration made before the exchange
         was timed lends it the ring's fit."""
         staged = self.meta.get("backend") == "gloo" and str(self.meta.get("device", "")).startswith("cuda")
         chosen = resolve_allreduce(allreduce, lossless=compression == "none", staged=staged) \
             if mode in ("sync", "pipe") else "backend"
-        # the gather is one backend collective call with no hop of ours: it lends the backend's fit (never timed)
-        order = {"alltoall": ("alltoall", "ring", "backend"), "ring": ("ring", "backend"),
-                 "gather": ("gather", "backend", "ring")}.get(chosen, ("backend", "ring"))
+        order = {"alltoall": ("alltoall", "ring", "backend"), "ring": ("ring", "backend")}.get(chosen, ("backend", "ring"))
         for name in order:
             if name in self.fits:
                 return self.fits[name]
@@ -265,7 +261,7 @@ class Calibration:
 
 
 def write_calibration(path: str, cal: Calibration) -> None:
-    """Write the calibration JSON atomically (``pipesgd.runlog.atomic``: a temporary file in the same folder, then
+    """Write the calibration JSON atomically (``timing_model.atomic``: a temporary file in the same folder, then
     rename)."""
     data = {"schema": SCHEMA, **cal.meta,
             "fits": {name: fit.as_json() for name, fit in cal.fits.items()},

@@ -108,8 +108,8 @@ def fit_codec_costs(samples: list[Sample], fit: Fit, codecs: dict[str, tuple[flo
     codec is CPU work: where p ranks share fewer than p cores (the emulated cluster) each rank's codec runs at a
     share of a core, so f grows with p. f > 1: the codec costs more inside the all-reduce than alone; f < 1: the
     piecewise hops hide part of it behind the wire. h is what a compressed call costs whatever its size beyond
-    the uncompressed one's latency: the bookkeeping of its pieces, a Python round trip per hop (the ring's LeNet
-    q8 all-reduce took 7.5 ms where the uncompressed one took 1.3 ms, issue 38). With one size only h is not
+    the uncompressed one's latency: the bookkeeping of its pieces, a Python round trip per hop (on small
+    buckets it dominates: experiments/RESULTS.md). With one size only h is not
     identified and stays 0. Samples below ``min_bytes`` and codecs without a throughput or without samples are
     left out (no factor: the model uses f = 1, h = 0). ``collective`` = "alltoall" (with ``algorithm``
     "exchange") fits the two-collective exchange's own terms, which its codec work (the ring's passes, no Python

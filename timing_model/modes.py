@@ -121,7 +121,7 @@ def _buffers_beside_ring(terms: EmpiricalTerms, comm: CommCost) -> float:
     """The buffer sync's exposed seconds when it runs beside the ring (``pipesgd.optimizer`` Step 3: after the
     hand-off, before the wait): max(0, buffers_s − wire_s). Its few small messages queue behind the ring's bytes on
     the link, and that wait, at most the ring's time on the wire, passes inside the ring's own time, which the step
-    waits for next; adding it serially over-predicted sync on a slow link (experiments/RESULTS.md, issue 37)."""
+    waits for next; adding it serially over-predicted sync on a slow link (experiments/RESULTS.md)."""
     return max(0.0, terms.buffers_s - comm.wire_s)
 
 
@@ -212,7 +212,7 @@ def predict_ps_sync(cluster: ClusterParams, compute: ComputeParams, codec: Codec
     Where calibrate's ps-sync probe timed the round itself (``EmpiricalTerms.ps_round_s``), the round is that, and
     ``server_s`` (signed) what it took beyond the link's push + pull. Why: on a tc-tbf link each direction's token
     bucket refills while the other carries its half of the round, so a small gradient's round beats p'·M/B each
-    way (experiments/RESULTS.md, issue 37)."""
+    way (experiments/RESULTS.md)."""
     comm = ps_cost(cluster, codec, schedule, server)
     slow = _slowest_compute(cluster, compute)
     busy = slow + compute.update_s + terms.host_s
@@ -242,7 +242,7 @@ def predict_ps_async(cluster: ClusterParams, compute: ComputeParams, codec: Code
     work, else Z) and finishes first, and the job's pace is ``server.colocated_pace(T0, T1, T2)``, at least the
     link limit. ``server_s`` is what the pace holds beyond Z and the worker's own push + pull. Why T0 is its own:
     the co-located worker shares its process and cores with the server thread, and with T0 = Z the model ended
-    its training too early and counted too few of the slow steps T1 (experiments/RESULTS.md, issue 37).
+    its training too early and counted too few of the slow steps T1 (experiments/RESULTS.md).
     """
     comm = ps_cost(cluster, codec, schedule, server, asynchronous=True)
     workers = cluster.nodes

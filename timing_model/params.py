@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipesgd.compression.sizes import CODECS, fp32_ratio
-from pipesgd.defaults import BUCKET_MB
+from timing_model.codec_sizes import CODECS, fp32_ratio
+from timing_model.trainer_defaults import BUCKET_MB
 
 __all__ = [
     "ClusterParams",
@@ -29,14 +29,13 @@ __all__ = [
 ]
 
 COLLECTIVES = ("ring", "rabenseifner", "recursive-doubling", "tree")
-# Which all-reduce runs sync's and pipe's buckets (as ``pipesgd.defaults.ALLREDUCE_CHOICES``): "ring", ours with
-# the codec on every hop; "alltoall", two collectives (``collectives.allreduce_exchange``); "gather", one all-gather
-# of whole payloads (``collectives.allreduce_gather``); "auto", what the
-# trainer's "auto" runs (``resolve_allreduce``: the backend's all_reduce, costed by the ring's formula, when lossless).
-ALLREDUCES = ("auto", "ring", "alltoall", "gather")
-BUCKET_BYTES = BUCKET_MB * 2**20  # the trainer's default bytes per bucket (owner: pipesgd.defaults)
+# Which all-reduce runs sync's and pipe's buckets (as ``trainer_defaults.ALLREDUCE_CHOICES``): "ring", ours with
+# the codec on every hop; "alltoall", two collectives (``collectives.allreduce_exchange``); "auto", what
+# the trainer's "auto" runs (``resolve_allreduce``: the backend's all_reduce, costed by the ring's formula, when lossless).
+ALLREDUCES = ("auto", "ring", "alltoall")
+BUCKET_BYTES = BUCKET_MB * 2**20  # the trainer's default bytes per bucket (owner: trainer_defaults)
 
-# Raw fp32 bytes over payload bytes of each codec (owner: pipesgd.compression.sizes, which the codecs use too).
+# Raw fp32 bytes over payload bytes of each codec (owner: timing_model.codec_sizes, which the codecs use too).
 CODEC_RATIOS = {name: fp32_ratio(name) for name in CODECS}
 
 
@@ -149,12 +148,12 @@ class ScheduleParams:
     width: int = 2  # K, Pipe-SGD pipeline width (1 = synchronous)
     overlap_fraction: float = 0.5  # φ, fraction of backward during which DDP buckets may communicate
     bucket_bytes: float = BUCKET_BYTES  # bytes per bucket; each bucket is one collective call (0: one bucket)
-    allreduce: str = "ring"  # sync's and pipe's, resolved: "ring", "alltoall", "gather" or "backend" (the ring's)
+    allreduce: str = "ring"  # sync's and pipe's, resolved: "ring", "alltoall" or "backend" (the ring's)
 
     def __post_init__(self) -> None:
         require(isinstance(self.width, int) and self.width >= 1, f"width must be an integer >= 1, got {self.width!r}")
-        require(self.allreduce in ("ring", "alltoall", "gather", "backend"),
-                f"allreduce must be 'ring', 'alltoall', 'gather' or 'backend' once resolved, got {self.allreduce!r}")
+        require(self.allreduce in ("ring", "alltoall", "backend"),
+                f"allreduce must be 'ring', 'alltoall' or 'backend' once resolved, got {self.allreduce!r}")
         require(0.0 <= self.overlap_fraction <= 1.0,
                 f"overlap fraction must lie in [0, 1], got {self.overlap_fraction!r}")
         require_nonneg("bucket_bytes", self.bucket_bytes)

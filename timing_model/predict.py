@@ -12,7 +12,7 @@ import itertools
 import math
 from dataclasses import dataclass, fields, replace
 
-from pipesgd.defaults import resolve_allreduce
+from timing_model.trainer_defaults import resolve_allreduce
 
 from .empirical.terms import EMPIRICAL_FIELDS, NEUTRAL, EmpiricalTerms
 from .modes import MODES, ModeResult, predict_mode
@@ -52,7 +52,7 @@ class Scenario:
     width: int = 2  # Pipe-SGD pipeline width
     overlap_fraction: float = 0.5  # DDP: fraction of backward that buckets overlap
     bucket_bytes: float = BUCKET_BYTES  # bytes per collective call
-    allreduce: str = "auto"  # sync's and pipe's all-reduce: auto | ring | alltoall | gather (``params.ALLREDUCES``)
+    allreduce: str = "auto"  # sync's and pipe's all-reduce: auto | ring | alltoall (``params.ALLREDUCES``)
     # parameter server
     servers: int = 1  # parameter-server shards
     server_bandwidth_Bps: float = 0.0  # 0: same as the worker link
@@ -77,8 +77,8 @@ class Scenario:
 
     @property
     def resolved_allreduce(self) -> str:
-        """"ring", "alltoall", "gather" or "backend": ``allreduce`` resolved as the trainer resolves it
-        (``pipesgd.defaults.resolve_allreduce``: with "auto", the two collectives for a lossy codec and the
+        """"ring", "alltoall" or "backend": ``allreduce`` resolved as the trainer resolves it
+        (``trainer_defaults.resolve_allreduce``: with "auto", the two collectives for a lossy codec and the
         backend's all_reduce, whose cost the ring's formula gives, for a lossless one)."""
         if self.allreduce not in ALLREDUCES:
             raise ValueError(f"unknown allreduce {self.allreduce!r}; valid: {', '.join(ALLREDUCES)}")

@@ -1,4 +1,4 @@
-"""Which width and codec Pipe-SGD should run on a cluster: the timing model's answer (issue 39).
+"""Which width and codec Pipe-SGD should run on a cluster: the timing model's answer.
 
 A user who does not know their cluster guesses ``width``, ``compression`` and ``error_feedback``; a wrong guess
 costs speed (no codec on a slow link) or accuracy (a codec or a width that loses it). ``recommend`` asks the model
@@ -14,7 +14,7 @@ The order, from what the accuracy study measured (``experiments/results/accuracy
           where it is predicted near it), then each at width 2; then width 3 (up to ``max_width``) with each codec.
           Width 3 after every codec: it cost AdamW +6.2 % in validation loss where every codec up to q4 + feedback
           stayed within the seed spread. Under Adam and AdamW the caller fixes error feedback off and stops at q8
-          (``pipesgd.defaults.auto_codec_limits``: feedback and q4 cost the GPT accuracy under look-ahead).
+          (``trainer_defaults.auto_codec_limits``: feedback and q4 cost the GPT accuracy under look-ahead).
           A narrower candidate tried before the one that hides is taken instead where it is predicted within
           ``WIDER_GAIN`` of its iteration (of several, the first within ``NEAR_FASTEST`` of the fastest of them): a
           wider pipeline's stale gradient costs steps (width 2 against synchronous SGD: 1.04x the steps to 0.90 on
@@ -46,7 +46,7 @@ NEAR_FASTEST = 1.10  # when nothing hides: the earliest candidate at most 10 % s
 CODEC_LADDER = (("none", False), ("bf16", False), ("q8", True), ("q4", True))  # most exact first
 SIGN = ("sign", True)
 ALLREDUCE_WORDS = {"ring": "per-hop ring", "alltoall": "two-collective exchange",
-                   "gather": "one all-gather of payloads", "backend": "the backend's all_reduce"}
+                   "backend": "the backend's all_reduce"}
 
 
 def codec_label(compression: str, error_feedback: bool) -> str:
@@ -117,7 +117,7 @@ def recommend(scenario: Scenario, predict_pipe, *, max_width: int = 3, allow_sig
               error_feedback: bool | None = None, codecs: tuple[str, ...] | None = None) -> Recommendation:
     """The first candidate whose all-reduce hides (module doc). ``predict_pipe(scenario) -> ModeResult`` is
     Pipe-SGD's prediction for one scenario (with or without a calibration: the caller's choice); ``codecs`` limits
-    the ladder (Adam and AdamW: ``pipesgd.defaults.ADAM_AUTO_CODECS``)."""
+    the ladder (Adam and AdamW: ``trainer_defaults.ADAM_AUTO_CODECS``)."""
     if max_width < 1:
         raise ValueError(f"max width {max_width}: must be >= 1")
     tried = []

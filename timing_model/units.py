@@ -4,7 +4,7 @@ Conventions (everything inside the timing model is seconds, bytes and bytes per 
 
 - Decimal prefixes are powers of ten: ``MB`` = 10^6 bytes, ``Gbit`` = 10^9 bits. Binary prefixes are
   spelled with an ``i``: ``KiB`` = 1024, ``MiB`` = 2^20, ``GiB`` = 2^30 bytes.
-- Bandwidths follow the one rule of ``pipesgd.bandwidth`` (shared with ``pipesgd-cluster``): ``10gbit`` =
+- Bandwidths follow the one rule of ``timing_model.bandwidth`` (shared with ``pipesgd-cluster``): ``10gbit`` =
   ``10Gb/s`` = ``10GbE`` = 1.25e9 B/s, ``1.25GB/s`` = 1.25e9 B/s; a bare number, ``bps`` and a lone ``b`` are
   refused as ambiguous. ``parse_bandwidth`` returns bytes per second.
 - A bare number is seconds for a time, bytes for a size, a plain count for a count.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 
-from pipesgd.bandwidth import parse_bandwidth_Bps as parse_bandwidth  # bytes/s, the model's unit
+from timing_model.bandwidth import parse_bandwidth_Bps as parse_bandwidth  # bytes/s, the model's unit
 
 __all__ = [
     "parse_bandwidth",

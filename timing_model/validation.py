@@ -15,7 +15,7 @@ or ``RUN.rankN.jsonl`` per rank; files that differ only in ``.rankN`` form one r
 Per run: the first ``skip`` steps are dropped (for pipe, at least the config's ``warmup_steps``). Measured = the
 median over steps of the **mean over ranks** of t_iter: in lockstep training every rank's step times add up to the
 same wall-clock, so the mean is the step's period, while the per-step maximum adds each step's jitter
-(experiments/RESULTS.md, issue 37); for asynchronous workers (ps-async), which are not in lockstep, every per-step
+(experiments/RESULTS.md); for asynchronous workers (ps-async), which are not in lockstep, every per-step
 figure is the slowest worker's own and measured is its **mean** t_iter, the job's pace
 (``pipesgd.runlog.results.Run.pace_s``; the module docstring there says why). The model's inputs count each step's
 slowest rank (max over ranks of t_compute + t_data and of t_update: the straggler gates a synchronous step, so it is
@@ -46,8 +46,7 @@ import os
 import statistics
 from dataclasses import dataclass, replace
 
-from pipesgd.runlog.results import ASYNC_MODES, iteration_over_ranks, slowest_rank, t_iter_by_rank
-from pipesgd.runlog.run_files import run_name
+from timing_model.run_metrics import ASYNC_MODES, iteration_over_ranks, run_name, slowest_rank, t_iter_by_rank
 
 from .calibration import Calibration
 from .empirical.host_terms import host_terms
@@ -267,7 +266,7 @@ def scenario_for(run: RunRecord, cal: Calibration, base: Scenario | None = None,
         host_s=typical(run.t_host) if run.t_host else 0.0,
     )
     if run.mode in ("sync", "pipe"):
-        # what ran the buckets, as the trainer records it (since issue 38: "backend" is what "auto" runs lossless);
+        # what ran the buckets, as the trainer records it ("backend" is what "auto" runs lossless);
         # a run without it predates the two-collective exchange, when every lossy codec ran on our ring
         ran = cfg.get("allreduce") or ("backend" if compression == "none" else "ring")
         changes["allreduce"] = "auto" if ran == "backend" else ran

@@ -3,7 +3,7 @@ drives it.
 
 Per cell (one workload at one bandwidth), ``run_cell``:
   Step 1: bring the cluster up (tbf at the cell's rate, or unshaped) and measure TCP throughput node0 -> node1.
-  Step 2: unless ``--no-model``, ``python -m timing_model calibrate`` inside the cluster with the cell's workload
+  Step 2: unless ``--no-model``, ``python -m pipesgd.measure calibrate`` inside the cluster with the cell's workload
           as the interference load (``fidelity.calibrate_argv``); its time and parameters go into the cell entry.
   Step 3: one ``pipesgd-train`` run per variant; its tidy record (``comparison_record``) and, from the cell's
           calibration and the run's own compute and update medians, the model's prediction
@@ -31,7 +31,7 @@ from pipesgd.cluster.cluster import Cluster
 from pipesgd.cluster.netns import ClusterError
 from pipesgd.cluster.units import parse_link
 from pipesgd.runlog.results import load_run
-from pipesgd.runlog.run_files import metrics_files, run_name
+from timing_model.run_metrics import metrics_files, run_name
 from timing_model.calibration import read_calibration
 from timing_model.validation import predict_run, read_runs, validate_runs
 
@@ -208,7 +208,7 @@ def _add_probes(cluster, cfg: GridConfig, workload: Workload, cell: str, cell_di
     if not os.path.exists(path):
         log(f"{cell}: no calibration at {path} to add the {','.join(probes)} probes to")
         return False
-    argv = ["python", "-m", "timing_model", "calibrate", "--probe-only", ",".join(probes),
+    argv = ["python", "-m", "pipesgd.measure", "calibrate", "--probe-only", ",".join(probes),
             "--compressions", cfg.calib_compressions, *_model_flags(cfg, workload), "--out", path]
     log(f"{cell}: adding the {','.join(probes)} probes -> {path}")
     return calibrate_in(cluster, argv, path, cfg.calib_timeout_s, logfile)

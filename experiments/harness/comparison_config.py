@@ -28,7 +28,7 @@ class Workload:
     epochs: int = 10  # train to completion: every epoch evaluated
     steps: dict[str, int] = field(default_factory=dict)  # per bandwidth: a step budget instead of epochs
     lr: float = 0.02  # pipesgd-train --lr
-    calib_sizes: str = "256KB:4MB"  # calibration message sizes (timing_model calibrate --sizes)
+    calib_sizes: str = "256KB:4MB"  # calibration message sizes (pipesgd-timing calibrate --sizes)
     calib_repeats: int = 0  # timed calls per calibration point for this workload (0: the grid's calib_repeats)
 
     def __post_init__(self) -> None:

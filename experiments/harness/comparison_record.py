@@ -16,7 +16,8 @@ from __future__ import annotations
 import statistics
 
 from timing_model.recommend import choice_label
-from pipesgd.runlog.results import ASYNC_MODES, Run, iteration_over_ranks, slowest_rank
+from pipesgd.runlog.results import Run
+from timing_model.run_metrics import ASYNC_MODES, iteration_over_ranks, slowest_rank
 
 __all__ = ["MAX_CURVE_POINTS", "step_split", "curve", "time_to_target", "run_record"]
 

@@ -3,7 +3,7 @@ and compare the timing model's prediction with each run. ``experiments/fidelity.
 
 Per cell (``run_cell``):
   Step 1: bring the cluster up (tc tbf shaping) and measure TCP throughput node0 -> node1 (for the record).
-  Step 2: ``python -m timing_model calibrate`` inside the cluster (``calibrate``); the fit never sees the runs.
+  Step 2: ``python -m pipesgd.measure calibrate`` inside the cluster (``calibrate``); the fit never sees the runs.
   Step 3: one ``pipesgd-train`` run per variant (own timeout; a failed run is reported and skipped).
   Step 4: ``timing_model.validation.validate_runs`` predicts each run from the cell's calibration and the run's own
           median compute and update time; ``point`` records predicted vs measured with both breakdowns.
@@ -17,12 +17,12 @@ import sys
 import time
 from dataclasses import dataclass
 
-from pipesgd.runlog.atomic import write_text_atomic
-from pipesgd.bandwidth import parse_bandwidth_bps
+from timing_model.atomic import write_text_atomic
+from timing_model.bandwidth import parse_bandwidth_bps
 from experiments.harness.variants import trainer_flags
 from pipesgd.cluster.cluster import Cluster
 from pipesgd.runlog.results import load_run
-from pipesgd.runlog.run_files import metrics_files
+from timing_model.run_metrics import metrics_files
 from timing_model.calibration import read_calibration
 from timing_model.empirical.host_terms import host_terms
 from timing_model.errors import error_summary
@@ -72,9 +72,9 @@ def write_json_atomic(path: str, data) -> None:
 
 def calibrate_argv(path: str, sizes: str, repeats: int, warmup: int, compressions: str,
                    model_flags: list[str]) -> list[str]:
-    """``python -m timing_model calibrate`` writing ``path``; ``model_flags`` (``--model ... --batch-size ...``)
+    """``python -m pipesgd.measure calibrate`` writing ``path``; ``model_flags`` (``--model ... --batch-size ...``)
     name the model whose forward+backward loads the cores in the interference probe (not the runs' metrics)."""
-    return ["python", "-m", "timing_model", "calibrate", "--sizes", sizes, "--repeats", str(repeats),
+    return ["python", "-m", "pipesgd.measure", "calibrate", "--sizes", sizes, "--repeats", str(repeats),
             "--warmup", str(warmup), "--compressions", compressions, *model_flags, "--out", path]
 
 

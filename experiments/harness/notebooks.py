@@ -31,7 +31,7 @@ def execute(path: str, save: bool = False):
                             resources={"metadata": {"path": os.path.dirname(os.path.abspath(path))}})
     client.execute()
     if save:
-        from pipesgd.runlog.atomic import write_text_atomic
+        from timing_model.atomic import write_text_atomic
 
         write_text_atomic(path, nbformat.writes(notebook) + "\n")
     return notebook

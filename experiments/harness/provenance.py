@@ -14,7 +14,7 @@ import shlex
 import subprocess
 import sys
 
-from pipesgd.runlog.atomic import write_text_atomic
+from timing_model.atomic import write_text_atomic
 
 __all__ = ["RESULTS_SUBDIR", "provenance", "markdown_header", "write_result", "read_result", "find_results"]
 

@@ -9,6 +9,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from pipesgd.auto.knobs import MAX_WIDTH, SMALL_FRACTION, SWITCH_GAIN, Knobs
+from timing_model.core.straggler import expected_max_of_two
+from timing_model.predict import Scenario, predict
+from timing_model.recommend import choice_label, codec_label, recommend
 
 log = logging.getLogger("pipesgd")
 
@@ -53,8 +56,6 @@ def _predictor(measured: dict[str, float], ran: dict[str, dict] | None = None, s
     the window stays exposed beyond it (raised to the floor alike, q8 at width 2 looked as fast as q4 and was taken
     on ResNet-20 at 100 Mbit/s: 60-65 ms per iteration against ``pipe+q4``'s 50-53 in the same sittings); only for
     codecs that send at least the bytes of the one it was read with (``measured_with``, ``_floored``)."""
-    from timing_model.predict import predict
-
     ran, floor = ran or {}, measured.get("cores_floor_s", 0.0)
     comm_of = {name.removesuffix("_exchange_s"): value for name, value in measured.items()
                if name.endswith("_exchange_s")}  # the warm-up's provisional codec
@@ -85,8 +86,6 @@ def _with_spread(result, measured: dict[str, float]):
     compute_spread, comm_cv = measured.get("compute_spread_s", 0.0), measured.get("comm_cv", 0.0)
     if result.staleness < 1 or not (compute_spread or comm_cv):
         return result
-    from timing_model.core.straggler import expected_max_of_two
-
     exposed = result.exposed_comm_s + result.codec_s
     window, exchange = result.iteration_s - exposed, result.comm_total_s
     iteration = expected_max_of_two(window, exchange, math.hypot(compute_spread, comm_cv * exchange))
@@ -108,9 +107,6 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
     (its measured iteration over the model's) scales the predictions of the ones that have not run. ``max_width``:
     the widest tried; ``hidden_only``: None unless a candidate hides its all-reduce (the choice, or a narrower one
     within ``WIDER_GAIN`` of it: ``uncompressed_hides``)."""
-    from timing_model.predict import Scenario
-    from timing_model.recommend import codec_label, recommend
-
     link = link_terms(measured, nodes, grad_bytes, measured_with)
     scenario = Scenario(nodes=nodes, grad_bytes=grad_bytes, compute_s=measured["compute_s"],
                         update_s=measured.get("update_s", 0.0), lookahead_s=measured.get("lookahead_s", 0.0), **link)
@@ -201,8 +197,6 @@ def link_terms(measured: dict[str, float], nodes: int, grad_bytes: float,
     (1 kB/s), which made every other configuration look hopeless to a re-check."""
     if nodes < 2:
         return {"bandwidth_Bps": float("inf"), "latency_s": 0.0}
-    from timing_model.predict import Scenario
-
     predict_pipe = _predictor({k: v for k, v in measured.items() if k != exchange_key(*measured_with)})
     hops = 2 * (nodes - 1)
     small_bytes = max(grad_bytes / SMALL_FRACTION, 4.0)
@@ -251,8 +245,6 @@ def _bandwidth_for(comm_at: Callable[[float], float], seconds: float) -> float:
 def describe(choice: dict) -> str:
     """"width 2, q4 + error feedback" (the width only when it was chosen; ", ring" when the warm-up measured the
     all-reduce); "warm-up: q8" for a provisional codec."""
-    from timing_model.recommend import choice_label
-
     label = choice_label(choice.get("width"), choice["compression"], bool(choice["error_feedback"]))
     if choice.get("allreduce"):  # measured in the warm-up (pipesgd.auto.allreduce_trial)
         label += f", {choice['allreduce']}"

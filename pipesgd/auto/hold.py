@@ -24,6 +24,7 @@ import torch.distributed as dist
 from pipesgd.auto.clock import StepClock
 from pipesgd.auto.decision import announce, describe
 from pipesgd.auto.probes import agreed
+from timing_model.recommend import WIDER_GAIN
 
 CONFIRM_STEPS = 6  # the pipelined steps (the first fills the pipeline) held against the warm-up's
 EARLY_HOLD_STEPS = 3  # from the end of this one on (two iterations measured), each step may go back at once
@@ -41,8 +42,6 @@ def held_against_width_1(current: dict, clock: StepClock, group: dist.ProcessGro
     else None; before the ``final`` hold, only where even their fastest iteration was not ``WIDER_GAIN`` faster than
     the warm-up's fastest (each rank's fastest, agreed; None: hold on). Nothing else changes, and a re-check's model
     is not asked."""
-    from timing_model.recommend import WIDER_GAIN
-
     window = agreed({**clock.window(), "fastest_s": clock.fastest_s}, group, device)
     key, codec, feedback = warmup_run(current)
     warmup = current["ran"][key]

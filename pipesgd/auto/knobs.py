@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipesgd.defaults import auto_codec_limits
+from timing_model.trainer_defaults import auto_codec_limits
+from timing_model.recommend import CODEC_LADDER
 
 AUTO = "auto"
 CANDIDATES = ("bf16", "q8", "q4")  # the lossy rungs of timing_model.recommend's ladder (sign only when asked)
@@ -15,7 +16,6 @@ SWITCH_GAIN = 1.25  # a re-check gives up exactness or narrowness only for a pre
 @dataclass(frozen=True, slots=True)
 class Knobs:
     """What the user fixed (None: left to the choice) and what the warm-up runs with."""
-
     width: int | None
     compression: str | None
     error_feedback: bool | None  # fixed with a named codec, or for the optimizer (``of``)
@@ -46,8 +46,6 @@ class Knobs:
     def fastest_codec(self) -> tuple[str, bool]:
         """The most compressed rung of ``timing_model.recommend``'s ladder the choice may take, with its error
         feedback (the optimizer's, when it fixed it): the warm-up's provisional codec (``pipesgd.auto``)."""
-        from timing_model.recommend import CODEC_LADDER
-
         codec, feedback = [(c, f) for c, f in CODEC_LADDER if c in self.codecs_to_time()][-1]
         return codec, feedback if self.error_feedback is None else self.error_feedback
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+from timing_model.recommend import codec_label
+
 log = logging.getLogger("pipesgd")
 
 SLOW_LOOK = 0.5  # the early look's "clearly slow": the bytes alone reach half the probing step's compute (clearly_slow)
@@ -38,8 +40,6 @@ def clearly_slow(floor_s: float, compute_s: float) -> bool:
 
 
 def announce_provisional(provisional: dict, rank: int) -> None:
-    from timing_model.recommend import codec_label
-
     if rank == 0 and provisional["compression"] != "none":
         log.info("PipeSGD auto: the warm-up goes on with %s (provisional; chosen at its end)",
                  codec_label(provisional["compression"], provisional["error_feedback"]))

@@ -13,7 +13,7 @@ import argparse
 import signal
 import sys
 
-from pipesgd.cli_conventions import (EXIT_FAILURE, EXIT_USAGE, OneLineParser, UsageError, join_negative_values,
+from timing_model.cli_conventions import (EXIT_FAILURE, EXIT_USAGE, OneLineParser, UsageError, join_negative_values,
                                      non_negative_int, positive_float, positive_int, print_error)
 
 from . import launch

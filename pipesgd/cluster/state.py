@@ -11,7 +11,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from pipesgd.runlog.atomic import write_text_atomic
+from timing_model.atomic import write_text_atomic
 
 DEFAULT_NAME = "psgd"
 DEFAULT_STATE_DIR = "/run/pipesgd-cluster"

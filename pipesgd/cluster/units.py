@@ -1,10 +1,10 @@
-"""Link rates (``unshaped`` or a rate under ``pipesgd.bandwidth``'s rule) and tbf burst sizing for the emulated
+"""Link rates (``unshaped`` or a rate under ``timing_model.bandwidth``'s rule) and tbf burst sizing for the emulated
 cluster."""
 from __future__ import annotations
 
 import re
 
-from pipesgd.bandwidth import parse_bandwidth_bps
+from timing_model.bandwidth import parse_bandwidth_bps
 
 # Kernel timer frequency assumed for the burst floor (CONFIG_HZ=250 here; tc(8) asks burst >= rate/HZ).
 ASSUMED_HZ = 250
@@ -17,7 +17,7 @@ UNSHAPED = "unshaped"  # the link rate that means no tbf at all (``parse_link``)
 
 
 def parse_link(text: str) -> float | None:
-    """Bits per second (``pipesgd.bandwidth.parse_bandwidth_bps``), or None for ``unshaped`` (the cluster's links
+    """Bits per second (``timing_model.bandwidth.parse_bandwidth_bps``), or None for ``unshaped`` (the cluster's links
     then run at veth speed)."""
     return None if (text or "").strip().lower() == UNSHAPED else parse_bandwidth_bps(text)
 

@@ -14,13 +14,12 @@ import torch
 from pipesgd.runlog import phases
 from pipesgd.comm.alltoall import alltoall_allreduce_
 from pipesgd.compression import Compressor, ErrorFeedback
-from pipesgd.comm.gather import gather_allreduce_
 from pipesgd.grads.finite import all_finite
 from pipesgd.comm.ring import RingReport, backend_allreduce_, ring_allreduce_
 from pipesgd.comm.topology import RingTopology
 
 # The all-reduces that take a codec, by their ``allreduce`` name (pipesgd.defaults.ALLREDUCE_CHOICES).
-_COMPRESSED = {"ring": ring_allreduce_, "alltoall": alltoall_allreduce_, "gather": gather_allreduce_}
+_COMPRESSED = {"ring": ring_allreduce_, "alltoall": alltoall_allreduce_}
 
 
 @dataclass(slots=True)

@@ -4,34 +4,19 @@
 ``build(name, rank=r, ...)`` gives rank r its own stream of rounding noise. Error feedback is a separate
 wrapper, :class:`ErrorFeedback`, that owns the residuals and their arithmetic (``open_encoder``).
 
-The codecs and the public names load on first use, so the torch-free ``pipesgd.compression.sizes`` (how many
-bytes each codec sends) can be imported by the analytic timing model without loading torch.
+How many bytes each codec sends is ``timing_model.codec_sizes``'s (the timing model costs it too).
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
-from pipesgd.lazy_exports import load_export
-
-if TYPE_CHECKING:
-    from pipesgd.compression.base import (ChunkContext, Compressor, StatefulCodec, codec_state, compression_ratio,
-                                          context_of, load_codec_state)
-    from pipesgd.compression.error_feedback import ErrorFeedback, HopEncoder, open_encoder
-
-# public name -> the module that defines it
-_EXPORTS = {
-    "ChunkContext": "pipesgd.compression.base",
-    "Compressor": "pipesgd.compression.base",
-    "StatefulCodec": "pipesgd.compression.base",
-    "codec_state": "pipesgd.compression.base",
-    "compression_ratio": "pipesgd.compression.base",
-    "context_of": "pipesgd.compression.base",
-    "load_codec_state": "pipesgd.compression.base",
-    "ErrorFeedback": "pipesgd.compression.error_feedback",
-    "HopEncoder": "pipesgd.compression.error_feedback",
-    "open_encoder": "pipesgd.compression.error_feedback",
-}
+from pipesgd.compression.base import (ChunkContext, Compressor, StatefulCodec, codec_state, compression_ratio,
+                                      context_of, load_codec_state)
+from pipesgd.compression.cast import BFloat16Truncation, Float16Cast
+from pipesgd.compression.error_feedback import ErrorFeedback, HopEncoder, open_encoder
+from pipesgd.compression.lossless import NoCompression
+from pipesgd.compression.quantize import build_q4, build_q8
+from pipesgd.compression.sign import SignCompressor
 
 __all__ = [
     "ChunkContext",
@@ -48,15 +33,6 @@ __all__ = [
     "open_encoder",
     "register",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    return load_export(globals(), _EXPORTS, name)
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
-
 
 # Seeds of different ranks lie this far apart (a prime), so their rounding streams never coincide.
 _SEED_STRIDE_PER_RANK = 1_000_003
@@ -94,16 +70,9 @@ def build(name: str, rank: int | None = None, **options: Any) -> Compressor:
         raise ValueError(f"bad options for compressor {name!r}: {options} ({err})") from err
 
 
-def _loaded(module: str, factory: str) -> Callable[..., Compressor]:
-    """A factory that imports ``module`` (and torch) on its first call, then calls its ``factory``."""
-    def build_loaded(**options: Any) -> Compressor:
-        return getattr(importlib.import_module(module), factory)(**options)
-    return build_loaded
-
-
-register("none", _loaded("pipesgd.compression.lossless", "NoCompression"))
-register("fp16", _loaded("pipesgd.compression.cast", "Float16Cast"))
-register("bf16", _loaded("pipesgd.compression.cast", "BFloat16Truncation"))
-register("q8", _loaded("pipesgd.compression.quantize", "build_q8"))
-register("q4", _loaded("pipesgd.compression.quantize", "build_q4"))
-register("sign", _loaded("pipesgd.compression.sign", "SignCompressor"))
+register("none", NoCompression)
+register("fp16", Float16Cast)
+register("bf16", BFloat16Truncation)
+register("q8", build_q8)
+register("q4", build_q4)
+register("sign", SignCompressor)

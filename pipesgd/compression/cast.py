@@ -12,7 +12,7 @@ import torch
 
 from pipesgd.compression._blocks import check_payload, view_bytes_as
 from pipesgd.compression.base import ChunkContext, context_of
-from pipesgd.compression.sizes import payload_bytes
+from timing_model.codec_sizes import payload_bytes
 
 
 _LITTLE_ENDIAN = sys.byteorder == "little"

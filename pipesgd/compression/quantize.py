@@ -35,7 +35,7 @@ from pipesgd.compression._blocks import (
     view_bytes_as,
 )
 from pipesgd.compression.base import ChunkContext, context_of
-from pipesgd.compression.sizes import n_blocks, payload_bytes
+from timing_model.codec_sizes import n_blocks, payload_bytes
 from pipesgd.defaults import QUANT_BLOCK_SIZE
 
 _Q4_OFFSET = 8  # stores code + 8 in a nibble: codes [-7, 7] become [1, 15]

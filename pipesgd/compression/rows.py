@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from pipesgd.compression.base import ChunkContext, Compressor
-from pipesgd.compression.sizes import SCALE_BYTES, n_blocks
+from timing_model.codec_sizes import SCALE_BYTES, n_blocks
 
 __all__ = ["CPU_BATCH_ELEMENTS", "compress_rows", "decompress_rows", "follows", "views_at"]
 

@@ -30,7 +30,7 @@ from pipesgd.compression._blocks import (
 )
 from pipesgd.compression.base import ChunkContext, context_of
 from pipesgd.compression.quantize import check_block_size
-from pipesgd.compression.sizes import n_blocks, payload_bytes
+from timing_model.codec_sizes import n_blocks, payload_bytes
 from pipesgd.defaults import QUANT_BLOCK_SIZE
 
 

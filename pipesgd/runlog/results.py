@@ -1,21 +1,11 @@
-"""Reading the metrics a run wrote: one run = ``FILE.jsonl`` or its ``FILE.rankN.jsonl`` files
-(named by ``pipesgd.runlog.run_files``, written by ``pipesgd.train.metrics``).
+"""Reading the metrics a run wrote back into its records: one run = ``FILE.jsonl`` or its ``FILE.rankN.jsonl``
+files (named by ``timing_model.run_metrics``, written by ``pipesgd.train.metrics``).
 
 Benchmarks and notebooks use this to turn step records into per-step figures. How a step's records reduce over
-ranks depends on what is asked:
-
-- the iteration time (``iteration_s``, ``iteration_over_ranks``): the **mean over ranks** of t_iter. In lockstep
-  training (sync, ddp, pipe, ps-sync) every rank's step times add up to the same wall-clock, so a step's mean over
-  ranks is its period. The per-step maximum adds each step's jitter instead (the rank that absorbed this step's
-  wait is another rank next step): on the comparison grid it overstated iteration times by 5-25 % (issue 14).
-  Asynchronous workers (ps-async) are not in lockstep: a worker beside a co-located server steps up to ~10x
-  faster than the remote ones and finishes its steps early, so a step's ranks ran at different times. There the
-  **slowest worker's mean** t_iter (``slowest_rank``, ``pace_s``): that worker ends the job (every worker runs the
-  same steps), so its mean is the job's time per step. Not the median: its steps while the co-located worker
-  trains are slower than after, and the median picks one phase (LeNet: 20 vs 12 ms). Not the per-step maximum
-  over ranks: that adds each rank's jitter at unrelated times (+5 to +23 % on the comparison grid, issue 14).
-- what gates a synchronous step (compute, update): the slowest rank, ``over_ranks=max`` (the default).
-- totals (CPU seconds of all processes): ``over_ranks=sum``.
+ranks depends on what is asked: the iteration time (``iteration_s``) by the rule of ``timing_model.run_metrics``
+(the mean over ranks in lockstep, the slowest worker's mean for asynchronous workers); what gates a synchronous
+step (compute, update): the slowest rank, ``over_ranks=max`` (the default); totals (CPU seconds of all
+processes): ``over_ranks=sum``.
 """
 from __future__ import annotations
 
@@ -24,31 +14,7 @@ import os
 import statistics
 from dataclasses import dataclass, field
 
-from pipesgd.runlog.run_files import metrics_files
-
-ASYNC_MODES = ("ps-async",)  # modes whose workers do not step in lockstep
-
-
-def iteration_over_ranks(mode: str | None):
-    """How one step's t_iter reduces over ranks for the run's iteration time (module docstring); asynchronous
-    modes take one rank instead (``slowest_rank``), so this is only their fallback."""
-    return max if mode in ASYNC_MODES else statistics.fmean
-
-
-def t_iter_by_rank(steps: list[dict], first: int) -> dict:
-    """rank -> step -> t_iter of the steps from ``first`` on; a step a resumed run wrote twice counts its last record."""
-    out: dict = {}
-    for record in steps:
-        if isinstance(record.get("step"), int) and record["step"] >= first and record.get("t_iter") is not None:
-            out.setdefault(record.get("rank"), {})[record["step"]] = float(record["t_iter"])
-    return out
-
-
-def slowest_rank(steps: list[dict], first: int = 0):
-    """The rank whose steps from ``first`` on took longest in all (the worker that ends an asynchronous job);
-    None without such steps."""
-    by_rank = t_iter_by_rank(steps, first)
-    return max(by_rank, key=lambda rank: sum(by_rank[rank].values())) if by_rank else None
+from timing_model.run_metrics import ASYNC_MODES, iteration_over_ranks, metrics_files, slowest_rank, t_iter_by_rank
 
 
 @dataclass(slots=True)

@@ -1,6 +1,5 @@
-"""How one run's files are named per rank: metrics ``FILE.jsonl`` / ``FILE.rankN.jsonl``, checkpoints
-``DIR/rankN.pt``. The writer, the readers (``pipesgd.runlog.results``, ``timing_model.validation``) and the
-checkpoint code all use these functions, so the naming cannot drift. Torch-free.
+"""How one run's checkpoints are named per rank: ``DIR/rankN.pt``. The writer and the resume code both use these
+functions, so the naming cannot drift; the metrics files' names are ``timing_model.run_metrics``'s.
 """
 from __future__ import annotations
 
@@ -8,37 +7,7 @@ import glob
 import os
 import re
 
-_RANK_SUFFIX = re.compile(r"\.rank(\d+)(?=\.[^.]*$|$)")
 _CHECKPOINT_NAME = re.compile(r"rank(\d+)\.pt")
-
-
-def metrics_path(path: str, rank: int, world_size: int) -> str:
-    """``FILE.jsonl`` for a single process, ``FILE.rankN.jsonl`` for rank N of several."""
-    if world_size == 1:
-        return path
-    stem, ext = os.path.splitext(path)
-    return f"{stem}.rank{rank}{ext or '.jsonl'}"
-
-
-def run_name(path: str) -> str:
-    """A metrics file's run: its path without ``.rankN`` (``FILE.rank2.jsonl`` -> ``FILE.jsonl``)."""
-    return _RANK_SUFFIX.sub("", path)
-
-
-def rank_of(path: str) -> int | None:
-    """N of a ``FILE.rankN.jsonl`` path; None for a single-process file."""
-    match = _RANK_SUFFIX.search(path)
-    return int(match.group(1)) if match else None
-
-
-def metrics_files(path: str) -> list[str]:
-    """The files of the run written to ``--metrics path``: ``path`` itself if it exists, else its
-    ``.rankN`` siblings in rank order."""
-    if os.path.exists(path):
-        return [path]
-    stem, ext = os.path.splitext(path)
-    files = [f for f in glob.glob(f"{glob.escape(stem)}.rank*{ext}") if run_name(f) == path]
-    return sorted(files, key=lambda f: rank_of(f) or 0)
 
 
 def checkpoint_path(directory: str, rank: int) -> str:

@@ -15,8 +15,8 @@ import sys
 import threading
 import time
 
-from pipesgd.runlog.atomic import write_text_atomic
-from pipesgd.runlog.run_files import metrics_path
+from timing_model.atomic import write_text_atomic
+from timing_model.run_metrics import metrics_path
 
 __all__ = ["enable", "disable", "enabled", "set_step", "current_step", "span", "record", "name_thread", "events", "chrome_trace",
            "write", "merge", "trace_path", "parse_steps"]

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipesgd.runlog.atomic import atomic_open
+from timing_model.atomic import atomic_open
 from pipesgd.runlog.run_files import checkpoint_path, checkpoint_ranks
 from pipesgd.wrapper import OptimizerWrapper
 

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from pipesgd.runlog import trace
-from pipesgd.cli_conventions import EXIT_FAILURE, EXIT_USAGE, join_negative_values, print_error
+from timing_model.cli_conventions import EXIT_FAILURE, EXIT_USAGE, join_negative_values, print_error
 from pipesgd.launch import exit_process, gpu_sharing_problem, rank_gpu
 from pipesgd.grads.replica_check import ReplicaDivergenceError
 from pipesgd.comm.uneven import UnevenInputsError

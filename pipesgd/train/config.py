@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from pipesgd import compression
-from pipesgd.runlog.atomic import write_text_atomic
+from timing_model.atomic import write_text_atomic
 from pipesgd.baselines.ddp import DDP_HOOKS
 from pipesgd.grads.buffers import BUFFER_MODES
 from pipesgd.defaults import (BUCKET_MB, LOOKAHEAD_STANDIN, LOOKAHEAD_STANDINS, NEEDS_ERROR_FEEDBACK, STALENESS,
@@ -76,9 +76,8 @@ class TrainConfig:
     allreduce: str = _field("auto", "mode pipe/sync, how buckets travel: auto = the backend's all-reduce without a "
                             "codec, with one the two-collective exchange (the ring where gloo carries CUDA tensors; "
                             "--compression auto measures both in the warm-up); ring = the paper's per-hop ring, "
-                            "faster on bandwidth-bound links; alltoall = the exchange; gather = one all-gather of "
-                            "every rank's whole payload (p-1 payloads per rank: for small buckets on fast links)",
-                            lambda: ("auto", "ring", "alltoall", "gather"))
+                            "faster on bandwidth-bound links; alltoall = the exchange",
+                            lambda: ("auto", "ring", "alltoall"))
     auto_recheck_every: int = _field(0, "with --width auto or --compression auto: choose again every N steps after "
                                      "the warm-up, switching only for a predicted gain (0 = choose once)")
     ddp_hook: str = _field("none", "DDP communication hook (mode=ddp only): fp16 casts each bucket to half, "

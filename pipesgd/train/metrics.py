@@ -22,7 +22,7 @@ from typing import IO, Any
 
 from pipesgd.accounting import StepStats
 from pipesgd.defaults import resolve_lookahead_standin
-from pipesgd.runlog.run_files import metrics_path
+from timing_model.run_metrics import metrics_path
 
 from .checkpoint import Position
 from .config import TrainConfig

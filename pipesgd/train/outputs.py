@@ -11,7 +11,7 @@ import os
 
 from pipesgd.runlog import trace
 from pipesgd.runlog.output_paths import check_output_dir, check_output_file
-from pipesgd.runlog.run_files import metrics_path
+from timing_model.run_metrics import metrics_path
 
 from .config import ConfigError, TrainConfig
 from .metrics import config_file_paths

@@ -1,12 +1,12 @@
 """What the ``pipesgd-timing`` sub-commands share: the scenario flags and their parsers, the output formats, and
-prediction with an optional calibration (the parser and usage error: ``pipesgd.cli_conventions``).
+prediction with an optional calibration (the parser and usage error: ``timing_model.cli_conventions``).
 """
 from __future__ import annotations
 
 import argparse
 
-from pipesgd.cli_conventions import UsageError
-from pipesgd.defaults import BUCKET_MB
+from timing_model.cli_conventions import UsageError
+from timing_model.trainer_defaults import BUCKET_MB
 
 from .. import tables
 from ..calibration import Calibration, read_calibration
@@ -22,7 +22,7 @@ __all__ = ["FORMAT_FLAG", "SCENARIO_FLAGS", "SWEEPABLE", "MEASURED_HEADING", "he
 # --format of predict, sweep and validate
 FORMAT_FLAG = dict(choices=tables.FORMATS, default="markdown", metavar="FORMAT",
                    help=f"{'|'.join(tables.FORMATS)} (default markdown)")
-BUCKET_DEFAULT = f"{BUCKET_MB:g}MiB"  # the trainer's bucket size (pipesgd.defaults)
+BUCKET_DEFAULT = f"{BUCKET_MB:g}MiB"  # the trainer's bucket size (trainer_defaults)
 
 
 def _signed_time(text: str) -> float:
@@ -133,7 +133,7 @@ def add_scenario_flags(parser: argparse.ArgumentParser, sweep: bool) -> None:
     add("--reduce-rate", metavar="RATE", help="local reduction rate: 10GB/s (default: free)")
     add("--collective", default="ring", metavar="NAME", help="sync/ddp all-reduce algorithm (default ring)")
     add("--allreduce", default="auto", metavar="NAME",
-        help="pipe/sync: ring|alltoall|gather|auto (default auto: alltoall for a lossy codec, as the trainer)" + many)
+        help="pipe/sync: ring|alltoall|auto (default auto: alltoall for a lossy codec, as the trainer)" + many)
     add("--codec-gbps", metavar="E[,D]", help="codec encode[,decode] GB/s of fp32 (default: free)")
     add("--compression-ratio", metavar="R", help="override the codec's raw/payload size ratio")
     add("--error-feedback", action="store_true", help="the codec keeps its error (adds its measured cost)")

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from pipesgd.cli_conventions import UsageError
-from pipesgd.defaults import auto_codec_limits
+from timing_model.cli_conventions import UsageError
+from timing_model.trainer_defaults import auto_codec_limits
 
 from ..predict import Scenario
 from ..recommend import HIDDEN_SHARE, WIDER_GAIN, recommend

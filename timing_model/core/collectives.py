@@ -30,7 +30,6 @@ __all__ = [
     "allreduce_recursive_doubling",
     "allreduce_tree",
     "allreduce_exchange",
-    "allreduce_gather",
     "allgather_ring",
     "reduce_scatter_ring",
     "broadcast_tree",
@@ -105,19 +104,6 @@ def allreduce_exchange(p: int, M: float, α: float, β: float, γ: float = 0.0, 
     return 2 * c0 + 2 * (p - 1) * α + 2 * (p - 1) / p * M * β + (p - 1) / p * M * γ
 
 
-def allreduce_gather(p: int, M: float, α: float, β: float, γ: float = 0.0, c0: float = 0.0) -> float:
-    """One-collective allreduce (``pipesgd.comm.gather``): a ring all-gather of every rank's whole M-byte message,
-    then each rank sums the p messages itself; one call.
-
-    T = c0 + (p−1)α + (p−1)·Mβ + (p−1)·Mγ      (``allgather_ring`` of pM bytes, then p−1 local additions of M)
-
-    Half the ring's steps in one call, p/2 times its bytes: it saves (p−1)α and sends (p−1)(p−2)/p·Mβ more, so it
-    wins for M below α·p/((p−2)β) (always at p = 2) and loses where bytes dominate."""
-    if p <= 1:
-        return 0.0
-    return c0 + (p - 1) * α + (p - 1) * M * β + (p - 1) * M * γ
-
-
 def allgather_ring(p: int, M: float, α: float, β: float) -> float:
     """Ring all-gather of a total of M bytes: T = (p−1)α + (p−1)/p·Mβ   (Thakur et al. 2005)."""
     if p <= 1:
@@ -152,7 +138,6 @@ ALLREDUCE = {
     "recursive-doubling": allreduce_recursive_doubling,
     "tree": allreduce_tree,
     "exchange": allreduce_exchange,  # our all-to-all allreduce, not a backend algorithm (params.COLLECTIVES)
-    "gather": allreduce_gather,  # our one all-gather of whole payloads (neither)
 }
 
 # nccl-tests doc/PERFORMANCE.md: busbw = algbw × factor(n).

@@ -48,11 +48,9 @@ def allreduce_cost(cluster: ClusterParams, codec: CodecParams, schedule: Schedul
     (``collectives.ALLREDUCE``) on payload bytes 1/r of the fp32 bytes; codec per hop (our ring) or once at the
     ends (``equations.codec_time``). With ``per_hop`` (our all-reduces: sync and pipe) ``schedule.allreduce`` picks
     the ring or the two-collective exchange, whose codec work is the ring's: each rank encodes p chunks of M/p (p−1
-    contributions and its chunk's sum, never its own contribution) and decodes 2p−1 (``pipesgd.comm.alltoall``), or
-    the one-collective gather, whose rank encodes its M once and decodes all p payloads (``pipesgd.comm.gather``)."""
+    contributions and its chunk's sum, never its own contribution) and decodes 2p−1 (``pipesgd.comm.alltoall``)."""
     exchange = per_hop and schedule.allreduce == "alltoall"
-    gather = per_hop and schedule.allreduce == "gather"
-    algorithm = "exchange" if exchange else "gather" if gather else collective or cluster.collective
+    algorithm = "exchange" if exchange else collective or cluster.collective
     workers, calls = cluster.nodes, bucket_count(cluster.grad_bytes, schedule.bucket_bytes)
     bucket = cluster.grad_bytes / calls
     reduce_s_per_byte = 0.0 if math.isinf(cluster.reduce_Bps) else 1.0 / cluster.reduce_Bps
@@ -60,15 +58,10 @@ def allreduce_cost(cluster: ClusterParams, codec: CodecParams, schedule: Schedul
     one = collectives.ALLREDUCE[algorithm](workers, bucket, cluster.latency_s, wire_s_per_byte, reduce_s_per_byte,
                                            cluster.overhead_s)
     hop = per_hop and algorithm in ("ring", "exchange")
-    if gather:
-        codec_s = equations.gather_codec_time(workers, cluster.grad_bytes, codec.encode_Bps, codec.decode_Bps,
-                                              codec.feedback_Bps)
-        feedback_s = cluster.grad_bytes / codec.feedback_Bps if workers > 1 else 0.0
-    else:
-        codec_s = equations.codec_time(workers, cluster.grad_bytes, codec.encode_Bps, codec.decode_Bps, hop,
-                                       codec.feedback_Bps)
-        feedback_s = codec_s - equations.codec_time(workers, cluster.grad_bytes, codec.encode_Bps, codec.decode_Bps,
-                                                    hop) if codec.feedback_Bps < math.inf else 0.0
+    codec_s = equations.codec_time(workers, cluster.grad_bytes, codec.encode_Bps, codec.decode_Bps, hop,
+                                   codec.feedback_Bps)
+    feedback_s = codec_s - equations.codec_time(workers, cluster.grad_bytes, codec.encode_Bps, codec.decode_Bps,
+                                                hop) if codec.feedback_Bps < math.inf else 0.0
     split = workers if algorithm in ("ring", "rabenseifner", "exchange") else 1
     wire = collectives.ALLREDUCE[algorithm](workers, bucket, 0.0, wire_s_per_byte) * calls
     return CommCost(one * calls + codec_s, codec_s, one + codec_s / calls, calls, bucket / codec.ratio / split,

@@ -28,7 +28,6 @@ import math
 __all__ = [
     "codec_passes",
     "codec_time",
-    "gather_codec_time",
     "saved_transfer",
     "ps_transfer",
     "ps_server_link",
@@ -61,14 +60,6 @@ def codec_time(p: int, M: float, enc_Bps: float, dec_Bps: float, per_hop: bool,
     E, D = codec_passes(p, per_hop)
     m = M / p if per_hop else M
     return E * m / enc_Bps + D * m / dec_Bps + E * m / feedback_Bps
-
-
-def gather_codec_time(p: int, M: float, enc_Bps: float, dec_Bps: float, feedback_Bps: float = math.inf) -> float:
-    """Codec seconds of the one-collective gather all-reduce (``pipesgd.comm.gather``): one encode of the whole M
-    bytes, p decodes of M (every rank's payload, one's own too), the encode's error booked once for feedback."""
-    if p <= 1:
-        return 0.0
-    return M / enc_Bps + p * M / dec_Bps + M / feedback_Bps
 
 
 def saved_transfer(p: int, M: float, B: float, r: float) -> float:

@@ -2,9 +2,9 @@
 the α-β-γ fit's prediction there.
 
 Why it exists: the fit is a least-squares line over the calibration's sizes and can miss one size by far more than
-the rest of the model's error on fast links, where a small gradient is latency-bound (experiments/RESULTS.md,
-issue 37); the anchor is measured by ``calibrate``, never by the runs it predicts. An anchor of 0 leaves the core's
-cost as it is.
+the rest of the model's error on fast links, where a small gradient is latency-bound (experiments/RESULTS.md);
+the anchor is measured by ``calibrate``, never by the runs it predicts. An anchor of 0 leaves the core's cost as
+it is.
 """
 from __future__ import annotations
 

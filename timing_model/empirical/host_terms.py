@@ -31,7 +31,7 @@ def lockstep_from_timings(excess_s: float, ring_alone_s: float) -> float:
     step's slowest compute), and beyond the all-reduce timed alone, A. Signed: on a tc-tbf shaped link the token
     bucket refills while the ranks compute, so the all-reduce after compute can beat the back-to-back one, and a
     step then takes less than the two apart; on shared cores the ranks leave the collective at staggered times and
-    contend for cores, and it takes more (experiments/RESULTS.md, issue 37)."""
+    contend for cores, and it takes more (experiments/RESULTS.md)."""
     if ring_alone_s < 0 or not all(map(math.isfinite, (excess_s, ring_alone_s))):
         raise ValueError("lockstep timings must be finite and the all-reduce alone >= 0")
     return excess_s - ring_alone_s
@@ -79,7 +79,7 @@ def _lockstep(host: dict, ring_alone_s: float) -> float:
     (the anchor that the prediction adds, ``Calibration.ring_anchor_s``) the excess is taken beyond that, not beyond
     the probe's own all-reduce alone: then the model, given the probe's compute, gives the probe's period exactly.
     Why: two timings of one all-reduce alone (on the probe's thread, and the anchor's) can differ by more than the
-    term on short steps (experiments/RESULTS.md, issue 37)."""
+    term on short steps (experiments/RESULTS.md)."""
     record = host.get("lockstep") or {}
     if isinstance(record, dict) and record.get("excess_s") is not None and record.get("ring_alone_s") is not None:
         return lockstep_from_timings(float(record["excess_s"]), ring_alone_s or float(record["ring_alone_s"]))

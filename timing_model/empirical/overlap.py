@@ -72,7 +72,7 @@ def window_loss(T_AR: float, window: float, T: float) -> float:
     window of ``window`` seconds, its inverse: 0 when T ≤ T_AR, 1 − T_AR/T when it ended inside the window
     (T ≤ window), else (T − T_AR)/window, at most 1. Why at most 1: sharing the cores can stop the collective for
     the window, not longer; a probe that measured more had timed the collective alone shorter than a training
-    step's, and the excess does not scale with a run's window (experiments/RESULTS.md, issue 37)."""
+    step's, and the excess does not scale with a run's window (experiments/RESULTS.md)."""
     if not all(map(math.isfinite, (T_AR, window, T))) or T_AR <= 0 or window <= 0 or T < 0:
         raise ValueError("window loss needs finite timings, the collective alone and the window > 0")
     if T <= T_AR:

@@ -5,10 +5,10 @@ ratios (``timing_model.params.CODEC_RATIOS``) both read it. Torch-free, so the a
 """
 from __future__ import annotations
 
-from pipesgd.defaults import QUANT_BLOCK_SIZE
-
-__all__ = ["BITS_PER_ELEMENT", "BLOCK_SCALED", "CODECS", "SCALE_BYTES", "check_numel", "fp32_ratio", "n_blocks",
+__all__ = ["QUANT_BLOCK_SIZE", "BITS_PER_ELEMENT", "BLOCK_SCALED", "CODECS", "SCALE_BYTES", "check_numel", "fp32_ratio", "n_blocks",
            "payload_bytes"]
+
+QUANT_BLOCK_SIZE = 4096  # elements per fp32 scale in the q8/q4/sign payloads (the codecs' default block)
 
 # Bits each codec sends per element; "none" sends the working dtype's own bits (8 per byte of it).
 BITS_PER_ELEMENT = {"none": None, "fp16": 16, "bf16": 16, "q8": 8, "q4": 4, "sign": 1}

@@ -3,7 +3,7 @@
 The rule (``pipesgd-train``, ``pipesgd-timing`` and ``pipesgd-cluster`` all parse rates here):
 
 - Bits: ``bit`` or ``bits`` (tc: ``100mbit``, ``1gbit``), ``b/s``, ``bit/s``, ``bits/sec`` (iperf: ``Mbits/sec``);
-  ``GbE`` is the Ethernet line rate (``10GbE`` = 10 Gbit/s). Bytes: ``B``, ``B/s``, ``Bps``, ``byte/s``,
+  ``GbE`` is the Ethernet line rate (``10GbE`` = ``10gbit``). Bytes: ``B``, ``B/s``, ``Bps``, ``byte/s``,
   ``bytes/sec`` (iperf: ``MBytes/sec``).
 - Prefixes are decimal in any case, as in tc (``1gbit`` = ``1Gbit`` = 10^9 bit/s); ``Ki``, ``Mi``, ``Gi``, ``Ti``
   are binary (``500MiB/s``).

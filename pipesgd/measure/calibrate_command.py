@@ -1,7 +1,8 @@
 """``pipesgd-timing calibrate``: measure this cluster under torchrun (``pipesgd.measure``) and fit the model to it
 (``timing_model.fitting``); rank 0 writes the calibration JSON and prints the fits.
 
-torch and the trainer are imported inside the functions only: the rest of the model stays importable without them.
+torch is imported where the measuring starts, so that bad flags are refused before it loads (``pipesgd.measure.cli``
+registers this command onto the timing model's command line).
 """
 from __future__ import annotations
 
@@ -10,15 +11,14 @@ import gc
 import datetime
 import os
 
-from pipesgd.cli_conventions import RunFailure, UsageError, first_line
 from pipesgd.runlog.output_paths import check_output_file
-
-from .. import tables
-from ..calibration import Calibration, Sample, read_calibration, write_calibration
-from ..empirical.host_terms import host_terms
-from ..fitting import fit_calibration, host_record, overlap_sizes
-from ..params import CODEC_RATIOS
-from ..units import format_bandwidth, parse_bytes, parse_list, parse_size_range
+from timing_model import tables
+from timing_model.calibration import Calibration, Sample, read_calibration, write_calibration
+from timing_model.cli_conventions import RunFailure, UsageError, first_line
+from timing_model.empirical.host_terms import host_terms
+from timing_model.fitting import fit_calibration, host_record, overlap_sizes
+from timing_model.params import CODEC_RATIOS
+from timing_model.units import format_bandwidth, parse_bytes, parse_list, parse_size_range
 
 __all__ = ["PROBES", "add_parser", "run", "run_calibration", "calibration_from", "add_probes", "report"]
 
@@ -34,7 +34,7 @@ def run_calibration(sizes_bytes: list[int], repeats: int = 20, warmup: int = 5,
     ``overlap`` also measures κ and κc (needs our ring); the copy rate and hand-off are always measured.
     ``min_fit_bytes`` leaves smaller all-reduce samples out of the fits (still in the residuals).
     """
-    from pipesgd.measure.calibrate import measure_calibration  # torch: only when measuring
+    from pipesgd.measure.calibrate import measure_calibration  # torch: only once the flags are checked
 
     measured = measure_calibration(sizes_bytes, repeats, warmup, compressions, include_ring, device, compute,
                                    overlap, overlap_sizes(sizes_bytes))
@@ -73,7 +73,7 @@ def add_probes(cal: Calibration | None, names: tuple[str, ...], compute: dict, c
     ``ps-sync``: its synchronous round, ``pipesgd.measure.ps_round``; ``feedback``: each lossy codec's ring with
     error feedback, ``pipesgd.measure.feedback``); rank 0 adds their raw records and terms
     (``fitting.host_record``) to ``cal``'s host record and returns it, other ranks ``None``."""
-    from pipesgd.measure.feedback import measure_feedback_rings  # torch: only when measuring
+    from pipesgd.measure.feedback import measure_feedback_rings  # torch: only once the flags are checked
     from pipesgd.measure.ps_round import measure_ps_round
     from pipesgd.measure.server import measure_ps_service
 
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> str | int:
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     if world < 2:
         raise UsageError("calibration needs >= 2 ranks (world size is 1): run it under "
-                         "`torchrun --nproc-per-node 2 -m timing_model calibrate ...` or inside pipesgd-cluster")
+                         "`torchrun --nproc-per-node 2 -m pipesgd.measure calibrate ...` or inside pipesgd-cluster")
     sizes = _flag_value("--sizes", args.sizes, parse_size_range)
     if args.repeats < 1 or args.warmup < 0:
         raise UsageError("--repeats must be >= 1 and --warmup >= 0")
