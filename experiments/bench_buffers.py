@@ -1,10 +1,10 @@
-"""What keeping BatchNorm buffers identical costs per step, side by side in one run (issue 10 item 1, issue 11):
-ResNet-20 (BatchNorm) on N emulated nodes (root), sync and pipe, each with ``--buffers none``, ``broadcast`` (a
-blocking collective every step) and ``broadcast-delayed`` (exchanged with the gradients), interleaved over
---repeats rounds so the machine's drift hits every variant alike.
+"""What keeping BatchNorm buffers identical costs per step, side by side in one run: ResNet-20 (BatchNorm) on N
+emulated nodes (root), sync and pipe with the same codec, each with ``--buffers none`` and the default
+``broadcast`` (rank 0's buffers, synced where the ranks meet), interleaved over --repeats rounds so the machine's
+drift hits every variant alike.
 
-    python experiments/bench_buffers.py --bandwidth 1gbit            # 4 nodes, 40 steps per run
-    python experiments/bench_buffers.py --bandwidth 100mbit --modes pipe --repeats 3
+    python experiments/bench_buffers.py --nodes 2 --cores-per-node 1 --bandwidth 100mbit --compression q8
+    python experiments/bench_buffers.py --bandwidth 1gbit --compression none --repeats 3
 
 Per variant: the iteration (median over steps after the warm-up of each step's mean over ranks, the period), the
 buffer sync (each step's fastest rank: the others' extra wait there is the straggler) and the ratio of the
@@ -44,7 +44,9 @@ def main() -> int:
     parser.add_argument("--warmup-steps", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2, help="interleaved rounds of every variant")
     parser.add_argument("--modes", default="sync,pipe", help="comma list of sync, pipe")
-    parser.add_argument("--buffer-modes", default="none,broadcast,broadcast-delayed",
+    parser.add_argument("--compression", default="q8", help="the codec of every run (sync and pipe alike)")
+    parser.add_argument("--cores-per-node", type=int, default=0, help="cores of its own per node (0: all shared)")
+    parser.add_argument("--buffer-modes", default="none,broadcast",
                         help=f"comma list of {', '.join(BUFFER_MODES)} (none always runs: the ratios' base)")
     parser.add_argument("--out", default="results/bench_buffers")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
@@ -69,10 +71,12 @@ def main() -> int:
     os.makedirs(args.out, exist_ok=True)
     skip = args.warmup_steps + 2
     shared = ["--model", "resnet20", "--dataset", "digits", "--batch-size", "32", "--steps", str(args.steps),
-              "--eval-every", "0", "--threads", "1", "--warmup-steps", str(args.warmup_steps), "--timeout", "300"]
+              "--eval-every", "0", "--threads", "1", "--warmup-steps", str(args.warmup_steps), "--timeout", "300",
+              "--compression", args.compression] + (["--error-feedback"] if args.compression in ("q8", "q4", "sign") else [])
     rows: dict[tuple[str, str], list[tuple[float, float]]] = {}
     try:
-        with Cluster.up(args.nodes, link, name="psgd-bufbench", force=True) as cluster, \
+        with Cluster.up(args.nodes, link, name="psgd-bufbench", force=True,
+                        cores_per_node=args.cores_per_node) as cluster, \
                 open(os.path.join(args.out, "train.log"), "w") as log:
             for round_ in range(args.repeats):
                 for mode in modes:
@@ -91,17 +95,22 @@ def main() -> int:
     except ClusterError as error:
         print(f"bench_buffers: {error}", file=sys.stderr)
         return 1
-    print(f"## Buffer sync, ResNet-20, {args.nodes} nodes at {args.bandwidth}, {args.steps} steps, "
-          f"{args.repeats} interleaved rounds (medians over rounds)\n")
-    print("| mode | --buffers | ms / iteration | buffer sync ms (fastest rank) | iteration / --buffers none |")
-    print("|---|---|---|---|---|")
+    print(f"## Buffer sync, ResNet-20, {args.nodes} nodes at {args.bandwidth}"
+          f"{f', {args.cores_per_node} core(s) per node' if args.cores_per_node else ''}, {args.compression}, "
+          f"{args.steps} steps, {args.repeats} interleaved rounds (medians over rounds)\n")
+    print("| mode | --buffers | ms / iteration | buffer sync ms per step (fastest rank) | iteration / --buffers none "
+          "| sync / this (same buffers) |")
+    print("|---|---|---|---|---|---|")
     for mode in modes:
         for buffers in buffer_modes:
             its = [i for i, _ in rows[(mode, buffers)]]
             ratios = [i / base for i, (base, _) in zip(its, rows[(mode, "none")])]
             sync = statistics.median(s for _, s in rows[(mode, buffers)])
+            speedup = ""
+            if ("sync", buffers) in rows:
+                speedup = f"{statistics.median(s / i for (s, _), i in zip(rows[('sync', buffers)], its)):.2f}x"
             print(f"| {mode} | {buffers} | {1e3 * statistics.median(its):.1f} | {1e3 * sync:.1f} "
-                  f"| {statistics.median(ratios):.3f} |")
+                  f"| {statistics.median(ratios):.3f} | {speedup} |")
     return 0
 
 

@@ -34,7 +34,7 @@ from pipesgd.options import PipeSGDOptions
 from pipesgd import PipeSGD  # noqa: E402
 
 VARIANTS = (("none", "lookahead", "auto", "broadcast"), ("q8", "lookahead", "ring", "broadcast"),
-            ("q8", "lookahead", "alltoall", "broadcast"), ("q8", "lookahead", "ring", "broadcast-delayed"))
+            ("q8", "lookahead", "alltoall", "broadcast"), ("q8", "lookahead", "ring", "none"))
 
 
 def profile_variant(device: torch.device, name: str, variant: tuple[str, str, str], args) -> str:

@@ -24,7 +24,7 @@ class StepStats:
     # Optional fields: in the metrics only when their feature is on (None otherwise).
     grad_norm: float | None = field(default=None, metadata={"optional": True})  # the applied averaged
     #   gradient's L2 norm before clipping (max_grad_norm set and a gradient applied)
-    t_buffers_s: float | None = field(default=None, metadata={"optional": True})  # seconds step() spent
+    t_buffers_s: float | None = field(default=None, metadata={"optional": True})  # seconds flush() spent
     #   making module buffers identical across ranks (buffers synced)
     t_lookahead_s: float | None = field(default=None, metadata={"optional": True})  # seconds of look-ahead
     #   work since the previous step(): the stand-in's copy, the replay (in the forward pre-hook) and the restore

@@ -65,8 +65,7 @@ class PipeSGD(torch.optim.Optimizer):
         self._step = 0
         self._staleness: StalenessPhase | None = None
         self._set_width(self._pipeline.width)
-        self._replicas = ReplicaPhase(self.config.options.check_replicas_every, self.check_replicas,
-                                      parts.buffer_sync.delayed)
+        self._replicas = ReplicaPhase(self.config.options.check_replicas_every, self.check_replicas)
         self.last_stats = StepStats(step=-1, applied_step=None)
         self._auto = None
         if self.config.chooses:  # the warm-up times itself, and its last step chooses (pipesgd.auto)
@@ -153,10 +152,9 @@ class PipeSGD(torch.optim.Optimizer):
             self._auto.begin(t)
         if self._staleness is not None:
             self._staleness.begin()
-        t_buffers = self._submit(t)  # Steps 1-2
+        self._submit(t)  # Steps 1-2
         due = self._pipeline.pop_due(t)  # Step 3
         applied = self._parts.apply(due, t, self._lookahead) if due is not None else StepStats(t, None)
-        applied.t_buffers_s = t_buffers
         if staleness is not None:
             staleness.end(applied)
         if self._auto is not None:
@@ -168,18 +166,16 @@ class PipeSGD(torch.optim.Optimizer):
             self._parts.loss_scale.end(self)
         return applied
 
-    def _submit(self, t: int) -> float | None:
-        """Steps 1-2: this step's buckets to the exchange, its handle into the pipeline; the buffers synced (the
-        seconds that took)."""
+    def _submit(self, t: int) -> None:
+        """Steps 1-2: this step's buckets to the exchange, its handle into the pipeline."""
         parts = self._parts
         applies = len(self._pipeline) + 1 >= self._pipeline.depth(t)
         buffers = parts.hand_off(t, keep_local=not applies)
-        run, job, t_buffers = parts.job()
+        run, job = parts.participation.exchange, parts.exchange
         if self._staleness is not None:
             scale = parts.loss_scale.scale_of(t) if parts.loss_scale is not None else None
             run, job = self._staleness.hand_off(t, self._pipeline, applies, buffers.slots, scale, run, job)
         self._pipeline.submit(t, parts.channel.submit(run, job, buffers, t))
-        return parts.sync_buffers(t_buffers)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The wrapped optimizer's ``zero_grad``; a gradient that is a bucket view stays one and is zeroed even for
@@ -197,10 +193,18 @@ class PipeSGD(torch.optim.Optimizer):
             self.last_stats = applied[-1]
         return applied
 
+    def sync_buffers(self) -> None:
+        """Make the module buffers identical on every rank now, per ``PipeSGDOptions.buffers`` (a collective: every
+        rank calls it), e.g. before every rank evaluates mid-training. ``flush()`` and ``consolidate_state_dict()`` do
+        it themselves; an evaluation on rank 0 alone needs none (rank 0's buffers are the ones every rank gets)."""
+        self._parts.buffer_sync()
+
     def check_replicas(self, buffers: bool = True) -> None:
         """Raise ReplicaDivergenceError if any parameter or (with ``buffers``) synced buffer differs bitwise across
-        ranks."""
+        ranks (a collective; with ``buffers`` they are synced first, as at every meeting of the ranks)."""
         parts = self._parts
+        if buffers:
+            parts.buffer_sync()
         synced, names = (parts.buffer_sync.buffers, parts.buffer_sync.names) if buffers else ([], [])
         params = self._lookahead.master_params() if self._lookahead is not None else parts.params
         check_replicas(params + synced, parts.names + names, self._step, parts.user_group)
@@ -228,6 +232,7 @@ class PipeSGD(torch.optim.Optimizer):
         if not isinstance(to, int) or not 0 <= to < self.world_size:
             raise ValueError(f"to must be a rank of the group (0..{self.world_size - 1}), got {to!r}")
         self._parts.state.consolidate(to, self._step)
+        self._parts.buffer_sync()  # every rank's model saves the same buffers
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a ``state_dict()`` saved on any rank; refuses one from another model, width, codec or world size.

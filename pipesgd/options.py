@@ -40,8 +40,8 @@ class PipeSGDOptions:
     # Before every exchange, agree on which ranks still train, so a rank that ran out of data is named instead of
     # a hang (pipesgd.comm.uneven). False where every rank runs the same number of steps by construction.
     check_uneven: bool = True
-    # Module buffers (BatchNorm statistics): rank 0's ("broadcast", as DDP), the mean ("average"), "none", or
-    # either "-delayed" (pipesgd.grads.buffers).
+    # Module buffers (BatchNorm statistics) where the ranks meet: rank 0's ("broadcast", as DDP), the mean
+    # ("average"), or each rank's own ("none") (pipesgd.grads.buffers).
     buffers: str = "broadcast"
     grad_scaler: Any = None  # a torch.amp.GradScaler the wrapper drives (fp16 loss scaling); None: no scaling
     gradient_as_bucket_view: bool = GRADIENT_AS_BUCKET_VIEW  # p.grad as views into the flat buckets

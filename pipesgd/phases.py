@@ -96,10 +96,9 @@ class AutoPhase:
 class ReplicaPhase:
     """Every ``every`` steps, the bitwise replica check (``check()`` raises ``ReplicaDivergenceError``)."""
 
-    def __init__(self, every: int, check: Callable[[bool], None], delayed_buffers: bool) -> None:
-        self.every, self._check, self._delayed = every, check, delayed_buffers
+    def __init__(self, every: int, check: Callable[[], None]) -> None:
+        self.every, self._check = every, check
 
     def end(self, steps_done: int, stats: StepStats) -> None:
         if self.every and steps_done % self.every == 0:
-            # delayed buffers are identical only after a step that applied one (not while the pipeline fills)
-            self._check(not self._delayed or stats.applied_step is not None)
+            self._check()

@@ -55,11 +55,11 @@ class WrapperParts:
         self.participation = Participation(
             self.channel.topology, self.device,
             private_group(process_group, options.timeout_s) if agreeing else None, agreeing)
-        # Buffers on the caller's group and thread (pipesgd.grads.buffers); loss scales per in-flight step.
+        # Buffers synced where the ranks meet, on the caller's group (pipesgd.grads.buffers); loss scales per step.
         self.buffer_sync = BufferSync(model_or_params, options.buffers, process_group)
         scaler = options.grad_scaler
         self.loss_scale = DelayedLossScale(scaler, optimizer) if scaler is not None and scaler.is_enabled() else None
-        self.apply = DelayedApply(optimizer, self.params, self.sets, self.buffer_sync, self.loss_scale,
+        self.apply = DelayedApply(optimizer, self.params, self.sets, self.loss_scale,
                                   options.nonfinite, options.max_grad_norm,
                                   UnusedParameters(self.params, self.names, process_group, self.channel.size))
         # Set by backward: the hooks hold this flag, not the wrapper (autograd keeps hooks where the garbage
@@ -122,16 +122,6 @@ class WrapperParts:
             self.loss_scale.record(step)
         return buffers
 
-    def job(self):
-        """(run, job, seconds of a buffer snapshot or None): what the worker runs for a step's buckets."""
-        job, t_buffers = self.buffer_sync.job(self.exchange, self.channel)
-        return self.participation.exchange, job, t_buffers
-
-    def sync_buffers(self, t_buffers: float | None) -> float | None:
-        """The blocking buffer modes' sync, while the exchange runs; the seconds spent on buffers this step."""
-        if self.buffer_sync.active and not self.buffer_sync.delayed:
-            return self.buffer_sync.timed()
-        return t_buffers
 
     def zero_grad(self, set_to_none: bool) -> None:
         if self.fresh.value:
@@ -147,7 +137,7 @@ class WrapperParts:
         coarse = staleness.coarse if staleness is not None else None
 
         def shadow() -> None:  # a peer's job of this step, joined with zeros (then both raise, naming this rank)
-            job = self.buffer_sync.job(self.exchange, self.channel)[0]
+            job = self.exchange
             if coarse is not None and pipeline.depth(step) > 1:  # as the peers' step() sends
                 job = coarse.wrap(None, job)[1]
             job([b.empty().zero_() for b in self.buckets])
@@ -156,9 +146,10 @@ class WrapperParts:
         applied = [self.apply(entry, step, lookahead) for entry in pipeline.flush()]
         if finished is not None:
             finished.wait()
-        # Replicas whole for saving and evaluation: a forward since the last step() (an odd last micro-batch) moved
-        # this rank's running statistics; sync them as step() does (once every rank is known to have flushed).
-        self.buffer_sync()
+        # Replicas whole for saving and evaluation (once every rank is known to have flushed): pipesgd.grads.buffers.
+        synced = self.buffer_sync()
+        if applied and synced is not None:
+            applied[-1].t_buffers_s = synced
         return applied
 
     def use_exchange(self, config: WrapperConfig, allreduce: str | None) -> None:

@@ -19,7 +19,7 @@ from tests.test_pipesgd import batch, due
 
 STEPS = 6
 # (width K, buffers): SyncBatchNorm's running statistics are global, so they are identical even with "none".
-SCENARIOS = [(1, "broadcast"), (2, "none"), (2, "broadcast"), (2, "average-delayed")]
+SCENARIOS = [(1, "broadcast"), (2, "none"), (2, "broadcast"), (2, "average")]
 
 
 def reference(world: int, width: int):
@@ -80,9 +80,8 @@ def test_sync_batchnorm_follows_the_reference_and_stays_identical(world):
             for t, ((params, bufs), (ref_params, ref_bufs)) in enumerate(zip(per_rank[rank][index], want)):
                 where = f"K={width} buffers={buffers} rank {rank} after step {t}"
                 # Training-mode normalisation uses the batch's statistics, so parameters never depend on the
-                # buffer mode; the delayed mode writes K-1 steps old statistics back, so only its buffers lag.
-                lagged = buffers.endswith("-delayed")
-                for got, expected in zip(params + ([] if lagged else bufs), ref_params + ([] if lagged else ref_bufs)):
+                # buffer mode, and SyncBatchNorm's statistics are global, so neither do its buffers.
+                for got, expected in zip(params + bufs, ref_params + ref_bufs):
                     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12, msg=where)
                 first = per_rank[0][index][t]
                 assert all(torch.equal(g, w) for g, w in zip(params + bufs, first[0] + first[1])), where

@@ -18,7 +18,7 @@ BAD_INPUTS = [
     (["--mode", "ddp", "--clip-grad-norm", "1"], "--clip-grad-norm applies to --mode pipe|sync only"),
     (["--accumulate", "0"], "--accumulate must be at least 1"),
     (["--accumulate", "3"], "--batch-size 32 must be divisible by --accumulate 3"),
-    (["--buffers", "sum"], "unknown --buffers 'sum' (valid: broadcast, average, none, broadcast-delayed, average-delayed)"),
+    (["--buffers", "sum"], "unknown --buffers 'sum' (valid: broadcast, average, none)"),
     (["--mode", "ddp", "--buffers", "average"], "--buffers applies to --mode pipe|sync only, not ddp"),
     (["--amp", "fp8"], "unknown --amp 'fp8' (valid: none, bf16, fp16)"),
     (["--mode", "ddp", "--amp", "fp16"], "--amp fp16 applies to --mode pipe|sync only"),

@@ -31,7 +31,7 @@ from pipesgd.comm.exchange import GradientExchange
 from pipesgd.launch import exit_process, run_on_ranks
 from pipesgd.measure.timing import time_collective
 from pipesgd.optimizer import PipeSGD
-from pipesgd.options import PipeSGDOptions
+from pipesgd.options import PipeSGDOptions, WrapperConfig
 from pipesgd.comm.topology import RingTopology
 from pipesgd.train.models import build_mlp, count_params
 
@@ -121,7 +121,8 @@ class Job:
 
 
 def _ring_alone(job: Job, codec: str, feedback: bool, settings: PipelineSettings, rank: int) -> float:
-    options = PipeSGDOptions(compression=codec, error_feedback=feedback, allreduce=settings.allreduce)
+    options = WrapperConfig(compression=codec, error_feedback=feedback,
+                            options=PipeSGDOptions(allreduce=settings.allreduce))
     compressor = options.build_compressor(rank)
     params = list(job.model.parameters())
     buckets = build_buckets(params, options.bucket_bytes)

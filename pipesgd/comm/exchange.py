@@ -30,7 +30,6 @@ class ExchangeResult:
     report: RingReport  # bytes sent, raw bytes, busy seconds, summed over the buckets
     finite: bool  # no NaN/Inf in any bucket
     residual_norm: float | None  # L2 norm of the error-feedback residuals; None without feedback
-    module_buffers: list[torch.Tensor] | None = None  # a delayed buffer mode's reduced snapshot (pipesgd.grads.buffers)
 
     @property
     def compression_ratio(self) -> float:

@@ -14,7 +14,6 @@ from pipesgd.delay.lookahead import Lookahead
 from pipesgd.delay.pipeline import InFlight
 from pipesgd.grads.amp import DelayedLossScale
 from pipesgd.grads.bucket_sets import BucketSets
-from pipesgd.grads.buffers import BufferSync
 from pipesgd.grads.clipping import clip_averaged_gradient
 from pipesgd.params import UnusedParameters
 
@@ -27,9 +26,9 @@ class DelayedApply:
     """Applies in-flight steps of one wrapper, oldest first (the wrapper decides which is due)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor], sets: BucketSets,
-                 buffer_sync: BufferSync, loss_scale: DelayedLossScale | None, nonfinite: str,
+                 loss_scale: DelayedLossScale | None, nonfinite: str,
                  max_grad_norm: float | None, unused: UnusedParameters | None = None) -> None:
-        self.optimizer, self._params, self._sets, self._buffer_sync = optimizer, params, sets, buffer_sync
+        self.optimizer, self._params, self._sets = optimizer, params, sets
         self._loss_scale, self._nonfinite, self._max_grad_norm = loss_scale, nonfinite, max_grad_norm
         self.unused = unused  # parameters no rank's backward reaches: hidden from the optimizer's step
 
@@ -40,8 +39,6 @@ class DelayedApply:
         start = time.perf_counter()
         result = entry.handle.wait()
         waited = time.perf_counter() - start
-        if result.module_buffers is not None:  # a delayed buffer mode: step entry.step's reduced snapshot
-            self._buffer_sync.load(result.module_buffers)
         stats = StepStats(
             step=step,
             applied_step=entry.step,

@@ -1,36 +1,20 @@
-"""Module buffers (BatchNorm running statistics) kept identical across ranks, as DDP's ``broadcast_buffers``.
+"""Module buffers (BatchNorm running statistics) made identical across ranks where the ranks meet, not every step.
 
-Modes: ``"broadcast"`` (default: rank 0's buffers, as DDP does), ``"average"`` (the mean over ranks of every
-floating-point buffer; integer buffers such as ``num_batches_tracked`` are equal anyway and are broadcast),
-``"none"`` (every rank keeps its own), and ``"broadcast-delayed"`` / ``"average-delayed"`` (the same values,
-exchanged with the gradients instead of by a blocking collective).
+Modes: ``"broadcast"`` (default: rank 0's buffers, as DDP's ``broadcast_buffers``), ``"average"`` (the mean over ranks
+of every floating-point buffer; integer ones such as ``num_batches_tracked`` are equal anyway and are broadcast), and
+``"none"`` (every rank keeps its own, also at the end).
 
-When the synced buffers take effect: buffers are not delayed, whatever the width K. ``PipeSGD.step()`` at
-step t syncs the buffers that step t's forward left (after handing step t's gradients to the ring, before
-applying step t-K+1's), so forward t+1 on every rank starts from the same buffers, and after every
-``step()`` (and so at every checkpoint and evaluation) they are identical.
-
-Why delayed modes: the immediate sync is a rendezvous of every rank at every step. Pipe-SGD otherwise lets a
-rank run a step ahead of a slow one; with the rendezvous each step waits for the slowest rank again, and on the
-emulated cluster ResNet-20's pipe iteration took 1.29-1.41x its ``"none"`` time (``experiments/bench_buffers.py``,
-moving the sync before the hand-off did not change that). The delayed modes snapshot the buffers that step t's
-forward left (``snapshot``), reduce the snapshot on the ring's worker right after step t's gradients
-(``reduce_``), and ``PipeSGD`` writes the result into the buffers when it applies step t's gradient, at step
-t+K-1 (``load``): forward t+K on every rank starts from the same buffers, the running statistics lag K-1 steps
-(the updates of the forwards in between are overwritten), and the buffers are identical after every ``step()``
-that applies a gradient, i.e. all but the K-1 steps that fill the pipeline after the warm-up, when each rank keeps
-its own. Training-mode BatchNorm normalises with the batch's statistics and only accumulates the running ones,
-so the lag changes evaluation, not the gradients. An in-flight step restored from a checkpoint carries no buffers.
-
-Which group and thread: the caller's thread and the caller's group, like ``check_replicas``, never the
-ring's private clone, whose worker thread may be in the middle of a ring; collectives of one group issued
-from two threads could pair up wrongly. The sync is a blocking collective (exposed, as DDP's is in its
-forward); ``StepStats.t_buffers_s`` measures it per step (for the delayed modes: the snapshot's copy).
+Why not every step: a blocking collective in ``step()`` queues behind the gradients of the exchange in flight and so
+turns the pipeline back into a synchronous loop. Training-mode BatchNorm normalises with the batch's statistics and
+only accumulates the running ones, so each rank's forwards update its own copy and nothing depends on the others'
+until the buffers are read. Rank 0's copy is then exactly what DDP's broadcast leaves on rank 0, and the mean of the
+ranks' running averages is the running average of their means. The buffers are made identical at ``flush()``,
+``consolidate_state_dict()``, the replica check and ``PipeSGD.sync_buffers()`` (collectives every rank calls), on the
+caller's group and thread, never the exchange's private group (docs/wrapper.md, "Module buffers").
 """
 from __future__ import annotations
 
 import time
-from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -38,7 +22,7 @@ from torch import nn
 
 from pipesgd.runlog import trace
 
-BUFFER_MODES = ("broadcast", "average", "none", "broadcast-delayed", "average-delayed")
+BUFFER_MODES = ("broadcast", "average", "none")
 
 
 class BufferSync:
@@ -48,8 +32,6 @@ class BufferSync:
         if mode not in BUFFER_MODES:
             raise ValueError(f"buffers must be one of {BUFFER_MODES}, got {mode!r}")
         self.mode = mode
-        self.delayed = mode.endswith("-delayed")
-        self._reduction = mode.removesuffix("-delayed")  # broadcast | average | none
         named = list(model_or_params.named_buffers()) if isinstance(model_or_params, nn.Module) else []
         self.names = [name for name, _ in named] if mode != "none" else []
         self.buffers = [b for _, b in named] if mode != "none" else []
@@ -63,80 +45,28 @@ class BufferSync:
         """Whether a call communicates (there are buffers to sync and other ranks to sync them with)."""
         return bool(self.buffers) and self._size > 1
 
-    def __call__(self) -> None:
+    def __call__(self) -> float | None:
+        """Sync now (a collective of the group); the seconds it took, None when there was nothing to sync."""
         if not self.active:
-            return
-        # Traced as a wait: the training thread blocks on this collective (beside the ring in flight, on the wire).
+            return None
+        start = time.perf_counter()
         with torch.no_grad(), trace.span("buffer sync", "wait"):
             for (dtype, _device), group in self._flat.items():
                 flat = group.flatten()
-                if self._averages(dtype):
+                if self.mode == "average" and dtype.is_floating_point:
                     dist.all_reduce(flat, group=self._group)
                     flat.div_(self._size)
                 else:
                     dist.broadcast(flat, src=self._source, group=self._group)
                 group.unflatten_(flat)
-
-    def timed(self) -> float:
-        """``self()``, and the seconds it took."""
-        start = time.perf_counter()
-        self()
         return time.perf_counter() - start
-
-    def snapshot(self) -> list[torch.Tensor]:
-        """Delayed modes, caller's thread: this rank's share of every buffer group, one flat copy each (its values
-        to average, or for a broadcast its values on group rank 0 and zeros elsewhere, so a sum is rank 0's)."""
-        source = dist.get_rank(self._group) == 0
-        with torch.no_grad():
-            flats = [group.flatten() for group in self._flat.values()]
-            for (dtype, _device), flat in zip(self._flat, flats):
-                if not source and not self._averages(dtype):
-                    flat.zero_()
-        return flats
-
-    def job(self, exchange, channel):
-        """The worker's job for one step's buckets, and the seconds its snapshot took (None without one): the
-        exchange alone, or under a delayed mode the exchange and then the reduction, on the ring's group
-        (``channel.topology.group``, read only then), of a snapshot of the buffers taken now."""
-        if not (self.active and self.delayed):
-            return exchange, None
-        start = time.perf_counter()
-        job = partial(_exchange_then_reduce, exchange, self, self.snapshot(), channel.topology.group)
-        return job, time.perf_counter() - start
-
-    def reduce_(self, flats: list[torch.Tensor], group: dist.ProcessGroup | None) -> list[torch.Tensor]:
-        """Delayed modes, the ring's worker on the ring's group (the same ranks): every rank's snapshots summed,
-        averages divided by the world size; in place, returned."""
-        for (dtype, _device), flat in zip(self._flat, flats):
-            dist.all_reduce(flat, group=group)
-            if self._averages(dtype):
-                flat.div_(self._size)
-        return flats
-
-    def load(self, flats: list[torch.Tensor]) -> None:
-        """Delayed modes, caller's thread: write reduced snapshots into the buffers."""
-        with torch.no_grad():
-            for group, flat in zip(self._flat.values(), flats):
-                group.unflatten_(flat)
-
-    def _averages(self, dtype: torch.dtype) -> bool:
-        return self._reduction == "average" and dtype.is_floating_point
-
-
-def _exchange_then_reduce(exchange, sync: "BufferSync", snapshot: list[torch.Tensor], group,
-                          buckets: list[torch.Tensor]):
-    """On the ring's worker: the gradient exchange, then the buffer snapshot's reduction on the ring's group."""
-    result = exchange(buckets)
-    result.module_buffers = sync.reduce_(snapshot, group)
-    return result
 
 
 class FlatGroup:
     """One group's buffers to and from one flat tensor in a fixed number of torch calls, however many buffers there
-    are (ResNet-18 has 60): each buffer's 1-D view is made once, so a step concatenates them (one call) and writes a
-    flat tensor back with one multi-tensor copy of its split, where a loop over the buffers made four calls each
-    (view, slice, view, copy), every one a kernel launch or a dispatch on the training thread. A group holding a
-    buffer that is not contiguous (no 1-D view of it can write back) keeps the loop."""
+    are: each buffer's 1-D view is made once, so a sync concatenates them (one call) and writes a flat tensor back
+    with one multi-tensor copy of its split. A group holding a buffer that is not contiguous (no 1-D view of it can
+    write back) keeps a loop."""
 
     def __init__(self, tensors: list[torch.Tensor]) -> None:
         self.tensors = tensors

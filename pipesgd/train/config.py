@@ -93,10 +93,9 @@ class TrainConfig:
     bucket_mb: float = _field(BUCKET_MB, "gradient bucket size in MiB (pipe/sync/ddp)")
     check_replicas: int = _field(0, "pipe/sync: compare weights and synced buffers across ranks every N steps "
                                  "(0 = never)")
-    buffers: str = _field("broadcast", "pipe/sync: module buffers (BatchNorm statistics) made identical after "
-                          "every step: rank 0's (broadcast, as DDP), their mean (average), or per rank (none); "
-                          "broadcast-delayed / average-delayed exchange them with the gradients instead of a "
-                          "blocking collective (they take effect when those gradients are applied)",
+    buffers: str = _field("broadcast", "pipe/sync: module buffers (BatchNorm statistics) made identical where "
+                          "the ranks meet (the end, checkpoints, replica checks; never a collective per step): rank "
+                          "0's (broadcast, what DDP leaves on rank 0), their mean (average), or per rank (none)",
                           lambda: BUFFER_MODES)
     clip_grad_norm: float = _field(0.0, "pipe/sync: clip the averaged gradient to this global L2 norm before "
                                    "the optimizer applies it (0 = no clipping)")

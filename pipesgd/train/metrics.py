@@ -70,7 +70,7 @@ class MetricsWriter:
       thread, the backend's threads; with t_iter it shows whether the cores, rather than the links, set the pace);
       only when their feature is on: grad_norm (the applied averaged gradient's L2 norm before clipping, with
       --clip-grad-norm), t_buffers (seconds spent making module buffers identical across ranks, with --buffers
-      broadcast|average and a model that has buffers; with the -delayed modes the snapshot's copy), t_lookahead
+      broadcast|average and a model that has buffers: at the end of training), t_lookahead
       (seconds of look-ahead work since the step before: mode pipe, width >= 2, --staleness lookahead), t_standin_wait
       (with --lookahead-standin other than local: seconds the forward pass waited for the coarse stand-in, counted in
       t_wait and not in t_compute), t_auto (--width/--compression auto: seconds of the step on auto's own timing,
