@@ -1,37 +1,12 @@
 """Fit the model's network terms (overhead, latency, bandwidth, reduction rate) to measured timings, and
 read/write the calibration JSON.
 
-Fit (REFERENCES §3): least squares on *relative* error, i.e. minimise Σ ((model_i − t_i)/t_i)², so small
-messages (which fix latency) weigh as much as large ones (which fix bandwidth). The model is linear in
-its four unknowns, so each row is the formula evaluated at a unit vector of (overhead, latency,
-seconds-per-byte, reduce seconds-per-byte), divided by t_i, solved as non-negative least squares (scipy's
-NNLS: an estimate that would go negative is fixed at zero and the rest refitted). Identifiability: overhead
-and latency separate only with ≥ 2 cluster sizes (else overhead is fixed at 0 and latency absorbs it); the
-reduction rate separates from bandwidth only through local ``reduce`` samples (timings of ``add_``), else it
-is fixed at infinity (free) and bandwidth absorbs it.
-
-Calibration file (``schema`` = ``pipesgd-timing/calibration/1``), written atomically::
-
-    {"schema", "created_utc", "backend", "device", "world_size",
-     "grid": {"nodes": [...], "sizes_bytes": [...], "repeats", "warmup", "compressions": [...]},
-     "fits": {"ring": FIT, "backend": FIT},          # ring = pipesgd.ring_allreduce, backend = all_reduce
-     "codecs": {"bf16": {"encode_Bps", "decode_Bps", "feedback_Bps", "ring_factor_by_nodes": {"2": f, ...}}, ...},
-                                                 # isolated speeds; in-ring factors: ``fit_codec_costs``
-     "compute": {"model", "batch_size", "compute_s"} | null,
-     "host": {"compute_slowdown", "comm_slowdown", "comm_slowdown_by_codec": {name: κc}, "load",
-              "lockstep_s", "lockstep": {"steps", "period_s", "compute_max_s", "excess_s", "ring_alone_s"} (with a
-              model), "ddp_step": {"load", "steps", "period_s", "compute_s"} (with a model:
-              ``pipesgd.measure.ddp_step``), "ps_service_s", "ps_service_idle_s", "ps_service": {"load", "workers",
-              "steps", "statistic" (absent: medians, before 2026-11-24), "rank0_step_s", "busy", "idle"} (with a model:
-              ``pipesgd.measure.server``), "ps_round": {"load", "nodes", "grad_bytes", "steps", "period_s",
-              "compute_max_s", "update_s", "excess_s"} (with a model: ``pipesgd.measure.ps_round``),
-              "feedback_rings": [{"compression", "n_bytes", "pairs", "ring_alone_s", "ring_feedback_s",
-              "feedback_s"}, ...] (with a model, per lossy codec: ``pipesgd.measure.feedback``),
-              "copy_Bps" (null = free), "handoff_s", "overlap": [...], "copy": [...]} | {},
-                                                 # interference and hand-off terms (see ``empirical.host_terms``)
-     "samples": [SAMPLE, ...], "residuals": [RESIDUAL, ...], "notes": [...]}
-    FIT = {"overhead_s", "latency_s", "bandwidth_Bps", "reduce_Bps" (null = free), "n_samples",
-           "median_abs_rel_err", "max_abs_rel_err", "notes"}
+The fit is ``fitting.fit_collective`` (least squares on relative error); this module holds what it produces
+(``Fit``), the measured points it is fitted to (``Sample``) and everything ``calibrate`` wrote (``Calibration``).
+The calibration file (``schema`` = ``pipesgd-timing/calibration/1``, written atomically) holds the fit of each
+timed all-reduce, the codecs' isolated speeds with their in-ring factors and costs per call, the model's compute,
+the host's interference and hand-off terms (``empirical.host_terms``), the samples and their residuals;
+docs/timing-model.md ("The calibration file") lists its fields.
 """
 from __future__ import annotations
 
@@ -49,8 +24,8 @@ from .empirical.host_terms import host_terms
 __all__ = ["SCHEMA", "Sample", "Fit", "Calibration", "compressed_parts", "residual_table",
            "write_calibration", "read_calibration", "calibration_from_json", "BURST_BYTES"]
 
-# Below this message size a tc-tbf shaped link (burst ≈ 500 KB at 1gbit) may send the whole message at
-# line rate, a regime training-size gradients never see; such samples are flagged (or dropped with min_bytes).
+# Below this message size a tc-tbf shaped link may send the whole message at line rate out of its burst
+# allowance, a regime training-size gradients never see; such samples are flagged (or dropped with min_bytes).
 BURST_BYTES = 2**20
 
 SCHEMA = "pipesgd-timing/calibration/1"

@@ -58,9 +58,20 @@ def fit_collective(samples: list[Sample], collective: str = "ring", algorithm: s
                    min_bytes: float = 0.0) -> Fit:
     """Fit c0, α, β (and γ when ``reduce`` samples exist) to the uncompressed samples of ``collective``.
 
+    Least squares on *relative* error (REFERENCES §3), i.e. minimise Σ ((model_i − t_i)/t_i)², so small messages
+    (which fix latency) weigh as much as large ones (which fix bandwidth). The model is linear in its unknowns, so
+    each row is the formula evaluated at a unit vector of (overhead, latency, seconds-per-byte, reduce
+    seconds-per-byte), divided by t_i, solved as non-negative least squares (an estimate that would go negative is
+    fixed at zero and the rest refitted).
+
+    Identifiability: overhead and latency separate only with ≥ 2 cluster sizes (else overhead is fixed at 0 and
+    latency absorbs it); the reduction rate separates from bandwidth only through local ``reduce`` samples
+    (timings of ``add_``), else it is fixed at infinity (free) and bandwidth absorbs it. Each such choice leaves a
+    note on the fit.
+
     Allreduce samples below ``min_bytes`` are left out of the fit (e.g. ``BURST_BYTES`` on a tc-tbf shaped
     link, whose burst lets small messages leave at line rate); if samples below ``BURST_BYTES`` remain, a note
-    says so. The overhead c0 is fitted whenever the samples span ≥ 2 cluster sizes.
+    says so.
     """
     # Step 1: keep the samples this fit may use.
     use = [s for s in samples if (s.kind == "allreduce" and s.collective == collective and s.compression == "none"

@@ -2,33 +2,15 @@
 
 A user who does not know their cluster guesses ``width``, ``compression`` and ``error_feedback``; a wrong guess
 costs speed (no codec on a slow link) or accuracy (a codec or a width that loses it). ``recommend`` asks the model
-instead: it predicts Pipe-SGD's iteration for each candidate in an order of preference and takes the first whose
-all-reduce hides behind the step (what is left exposed is at most ``HIDDEN_SHARE`` of the iteration).
-
-The order, from what the accuracy study measured (``experiments/results/accuracy/report.md``):
-  Step 1: width 1, uncompressed: synchronous SGD, when the all-reduce is that small beside the step.
-  Step 2: width 2, uncompressed; then the codecs from the most to the least exact: bf16, q8 with error feedback,
-          q4 with error feedback (each within the seed spread of uncompressed width 2 on every task), then sign
-          with error feedback only when the user allows it (it lost 14-40 points); each at width 1 (synchronous SGD
-          with a codec hides nothing, but its gradient is not stale: the narrower rule below takes it over width 2
-          where it is predicted near it), then each at width 2; then width 3 (up to ``max_width``) with each codec.
-          Width 3 after every codec: it cost AdamW +6.2 % in validation loss where every codec up to q4 + feedback
-          stayed within the seed spread. Under Adam and AdamW the caller fixes error feedback off and stops at q8
-          (``trainer_defaults.auto_codec_limits``: feedback and q4 cost the GPT accuracy under look-ahead).
-          A narrower candidate tried before the one that hides is taken instead where it is predicted within
-          ``WIDER_GAIN`` of its iteration (of several, the first within ``NEAR_FASTEST`` of the fastest of them): a
-          wider pipeline's stale gradient costs steps (width 2 against synchronous SGD: 1.04x the steps to 0.90 on
-          ResNet-20 with momentum SGD and look-ahead, six seeds; 1.27x to 0.75 on the AlexNet-like model with AdamW,
-          five; ``experiments/results/auto_choice/report.md``), so a few per cent per iteration does not pay for
-          it; the margin is the re-checks' (``pipesgd.auto`` ``SWITCH_GAIN``), not fitted per optimizer.
-          ``pipesgd.auto`` holds the measured iteration to it too. Where width 2 hides uncompressed, only
-          uncompressed width 1 is tried before it: no codec is taken where none is needed.
-  Step 3: if nothing hides, the earliest candidate predicted within ``NEAR_FASTEST`` of the fastest (a codec that
-          is barely faster is not worth its loss of exactness), or a narrower one tried before it within
-          ``WIDER_GAIN`` of it (as in Step 2), and the reason says so.
-A knob the user fixed (``width``, ``compression``) is never changed: only candidates with it are tried. The
-all-reduce follows ``Scenario.allreduce`` as the trainer resolves it (``auto``: the two collectives for a lossy
-codec, the backend's for a lossless one).
+instead: it predicts Pipe-SGD's iteration for each candidate in an order of preference (``candidate_knobs``: the
+most exact and narrowest first) and takes the first whose all-reduce hides behind the step (what is left exposed is
+at most ``HIDDEN_SHARE`` of the iteration). A narrower candidate tried before it wins where it is predicted within
+``WIDER_GAIN`` of it, because a wider pipeline's stale gradient costs steps. If nothing hides, the earliest
+candidate within ``NEAR_FASTEST`` of the fastest is taken (a codec that is barely faster is not worth its loss of
+exactness), under the same narrower rule; the reason says which rule decided. A knob the user fixed (``width``,
+``compression``) is never changed. The all-reduce follows ``Scenario.allreduce`` as the trainer resolves it. The
+evidence for the order: docs/timing-model.md ("Which width and codec to run"), with
+``experiments/results/accuracy/report.md`` and ``experiments/results/auto_choice/report.md``.
 """
 from __future__ import annotations
 
@@ -41,8 +23,11 @@ __all__ = ["HIDDEN_SHARE", "WIDER_GAIN", "CODEC_LADDER", "Candidate", "Recommend
            "recommend"]
 
 HIDDEN_SHARE = 0.05  # an all-reduce "hides" when what it leaves exposed is at most this share of the iteration
-WIDER_GAIN = 1.25  # a wider pipeline only for a predicted (and, in pipesgd.auto, measured) 1.25x faster iteration
-NEAR_FASTEST = 1.10  # when nothing hides: the earliest candidate at most 10 % slower than the fastest
+# A wider pipeline only for an iteration predicted (and, in pipesgd.auto, measured) this many times faster: its stale
+# gradient costs steps to the target (experiments/results/auto_choice/report.md), so a few per cent per iteration
+# does not pay for it. The margin is the one pipesgd.auto's re-checks use (``SWITCH_GAIN``), not fitted per optimizer.
+WIDER_GAIN = 1.25
+NEAR_FASTEST = 1.10  # when nothing hides: the earliest candidate at most this factor slower than the fastest
 CODEC_LADDER = (("none", False), ("bf16", False), ("q8", True), ("q4", True))  # most exact first
 SIGN = ("sign", True)
 ALLREDUCE_WORDS = {"ring": "per-hop ring", "alltoall": "two-collective exchange",
@@ -95,8 +80,23 @@ class Recommendation:
 def candidate_knobs(max_width: int, allow_sign: bool, width: int | None = None,
                     compression: str | None = None, error_feedback: bool | None = None,
                     allowed: tuple[str, ...] | None = None) -> list[tuple[int, str, bool]]:
-    """(width, codec, error feedback) in the order of preference (module doc), keeping every knob the user fixed;
-    ``allowed``: the ladder's codecs the caller limits the choice to (None: all)."""
+    """(width, codec, error feedback) in the order of preference, keeping every knob the user fixed; ``allowed``:
+    the ladder's codecs the caller limits the choice to (None: all).
+
+    The order follows what the accuracy study measured (``experiments/results/accuracy/report.md``):
+
+    - uncompressed width 1 (synchronous SGD, when the all-reduce is that small beside the step), then uncompressed
+      width 2: where width 2 hides uncompressed, no codec is taken where none is needed;
+    - the codecs from the most to the least exact (``CODEC_LADDER``: bf16, then q8 and q4 with error feedback, each
+      within the seed spread of uncompressed width 2 on every task), then sign with error feedback only when the
+      user allows it (it lost much accuracy there); each at width 1 (synchronous SGD with a codec hides nothing,
+      but its gradient is not stale, so the narrower rule takes it over width 2 where it is predicted near it),
+      then each at width 2;
+    - width 3 and up to ``max_width`` with each codec, last: a third width cost AdamW more validation loss than
+      any codec up to q4 with error feedback did.
+
+    Under Adam and AdamW the caller fixes error feedback off and stops at q8 (``allowed``, from
+    ``trainer_defaults.auto_codec_limits``: feedback and q4 cost the GPT accuracy under look-ahead)."""
     ladder = dict(CODEC_LADDER + (SIGN,))
     if compression is not None:
         codecs = [(compression, ladder.get(compression, False))]
@@ -156,7 +156,8 @@ def recommend(scenario: Scenario, predict_pipe, *, max_width: int = 3, allow_sig
 def _narrower_within_gain(before: list[Candidate], chosen: Candidate) -> Candidate | None:
     """Of the candidates tried before ``chosen``, narrower and predicted within ``WIDER_GAIN`` of its iteration, the
     first within ``NEAR_FASTEST`` of the fastest of them (as where nothing hides: a more exact codec only for a
-    small price; bf16 at width 1 predicted at 807 ms beside q8's 593 was taken, and ran 1.3x q8's time to target)."""
+    small price; the first narrower one whatever its speed can be a far slower exact codec that costs more time to
+    the target than its exactness saves)."""
     return _first_near_fastest(
         [c for c in before if c.width < chosen.width and c.iteration_s <= WIDER_GAIN * chosen.iteration_s])
 

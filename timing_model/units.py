@@ -114,14 +114,15 @@ def parse_fraction(text: str, what: str = "fraction", upper: float | None = 1.0)
     return value
 
 
-# How far a LOW:HIGH bound may lie from its power of two: decimal prefixes drift up to 10 % (1TB = 0.91 TiB).
+# How far a LOW:HIGH bound may lie from its power of two: a decimal prefix drifts further the larger it is
+# (``1TB`` is ``0.91 TiB``), and this share admits every prefix up to T while refusing a bound between powers.
 POWER_OF_TWO_SLACK = 0.10
 
 
 def parse_size_range(text: str) -> list[int]:
-    """Powers of two from ``'4KB:64MB'``: each bound is a power of two, or a decimal-prefixed size within 10 % of
-    one (4KB → 4096, 64MB → 2^26); a bound further off (``10:14``, meaning 8 to 16 bytes) is refused, not
-    rounded."""
+    """Powers of two from ``'4KB:64MB'``: each bound is a power of two, or a decimal-prefixed size within
+    ``POWER_OF_TWO_SLACK`` of one (4KB → 4096, 64MB → 2^26); a bound further off (``10:14``, meaning 8 to 16
+    bytes) is refused, not rounded."""
     if ":" not in text:
         return [int(parse_bytes(part)) for part in parse_list(text)]
     exponents = []

@@ -1,42 +1,13 @@
 """Predicted against measured iteration time for real runs: reads ``pipesgd-train`` metrics and a calibration.
 
-Metrics files (JSONL, one object per line; ``pipesgd.train.metrics``): ``RUN.jsonl`` for one process
-or ``RUN.rankN.jsonl`` per rank; files that differ only in ``.rankN`` form one run. Records used:
+Metrics files (JSONL, one object per line; ``pipesgd.train.metrics``): ``RUN.jsonl`` for one process or
+``RUN.rankN.jsonl`` per rank; files that differ only in ``.rankN`` form one run. ``read_runs`` says which records
+and fields it reads and how it reduces a run's steps over ranks; ``RunRecord.measured_s`` what a run is checked
+against (the median step, an asynchronous job's mean pace).
 
-- ``{"type": "config", ...}`` — run settings, once per run (rank 0's file, first line). Fields read:
-  ``mode`` (ps-sync | ps-async | sync | ddp | pipe), ``world_size``, ``num_workers`` (ranks that compute;
-  default world_size), ``width``, ``compression``, ``error_feedback``, ``grad_bytes`` or ``params`` (fp32: 4 bytes
-  each),
-  ``bucket_mb`` (MiB per bucket), ``overlap_fraction`` (DDP φ), ``servers``, ``ps_colocated``. All optional
-  except the gradient size, which may instead come from ``bytes_sent`` of uncompressed ring steps.
-- ``{"type": "step", "step", "rank", "mode", "t_iter", "t_compute", "t_wait", "t_update", "bytes_sent"}``.
-  Other record types are skipped.
-
-Per run: the first ``skip`` steps are dropped (for pipe, at least the config's ``warmup_steps``). Measured = the
-median over steps of the **mean over ranks** of t_iter: in lockstep training every rank's step times add up to the
-same wall-clock, so the mean is the step's period, while the per-step maximum adds each step's jitter
-(experiments/RESULTS.md); for asynchronous workers (ps-async), which are not in lockstep, every per-step
-figure is the slowest worker's own and measured is its **mean** t_iter, the job's pace
-(``pipesgd.runlog.results.Run.pace_s``; the module docstring there says why). The model's inputs count each step's
-slowest rank (max over ranks of t_compute + t_data and of t_update: the straggler gates a synchronous step, so it is
-inside the prediction; ``t_data``, batch loading, is local work like compute) and, for sync and pipe, each step's
-*fastest* rank's ``t_buffers`` (the blocking buffer sync, ``--buffers``: the rank that arrives last waits least, so
-its time is the sync's own cost, while the others' wait there is the straggler already counted in the slowest
-compute), and each step's slowest rank's host work outside all of these (``t_host`` = t_iter − t_data − t_compute −
-t_wait − t_update − t_buffers, floored at 0: the optimizer wrapper's packing, hand-off and bookkeeping and
-zero_grad, of which the calibrated hand-off covers a fraction). Like compute and update, the buffer sync and the
-host work are the run's own measurements: the model predicts the gradient communication and its overlap around them.
-Config ``servers`` follows ``pipesgd-train``: 0 = rank 0 serves and trains (co-located), k > 0 dedicated. The
-prediction uses the calibrated network terms, the codec speeds of the calibration and the run's own median compute
-and update times, so it tests the communication and overlap model only.
-
-Host terms of the calibration (``host``): κc (comm slow-down next to compute), the copy rate and hand-off
-cost apply to every run; the lockstep term (a blocking all-reduce right after compute beyond the two apart) to
-sync, ddp and width-1 runs. κ (compute slow-down next to the ring) is *not* applied to pipe runs: their
-measured t_compute already ran next to the ring. DDP runs all-reduce inside backward, so their t_compute
-holds communication the model adds again: ``validate_runs`` predicts a ddp run from the median compute of
-an uncompressed sync run of the same configuration in the same folder (``compute_overrides``) when one
-exists, and then applies κ to the overlapped part.
+The prediction uses the calibrated network terms, the codec speeds of the calibration and the run's own compute,
+update, buffer sync and host work (``scenario_for``), so it tests the communication and overlap model only. A ddp
+run's own compute holds its in-backward all-reduce, so it borrows a matching sync run's (``compute_overrides``).
 """
 from __future__ import annotations
 
@@ -151,7 +122,28 @@ def _host(record: dict, where: str) -> float:
 
 
 def read_runs(paths: list[str], skip: int = 3) -> list[RunRecord]:
-    """Group files into runs and reduce each to slowest-rank step timings."""
+    """Group files into runs and reduce each to per-step timings over its ranks.
+
+    Records read (other types are skipped):
+
+    - ``{"type": "config", ...}``: run settings, once per run (rank 0's file, first line). Fields read: ``mode``
+      (ps-sync | ps-async | sync | ddp | pipe), ``world_size``, ``num_workers`` (ranks that compute; default
+      world_size), ``width``, ``compression``, ``error_feedback``, ``grad_bytes`` or ``params`` (fp32: four bytes
+      each), ``bucket_mb`` (MiB per bucket), ``overlap_fraction`` (DDP φ), ``servers`` (as ``pipesgd-train``: 0 =
+      rank 0 serves and trains, k > 0 dedicated), ``ps_colocated``. All optional except the gradient size, which
+      may instead come from ``bytes_sent`` of uncompressed ring steps.
+    - ``{"type": "step", "step", "rank", "mode", "t_iter", "t_compute", "t_wait", "t_update", "bytes_sent"}``.
+
+    The first ``skip`` steps are dropped (for pipe, at least the config's ``warmup_steps``). A step's period is the
+    **mean over ranks** of t_iter: in lockstep training every rank's step times add up to the same wall-clock, so the
+    mean is the step's period, while the per-step maximum adds each step's jitter (experiments/RESULTS.md).
+    Asynchronous workers (ps-async) are not in lockstep: every per-step figure is the slowest worker's own
+    (``pipesgd.runlog.results.Run.pace_s`` says why). The model's inputs count each step's slowest rank for compute
+    (t_compute + t_data: the straggler gates a synchronous step, and batch loading is local work like compute) and
+    update, each step's *fastest* rank's ``t_buffers`` (the blocking buffer sync, ``--buffers``), and each step's
+    slowest rank's host work outside all of these (``t_host`` = t_iter − t_data − t_compute − t_wait − t_update −
+    t_buffers, floored at 0: the optimizer wrapper's packing, hand-off, bookkeeping and zero_grad, of which the
+    calibrated hand-off covers a fraction)."""
     groups: dict[str, list[str]] = {}
     for path in paths:
         groups.setdefault(run_name(path), []).append(path)
@@ -246,7 +238,14 @@ def calibrated_scenario(scenario: Scenario, cal: Calibration, mode: str) -> Scen
 def scenario_for(run: RunRecord, cal: Calibration, base: Scenario | None = None,
                  compute_s: float | None = None) -> Scenario:
     """The scenario of a run: calibrated network and host terms, the run's settings and its measured compute
-    (or ``compute_s`` when given, e.g. a sync run's compute for a ddp run)."""
+    (or ``compute_s`` when given, e.g. a sync run's compute for a ddp run).
+
+    Like compute and update, the buffer sync and the host work are the run's own measurements: the model predicts
+    the gradient communication and its overlap around them. Of the calibration's host terms, κc (comm slow-down
+    next to compute), the copy rate and the hand-off cost apply to every run, the lockstep term (a blocking
+    all-reduce right after compute, beyond the two apart) to sync, ddp and width-1 runs. κ (compute slow-down next
+    to the ring) is *not* applied to a pipe run with its own compute: its measured t_compute already ran next to
+    the ring."""
     cfg = run.config
     compression = cfg.get("compression", "none") or "none"
     if compression not in CODEC_RATIOS:
@@ -304,7 +303,8 @@ COMPUTE_KEYS = ("model", "hidden", "batch_size", "threads", "dataset", "syntheti
 def compute_overrides(runs: list[RunRecord]) -> dict[str, tuple[float, str]]:
     """For each ddp run, (median compute, name) of an uncompressed sync run of the same configuration in the
     same folder (same workers, gradient bytes and ``COMPUTE_KEYS``): DDP's own t_compute contains its
-    in-backward allreduce, which the model adds again. ddp runs without such a partner are left out."""
+    in-backward allreduce, which the model adds again; predicted from the partner's compute, κ applies to the
+    overlapped part. ddp runs without such a partner are left out."""
     syncs = [r for r in runs if r.mode == "sync" and (r.config.get("compression") or "none") == "none"]
     out = {}
     for run in runs:

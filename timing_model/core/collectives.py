@@ -1,23 +1,18 @@
 """α-β-γ cost formulas of collective operations, plus the bandwidth and latency rules of thumb built on them.
 
-With ``equations`` (and the empirical terms' formulas, ``timing_model.empirical``) the only places that use the
-paper's symbols; everything else passes named, SI-unit dataclass fields. Symbol table:
+With ``equations`` and the empirical terms (``timing_model.empirical``) the only place that uses the paper's
+symbols; everything else passes named, SI-unit fields. Every function returns 0 for p = 1: one rank moves nothing.
 
-====  =====================================================================
-p     number of workers (ranks) taking part in the collective
-M     message size in bytes (gradient bytes, 4 per fp32 parameter)
-α     latency per message / per ring step, seconds
-β     seconds per byte on one link direction, β = 1/B with B in bytes/s
-γ     local reduction cost, seconds per byte reduced
-c0    fixed cost per collective call (launch, Python, synchronisation), seconds
-====  =====================================================================
+====  =====================================  ====  ==================================================================
+p     ranks taking part in the collective    M     message bytes (gradient bytes, 4 per fp32 parameter)
+α     latency per message / ring step (s)    β     seconds per byte on one link direction, β = 1/B, B in bytes/s
+γ     local reduction cost (s per byte)      c0    fixed cost per collective call (launch, Python, synchronisation)
+====  =====================================  ====  ==================================================================
 
-Sources: R. Thakur, R. Rabenseifner, W. Gropp, "Optimization of Collective Communication Operations in
-MPICH", IJHPCA 19(1), 2005 (α-β-γ costs; the ring and recursive-halving rows match published collective
-docs, the tree and broadcast rows are the standard textbook forms); NVIDIA nccl-tests
-``doc/PERFORMANCE.md`` (algbw/busbw factors); NCCL ``src/graph/tuning.cc`` (ring latency);
-R. Hockney, Parallel Computing 20, 1994 (n½); Jiang et al., BytePS, OSDI 2020, Thm. 1.
-Every function returns 0 for p = 1: a collective over one rank moves nothing.
+Sources: R. Thakur, R. Rabenseifner, W. Gropp, "Optimization of Collective Communication Operations in MPICH",
+IJHPCA 19(1), 2005 (α-β-γ costs; ring and recursive-halving rows as published, tree and broadcast rows the textbook
+forms); NVIDIA nccl-tests ``doc/PERFORMANCE.md`` (algbw/busbw factors); NCCL ``src/graph/tuning.cc`` (ring
+latency); R. Hockney, Parallel Computing 20, 1994 (n½); Jiang et al., BytePS, OSDI 2020, Thm. 1.
 """
 from __future__ import annotations
 

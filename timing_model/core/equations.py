@@ -1,25 +1,18 @@
 """The textbook per-iteration equations of the training modes, in the paper's symbols (REFERENCES §2).
 
 Only the inputs a user knows enter here; what calibrate measures on one cluster is ``timing_model.empirical``.
-Symbol table (SI units):
+===  ============================  ====  ===============================  ====  ======================================
+p    workers                       M     gradient bytes per iteration     d     2: PS push, pull in turn; 1: pipelined
+α    latency per message (s)       c0    fixed cost per call (s)          φ     share of backward DDP buckets overlap
+B    bandwidth (bytes/s), β = 1/B  γ_s   server reduce cost (s/byte)      K     pipeline width
+r    compression ratio M/payload   E, D  encode / decode passes per rank  k     parameter servers
+T_c  mean fwd+bwd                  T̂_c   E[max over workers of fwd+bwd]   B_s   server bandwidth (B_w: worker's)
+T_u  optimizer update              T_cu  T̂_c + T_u                        T_AR  all-reduce + codec (T_PS: PS round)
+===  ============================  ====  ===============================  ====  ======================================
 
-====  ==================================================================================
-p     workers                          M     gradient bytes per iteration
-α     latency per message (s)          B     link bandwidth (bytes/s), β = 1/B
-γ_s   server reduce cost (s/byte)      c0    fixed cost per collective call (s)
-r     compression ratio M/payload      E, D  encode / decode passes per rank
-k     parameter servers                B_s   server bandwidth; B_w worker bandwidth
-d     2 if PS push and pull are serialised, 1 if pipelined
-T_c   mean fwd+bwd                     T̂_c   E[max over workers of fwd+bwd]
-T_u   optimizer update                 T_cu  T̂_c + T_u
-T_AR  allreduce time (with codec)      T_PS  parameter-server push + pull
-φ     fraction of backward that DDP buckets may overlap                K  pipeline width
-====  ==================================================================================
-
-Sources: the α-β-γ collective costs (Thakur, Rabenseifner, Gropp 2005) are in ``collectives``. The
-parameter-server, DDP and Pipe-SGD equations below are *reconstructions* consistent with the Pipe-SGD paper's
-description (Li et al., NeurIPS 2018) and with Paleo/BytePS; they are not the paper's own equations, which are
-not available here.
+Sources: the α-β-γ collective costs are in ``collectives``. The parameter-server, DDP and Pipe-SGD equations are
+*reconstructions* consistent with the Pipe-SGD paper (Li et al., NeurIPS 2018) and with Paleo/BytePS; they are
+not the paper's own equations, which are not available here. All symbols are in SI units.
 """
 from __future__ import annotations
 

@@ -125,8 +125,8 @@ def host_terms(host: dict, compression: str = "none", ring_alone_s: float = 0.0,
             "comm_slowdown": float(comm or 0.0),
             "window_loss": None if loss is None else float(loss),
             "lockstep_s": _lockstep(host, ring_alone_s),
-            # the DDP step beyond its compute alone, not beyond the lockstep probe's compute: the held-out
-            # sitting v8 chose between the two (experiments/RESULTS.md)
+            # the DDP step beyond its compute alone, not beyond the lockstep probe's compute: held-out runs
+            # chose between the two (experiments/results/fidelity/report.md)
             "ddp_step_s": float(ddp.get("period_s") or 0.0), "ddp_compute_s": float(ddp.get("compute_s") or 0.0),
             "copy_Bps": math.inf if not copy else float(copy),
             "handoff_s": float(host.get("handoff_s") or 0.0),

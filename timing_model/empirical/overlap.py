@@ -2,17 +2,14 @@
 communication thread costs: the measured terms that stretch the core's Pipe-SGD and DDP equations.
 
 Each function takes the core's inputs plus measured terms and, with every term at its neutral value (κ = κc = 0,
-λ unset, H = 0), returns the core equation (``timing_model.core.equations``) exactly. Symbol table (SI units):
-
-====  ==================================================================================
-T_AR  allreduce time alone             W     the compute side running beside it (s)
-T̂_c   E[max over workers of fwd+bwd]   T_u   optimizer update; T_cu = T̂_c + T_u
-κ     compute slow-down while communication runs beside it (calibrate's interference probe)
-κc    communication slow-down while compute runs beside it (the same probe, the other side)
-λ     the share of one compute window that a ring beside it loses (calibrate's window probe)
-H     per-step hand-off: packing gradients into buckets, writing them back, waking the comm thread
-φ     fraction of backward that DDP buckets may overlap                K  pipeline width
-====  ==================================================================================
+λ unset, H = 0), returns the core equation (``timing_model.core.equations``) exactly. Symbols (SI units):
+====  ==============================  ==  =========================================================================
+T_AR  all-reduce time alone           κ   compute slow-down while communication runs beside it (interference probe)
+W     compute running beside it (s)   κc  communication slow-down while compute runs beside it (the same probe)
+T̂_c   E[max over workers of fwd+bwd]  λ   share of one compute window a ring beside it loses (window probe)
+T_u   update; T_cu = T̂_c + T_u        H   per-step hand-off: packing buckets, writing them back, waking the thread
+φ     DDP buckets' share of backward  K   pipeline width
+====  ==============================  ==  =========================================================================
 
 Why these exist: on CPU ranks compute and the ring contend for cores (LogGP's o, REFERENCES §2-3), and a
 Pipe-SGD step overlaps one compute window per ring, not all of it. All are our reconstructions.
