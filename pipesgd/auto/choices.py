@@ -57,8 +57,8 @@ def first_choice(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: d
     nodes = dist.get_world_size(group)
     # Each rank's own exchange times here, waits for its peers included: a pipelined exchange also waits for the
     # last rank to hand its gradient off, and that whole time must hide behind the rank's compute. After an
-    # uncompressed probe its one step-0 sample, the last rank's, stands for the exchange instead (its wait is
-    # start-up), which would make a fast link look slow enough to need a codec.
+    # uncompressed probe its one step-0 sample, the last rank's, stands for the exchange instead: at step 0 the wait
+    # is start-up, and the ranks' own times would make a fast link look slow enough to need a codec.
     measured_with = knobs.measured_with()
     links = dict(provisional["measured"]) if provisional is not None else {}  # the probe's win over the clock's
     if provisional is not None and provisional["compression"] != "none":  # the link as its codec's exchanges found it
@@ -73,7 +73,8 @@ def first_choice(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: d
                        **clock.cores(synchronous["period_s"]), **{RAN + k: v for k, v in synchronous.items()}},
                       group, device)
     ran = {run_key(1, *measured_with): {k: measured.pop(RAN + k) for k in synchronous}}
-    # its iteration alone: its exchange as an anchor would hold what the link leaves out (docs/auto.md, "Before")
+    # its iteration alone: its exchange as an anchor would hold what the link leaves out, such as the codec's share
+    # of cores the ranks share, and make the codecs not measured look better than they run
     timed = {key: {k: v for k, v in run.items() if k != "comm_s"} for key, run in ran.items()}
     choice = (uncompressed_hides(measured, nodes, grad_bytes, knobs, timed) if measured_with == ("none", False)
               else None)
