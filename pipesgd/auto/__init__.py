@@ -18,6 +18,7 @@ from pipesgd.auto.probes import agreed, exchange_per_step, measure, on_rank0
 
 __all__ = ["AUTO", "CANDIDATES", "MAX_WIDTH", "SMALL_FRACTION", "SWITCH_GAIN", "CHANGED", "PROVISIONAL_STEPS",
            "CONFIRM_STEPS", "EARLY_HOLD_STEPS", "SLOW_LOOK", "BYTES_SHARE", "Knobs", "StepClock", "AutoConfig",
-           "early_look", "first_choice", "probe", "clearly_slow", "recheck", "transfer_floor_s", "measure", "agreed", "decide",
+           "early_look", "first_choice", "probe", "clearly_slow", "recheck", "transfer_floor_s", "measure", "agreed",
+           "decide",
            "link_terms", "describe", "announce", "codec_key", "run_key", "exchange_key", "uncompressed_hides",
            "held_against_width_1", "held_steps", "exchange_per_step", "on_rank0"]

@@ -34,9 +34,9 @@ class Knobs:
         return cls(width, None, *auto_codec_limits(optimizer), lookahead=lookahead)
 
     def lookahead_s(self, optimizer_s: float) -> float:
-        """The look-ahead's replay per step at width 2 and up, priced as one step of the wrapped optimizer (its rule
-        on the same parameters, so of the same order as one optimizer step; measured in docs/wrapper.md's ``compression="auto"`` paragraph);
-        0 without look-ahead."""
+        """The look-ahead's replay per step at width 2 and up, priced as one step of the wrapped optimizer (its rule on
+        the same parameters, so of the same order as one optimizer step; measured in docs/wrapper.md's
+        ``compression="auto"`` paragraph); 0 without look-ahead."""
         return optimizer_s if self.lookahead else 0.0
 
     def measured_with(self) -> tuple[str, bool]:

@@ -29,11 +29,11 @@ def transfer_floor_s(broadcast_s: float, latency_s: float, broadcast_bytes: int,
 
 
 def clearly_slow(floor_s: float, compute_s: float) -> bool:
-    """The early look's verdict: the uncompressed gradient's bytes take at least ``SLOW_LOOK`` times the probing
-    step's compute (``floor_s``: their least time, ``transfer_floor_s``). Half, not all: that step's compute holds
-    its first calls and may read far longer than a later step's, so bytes as long as half of it may still be as long
-    as a later step's compute and do not hide at width 2. A first step inflated more (a GPU's autotuning) only makes the look decline: the step then exchanges
-    uncompressed, as without it."""
+    """The early look's verdict: the uncompressed gradient's bytes take at least ``SLOW_LOOK`` times the probing step's
+    compute (``floor_s``: their least time, ``transfer_floor_s``). Half, not all: that step's compute holds its first
+    calls and may read far longer than a later step's, so bytes as long as half of it may still be as long as a later
+    step's compute and do not hide at width 2. A first step inflated more (a GPU's autotuning) only makes the look
+    decline: the step then exchanges uncompressed, as without it."""
     return floor_s >= SLOW_LOOK * compute_s > 0
 
 

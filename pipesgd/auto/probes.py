@@ -22,10 +22,10 @@ CODEC_SAMPLE = 4_000_000  # elements at most for a codec's timed encode and deco
 def measure(numel: int, device: torch.device, dtype: torch.dtype, group: dist.ProcessGroup | None,
             codecs: tuple[str, ...] = CANDIDATES, codec_options: dict | None = None) -> dict[str, float]:
     """Step 2 on this rank: seconds of an uncompressed all-reduce of 1/64 of ``numel`` elements of the buckets'
-    ``dtype``, and encode/decode throughput (fp32 bytes/s) of every codec in ``codecs`` (built with
-    ``codec_options``), timed on every rank at once: where ranks share a host's cores, a codec runs in training at
-    their shared speed (timed on one rank alone, a codec reads faster than it will run, and the choice takes a
-    codec that is slower than not compressing). The all-reduce's least time of ``REPEATS``: the host's noise only adds to it."""
+    ``dtype``, and encode/decode throughput (fp32 bytes/s) of every codec in ``codecs`` (built with ``codec_options``),
+    timed on every rank at once: where ranks share a host's cores, a codec runs in training at their shared speed (timed
+    on one rank alone, a codec reads faster than it will run, and the choice takes a codec that is slower than not
+    compressing). The all-reduce's least time of ``REPEATS``: the host's noise only adds to it."""
     x = torch.zeros(max(numel // SMALL_FRACTION, 1), dtype=dtype, device=device)
     dist.all_reduce(x, group=group)  # the first call sets up what the next ones reuse
     times = []
