@@ -53,7 +53,7 @@ TRIAL_WARMUP = 1 + 2 * MIN_STEPS  # step 0 probes; then MIN_STEPS steps of each 
 def _ranks_ring_wins(rank: int, world: int, allreduce: str) -> dict:
     calls = []
     link_from_measure()
-    auto.config.measure, auto.config.decide = _slow_link, _guesses(calls)  # a slow link: q4 + feedback from the probe on
+    auto.choices.measure, auto.choices.decide = _slow_link, _guesses(calls)  # a slow link: q4 + feedback from the probe on
     AllreduceTrial.verdict = lambda self, group, device: (  # the ring measured faster (deterministic here)
         ("ring", {"alltoall_s": 0.02, "ring_s": 0.01}) if all(self.times.values()) else None)  # any sample
     model = _model()
@@ -63,7 +63,7 @@ def _ranks_ring_wins(rank: int, world: int, allreduce: str) -> dict:
     state = opt.state_dict()
     again = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto",
                     warmup_steps=TRIAL_WARMUP, options=PipeSGDOptions(allreduce=allreduce))
-    auto.config.measure = _no_measuring
+    auto.choices.measure = _no_measuring
     again.load_state_dict(state)
     result = {"labels": [s.auto_choice for s in stats], "allreduce": opt.allreduce, "resumed": again.allreduce,
               "reason": opt.auto_choice["reason"]}
@@ -100,7 +100,7 @@ def test_one_rank_has_nothing_to_measure(process_group, monkeypatch):
 
 def _ranks_long_warmup(rank: int, world: int) -> dict:
     link_from_measure()
-    auto.config.measure, auto.config.decide = _slow_link, _guesses([])
+    auto.choices.measure, auto.choices.decide = _slow_link, _guesses([])
     model = _model()
     warmup = TRIAL_WARMUP
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=warmup)

@@ -134,8 +134,8 @@ def link_from_measure() -> None:
     """For a test (in a rank's own process) whose link is ``measure``'s fake and that follows the early look: no look
     (on loopback the initial broadcast of a 360-byte model is latency and jitter, 0.2-3.6 ms, which the look could
     read as a slow link now and then) and no shortcut past the measuring (``never_hides``)."""
-    auto.config.transfer_floor_s = lambda *_: 0.0
-    auto.config.uncompressed_hides = never_hides
+    auto.choices.transfer_floor_s = lambda *_: 0.0
+    auto.choices.uncompressed_hides = never_hides
 
 
 def never_hides(*_args) -> None:
@@ -164,7 +164,7 @@ def _ranks_choose(rank: int, world: int, optimizer=torch.optim.SGD) -> dict:
     # Each rank measures something else (rank 1 a fast link): the agreement takes the slowest.
     measured = FAST if rank else SLOW
     link_from_measure()
-    auto.config.measure = lambda numel, device, dtype, group, *_: {k: v for k, v in measured.items() if k != "compute_s"}
+    auto.choices.measure = lambda numel, device, dtype, group, *_: {k: v for k, v in measured.items() if k != "compute_s"}
     auto.StepClock.comm_s = property(lambda self: 0.2)  # the provisional codec's exchanges on that slow link
     model = _model()
     opt = PipeSGD(optimizer(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
@@ -194,16 +194,16 @@ def _no_measuring(*_args, **_kwargs):
 
 
 def test_a_resumed_run_keeps_the_choice_without_measuring(process_group, monkeypatch):
-    monkeypatch.setattr(auto.config, "uncompressed_hides", never_hides)
-    monkeypatch.setattr(auto.config, "measure", lambda numel, device, dtype, group, *_: dict(SLOW))
-    monkeypatch.setattr(auto.config, "decide", lambda measured, nodes, grad_bytes, knobs, *_, **__: {"width": 2,
+    monkeypatch.setattr(auto.choices, "uncompressed_hides", never_hides)
+    monkeypatch.setattr(auto.choices, "measure", lambda numel, device, dtype, group, *_: dict(SLOW))
+    monkeypatch.setattr(auto.choices, "decide", lambda measured, nodes, grad_bytes, knobs, *_, **__: {"width": 2,
         "compression": "q8", "error_feedback": True, "reason": "a test", "measured": measured})
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
     _train(model, opt, range(WARMUP + 2))
     state = opt.state_dict()
     assert state["pipesgd"]["auto"]["compression"] == "q8" and state["pipesgd"]["compression"] == "q8"
-    monkeypatch.setattr(auto.config, "measure", _no_measuring)
+    monkeypatch.setattr(auto.choices, "measure", _no_measuring)
     again = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
     again.load_state_dict(state)
     assert again.compression == "q8" and again.config.error_feedback and again.auto_choice["reason"] == "a test"
@@ -215,7 +215,7 @@ def test_a_resumed_run_keeps_the_choice_without_measuring(process_group, monkeyp
 
 def test_a_state_saved_during_the_warmup_chooses_at_its_end(process_group, monkeypatch):
     # a fast link: no provisional codec (that case: test_a_state_saved_with_a_provisional_codec_resumes_with_it)
-    monkeypatch.setattr(auto.config, "measure", lambda numel, device, dtype, group, *_: dict(FAST))
+    monkeypatch.setattr(auto.choices, "measure", lambda numel, device, dtype, group, *_: dict(FAST))
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
     _train(model, opt, range(1))
@@ -232,7 +232,7 @@ def test_a_state_saved_during_the_warmup_chooses_at_its_end(process_group, monke
 
 
 def test_a_named_codec_is_never_measured_or_changed(process_group, monkeypatch):
-    monkeypatch.setattr(auto.config, "measure", _no_measuring)
+    monkeypatch.setattr(auto.choices, "measure", _no_measuring)
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="bf16", warmup_steps=WARMUP)
     _train(model, opt, range(WARMUP + 2))
@@ -261,7 +261,7 @@ def _guesses(calls: list):
 def _ranks_probe(rank: int, world: int) -> dict:
     calls = []
     link_from_measure()
-    auto.config.measure, auto.config.decide = _slow_link, _guesses(calls)
+    auto.choices.measure, auto.choices.decide = _slow_link, _guesses(calls)
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=PROBING)
     stats = _train(model, opt, range(PROBING - 1), rank)
@@ -315,8 +315,8 @@ def test_the_early_look_calls_a_link_slow_only_when_the_bytes_reach_half_the_fir
 
 def _ranks_early_look(rank: int, world: int, init_sync: bool, warmup: int = PROBING) -> dict:
     calls = []
-    auto.config.transfer_floor_s = lambda *_: 1.0  # the initial broadcast of a clearly slow link
-    auto.config.measure, auto.config.decide, auto.config.uncompressed_hides = _slow_link, _guesses(calls), never_hides
+    auto.choices.transfer_floor_s = lambda *_: 1.0  # the initial broadcast of a clearly slow link
+    auto.choices.measure, auto.choices.decide, auto.choices.uncompressed_hides = _slow_link, _guesses(calls), never_hides
     model = _model()  # the same on every rank (a seed), so init_sync=False starts from equal replicas too
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=warmup,
                   options=PipeSGDOptions(init_sync=init_sync))
@@ -363,9 +363,9 @@ def test_the_probes_own_time_and_a_switch_are_not_counted_as_compute(process_gro
         return real_decide(measured, *args, **kwargs)
 
     real_decide = auto.decide
-    monkeypatch.setattr(auto.config, "uncompressed_hides", never_hides)  # both links through the probe
-    monkeypatch.setattr(auto.config, "measure", slow_probe)
-    monkeypatch.setattr(auto.config, "decide", decide)
+    monkeypatch.setattr(auto.choices, "uncompressed_hides", never_hides)  # both links through the probe
+    monkeypatch.setattr(auto.choices, "measure", slow_probe)
+    monkeypatch.setattr(auto.choices, "decide", decide)
     model = _model()
     first = [True]
 
@@ -393,8 +393,8 @@ def test_the_step_stats_hold_autos_own_time(process_group, monkeypatch):
         time.sleep(0.2)
         return {k: v for k, v in SLOW.items() if k not in ("compute_s", "comm_s")}
 
-    monkeypatch.setattr(auto.config, "uncompressed_hides", never_hides)
-    monkeypatch.setattr(auto.config, "measure", slow_measure)
+    monkeypatch.setattr(auto.choices, "uncompressed_hides", never_hides)
+    monkeypatch.setattr(auto.choices, "measure", slow_measure)
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP)
     spent = [s.t_auto_s for s in _train(model, opt, range(WARMUP + 2))]
@@ -410,7 +410,7 @@ def test_the_step_stats_hold_autos_own_time(process_group, monkeypatch):
 
 
 def test_a_fast_link_keeps_the_warmup_uncompressed_and_times_nothing_else(process_group, monkeypatch):
-    monkeypatch.setattr(auto.config, "measure", _no_measuring)  # the uncompressed exchange hides: nothing else to time
+    monkeypatch.setattr(auto.choices, "measure", _no_measuring)  # the uncompressed exchange hides: nothing else to time
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=PROBING)
     stats = _train(model, opt, range(PROBING + 1))
@@ -424,7 +424,7 @@ def test_a_fast_link_keeps_the_warmup_uncompressed_and_times_nothing_else(proces
 
 def test_a_recheck_after_a_warmup_that_timed_nothing_measures_the_link_once(process_group, monkeypatch):
     calls = []
-    monkeypatch.setattr(auto.config, "measure", lambda *_args: calls.append(1) or dict(FAST))
+    monkeypatch.setattr(auto.choices, "measure", lambda *_args: calls.append(1) or dict(FAST))
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=WARMUP,
                   options=PipeSGDOptions(auto_recheck_every=2))
@@ -462,9 +462,9 @@ def probing(monkeypatch) -> tuple[nn.Module, PipeSGD, list]:
     """A model and its wrapper under ``compression="auto"`` on a slow link, whose decision is always q4 + feedback
     at width 2 (the calls to it recorded in the list)."""
     calls = []
-    monkeypatch.setattr(auto.config, "uncompressed_hides", never_hides)
-    monkeypatch.setattr(auto.config, "measure", _slow_link)
-    monkeypatch.setattr(auto.config, "decide", _guesses(calls))
+    monkeypatch.setattr(auto.choices, "uncompressed_hides", never_hides)
+    monkeypatch.setattr(auto.choices, "measure", _slow_link)
+    monkeypatch.setattr(auto.choices, "decide", _guesses(calls))
     model = _model()
     return model, PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto",
                           warmup_steps=PROBING), calls
@@ -476,9 +476,9 @@ def test_the_provisional_codec_is_the_most_compressed_the_choice_may_take(proces
                                                                           provisional):
     """The early decision at step 0 said bf16 (its compute inflated by first calls); the synchronous warm-up runs
     the fastest exchange the choice may take instead, and the last warm-up step decides as before."""
-    monkeypatch.setattr(auto.config, "uncompressed_hides", never_hides)
-    monkeypatch.setattr(auto.config, "measure", _slow_link)
-    monkeypatch.setattr(auto.config, "decide", lambda measured, *_args, **_kwargs: {
+    monkeypatch.setattr(auto.choices, "uncompressed_hides", never_hides)
+    monkeypatch.setattr(auto.choices, "measure", _slow_link)
+    monkeypatch.setattr(auto.choices, "decide", lambda measured, *_args, **_kwargs: {
         "width": 2, "compression": "bf16", "error_feedback": False, "reason": "a test", "measured": measured})
     model = _model()
     opt = PipeSGD(optimizer(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=PROBING)
@@ -503,7 +503,7 @@ def test_a_state_saved_with_a_provisional_codec_resumes_with_it(process_group, m
     _train(model, opt, range(2))
     state = opt.state_dict()
     assert state["pipesgd"]["auto"]["provisional"] and state["pipesgd"]["compression"] == "auto"
-    monkeypatch.setattr(auto.config, "measure", _no_measuring)
+    monkeypatch.setattr(auto.choices, "measure", _no_measuring)
     again = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, compression="auto", warmup_steps=PROBING)
     again.load_state_dict(state)
     stats = _train(model, again, range(2, PROBING))

@@ -106,7 +106,7 @@ def test_the_lookahead_replay_is_priced_at_width_2_and_up():
 def test_the_warmup_measures_the_optimizers_step_for_the_lookahead(process_group, monkeypatch, staleness):
     """The warm-up's steps time the wrapped optimizer's ``step()`` (``StepStats.t_update_s``) and the choice's
     measurements carry it as the look-ahead's price, with look-ahead on; 0 with ``staleness="none"``."""
-    monkeypatch.setattr(auto.config, "uncompressed_hides", lambda measured, *_: _chooses(1)(measured))
+    monkeypatch.setattr(auto.choices, "uncompressed_hides", lambda measured, *_: _chooses(1)(measured))
     model = _model()
     opt = PipeSGD(torch.optim.AdamW(model.parameters(), lr=1e-3), model, width="auto", compression="auto",
                   warmup_steps=WARMUP, staleness=staleness)
@@ -134,7 +134,7 @@ def test_a_recheck_of_the_warmups_provisional_codec_finds_the_link_it_runs_on():
 
 def test_a_recheck_decides_in_a_first_window_and_when_the_cluster_moved(process_group, monkeypatch):
     decided = []
-    monkeypatch.setattr(auto.config, "decide", lambda measured, *_args, **_kwargs: decided.append(measured["comm_s"]))
+    monkeypatch.setattr(auto.choices, "decide", lambda measured, *_args, **_kwargs: decided.append(measured["comm_s"]))
     current = {"width": 2, "compression": "none", "error_feedback": False, "measured": dict(FAST),
                "ran": {"1:none": {"comm_s": 0.010, "period_s": 0.03, "wait_s": 0.01}}}  # the warm-up's
     windows = [(0.010, 0.02), (0.013, 0.02), (0.007, 0.02),  # within 1.5x of the first window's 0.010
@@ -158,9 +158,9 @@ def _chooses(width: int, compression: str = "none", feedback: bool = False):
 
 @pytest.mark.parametrize("staleness", ["lookahead", "none"])
 def test_a_chosen_width_runs_bitwise_as_the_same_width_named(process_group, monkeypatch, staleness):
-    monkeypatch.setattr(auto.config, "uncompressed_hides", never_hides)
-    monkeypatch.setattr(auto.config, "measure", lambda *_args: dict(SLOW))
-    monkeypatch.setattr(auto.config, "decide", _chooses(2))
+    monkeypatch.setattr(auto.choices, "uncompressed_hides", never_hides)
+    monkeypatch.setattr(auto.choices, "measure", lambda *_args: dict(SLOW))
+    monkeypatch.setattr(auto.choices, "decide", _chooses(2))
     monkeypatch.setattr(auto.config, "held_against_width_1", lambda *_args: None)  # width 2 stays (not this test's subject)
     finals, records = [], []
     for width in (2, "auto"):
@@ -178,9 +178,9 @@ def test_a_chosen_width_runs_bitwise_as_the_same_width_named(process_group, monk
 
 
 def test_a_resume_keeps_the_chosen_width_and_what_is_in_flight(process_group, monkeypatch):
-    monkeypatch.setattr(auto.config, "uncompressed_hides", never_hides)
-    monkeypatch.setattr(auto.config, "measure", lambda *_args: dict(SLOW))
-    monkeypatch.setattr(auto.config, "decide", _chooses(2, "q8", True))
+    monkeypatch.setattr(auto.choices, "uncompressed_hides", never_hides)
+    monkeypatch.setattr(auto.choices, "measure", lambda *_args: dict(SLOW))
+    monkeypatch.setattr(auto.choices, "decide", _chooses(2, "q8", True))
     monkeypatch.setattr(auto.config, "held_against_width_1", lambda *_args: None)  # width 2 stays (not this test's subject)
     model = _model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, width="auto", warmup_steps=WARMUP)
@@ -211,7 +211,7 @@ EVERY = 3
 def _recheck_ranks(rank: int, world: int) -> dict:
     # The warm-up measures a slow link (q4 + feedback); every later window a fast one (none hides again).
     link_from_measure()
-    auto.config.measure = lambda *_args: dict(SLOW)
+    auto.choices.measure = lambda *_args: dict(SLOW)
     auto.StepClock.compute_s = property(lambda self: 0.1)
     chosen, first_choice = [], auto.first_choice
     auto.config.first_choice = lambda *args, **kwargs: chosen.append(first_choice(*args, **kwargs)) or chosen[-1]
@@ -243,9 +243,9 @@ def test_a_recheck_switches_at_the_same_step_on_every_rank_and_applies_every_gra
 
 def test_a_switch_between_codecs_with_feedback_carries_the_residuals(process_group, monkeypatch):
     choices = iter([("q8", True), ("q8", True), ("q4", True)])  # the warm-up's provisional codec, its end, a re-check
-    monkeypatch.setattr(auto.config, "uncompressed_hides", never_hides)
-    monkeypatch.setattr(auto.config, "measure", lambda *_args: dict(SLOW))
-    monkeypatch.setattr(auto.config, "decide", lambda measured, *_args, **_kwargs: dict(
+    monkeypatch.setattr(auto.choices, "uncompressed_hides", never_hides)
+    monkeypatch.setattr(auto.choices, "measure", lambda *_args: dict(SLOW))
+    monkeypatch.setattr(auto.choices, "decide", lambda measured, *_args, **_kwargs: dict(
         zip(("compression", "error_feedback"), next(choices)), width=2, reason="a test", measured=measured))
     monkeypatch.setattr(auto.StepClock, "comm_s", property(lambda self: 0.01))
     model = _model()
@@ -267,7 +267,7 @@ def test_a_chosen_width_is_held_once_against_the_warmups_synchronous_steps(proce
     """Width chosen above 1 after an uncompressed warm-up: the warm-up counts as width 1's run, and the pipelined
     steps are held against it at every step from ``EARLY_HOLD_STEPS`` on and, held on, in full ``CONFIRM_STEPS``
     on (re-checks off), one window that grows. A named width has nothing to hold."""
-    monkeypatch.setattr(auto.config, "uncompressed_hides", lambda measured, *_: _chooses(2)(measured))
+    monkeypatch.setattr(auto.choices, "uncompressed_hides", lambda measured, *_: _chooses(2)(measured))
     checks = []
     monkeypatch.setattr(auto.config, "held_against_width_1", lambda current, clock, *_args: checks.append(
         (dict(current.get("ran", {})), len(clock.periods), len(clock.comm_busy), _args[-1])))
@@ -291,8 +291,8 @@ def _held_ranks(rank: int, world: int) -> dict:
     """Rank 0's own warm-up would call width 1 far faster, rank 1's far slower: every rank must hold the same. No
     early look: on loopback it could read the tiny model's initial broadcast as a slow link and run a provisional
     codec, whose warm-up holds nothing (CI, once: rank 1 had no ``ran``)."""
-    auto.config.transfer_floor_s = lambda *_: 0.0
-    auto.config.uncompressed_hides = lambda measured, *_: _chooses(2)(measured)
+    auto.choices.transfer_floor_s = lambda *_: 0.0
+    auto.choices.uncompressed_hides = lambda measured, *_: _chooses(2)(measured)
     period = 1e-6 if rank == 0 else 1e3
     auto.StepClock.synchronous = lambda self: {"comm_s": 0.01, "period_s": period, "wait_s": 0.01}
     model = _model()
@@ -316,9 +316,9 @@ def test_the_first_choice_counts_the_warmup_as_width_1_measured(process_group, m
     ran (its iteration, not its exchange: that would anchor the codec's model, ``_predictor``), and a width chosen
     above 1 is held against the whole run, exchange included."""
     seen = []
-    monkeypatch.setattr(auto.config, "uncompressed_hides", never_hides)
-    monkeypatch.setattr(auto.config, "measure", lambda *_args: dict(SLOW))
-    monkeypatch.setattr(auto.config, "decide", lambda measured, *_args, ran: seen.append(ran) or _chooses(width)(measured))
+    monkeypatch.setattr(auto.choices, "uncompressed_hides", never_hides)
+    monkeypatch.setattr(auto.choices, "measure", lambda *_args: dict(SLOW))
+    monkeypatch.setattr(auto.choices, "decide", lambda measured, *_args, ran: seen.append(ran) or _chooses(width)(measured))
     clock = auto.StepClock(cores=lambda: None)
     clock.gaps, clock.durations, clock.comm_busy = [0.10, 0.12, 0.10], [0.05, 0.06, 0.05], [0.04, 0.04, 0.05]
     clock.waits, clock.iterations = [0.03, 0.04, 0.03], [0.16, 0.15]
@@ -385,7 +385,7 @@ def test_a_held_width_goes_back_early_only_where_it_ran_no_faster(process_group,
                                                                    back_at):
     """A warm-up far faster than any pipelined step: back to width 1 at the early hold's step; far slower: width 2
     stays past the full hold."""
-    monkeypatch.setattr(auto.config, "uncompressed_hides", lambda measured, *_: _chooses(2)(measured))
+    monkeypatch.setattr(auto.choices, "uncompressed_hides", lambda measured, *_: _chooses(2)(measured))
     monkeypatch.setattr(auto.StepClock, "synchronous",
                         lambda self: {"comm_s": 0.01, "period_s": synchronous_s, "wait_s": 0.01})
     model = _model()
@@ -410,10 +410,10 @@ def test_after_a_provisional_codec_a_held_width_goes_back_to_width_1_with_that_c
     11, where the early look misread the link and width 2 q8 ran at 2.8x synchronous SGD's time to target)."""
     from tests.test_auto_codec import PROBING, _slow_link
 
-    monkeypatch.setattr(auto.config, "uncompressed_hides", never_hides)
-    monkeypatch.setattr(auto.config, "transfer_floor_s", lambda *_: 0.0)  # the probe at step 0, not the early look
-    monkeypatch.setattr(auto.config, "measure", _slow_link)
-    monkeypatch.setattr(auto.config, "decide", _chooses(2, "q4", True))
+    monkeypatch.setattr(auto.choices, "uncompressed_hides", never_hides)
+    monkeypatch.setattr(auto.choices, "transfer_floor_s", lambda *_: 0.0)  # the probe at step 0, not the early look
+    monkeypatch.setattr(auto.choices, "measure", _slow_link)
+    monkeypatch.setattr(auto.choices, "decide", _chooses(2, "q4", True))
     monkeypatch.setattr(auto.StepClock, "synchronous",
                         lambda self: {"comm_s": 0.01, "period_s": 1e-9, "wait_s": 0.01})
     model = _model()

@@ -2,10 +2,9 @@
 codec alternate the two-collective exchange and the per-hop ring, and the warm-up's choice keeps the one whose
 median exchange time (the largest of every rank's) was shorter.
 
-Why: neither wins everywhere. The exchange was 0.48-1.01x the ring on loopback at p = 4, the ring 1.03-1.08x faster
-per q8 iteration on 200 Mbit/s links (1.23-1.29x before the exchange went one peer at a time there) and faster on a
-GPU over gloo (experiments/results/allreduce_choice/report.md); the
-fixed rule (``pipesgd.defaults.resolve_allreduce``) stays for a named codec. Only where the rule would pick the
+Why: neither wins everywhere: the exchange is faster on some links and hosts, the ring on others, and a GPU over
+gloo favours the ring (experiments/results/allreduce_choice/report.md); the fixed rule
+(``pipesgd.defaults.resolve_allreduce``) stays for a named codec. Only where the rule would pick the
 exchange (more than one rank, payloads not staged through host memory; a user's explicit choice is kept).
 Each switch drops the error-feedback residual of the all-reduce left (at most one warm-up step's rounding error),
 as a switch of the choice does.

@@ -88,8 +88,8 @@ class StepClock:
     def update_s(self) -> float:
         """Median work of ``step()`` itself on the caller's thread, what it did not block on communication: the
         optimizer's update, the hand-off and the apply. The exchange in flight hides behind it as behind the compute
-        (the timing model's T_cu = T_c + T_u); on the AlexNet-like model under AdamW it is as long as the compute
-        (112 against 120 ms per step on the 2-core host), so leaving it out halved the window."""
+        (the timing model's T_cu = T_c + T_u); under a heavy optimizer such as AdamW on a large model it can be as long
+        as the compute, so leaving it out would halve the window."""
         return statistics.median(self.own) if self.own else 0.0
 
     @property
@@ -143,8 +143,8 @@ class StepClock:
 
 
 def robust_spread(values: list[float]) -> float:
-    """A standard deviation estimated from the median absolute deviation (1.4826 x MAD: robust to one slow first
-    step); 0 from fewer than two samples."""
+    """A standard deviation estimated from the median absolute deviation (``1.4826 * MAD``, the normal
+    distribution's factor: robust to one slow first step); 0 from fewer than two samples."""
     if len(values) < 2:
         return 0.0
     middle = statistics.median(values)

@@ -1,19 +1,15 @@
 """How busy the cores this process may run on are (``pipesgd.auto``: the cores' floor under any iteration).
 
 Why: pipelining hides the exchange behind the compute only where the cores have time to spare for both. Where
-several ranks share a host's cores (the emulated cluster's 4 nodes on 2 cores, or ``torchrun --nproc-per-node 4``
+several ranks share a host's cores (an emulated cluster with more nodes than cores, or ``torchrun --nproc-per-node 4``
 on a laptop) a synchronous step may already keep them busy; an exchange in flight then slows the compute beside it
-instead of hiding (ResNet-20 at 100 Mbit/s on the 2-core emulated cluster: 54-58 ms per synchronous q4 iteration,
-53-60 at width 2; the timing model, which does not see the cores, chose width 2 in 6 of 6 sittings, and the hold
-sent it back after 3 stale steps). The work per iteration is the same at any width, so no width runs an iteration
-in less than the busy core-time the synchronous steps needed per iteration over the cores: their busy share times
-their iteration (``StepClock.cores``).
+instead of hiding, and the timing model, which does not see the cores, would choose a width that gains nothing
+(experiments/results/auto_choice/report.md). The work per iteration is the same at any width, so no width runs an
+iteration in less than the busy core-time the synchronous steps needed per iteration over the cores: their busy
+share times their iteration (``StepClock.cores``).
 
-Read from ``/proc/stat`` (Linux; elsewhere nothing is read and no floor applies): every process's time on the CPUs
-in this process's affinity mask, in clock ticks (10 ms), so a window of a few steps reads the share to a few per
-cent. Counted as busy: user, nice, system, irq, softirq and steal (time the hypervisor gave elsewhere is not
-available either); idle and iowait are not. A container limited by a CPU quota, not by an affinity mask, reads
-its host's cores, so its share reads low and the floor binds less: the choice is then as without it.
+Read from ``/proc/stat`` (Linux; elsewhere no floor applies) over the CPUs in this process's affinity mask; what
+counts as busy, and a container's CPU quota: docs/auto.md, "The cores' floor".
 """
 from __future__ import annotations
 

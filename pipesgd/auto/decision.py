@@ -35,8 +35,8 @@ BYTES_ORDER = ("none", "bf16", "fp16", "q8", "q4", "sign")  # most bytes on the 
 
 def _floored(compression: str, measured_with: str) -> bool:
     """Whether the cores' floor read while ``measured_with`` ran bounds a configuration with ``compression``: one
-    that sends as many bytes or more (their network work is no less); a codec that sends fewer may need less (after
-    1 Gbit/s dropped to 100 Mbit/s, uncompressed exchanges kept the cores 90 % busy where q4 ran 2.5x faster)."""
+    that sends as many bytes or more (their network work is no less); a codec that sends fewer may need less: on a
+    slow link an uncompressed exchange keeps the cores busy with network work that a smaller payload does not need."""
     if compression in BYTES_ORDER and measured_with in BYTES_ORDER:
         return BYTES_ORDER.index(compression) <= BYTES_ORDER.index(measured_with)
     return compression == measured_with  # a codec of unknown size: only the one it was read with
@@ -53,8 +53,8 @@ def _predictor(measured: dict[str, float], ran: dict[str, dict] | None = None, s
     their expected maximum (``_with_spread``), not the larger mean: an exchange as long as the window hides only
     half the time. No prediction is faster than the cores allow (``cores_floor_s``, ``pipesgd.auto.cores``): a
     synchronous one is raised to it; a pipelined one's compute window is, and what its exchange left exposed beyond
-    the window stays exposed beyond it (raised to the floor alike, q8 at width 2 looked as fast as q4 and was taken
-    on ResNet-20 at 100 Mbit/s: 60-65 ms per iteration against ``pipe+q4``'s 50-53 in the same sittings); only for
+    the window stays exposed beyond it (raised to the floor alike, a codec whose exchange shows beyond the window
+    would look as fast as one whose exchange hides); only for
     codecs that send at least the bytes of the one it was read with (``measured_with``, ``_floored``)."""
     ran, floor = ran or {}, measured.get("cores_floor_s", 0.0)
     comm_of = {name.removesuffix("_exchange_s"): value for name, value in measured.items()
@@ -169,9 +169,10 @@ def uncompressed_hides(measured: dict[str, float], nodes: int, grad_bytes: float
     width 2 before its codecs, ``timing_model.recommend``), and an uncompressed all-reduce of the gradient is
     predicted as measured however its time splits into latency and bandwidth. So if one of those hides, it (or width
     1 within ``WIDER_GAIN`` of it) is the choice, and the link's probes (the 1/64 all-reduces, each codec timed on
-    every rank, the decision on rank 0 and its broadcast: 60-75 ms of ResNet-20's step 0 on the 2-core emulated
-    cluster's fast links) are not needed.
-    Cheap enough for every rank to compute from the agreed numbers (0.3 ms). None when none of them hides.
+    every rank, the decision on rank 0 and its broadcast, a large share of a small model's first step on fast
+    links) are not needed.
+    Cheap enough for every rank to compute from the agreed numbers, so no broadcast is needed. None when none of them
+    hides.
     ``ran``: what configurations measured (the warm-up's synchronous run, ``first_choice``), as ``decide``."""
     if knobs.compression not in (None, "none"):
         return None

@@ -1,21 +1,14 @@
-"""A width chosen above 1 held against the synchronous warm-up it was chosen after (``pipesgd.auto``, "Held against
+"""A width chosen above 1 held against the synchronous warm-up it was chosen after (docs/auto.md, "Held against
 width 1"): measured against measured, and stopped as soon as the answer is known. The warm-up ran width 1 with its
 codec (none, the user's, or the provisional one a slow link's warm-up ran), so that is where a held width goes back:
 a configuration that ran, on the ladder (``timing_model.recommend``: each codec at width 1 before width 2).
 
-Why early: each held step is pipelined, so it costs a stale gradient whatever the verdict, and the verdict is
-nearly always "back to width 1" where the ranks share cores (AlexNet-like, AdamW, unshaped links: 349 ms
-synchronous against 592 ms at width 2; the 6 held steps then cost 60-76 steps to 0.75 against synchronous SGD's
-50-80, its accuracy curve behind from the held steps on). So from ``EARLY_HOLD_STEPS`` on, at the end of every
-held step (one small agreement all-reduce each), a pipeline whose fastest iteration so far was not ``WIDER_GAIN``
-faster than the warm-up's fastest goes back at once: the final hold needs its median that much faster, and the
-median is no faster than the fastest. Fastest against fastest, the same estimate on both sides: the first
-iterations of each hold first calls (the look-ahead's: 785 ms of a 1.4 s iteration on that model; the codec's and
-the probes' in the warm-up), which say nothing of the pace, so one slow first call cannot send back a pipeline
-that is faster. The warm-up's median is not the early reference: after a provisional codec its 3 steps read
-64-84 ms on ResNet-20 at 100 Mbit/s, where that configuration ran 52-57 on its own, so the pipeline (56-74) looked
-faster, never went back early, and took the full 6 steps to go back there. One that ran ``WIDER_GAIN`` faster
-at its best is held to the full count, where the medians decide."""
+Why early: each held step is pipelined, so it costs a stale gradient whatever the verdict, and where the ranks share
+cores the verdict is nearly always "back to width 1". So from ``EARLY_HOLD_STEPS`` on, a pipeline whose fastest
+iteration so far was not ``WIDER_GAIN`` faster than the warm-up's fastest goes back at once; one that was is held to
+the full count, where the medians decide. Fastest against fastest, because first calls inflate the first iterations
+on both sides and say nothing of the pace.
+"""
 from __future__ import annotations
 
 import torch

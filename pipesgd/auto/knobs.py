@@ -10,7 +10,7 @@ AUTO = "auto"
 CANDIDATES = ("bf16", "q8", "q4")  # the lossy rungs of timing_model.recommend's ladder (sign only when asked)
 MAX_WIDTH = 3  # recommend's widest: the model never prefers a wider pipeline for speed alone
 SMALL_FRACTION = 64  # the second all-reduce size: 1/64 of the gradient
-SWITCH_GAIN = 1.25  # a re-check gives up exactness or narrowness only for a predicted 25 % faster iteration
+SWITCH_GAIN = 1.25  # a re-check gives up exactness or narrowness only for an iteration predicted this much faster
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,9 +34,9 @@ class Knobs:
         return cls(width, None, *auto_codec_limits(optimizer), lookahead=lookahead)
 
     def lookahead_s(self, optimizer_s: float) -> float:
-        """The look-ahead's replay per step at width 2 and up, priced as one step of the wrapped optimizer (its rule
-        on the same parameters; measured on the AlexNet-like model under AdamW at width 2: 87-116 ms of look-ahead
-        and 57-67 ms waiting for its coarse stand-in beside a 144-159 ms optimizer step); 0 without look-ahead."""
+        """The look-ahead's replay per step at width 2 and up, priced as one step of the wrapped optimizer (its rule on
+        the same parameters, so of the same order as one optimizer step; measured in docs/wrapper.md's
+        ``compression="auto"`` paragraph); 0 without look-ahead."""
         return optimizer_s if self.lookahead else 0.0
 
     def measured_with(self) -> tuple[str, bool]:

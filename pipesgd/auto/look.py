@@ -20,9 +20,8 @@ def transfer_floor_s(broadcast_s: float, latency_s: float, broadcast_bytes: int,
     element's broadcast), whatever the backend's broadcast: at worst rank 0 sends to each peer in turn,
     ``(p-1) x M / B`` (a tree or a pipeline is faster), so the ring's ``2(p-1)/p x G / B`` is at least
     ``2/p x G/M x`` the bytes' time. 0 unless the broadcast is mostly bytes (``BYTES_SHARE``): the broadcast of a small
-    model is its latency and the host's jitter, which say nothing of the bandwidth. On the 4-node emulated cluster
-    ResNet-20's 1.09 MB broadcast took 211-284 ms at 100 Mbit/s (a floor of 105-142 ms; the ring's bytes take about
-    130), 14-22 ms at 1 Gbit/s and 3-8 ms unshaped."""
+    model is its latency and the host's jitter, which say nothing of the bandwidth. A floor, not an estimate: on a
+    slow link it stays below what the ring's bytes take (docs/auto.md, "The early look")."""
     bytes_s = broadcast_s - latency_s
     if nodes < 2 or broadcast_bytes <= 0 or bytes_s < BYTES_SHARE * broadcast_s:
         return 0.0
@@ -30,12 +29,11 @@ def transfer_floor_s(broadcast_s: float, latency_s: float, broadcast_bytes: int,
 
 
 def clearly_slow(floor_s: float, compute_s: float) -> bool:
-    """The early look's verdict: the uncompressed gradient's bytes take at least ``SLOW_LOOK`` times the probing
-    step's compute (``floor_s``: their least time, ``transfer_floor_s``). Half, not all: that step's compute holds
-    its first calls (on the 2-core emulated cluster ResNet-20's step 0 read 31-135 ms of compute against a warm-up
-    median of 33-65 ms), so bytes as long as half of it may still be as long as a later step's and do not hide at
-    width 2. A first step inflated more (a GPU's autotuning) only makes the look decline: the step then exchanges
-    uncompressed, as without it."""
+    """The early look's verdict: the uncompressed gradient's bytes take at least ``SLOW_LOOK`` times the probing step's
+    compute (``floor_s``: their least time, ``transfer_floor_s``). Half, not all: that step's compute holds its first
+    calls and may read far longer than a later step's, so bytes as long as half of it may still be as long as a later
+    step's compute and do not hide at width 2. A first step inflated more (a GPU's autotuning) only makes the look
+    decline: the step then exchanges uncompressed, as without it."""
     return floor_s >= SLOW_LOOK * compute_s > 0
 
 

@@ -22,11 +22,10 @@ CODEC_SAMPLE = 4_000_000  # elements at most for a codec's timed encode and deco
 def measure(numel: int, device: torch.device, dtype: torch.dtype, group: dist.ProcessGroup | None,
             codecs: tuple[str, ...] = CANDIDATES, codec_options: dict | None = None) -> dict[str, float]:
     """Step 2 on this rank: seconds of an uncompressed all-reduce of 1/64 of ``numel`` elements of the buckets'
-    ``dtype``, and encode/decode throughput (fp32 bytes/s) of every codec in ``codecs`` (built with
-    ``codec_options``), timed on every rank at once: where ranks share a host's cores, a codec runs in training at
-    their shared speed (timed on rank 0 alone, 14-17 ms for three codecs against 30-34 ms on each of 4 ranks on 2
-    cores, and the AlexNet-like model on unshaped links chose q4 at 1.9x synchronous SGD's iteration). The
-    all-reduce's least time of ``REPEATS``: the host's noise only adds to it."""
+    ``dtype``, and encode/decode throughput (fp32 bytes/s) of every codec in ``codecs`` (built with ``codec_options``),
+    timed on every rank at once: where ranks share a host's cores, a codec runs in training at their shared speed (timed
+    on one rank alone, a codec reads faster than it will run, and the choice takes a codec that is slower than not
+    compressing). The all-reduce's least time of ``REPEATS``: the host's noise only adds to it."""
     x = torch.zeros(max(numel // SMALL_FRACTION, 1), dtype=dtype, device=device)
     dist.all_reduce(x, group=group)  # the first call sets up what the next ones reuse
     times = []
@@ -59,8 +58,7 @@ def agreed(measured: dict[str, float], group: dist.ProcessGroup | None, device: 
 def exchange_per_step(clock: StepClock, group: dist.ProcessGroup | None, device: torch.device) -> StepClock:
     """The clock with each step's exchange time as the rank that waited least saw it (the same on every rank): in a
     synchronous step every other rank's busy time also holds its wait for the last one to arrive, which at step 0
-    is start-up (on the 2-core emulated cluster step 0's exchange read 16 ms on one rank and 85 ms on another; the
-    exchange itself took 14-22 ms in the steps after). ``probe`` reads it."""
+    is start-up, far longer than the exchange itself on a rank that arrived early. ``probe`` reads it."""
     if not clock.comm_busy or dist.get_world_size(group) == 1:
         return clock
     times = torch.tensor(clock.comm_busy, dtype=torch.float64, device=device)
@@ -73,7 +71,7 @@ def exchange_per_step(clock: StepClock, group: dist.ProcessGroup | None, device:
 def on_rank0(make: Callable[[], Any], group: dist.ProcessGroup | None, device: torch.device) -> Any:
     """``make()`` run on rank 0 alone and its result broadcast: every rank holds the same decision, computed once.
     Why not on every rank from the agreed numbers: ranks that share a host's cores compute the same decision at
-    once (on the 2-core emulated cluster the first decision took 73 ms on each of 4 ranks, 12 ms on one alone).
+    at once, each at a fraction of the cores, so each takes far longer than one rank alone.
     The other ranks wait in the broadcast; an error on rank 0 reaches them as one, instead of a hang."""
     if dist.get_world_size(group) == 1:
         return make()

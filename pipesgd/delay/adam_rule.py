@@ -9,11 +9,9 @@ each step in flight moves the parameters by
     m = lerp(m, g, 1 - beta1);   v = beta2 * v + (1 - beta2) * g * g;   s = s + 1
     w = w - lr / (1 - beta1^s) * m / (sqrt(v) / sqrt(1 - beta2^s) + eps)
 
-with ``m``, ``v`` and the step count ``s`` starting from the optimizer's state (zeros and 0 where a parameter has
-none yet), ``m`` and ``v`` advanced in scratch so the optimizer's own state is only read. The operations, their order
-and their kernels are those of torch's foreach Adam (``torch.optim.adam._multi_tensor_adam``, not capturable), so
-the parameters move to the bits a stepped copy of the optimizer reaches (``tests/test_adam_rule.py``); on CPU
-torch's per-tensor loop gives the same bits as its foreach path.
+with ``m``, ``v`` and ``s`` from the optimizer's state (zeros and 0 where none yet), advanced in scratch so that
+state is only read. Operations, order and kernels are torch's foreach Adam's (``_multi_tensor_adam``, not
+capturable), so the parameters reach a stepped copy's bits (``tests/test_adam_rule.py``).
 """
 from __future__ import annotations
 

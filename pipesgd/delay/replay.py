@@ -4,20 +4,11 @@
 parameters alias the real ones (same storage, own ``.grad`` slots) and whose state is its own. ``replay_``
 copies the real optimizer's state and hyperparameters into it (learning rates as a scheduler set them, the step
 count that Adam's bias correction reads), then steps it on the given gradients: the parameters move exactly as
-the real optimizer would move them on those gradients, and the real optimizer's state does not change. Copying
-tensor by tensor matters: ``Optimizer.load_state_dict`` would alias ``exp_avg``, ``exp_avg_sq`` and the ``step``
-tensor, and stepping the copy would move the original's step count.
+the real optimizer would move them on those gradients, and the real optimizer's state does not change.
 
 ``torch.optim.SGD``, ``Adam`` and ``AdamW`` skip the replica: their rules are written out in foreach operations
-(``pipesgd.delay.sgd_rule``, ``pipesgd.delay.adam_rule``), which advance scratch copies of the momentum buffers or
-moments alone, without the replica's per-parameter Python (unless the learning rate is a tensor or gradients are
-clipped: then the replica runs). Same kernels as the original, so the same bits: the replay keeps the original's
-``foreach``/``fused`` choice, except that SGD, Adam and AdamW on CPU parameters replay through torch's foreach
-implementation, which on CPU gives bitwise the same results as the per-tensor loop those optimizers default to there
-and costs fewer Python round trips (ResNet-20's 65 tensors: 2.4 against 4.0 ms per SGD step); a group whose learning
-rate a scheduler made a tensor keeps the original's choice (torch's foreach Adam refuses a tensor rate). Clipping,
-when asked, is the wrapper's own (``pipesgd.grads.clipping``), so a replayed step clips exactly as the applied one is
-clipped.
+(``pipesgd.delay.sgd_rule``, ``pipesgd.delay.adam_rule``), with the same kernels, so the same bits. What the
+replay keeps of the original's ``foreach``/``fused`` choice, and clipping: ``OptimizerReplay``.
 """
 from __future__ import annotations
 
@@ -37,7 +28,19 @@ FOREACH_EXACT_ON_CPU = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
 
 
 class OptimizerReplay:
-    """Steps ``optimizer``'s update rule on ``params`` from a copy of its state (see module doc)."""
+    """Steps ``optimizer``'s update rule on ``params`` from a copy of its state (see module doc).
+
+    The state is copied tensor by tensor: ``Optimizer.load_state_dict`` would alias ``exp_avg``, ``exp_avg_sq`` and
+    the ``step`` tensor, and stepping the copy would move the original's step count.
+
+    SGD, Adam and AdamW advance scratch copies of the momentum buffers or moments alone, without the replica's
+    per-parameter Python (unless the learning rate is a tensor or gradients are clipped: then the replica runs).
+    The replay keeps the original's ``foreach``/``fused`` choice, except that SGD, Adam and AdamW on CPU parameters
+    replay through torch's foreach implementation, which on CPU gives bitwise the same results as the per-tensor
+    loop those optimizers default to there and costs fewer Python round trips per step; a group whose learning rate
+    a scheduler made a tensor keeps the original's choice (torch's foreach Adam refuses a tensor rate). Clipping,
+    when asked, is the wrapper's own (``pipesgd.grads.clipping``), so a replayed step clips exactly as the applied
+    one is clipped."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor],
                  max_grad_norm: float | None = None) -> None:

@@ -2,11 +2,10 @@
 
 DDP all-reduces from inside ``backward()`` (autograd hooks fill its buckets, the reducer launches each bucket's
 all-reduce and backward ends waiting for the last), so on shared cores its step differs from a synchronous step of
-the same gradient by more than the lockstep probe sees (LeNet, 4 nodes on 2 cores, the comparison grid, one cell:
-ddp 13.2 ms per step against sync's 10.9 ms, the model's 10.3 ms for both). The probe times that step itself,
-as the trainer's ``--mode ddp`` builds it (``pipesgd.baselines.ddp.DDPOptimizer``: its bucket cap, no comm hook),
-and the same model's forward + backward alone, so that ``timing_model.modes.predict_ddp`` can take what the step
-took beyond the model's DDP step for the probe's own compute (``EmpiricalTerms.ddp_step_s``).
+the same gradient by more than the lockstep probe sees (experiments/results/fidelity/report.md). The probe times
+that step itself, as the trainer's ``--mode ddp`` builds it (``pipesgd.baselines.ddp.DDPOptimizer``: its bucket cap,
+no comm hook), and the same model's forward + backward alone, so that ``timing_model.modes.predict_ddp`` can take
+what the step took beyond the model's DDP step for the probe's own compute (``EmpiricalTerms.ddp_step_s``).
 
 Every rank must call it; it is sized like the other step probes (``pipesgd.measure.timing``).
 """

@@ -5,11 +5,10 @@ Why a probe of its own: without it the model prices error feedback as the codec'
 (``pipesgd.compression.throughput``) slowed by the codec's in-ring factor (``timing_model.fitting
 .fit_codec_costs``). That factor is fitted to rings *without* feedback and takes in everything a compressed
 ring costs beyond its wire time (short pieces, the threads' turns on shared cores), so it overstates the
-feedback's part: AlexNet's 34 MB gradient with sign, 4 nodes sharing 2 cores at 1 Gbit/s, feedback added 37 ms
-to the ring in this probe where the factor (13) made it 190 ms.
-Why in turn and as a difference: a ring timed on its own drifts with what else the shared cores do (LeNet's q8
-ring read 14.2 ms in that cell's calibration and 8.9 ms in this probe a day later); calls taken in turn share
-that drift, and their difference is the feedback's own cost, which the model adds to the plain ring's anchor.
+feedback's part several-fold on a large gradient (docs/timing-model.md, "What the calibration probes measure").
+Why in turn and as a difference: a ring timed on its own drifts with what else the shared cores do, from one
+calibration to the next; calls taken in turn share that drift, and their difference is the feedback's own cost,
+which the model adds to the plain ring's anchor.
 
 Every rank must call ``measure_feedback_rings``.
 """

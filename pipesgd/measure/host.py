@@ -103,12 +103,11 @@ def measure_overlap(sizes_bytes: list[int], repeats: int = 10, warmup: int = 2, 
 def measure_window(worker: CommWorker, compute, collective, tensor: torch.Tensor, warmup: int, device: str,
                    most_steps: int = STEP_PROBE_MAX_STEPS) -> dict:
     """The all-reduce beside one compute window, as a Pipe-SGD step of width 2 runs them: per step, on every rank,
-    submit the all-reduce to the communication thread, run the load once on the main thread, wait for the
-    all-reduce; the next step follows at once (no barrier). Step 2 of ``measure_overlap`` keeps the cores computing
-    for the whole all-reduce; in training they compute for one window per all-reduce and then wait, and on shared
-    cores the two differ by far (LeNet at 100 Mbit/s, 4 nodes on 2 cores: 141 ms vs 10 ms alone continuously, an
-    11.3 ms step in training). The ``warmup`` steps, timed, size the probe to about ``WINDOW_BUDGET_S``
-    (``most_steps`` at most, ``STEP_PROBE_MIN_STEPS`` at least).
+    submit the all-reduce to the communication thread, run the load once on the main thread, wait for the all-reduce;
+    the next step follows at once (no barrier). Step 2 of ``measure_overlap`` keeps the cores computing for the whole
+    all-reduce; in training they compute for one window per all-reduce and then wait, and on shared cores the two differ
+    by far, so the window is timed as training runs it. The ``warmup`` steps, timed, size the probe to about
+    ``WINDOW_BUDGET_S`` (``most_steps`` at most, ``STEP_PROBE_MIN_STEPS`` at least).
     Returns {'ring_window_s': the all-reduce's time on the worker from its start, 'load_window_s': the load's
     time, each the median over steps of the slowest rank, as a run's step records are read
     (``timing_model.validation.read_runs``), 'window_steps'}.
@@ -138,8 +137,8 @@ def measure_lockstep(load: Load, collective, tensor: torch.Tensor, warmup: int =
 
     On cores that the nodes share, the ranks leave a collective at staggered times, and the first to leave compute
     while the others still need a core to finish theirs, so such a step takes longer than the slowest compute plus
-    the collective alone (4 nodes sharing 2 cores, the comparison grid's calibrations: LeNet 3-7 ms of 15-20 ms
-    steps on fast links, ResNet-20 0.8 ms at 1 Gbit/s and 11 ms on unshaped links, 0 at 100 Mbit/s).
+    the collective alone, most on fast links, where that excess is a large share of a short step, and not at all on
+    a slow link, where the collective's bytes dominate.
     The ``warmup`` steps, timed, size both parts to about ``budget_s`` each (``STEP_PROBE_MAX_STEPS`` at most,
     ``STEP_PROBE_MIN_STEPS`` at least), so short steps are sampled over seconds and slow links stay affordable.
     Returns {'lockstep': {'load', 'steps', 'period_s' (median over steps of the mean over ranks: the step's period),
@@ -169,8 +168,8 @@ def measure_lockstep(load: Load, collective, tensor: torch.Tensor, warmup: int =
         worker.close()
     per_step = gathered_rows(rows, device)  # ranks x steps x (compute, period)
     period, compute_max = per_step[:, :, 1].mean(dim=0), per_step[:, :, 0].max(dim=0).values
-    # paired per step: a step's slow compute lengthens its period too, so pairing drops the noise the two share
-    # (ResNet-20 unshaped, three probes: 12.4 / 7.0 / 6.3 ms paired, 12.6 / 7.0 / 7.5 ms from the two medians)
+    # paired per step: a step's slow compute lengthens its period too, so pairing drops the noise the two share,
+    # which a difference of two medians keeps
     return {"lockstep": {"load": label, "steps": steps, "period_s": period.median().item(),
                          "compute_max_s": compute_max.median().item(),
                          "excess_s": (period - compute_max).median().item(), "ring_alone_s": ring_alone}}

@@ -2,12 +2,12 @@
 
 A ps-sync step is the model's forward + backward on every worker, then the round: every remote worker pushes its
 gradient to the server (rank 0, which also trains), the server averages and applies the update, and sends the new
-weights back to each (``pipesgd.baselines.ps_server.ShardServer.sync_round``). The model's α-β link term counts
-the round as p'·M/B inbound then p'·M/B outbound, and on the comparison grid's tc-tbf links that is too slow for a
-small model: LeNet at 100 Mbit/s (4 nodes, 79 KB gradient) took 33 ms per step in three sittings (v4-v6), the
-model said 43 ms. Each direction of the server's link is idle while the other carries its half of the round, so its
-token bucket refills, and the first burst (64 KiB) of each half leaves at line rate. How much that saves depends
-on the bucket, the message and the round's timing, so the probe times the round as the trainer runs it.
+weights back to each (``pipesgd.baselines.ps_server.ShardServer.sync_round``). The model's α-β link term counts the
+round as p'·M/B inbound then p'·M/B outbound, and on the comparison grid's tc-tbf links that is too slow for a small
+model: its measured round is shorter than the model's. Each direction of the server's link is idle while the other
+carries its half of the round, so its token bucket refills, and the first burst (64 KiB) of each half leaves at line
+rate. How much that saves depends on the bucket, the message and the round's timing, so the probe times the round as
+the trainer runs it.
 
 Every rank must call ``measure_ps_round``; it is sized like the other step probes (``pipesgd.measure.timing``).
 """

@@ -39,9 +39,7 @@ def phase_means(rows: list[tuple[float, float, float]], boundary: float) -> dict
 
     Means, not medians: the queue the fitting inverts (``timing_model.empirical.server.closed_queue_response``) is a
     mean-value analysis, and the job's pace it predicts is a mean step. Medians drop the tail of slow steps
-    that cores shared with the server give: on 4 loopback ranks of LeNet the remote workers' median response
-    while rank 0 trained was 8.3 ms against a mean of 9.4 ms, and the pace predicted from medians was 13 % short
-    of the run's (2026-11-24)."""
+    that cores shared with the server give, so a pace predicted from them runs short of the run's."""
     out = {}
     for phase, keep in (("busy", lambda end: end <= boundary), ("idle", lambda end: end > boundary)):
         mine = [(step, wait) for end, step, wait in rows if keep(end)]

@@ -24,8 +24,8 @@ Clock = Callable[[], float]
 
 # The step probes (``pipesgd.measure.host``, ``ddp_step``) run for their time budgets, at least the first and at
 # most the second count of steps, rather than stopping at `repeats`: on cores the nodes share, the scheduling
-# drifts over seconds and a few dozen short steps catch one moment of it (LeNet, 4 nodes on 2 cores, one 1,200-step
-# lockstep probe of 11.7 ms median: its 30-step stretches had medians from 8.7 to 14.3 ms).
+# drifts over seconds and a few dozen short steps catch one moment of it, whose median may lie far from the
+# long run's.
 STEP_PROBE_MIN_STEPS = 5
 STEP_PROBE_MAX_STEPS = 1000
 
