@@ -142,7 +142,7 @@ class WrapperState:
         """Restore ``state`` (refusing one of another model, world size, width or codec); returns its step."""
         if not isinstance(state, dict) or "param_groups" not in state or PIPESGD_KEY not in state:
             raise ValueError(f"not a PipeSGD state_dict() (no {PIPESGD_KEY!r} part); a torch optimizer's own "
-                             f"state loads into opt.optimizer")
+                             f"state loads into the optimizer before it is wrapped")
         inner = {"state": state["state"],
                  "param_groups": [{k: v for k, v in g.items() if k != IN_FLIGHT_KEY} for g in state["param_groups"]]}
         state = state[PIPESGD_KEY]

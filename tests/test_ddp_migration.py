@@ -1,5 +1,5 @@
 """The DDP tutorial's loop switched to PipeSGD (the README's migration guide): a BatchNorm CNN on digits with
-parameter groups, OneCycleLR on ``opt.optimizer``, bf16 autocast, two micro-batches per step and a clip, on 2
+parameter groups, OneCycleLR on ``opt`` itself, bf16 autocast, two micro-batches per step and a clip, on 2
 gloo ranks at width 2. It must learn, end with parameters and buffers bitwise identical on every rank, and
 never apply a gradient whose norm exceeds the clip (slow: a few epochs)."""
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _tutorial_loop(rank: int, world: int):
         [p.grad for p in model.parameters()]))))
     shard = torch.arange(rank, len(ds.x_train), world)
     steps_per_epoch = len(shard) // BATCH
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt.optimizer, max_lr=0.1, total_steps=EPOCHS * steps_per_epoch)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=EPOCHS * steps_per_epoch)
     model.train()
     for epoch in range(EPOCHS):
         order = shard[torch.randperm(len(shard), generator=torch.Generator().manual_seed(epoch))]
