@@ -7,8 +7,10 @@ drift hits every variant alike.
     python experiments/bench_buffers.py --bandwidth 1gbit --compression none --repeats 3
 
 Per variant: the iteration (median over steps after the warm-up of each step's mean over ranks, the period), the
-buffer sync (each step's fastest rank: the others' extra wait there is the straggler) and the ratio of the
-iteration to the same mode's ``--buffers none`` run of the same round.
+buffer sync (each step's fastest rank: the others' extra wait there is the straggler), the ratio of the
+iteration to the same mode's ``--buffers none`` run of the same round, and synchronous training's iteration over
+this one's (the same codec and buffers). With ``--trace`` each run also writes a trace of the steps after the
+warm-up and a second table says where the time went (``experiments.harness.breakdown``).
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
 
+from experiments.harness.breakdown import markdown as breakdown_table  # noqa: E402
+from experiments.harness.breakdown import median_breakdown  # noqa: E402
 from experiments.harness.one_line import OneLineParser  # noqa: E402
 from pipesgd.grads.buffers import BUFFER_MODES
 from pipesgd.cluster.cluster import Cluster
@@ -48,6 +52,7 @@ def main() -> int:
     parser.add_argument("--cores-per-node", type=int, default=0, help="cores of its own per node (0: all shared)")
     parser.add_argument("--buffer-modes", default="none,broadcast",
                         help=f"comma list of {', '.join(BUFFER_MODES)} (none always runs: the ratios' base)")
+    parser.add_argument("--trace", action="store_true", help="trace each run and print where the time went")
     parser.add_argument("--out", default="results/bench_buffers")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
     args = parser.parse_args()
@@ -84,6 +89,9 @@ def main() -> int:
                         metrics = os.path.abspath(os.path.join(args.out, f"{mode}-{buffers}-{round_}.jsonl"))
                         argv = ["pipesgd-train", *MODE_FLAGS[mode], "--buffers", buffers, *shared,
                                 "--metrics", metrics]
+                        if args.trace:
+                            argv += ["--trace", metrics.replace(".jsonl", ".trace.json"),
+                                     "--trace-steps", f"{skip}:{args.steps}"]
                         print(f"round {round_ + 1}/{args.repeats}: {mode} --buffers {buffers} ...", file=sys.stderr,
                               flush=True)
                         if cluster.run(argv, timeout_s=args.timeout, out=log, err=log) != 0:
@@ -111,6 +119,19 @@ def main() -> int:
                 speedup = f"{statistics.median(s / i for (s, _), i in zip(rows[('sync', buffers)], its)):.2f}x"
             print(f"| {mode} | {buffers} | {1e3 * statistics.median(its):.1f} | {1e3 * sync:.1f} "
                   f"| {statistics.median(ratios):.3f} | {speedup} |")
+    if args.trace:
+        print(f"\n## Where the time went (ms per step, rank 0, medians over rounds; limit from the sync run with the "
+              f"same buffers{', the exchange CPU on the training core' if args.cores_per_node == 1 else ''})\n")
+        table, limits = [], {}
+        for mode in modes:
+            for buffers in buffer_modes:
+                traces = [os.path.join(args.out, f"{mode}-{buffers}-{r}.trace.rank0.json") for r in range(args.repeats)]
+                parts = median_breakdown(traces)
+                table.append((f"{mode}, --buffers {buffers}", statistics.median(i for i, _ in rows[(mode, buffers)]),
+                              parts))
+                if mode == "sync":
+                    limits[buffers] = parts.limit_s(shared_core=args.cores_per_node == 1)
+        print(breakdown_table(table, {name: limits.get(name.split("--buffers ")[1]) for name, _, _ in table}))
     return 0
 
 

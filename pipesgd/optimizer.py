@@ -47,10 +47,10 @@ class PipeSGD(torch.optim.Optimizer):
         width: int | str = 2,
         compression: str = "none",
         error_feedback: bool = False,
-        staleness: str = STALENESS,
         bucket_mb: float = BUCKET_MB,
         warmup_steps: int = WARMUP_STEPS,
         process_group: dist.ProcessGroup | None = None,
+        staleness: str = STALENESS,
         options: PipeSGDOptions | None = None,
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -145,13 +145,22 @@ class PipeSGD(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 closure()
+        try:
+            return self._step_once()
+        except BaseException:
+            for left_by_a_scaler in ("found_inf", "grad_scale"):  # GradScaler.step deletes them only on success
+                self.__dict__.pop(left_by_a_scaler, None)
+            raise
+
+    def _step_once(self) -> StepStats:
         self._parts.check_usage(self)
-        t, staleness = self._step, self._staleness
+        t = self._step
         self._parts.begin(t)
         if self._auto is not None:
             self._auto.begin(t)
-        if self._staleness is not None:
-            self._staleness.begin()
+        staleness = self._staleness
+        if staleness is not None:
+            staleness.begin()
         self._submit(t)  # Steps 1-2
         due = self._pipeline.pop_due(t)  # Step 3
         applied = self._parts.apply(due, t, self._lookahead) if due is not None else StepStats(t, None)
@@ -188,6 +197,8 @@ class PipeSGD(torch.optim.Optimizer):
         ``UnevenInputsError`` naming this rank (every rank must flush after the same number of steps)."""
         if self._lookahead is not None:
             self._lookahead.restore()
+        if self._parts.loss_scale is not None:
+            self._parts.loss_scale.user_updates = False  # outside scaler.step(opt): the wrapper updates the scaler
         applied = self._parts.flush(self._pipeline, self._step, self._lookahead, self._staleness)
         if applied:
             self.last_stats = applied[-1]
@@ -196,7 +207,8 @@ class PipeSGD(torch.optim.Optimizer):
     def sync_buffers(self) -> None:
         """Make the module buffers identical on every rank now, per ``PipeSGDOptions.buffers`` (a collective: every
         rank calls it), e.g. before every rank evaluates mid-training. ``flush()`` and ``consolidate_state_dict()`` do
-        it themselves; an evaluation on rank 0 alone needs none (rank 0's buffers are the ones every rank gets)."""
+        it themselves. Under "broadcast" (the default) an evaluation on rank 0 alone needs none: rank 0's buffers are
+        the ones every rank gets; under "average" rank 0's own are not the mean until this runs."""
         self._parts.buffer_sync()
 
     def check_replicas(self, buffers: bool = True) -> None:
@@ -222,9 +234,14 @@ class PipeSGD(torch.optim.Optimizer):
         averaged gradients in flight, loss scales and each rank's own state (error-feedback residuals, codec random
         state, look-ahead stand-ins; every rank's after ``consolidate_state_dict()``, ``pipesgd.wrapper_state``).
         Waits for in-flight exchanges. Not a collective: saving on rank 0 alone is fine."""
+        for hook in self._optimizer_state_dict_pre_hooks.values():
+            hook(self)
         self._parts.snapshots.saved()
         chosen = self._auto.chooser.saved if self._auto is not None else None  # None until the warm-up chose
-        return self._parts.state.state_dict(self._step, chosen)
+        state = self._parts.state.state_dict(self._step, chosen)
+        for hook in self._optimizer_state_dict_post_hooks.values():
+            state = hook(self, state) or state
+        return state
 
     def consolidate_state_dict(self, to: int = 0) -> None:
         """A collective, as ``ZeroRedundancyOptimizer``'s: every rank calls it (before ``if rank == to: torch.save``),
@@ -237,10 +254,16 @@ class PipeSGD(torch.optim.Optimizer):
     def load_state_dict(self, state: dict) -> None:
         """Restore a ``state_dict()`` saved on any rank; refuses one from another model, width, codec or world size.
         Wrap first, then load (a plain torch optimizer loads it too, losing its steps in flight; wrapping warns)."""
+        for hook in self._optimizer_load_state_dict_pre_hooks.values():
+            state = hook(self, state) or state
+        if len(self._pipeline):
+            raise RuntimeError("load_state_dict() with steps in flight; call flush() first")
         if self._auto is not None and saved_auto(state):
             self._auto.chooser.restore(saved_auto(state))  # the saved choice, not a new measurement
             self._use_choice(self._auto.chooser.saved, None)
         self._step = self._parts.state.load_state_dict(state)
+        for hook in self._optimizer_load_state_dict_post_hooks.values():
+            hook(self)
 
     # ----------------------------------------------------------------------------------------- width and codec
     @property
@@ -263,7 +286,11 @@ class PipeSGD(torch.optim.Optimizer):
         """Run ``choice``'s width and codec from the next step on (``pipesgd.auto``): what is in flight is applied
         first, as ``flush()`` does, its waits added to ``stats``. A provisional codec (the warm-up's) changes the
         exchange alone: the config and a checkpoint's names stay "auto" until the choice."""
+        loss_scale = self._parts.loss_scale
         for entry in self._pipeline.flush():
+            if loss_scale is not None and loss_scale.user_updates:  # inside scaler.step(opt): close the last apply
+                loss_scale.end(self)
+                loss_scale.scaler.update()
             stats.t_wait_s += self._parts.apply(entry, self._step, self._lookahead).t_wait_s
         if stats is not None:
             stats.auto_choice = auto.describe(choice)

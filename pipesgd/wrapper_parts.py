@@ -48,7 +48,6 @@ class WrapperParts:
                         if options.init_sync else None)
         # How it travels: a private group with its own worker, one codec seeded for this rank.
         self.device = self.params[0].device if self.params else torch.device("cpu")
-        self.process_group = process_group
         self.channel = open_private_channel(process_group, self.device, options.timeout_s)
         self.exchange = config.build_exchange(self.channel.topology, dist.get_rank(), self.device)
         agreeing = options.check_uneven and self.channel.size > 1
@@ -69,7 +68,6 @@ class WrapperParts:
 
     def start(self, owner: object, pipeline: Pipeline, staleness) -> None:
         """Background work that ends with ``owner`` (``pipesgd.lifecycle``), and the checkpoint's view of the parts."""
-        self.pipeline = pipeline
         self.background = lifecycle.Background(self.channel, self.participation, pipeline, self.config.options.timeout_s)
         self.closer = lifecycle.close_when_dropped(owner, self.background)
         self.snapshots = ModelSnapshotGuard.at_wrap(pipeline, self.optimizer, self.model, self.hooks)
@@ -142,6 +140,8 @@ class WrapperParts:
                 job = coarse.wrap(None, job)[1]
             job([b.empty().zero_() for b in self.buckets])
 
+        if self.apply.unused.indices is None:  # no step yet: join the peers' first-step agreement (pipesgd.params)
+            self.apply.unused.observe(self.fresh, step)
         finished = None if alone else self.channel.submit(self.participation.finish, step, shadow)
         applied = [self.apply(entry, step, lookahead) for entry in pipeline.flush()]
         if finished is not None:

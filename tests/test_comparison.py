@@ -170,7 +170,7 @@ def test_the_charlm_config_trains_the_transformer_to_a_loss_target():
     flags = cfg.train_flags(charlm, "100mbit")
     assert flags[flags.index("--dataset") + 1] == "pysrc" and flags[flags.index("--steps") + 1] == "300"
     assert flags[-len(charlm.flags):] == list(charlm.flags)
-    parsed = resolve([*flags, "--mode", "pipe", "--width", "2", "--lookahead-reach", "1.2"])  # flags the trainer takes
+    parsed = resolve([*flags, "--mode", "pipe", "--width", "2"])  # flags the trainer takes
     assert parsed.optimizer == "adamw" and parsed.lr_schedule == "cosine"
     lenet = load_config(CONFIG).workload("lenet")
     assert load_config(CONFIG).target_of(lenet) == (0.9, "accuracy") and lenet.dataset == "digits"

@@ -79,12 +79,12 @@ def test_a_closure_computes_the_gradients_first(process_group):
     opt.close()
 
 
-def _scaled(rank: int, world: int, through_scaler: bool):
+def _scaled(rank: int, world: int, through_scaler: bool, growth_interval: int = 10**6, width: int = 2):
     """fp16-style loss scaling with an overflow on rank 1 at step 4: ``scaler.step(opt); scaler.update()`` (the
     standard recipe) or ``opt.step()`` alone (the wrapper updates the scaler)."""
     model = make_model(torch.float32)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=10**6)
-    opt = PipeSGD(_sgd(model), model, width=2, warmup_steps=1,
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=growth_interval)
+    opt = PipeSGD(_sgd(model), model, width=width, warmup_steps=1,
                   options=PipeSGDOptions(grad_scaler=scaler, check_replicas_every=1))
     skipped, scales = 0, []
     for t in range(10):
@@ -108,6 +108,12 @@ def test_gradscaler_step_keeps_every_rank_on_the_same_scale_and_skips_the_overfl
     assert all(torch.equal(a, b) for a, b in zip(first, second))
     (want, _, want_scales), _ = run_ranks(_scaled, 2, False)
     assert scales == want_scales and all(torch.equal(a, b) for a, b in zip(first, want))  # as the wrapper drives it
+
+
+def test_gradscaler_step_with_a_growing_scale_at_width_three_keeps_the_ranks_together_through_flush():
+    (first, skipped, scales), (second, skipped_1, scales_1) = run_ranks(_scaled, 2, True, 3, 3)
+    assert skipped == skipped_1 == 1 and scales == scales_1 and len(set(scales)) > 2  # grew, backed off, grew
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
 def test_gradscaler_misuse_is_refused_in_one_line(process_group):

@@ -19,12 +19,13 @@ from tests.test_pipesgd import batch, make_model
 TIMEOUT_S = 20.0
 
 
-def _uneven(rank: int, world: int, width: int, compression: str = "none", standin: str = "local", steps: int = 7):
+def _uneven(rank: int, world: int, width: int, compression: str = "none", standin: str = "local", steps: int = 7,
+            last_steps: int = 5):
     model = make_model()
     opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, width=width, warmup_steps=1,
                   compression=compression, error_feedback=compression != "none",
                   options=PipeSGDOptions(timeout_s=TIMEOUT_S, lookahead_standin=standin))
-    steps = 5 if rank == world - 1 else steps  # the last rank has two batches fewer (or more)
+    steps = last_steps if rank == world - 1 else steps  # the last rank has two batches fewer (or more)
     start = time.monotonic()
     try:
         for t in range(steps):
@@ -48,6 +49,13 @@ def test_the_rank_that_ran_out_is_named_on_every_rank(world, width, compression)
     for rank, (message, seconds) in enumerate(run_ranks(_uneven, world, width, compression)):
         assert f"rank {last} ran out of data after 5 steps" in message, (rank, message)
         assert "same number of steps" in message and seconds < TIMEOUT_S
+
+
+def test_a_rank_without_a_single_step_is_named_too():
+    """It never took the first step, whose agreement on unused parameters its peers wait in: flush() joins that."""
+    for rank, (message, seconds) in enumerate(run_ranks(_uneven, 2, 2, "none", "local", 3, 0)):
+        assert "rank 1 ran out of data after 0 steps" in message, (rank, message)
+        assert seconds < TIMEOUT_S
 
 
 def _even(rank: int, world: int):

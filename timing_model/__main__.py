@@ -1,4 +1,5 @@
-"""``python -m timing_model`` runs the ``pipesgd-timing`` command line."""
+"""``python -m timing_model`` runs the analytic subcommands of ``pipesgd-timing`` (predict, sweep, recommend,
+validate); ``calibrate`` measures, so it lives with ``pipesgd-timing`` itself (``pipesgd.measure.cli``)."""
 import sys
 
 from timing_model.cli import main

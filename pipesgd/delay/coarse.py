@@ -20,8 +20,6 @@ from pipesgd.delay.lowrank import RANK, LowRankFill
 from pipesgd.grads.bucket_sets import BucketSet
 from pipesgd.grads.buckets import Bucket
 
-LOWRANK = "coarse-lowrank"  # pipesgd.defaults.LOOKAHEAD_STANDINS
-
 
 class CoarseResult:
     """A stand-in: its gradients shaped like the parameters (used in place), and the set to give back once its step

@@ -32,6 +32,10 @@ class DelayedLossScale:
         scaler.step(opt)      # or opt.step() alone: the wrapper then updates the scaler itself
         scaler.update()       # (only after scaler.step(opt)); never scaler.unscale_(opt): clip with max_grad_norm
         opt.zero_grad()
+
+    Either way every rank's scale stays the same. With ``scaler.step(opt)`` the user's ``update()`` runs every step,
+    so the K-1 steps that fill the pipeline count toward the scale's growth too; with ``opt.step()`` alone only
+    the steps that apply a gradient do.
     """
 
     def __init__(self, scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:

@@ -21,7 +21,7 @@ from timing_model.atomic import atomic_open
 from pipesgd.runlog.run_files import checkpoint_path, checkpoint_ranks
 from pipesgd.wrapper import OptimizerWrapper
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: PipeSGD's state shaped like a torch optimizer's
 
 
 class CheckpointError(RuntimeError):

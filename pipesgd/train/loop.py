@@ -147,7 +147,10 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
             # advance the data position, then evaluate / checkpoint at that position (left out of t_iter)
             end_of_epoch = pos.advance(spe)
             pause_s, pause_cpu = time.perf_counter(), time.process_time()
-            if leader and evals.due(pos, end_of_epoch):
+            due = evals.due(pos, end_of_epoch)
+            if due and cfg.buffers == "average" and hasattr(opt, "sync_buffers"):
+                opt.sync_buffers()  # every rank: the leader evaluates the ranks' mean (pipesgd.grads.buffers)
+            if leader and due:
                 with trace.span("eval", "eval"):
                     result = evals.run(model, pos, metrics.wall(), evaluate_now)
                 if result is not None:

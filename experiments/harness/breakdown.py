@@ -1,0 +1,78 @@
+"""Where an iteration's time goes, read from ``pipesgd-train --trace`` files: per variant, the training thread's
+compute (forward and backward) and ``step()`` time (the wrapped optimizer's update apart), the exchange's wire time
+and CPU time on its worker, and the overlap efficiency, limit / measured.
+
+The limit is what a perfect overlap would give from the synchronous run at the same codec: the longer of the
+training thread's own work (compute plus the step's update) and the exchange, with the exchange's CPU counted on the
+training side too where the two share the node's core (``shared_core``), since one core runs one of them at a time.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Breakdown:
+    """Per-step means (seconds) of one run's rank, over the traced steps."""
+
+    compute_s: float  # forward + backward on the training thread ("compute" spans)
+    step_s: float  # the training thread inside opt.step() ("opt.step" spans)
+    update_s: float  # of which the wrapped optimizer's update ("update" spans on the training thread)
+    exchange_s: float  # the worker's job per step (its "comm" spans)
+    wire_s: float  # of which waiting on the wire ("wire_wait" phases inside the job)
+
+    @property
+    def exchange_cpu_s(self) -> float:
+        return max(self.exchange_s - self.wire_s, 0.0)
+
+    @property
+    def step_beyond_update_s(self) -> float:
+        return max(self.step_s - self.update_s, 0.0)
+
+    def limit_s(self, shared_core: bool) -> float:
+        """The iteration a perfect overlap of these parts would run at (module doc)."""
+        training = self.compute_s + self.update_s + (self.exchange_cpu_s if shared_core else 0.0)
+        return max(training, self.exchange_s)
+
+
+def read_breakdown(path: str) -> Breakdown:
+    """The per-step means of one rank's trace file (the traced steps only)."""
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    threads = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "thread_name"}
+    spans = [e for e in events if e.get("ph") == "X"]
+
+    def per_step(name: str, thread: str, cat: str | None = None) -> float:
+        chosen = [e for e in spans if e["name"] == name and threads.get(e["tid"]) == thread
+                  and (cat is None or e.get("cat") == cat)]
+        steps = {e.get("args", {}).get("step") for e in spans if threads.get(e["tid"]) == "main"
+                 and e["name"] == "compute"}
+        return sum(e["dur"] for e in chosen) / 1e6 / max(len(steps), 1)
+
+    jobs = [e for e in spans if threads.get(e["tid"]) == "comm" and e.get("cat") == "comm"]
+    steps = max(len({e.get("args", {}).get("step") for e in jobs}), 1)
+    return Breakdown(compute_s=per_step("compute", "main"), step_s=per_step("opt.step", "main"),
+                     update_s=per_step("update", "main"), exchange_s=sum(e["dur"] for e in jobs) / 1e6 / steps,
+                     wire_s=per_step("wire_wait", "comm", "phase") * 1.0)
+
+
+def median_breakdown(paths: list[str]) -> Breakdown:
+    """Field by field, the median over several ranks' or sittings' breakdowns."""
+    parts = [read_breakdown(p) for p in paths]
+    return Breakdown(*(statistics.median(getattr(b, name) for b in parts) for name in Breakdown.__slots__))
+
+
+def markdown(rows: list[tuple[str, float, Breakdown]], limits: dict[str, float]) -> str:
+    """A table: variant, ms per iteration, each part, the limit and the efficiency (limit / measured)."""
+    head = ("| variant | ms / iteration | compute | step() beyond update | update | exchange | of which wire "
+            "| exchange CPU | limit | overlap efficiency |\n|---|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for name, iteration_s, b in rows:
+        limit = limits.get(name)
+        efficiency = f"{limit / iteration_s:.2f}" if limit else ""
+        lines.append(f"| {name} | {1e3 * iteration_s:.1f} | {1e3 * b.compute_s:.1f} | {1e3 * b.step_beyond_update_s:.1f} "
+                     f"| {1e3 * b.update_s:.1f} | {1e3 * b.exchange_s:.1f} | {1e3 * b.wire_s:.1f} "
+                     f"| {1e3 * b.exchange_cpu_s:.1f} | {f'{1e3 * limit:.1f}' if limit else ''} | {efficiency} |")
+    return "\n".join(lines)
