@@ -196,15 +196,19 @@ class FeedbackEncoder(HopEncoder):
         with phases.timed("error_feedback"):
             sizes = [x.numel() for x in xs]
             decoded = decompress_rows(self.compressor, payloads, sizes, self._dtype)
-            torch._foreach_add_(views_at(self._residual, positions, sizes), torch._foreach_sub(xs, decoded))
+            # residual + (x - decoded), bit for bit, in place: decoded - x is exactly -(x - decoded), and no
+            # temporary the size of the bucket is allocated (on CPU each one is fresh pages to fault in)
+            torch._foreach_sub_(decoded, xs)
+            torch._foreach_sub_(views_at(self._residual, positions, sizes), decoded)
 
     def _book(self, x: torch.Tensor, position: int, payload: torch.Tensor) -> None:
         self._book_chunks([x], [position], [payload])
 
     def _settle_now(self, x: torch.Tensor, position: int, payload: torch.Tensor) -> None:
         decoded = self.decode(payload, x)
-        with phases.timed("error_feedback"):
-            self._residual[position : position + x.numel()].add_((x - decoded) * self._mean_over)
+        with phases.timed("error_feedback"):  # residual + (x - decoded) * mean_over, computed in x's own memory
+            x.sub_(decoded).mul_(self._mean_over)
+            self._residual[position : position + x.numel()].add_(x)
         x.copy_(decoded)
 
 
