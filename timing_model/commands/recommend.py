@@ -8,7 +8,7 @@ from timing_model.cli_conventions import UsageError
 from timing_model.trainer_defaults import auto_codec_limits
 
 from ..predict import Scenario
-from ..recommend import HIDDEN_SHARE, WIDER_GAIN, recommend
+from ..recommend import HIDDEN_SHARE, NEAR_FASTEST, WIDER_GAIN, recommend
 from .flags import add_scenario_flags, help_formatter, load_calibration, parse_flag, predict_modes, scenario_fields
 
 __all__ = ["USAGE", "DESCRIPTION", "add_parser", "run"]
@@ -21,8 +21,8 @@ DESCRIPTION = ("Which Pipe-SGD width and gradient codec to run: the first, in an
                "adamw), "
                f"whose all-reduce the model predicts hides behind the step (at most {HIDDEN_SHARE:.0%} of the "
                f"iteration left exposed), or a narrower one predicted within {WIDER_GAIN:g}x of its iteration (a "
-               "stale gradient costs steps; of several, the first within 10% of the fastest of them); else the first "
-               "within 10% of the fastest, or again a narrower one "
+               f"stale gradient costs steps; of several, the first within {NEAR_FASTEST - 1:.0%} of the fastest of "
+               f"them); else the first within {NEAR_FASTEST - 1:.0%} of the fastest, or again a narrower one "
                f"within {WIDER_GAIN:g}x of it. --width and --compression, "
                "when given, are kept. With --calibration FILE (from `pipesgd-timing calibrate`) the cluster comes "
                "from it: --nodes from its world size, the link from its fit, and --compute from the model it timed if "
