@@ -11,15 +11,17 @@ import torch.distributed as dist
 class FreshGradients:
     """Whether a backward wrote gradients since the last ``step()``, and into which parameters (by id)."""
 
-    __slots__ = ("value", "got")
+    __slots__ = ("value", "got", "tracking")
 
     def __init__(self) -> None:
         self.value = False
         self.got: set[int] = set()
+        self.tracking = True  # which parameters: only while some are agreed unused (or not agreed yet)
 
     def mark(self, param: torch.Tensor) -> None:
         self.value = True
-        self.got.add(id(param))
+        if self.tracking:
+            self.got.add(id(param))
 
 
 class UnusedParameters:
@@ -37,6 +39,8 @@ class UnusedParameters:
     def observe(self, fresh: FreshGradients, step: int) -> None:
         """Read (and clear) which parameters this step's backward reached; the first call agrees the unused set on
         every rank of the group (a small all-reduce), later ones refuse a gradient for an agreed-unused one."""
+        if not fresh.tracking:  # every parameter is used: nothing to watch for in later steps
+            return
         got, fresh.got = fresh.got, set()
         if self.indices is None:
             # on the parameters' device: NCCL reduces nothing else, gloo takes either
@@ -45,6 +49,7 @@ class UnusedParameters:
             if self._world_size > 1:
                 dist.all_reduce(reached, op=dist.ReduceOp.MAX, group=self._group)
             self.indices = [i for i, v in enumerate(reached.tolist()) if not v]
+            fresh.tracking = bool(self.indices)  # a backward's hooks then record nothing more
             return
         late = [self._names[i] for i in self.indices if id(self._params[i]) in got]
         if late:

@@ -86,7 +86,7 @@ class AutoPhase:
         stats.auto_choice = auto.describe(self._early) if self._early is not None else None
         applied = stats.applied_step is not None  # the exchange's and the optimizer's times only then
         choice = self.chooser.end(step, stats.t_comm_busy_s if applied else None,
-                                  stats.t_wait_s + (stats.t_buffers_s or 0.0), stats.t_update_s if applied else None)
+                                  stats.t_wait_s, stats.t_update_s if applied else None)
         if choice is not None:
             self._use(choice, stats)
             self.chooser.switched()
