@@ -10,7 +10,7 @@ from experiments.harness.speed import speed_table
 from experiments.harness.comparison_config import load_config
 from experiments.harness.variants import (ACCURACY_VARIANTS, AUTO_CHOICE_VARIANTS, CHARLM_TIME_VARIANTS,
                                          COMPARISON_VARIANTS,
-                                         CONVENTIONAL_BASELINES, DDP_BASELINES, DEFAULT_FIDELITY_VARIANTS,
+                                         CONVENTIONAL_BASELINES, DDP_BASELINES, DEFAULT_FIDELITY_VARIANTS, SAME_CODEC_SYNC,
                                          FIDELITY_VARIANTS, PIPE_VARIANTS, SPEED_VARIANTS, TIME_TO_ACCURACY_VARIANTS,
                                          TRAINER_FLAGS, trainer_flags)
 from pipesgd.runlog.results import Run
@@ -39,7 +39,13 @@ def test_variants_are_the_flags_the_experiments_ran():
     assert trainer_flags("pipe+sign") == ["--mode", "pipe", "--width", "2", "--compression", "sign", "--error-feedback"]
     assert trainer_flags("pipe-w3") == ["--mode", "pipe", "--width", "3"]
     assert trainer_flags("ddp+powersgd") == ["--mode", "ddp", "--ddp-hook", "powersgd"]
-    assert set(PIPE_VARIANTS) | set(CONVENTIONAL_BASELINES) | set(DDP_BASELINES) == set(COMPARISON_VARIANTS)
+    twins = {SAME_CODEC_SYNC[p] for p in PIPE_VARIANTS}  # every Pipe-SGD row beside sync at its codec
+    assert set(PIPE_VARIANTS) | set(CONVENTIONAL_BASELINES) | set(DDP_BASELINES) | twins == set(COMPARISON_VARIANTS)
+    for pipe, twin in SAME_CODEC_SYNC.items():
+        codec = [f for f in trainer_flags(pipe) if f not in ("--mode", "pipe", "--width", "2", "3")]
+        codec = [f for i, f in enumerate(codec) if f.startswith("--compression") or f == "--error-feedback"
+                 or (i and codec[i - 1] == "--compression")]
+        assert trainer_flags(twin) == ["--mode", "sync", *codec], (pipe, twin)
     flags = trainer_flags("sync")
     flags.append("--oops")  # a caller's list never changes the table
     assert TRAINER_FLAGS["sync"] == ["--mode", "sync"]

@@ -14,7 +14,8 @@ from experiments.harness.comparison_record import curve, run_record, step_split,
 from experiments.harness.comparison_report import model_summary, report
 from experiments.harness.comparison_store import ResultStore, estimate_wall
 from experiments.harness.provenance import read_result
-from experiments.harness.speedup import cell_speedups, headline, markdown_tables
+from experiments.harness.comparison_report import where_the_time_went
+from experiments.harness.speedup import SAME_CODEC, cell_speedups, headline, markdown_tables, same_codec_speedup
 from pipesgd.runlog.results import load_run
 from pipesgd.train.flags import resolve
 
@@ -147,6 +148,38 @@ def test_cell_speedups_and_headline_pick_the_largest_with_its_setup():
     assert "ps-sync" not in best  # its only run failed: no ratio, never a guess
     text = markdown_tables(runs)
     assert "4.00x" in text and "5.4x" in text
+
+
+def test_same_codec_sync_credits_pipelining_alone():
+    # DDP 0.3 s, sync+q8 0.12 s, pipe+q8 0.08 s: 3.75x over DDP, of which pipelining buys 1.5x
+    runs = [rec("c", "ddp", 0.3, 9.0), rec("c", "sync", 0.2, 6.0), rec("c", "sync+q8", 0.12, 5.0),
+            rec("c", "pipe+q8", 0.08, 2.0), rec("c", "pipe", 0.1, None), rec("c", "pipe+bf16", 0.09, 3.0)]
+    cell = {r["variant"]: r for r in runs}
+    rows = {(r["pipe"], r["baseline"]): r for r in cell_speedups(cell)}
+    assert rows[("pipe+q8", SAME_CODEC)]["per_iter"] == pytest.approx(1.5)
+    assert rows[("pipe+q8", SAME_CODEC)]["against"] == "sync+q8"
+    assert rows[("pipe+q8", SAME_CODEC)]["to_target"] == pytest.approx(2.5)
+    assert rows[("pipe", SAME_CODEC)]["per_iter"] == pytest.approx(2.0)  # uncompressed: against plain sync
+    assert ("pipe+bf16", SAME_CODEC) not in rows  # sync+bf16 was not run: no ratio, never a guess
+    assert same_codec_speedup(cell, "pipe+bf16") is None
+    best = headline(runs)
+    assert best["ddp"]["per_iter"]["variant"] == "pipe+q8"
+    assert best[SAME_CODEC]["per_iter"]["speedup"] == pytest.approx(2.0)  # pipe over sync
+    text = markdown_tables(runs)
+    head = next(line for line in text.splitlines() if line.startswith("| ddp |"))
+    assert "3.75x" in head and "1.50x" in head  # the gain over DDP and, beside it, pipelining's share
+
+
+def test_report_breaks_traced_runs_down_against_the_same_codec_sync():
+    parts = {"compute_s": 0.04, "step_s": 0.02, "update_s": 0.002, "exchange_s": 0.03, "wire_s": 0.02}
+    sync = dict(rec("c", "sync+q8", 0.07), breakdown=parts, t_iter_s=0.07)
+    pipe = dict(rec("c", "pipe+q8", 0.06), breakdown=dict(parts, step_s=0.004), t_iter_s=0.06)
+    lines = where_the_time_went([sync, pipe, rec("c", "ddp", 0.1)], {"cores_per_node": 0})
+    row = next(line for line in lines if line.startswith("| pipe+q8 |"))
+    # limit = max(compute + update + exchange CPU (shared core), exchange) = max(0.052, 0.03)
+    assert "| 52.0 |" in row and row.rstrip(" |").endswith("0.87")
+    assert not any(line.startswith("| ddp |") for line in lines)  # not traced: not broken down
+    assert where_the_time_went([rec("c", "ddp", 0.1)], {}) == []
 
 
 # ------------------------------------------------------------------------------------------------------------

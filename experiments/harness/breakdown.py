@@ -9,6 +9,7 @@ training side too where the two share the node's core (``shared_core``), since o
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from dataclasses import dataclass
 
@@ -56,6 +57,27 @@ def read_breakdown(path: str) -> Breakdown:
     return Breakdown(compute_s=per_step("compute", "main"), step_s=per_step("opt.step", "main"),
                      update_s=per_step("update", "main"), exchange_s=sum(e["dur"] for e in jobs) / 1e6 / steps,
                      wire_s=per_step("wire_wait", "comm", "phase") * 1.0)
+
+
+def trace_of(metrics: str, rank: int = 0) -> str:
+    """The trace file of ``rank`` beside a run's metrics file ``X.jsonl`` traced with ``--trace X.trace.json``."""
+    return metrics.removesuffix(".jsonl") + f".trace.rank{rank}.json"
+
+
+def traced(flags: list[str]) -> bool:
+    """Whether a run with these ``pipesgd-train`` flags has the spans a breakdown reads: the wrapper's exchange
+    worker runs in Pipe-SGD and synchronous AllReduce (width 1), not in DDP or the parameter server."""
+    return any(a == "--mode" and b in ("pipe", "sync") for a, b in zip(flags, flags[1:]))
+
+
+def breakdown_record(metrics: str) -> dict | None:
+    """Rank 0's breakdown of a traced run as a dict of seconds (the fields of ``Breakdown``), None when the run
+    has no trace or its trace has no traced step."""
+    path = trace_of(metrics)
+    if not os.path.exists(path):
+        return None
+    parts = read_breakdown(path)
+    return None if parts.compute_s == 0.0 else {name: getattr(parts, name) for name in Breakdown.__slots__}
 
 
 def median_breakdown(paths: list[str]) -> Breakdown:

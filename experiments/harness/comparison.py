@@ -21,6 +21,7 @@ import os
 import sys
 import time
 
+from experiments.harness.breakdown import breakdown_record, trace_of, traced
 from experiments.harness.comparison_config import GridConfig, Workload, cell_name
 from experiments.harness.comparison_record import run_record
 from experiments.harness.comparison_store import ResultStore
@@ -164,9 +165,15 @@ def run_cell(cfg: GridConfig, workload: Workload, bandwidth: str, store: ResultS
             run_log = os.path.join(cell_dir, f"{variant}.log")
             for stale in metrics_files(metrics):
                 os.unlink(stale)
-            argv = ["pipesgd-train", *trainer_flags(variant), *shared, "--metrics", metrics]
+            argv = ["pipesgd-train", *trainer_flags(variant), *shared]
+            flags = argv[1:]  # as recorded: without this machine's paths
+            if cfg.trace_steps and traced(argv):
+                window = f"{cfg.skip}:{cfg.skip + cfg.trace_steps}"
+                argv += ["--trace", trace_of(metrics).replace(".rank0", ""), "--trace-steps", window]
+                flags += ["--trace", "TRACE", "--trace-steps", window]
+            argv += ["--metrics", metrics]
             base = {"cell": cell, "workload": workload.name, "architecture": workload.model, "bandwidth": bandwidth,
-                    "nodes": cfg.nodes, "variant": variant, "flags": argv[1:-2],
+                    "nodes": cfg.nodes, "variant": variant, "flags": flags,
                     "metrics": os.path.relpath(metrics), "log": os.path.relpath(run_log)}
             log(f"{progress[0]}/{total} {cell} {variant} ... (elapsed {(time.monotonic() - started) / 60:.1f} min)")
             t0 = time.monotonic()
@@ -184,6 +191,7 @@ def run_cell(cfg: GridConfig, workload: Workload, bandwidth: str, store: ResultS
                 continue
             try:
                 record = run_record(load_run(metrics), skip=cfg.skip, **_target(cfg.target_of(workload)))
+                record["breakdown"] = breakdown_record(metrics)
             except (ValueError, KeyError, json.JSONDecodeError) as error:
                 store.put_run({**base, "status": "failed", "reason": f"unreadable metrics: {error}",
                                "run_wall_s": seconds})
@@ -263,6 +271,7 @@ def rescore(store: ResultStore, skip: int, target: float, cells: set[str] | None
         try:
             goal = (targets or {}).get(old.get("workload"), (target, "accuracy"))
             record = run_record(load_run(old["metrics"]), skip=skip, **_target(goal))
+            record["breakdown"] = breakdown_record(old["metrics"])
         except (ValueError, KeyError, json.JSONDecodeError) as error:
             kept.append(f"{old['cell']} {old['variant']}: unreadable metrics: {error}")
             continue

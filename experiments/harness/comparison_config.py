@@ -72,6 +72,10 @@ class GridConfig:
     # the run at the wall clock of their copy (pipesgd-train --eval-steps N --eval-deferred): finer, and free
     eval_steps: int = 0
     timeout_s: float = 900.0  # per trainer run
+    # Steps traced after the skipped ones in every run of Pipe-SGD or synchronous AllReduce (0: none), for the
+    # report's breakdown of where an iteration goes (experiments.harness.breakdown); a few, so the median step
+    # does not carry the tracer's own cost
+    trace_steps: int = 10
     seed: int = 0
     # The timing model (one calibration per cell)
     calib_repeats: int = 5
@@ -108,6 +112,8 @@ class GridConfig:
             raise ValueError(f"eval_steps must be an integer >= 0 (0: every epoch), got {self.eval_steps!r}")
         if not 0 < self.target_accuracy <= 1:
             raise ValueError("target_accuracy must be in (0, 1]")
+        if not isinstance(self.trace_steps, int) or self.trace_steps < 0:
+            raise ValueError(f"trace_steps must be an integer >= 0 (0: no trace), got {self.trace_steps!r}")
         if self.timeout_s <= 0 or self.calib_timeout_s <= 0 or self.calib_repeats < 1 or self.calib_warmup < 0:
             raise ValueError("timeouts must be > 0, calib_repeats >= 1 and calib_warmup >= 0")
 

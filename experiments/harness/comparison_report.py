@@ -3,11 +3,13 @@ on the wire, accuracy and time to target of every variant with the timing model'
 (``speedup``); the model's error summary and whether it keeps the measured order of the modes (``model_ordering``); and the whole grid's wall-time estimate (``comparison_store``)."""
 from __future__ import annotations
 
+from experiments.harness.breakdown import Breakdown, markdown as breakdown_markdown
 from experiments.harness.model_ordering import ordering_table
 from experiments.harness.speedup import markdown_tables
+from experiments.harness.variants import SAME_CODEC_SYNC
 from timing_model.errors import error_summary, summary_line
 
-__all__ = ["ms", "cell_tables", "model_errors", "model_summary", "estimate_table", "report"]
+__all__ = ["ms", "cell_tables", "where_the_time_went", "model_errors", "model_summary", "estimate_table", "report"]
 
 
 def ms(seconds: float | None) -> str:
@@ -45,11 +47,29 @@ def cell_tables(data: dict) -> str:
                          f"| {ms(m.get('predicted_s'))} | {_fmt(m.get('error') and 100 * m['error'], '+.1f')}"
                          f"{' %' if m else (' ' + r.get('model_note', '')) } |")
         lines.append("")
+        lines += where_the_time_went(runs, info)
     lines += ["compute = forward + backward + batch loading (for ddp it holds DDP's allreduce, which runs inside "
               "backward); exposed comm = iteration - compute - update; medians over the steps after the warm-up of "
               "each step's mean over ranks (for the iteration: the period the ranks step at). To target: seconds since the trainer started until the first evaluation at "
               "or above the target ('-': not reached within the run's steps).", ""]
     return "\n".join(lines)
+
+
+def where_the_time_went(runs: list[dict], info: dict) -> list[str]:
+    """A cell's breakdown table (``experiments.harness.breakdown``) of its traced runs, each Pipe-SGD run's limit
+    taken from the synchronous run at its codec; no lines when nothing was traced."""
+    parts = {r["variant"]: (r["t_iter_s"], Breakdown(**r["breakdown"])) for r in runs
+             if r.get("status") == "ok" and r.get("breakdown")}
+    if not parts:
+        return []
+    shared_core = info.get("cores_per_node", 0) <= 1  # nodes sharing the host's cores, or one core each
+    limits = {name: parts[twin][1].limit_s(shared_core) for name in parts
+              for twin in [SAME_CODEC_SYNC.get(name, name)] if twin in parts}
+    return ["Where the time went, ms per step (rank 0, the traced steps): the limit is what a perfect overlap "
+            "would give from the synchronous run at the same codec (its compute and update, the exchange's CPU "
+            "counted on the training side where a node's core runs both, or the exchange if longer); "
+            "efficiency = limit / measured.", "",
+            *breakdown_markdown([(name, t, b) for name, (t, b) in parts.items()], limits).splitlines(), ""]
 
 
 def model_errors(data: dict) -> list[dict]:

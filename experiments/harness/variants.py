@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __all__ = ["TRAINER_FLAGS", "SPEED_VARIANTS", "ACCURACY_VARIANTS", "FIDELITY_VARIANTS", "DEFAULT_FIDELITY_VARIANTS",
            "COMPARISON_VARIANTS", "PLAIN_VARIANTS", "COARSE_VARIANTS", "TIME_TO_ACCURACY_VARIANTS", "PIPE_VARIANTS",
-           "CHARLM_TIME_VARIANTS", "AUTO_CHOICE_VARIANTS", "CONVENTIONAL_BASELINES", "DDP_BASELINES", "trainer_flags"]
+           "CHARLM_TIME_VARIANTS", "AUTO_CHOICE_VARIANTS", "SAME_CODEC_SYNC", "CONVENTIONAL_BASELINES", "DDP_BASELINES", "trainer_flags"]
 
 # Look-ahead's stand-in: the own gradient, named. It is what "auto" (the default) picks under SGD, where every grid
 # but the character GPT's runs; under AdamW "auto" picks coarse-lowrank ("pipe+q8+lowrank"), and the GPT's committed
@@ -40,6 +40,7 @@ TRAINER_FLAGS: dict[str, list[str]] = {  # variant name: pipesgd-train flags
     "sync+bf16": ["--mode", "sync", "--compression", "bf16"],
     "sync+q8": ["--mode", "sync", "--compression", "q8", "--error-feedback"],
     "sync+q4": ["--mode", "sync", "--compression", "q4", "--error-feedback"],
+    "sync+sign": ["--mode", "sync", "--compression", "sign", "--error-feedback"],
     "ddp": ["--mode", "ddp"],
     "ddp+fp16": ["--mode", "ddp", "--ddp-hook", "fp16"],
     "ddp+powersgd": ["--mode", "ddp", "--ddp-hook", "powersgd"],  # PyTorch's powerSGD_hook (its error feedback)
@@ -55,8 +56,8 @@ FIDELITY_VARIANTS = ("sync", "pipe", "pipe+bf16", "pipe+q8", "sync+bf16", "sync+
 DEFAULT_FIDELITY_VARIANTS = ("sync", "pipe", "pipe+bf16", "pipe+q8", "ddp", "ps-sync")
 # issue 12 (comparison.py): the 4-node grid, baselines first; sync runs before ddp so the timing model can lend
 # the sync run's compute to the ddp runs of the same cell
-COMPARISON_VARIANTS = ("ps-sync", "ps-async", "sync", "ddp", "ddp+fp16", "ddp+powersgd", "pipe", "pipe+bf16",
-                       "pipe+q8", "pipe+sign", "pipe-w3")
+COMPARISON_VARIANTS = ("ps-sync", "ps-async", "sync", "sync+bf16", "sync+q8", "sync+sign", "ddp", "ddp+fp16",
+                       "ddp+powersgd", "pipe", "pipe+bf16", "pipe+q8", "pipe+sign", "pipe-w3")
 # issue 36 (configs/time_to_accuracy.toml): the grid's variants and the plain update beside the look-ahead default
 PLAIN_VARIANTS = ("pipe-plain", "pipe+q8-plain")
 TIME_TO_ACCURACY_VARIANTS = COMPARISON_VARIANTS + PLAIN_VARIANTS
@@ -66,6 +67,11 @@ PIPE_VARIANTS = ("pipe", "pipe+bf16", "pipe+q8", "pipe+sign", "pipe-w3")  # the 
 # issue 39 (configs/auto_choice.toml): --compression auto against every codec it chooses among, at width 1 and 2
 AUTO_CHOICE_VARIANTS = ("sync", "sync+bf16", "sync+q8", "sync+q4", "pipe", "pipe+bf16", "pipe+q8", "pipe+q4",
                         "pipe+auto", "pipe-wauto+auto", "pipe-wauto+auto+recheck")
+# Every Pipe-SGD variant's synchronous twin: width 1 with the same codec (and error feedback), so a speedup over it
+# is what pipelining buys alone, apart from what the codec buys (DDP -> + codec -> + pipelining)
+SAME_CODEC_SYNC = {"pipe": "sync", "pipe+bf16": "sync+bf16", "pipe+q8": "sync+q8", "pipe+sign": "sync+sign",
+                   "pipe+q4": "sync+q4", "pipe-w3": "sync", "pipe-plain": "sync", "pipe+q8-plain": "sync+q8",
+                   "pipe+q8+lowrank": "sync+q8"}
 CONVENTIONAL_BASELINES = ("ps-sync", "ps-async", "sync")  # the paper's "conventional approaches"
 DDP_BASELINES = ("ddp", "ddp+fp16", "ddp+powersgd")  # the peers users would pick today
 
