@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", default=4, type=int, help="gloo ranks of table 2 (0: skip it; CPU tensors)")
     parser.add_argument("--rounds", default=4, type=positive_int)
     parser.add_argument("--repeats", default=15, type=positive_int)
-    parser.add_argument("--out", default="experiments/results/codec_rows")
+    parser.add_argument("--out", default="experiments/results/bench_codec_rows")
     try:
         args = parser.parse_args(argv)
     except (ValueError, TypeError) as err:

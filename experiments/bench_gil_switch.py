@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hops", type=int, default=60, help="hops per measurement (default 60)")
     parser.add_argument("--wire-ms", type=float, default=2.0, help="the wait on the wire per hop (default 2 ms)")
     parser.add_argument("--elements", type=int, default=256 * 1024, help="chunk size (default 256 Ki)")
-    parser.add_argument("--out", default="experiments/results/gil_switch")
+    parser.add_argument("--out", default="experiments/results/bench_gil_switch")
     args = parser.parse_args(argv)
     try:
         intervals = [float(x) for x in args.intervals_ms.split(",") if x]

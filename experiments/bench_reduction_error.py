@@ -137,7 +137,7 @@ def main() -> None:
     parser.add_argument("--numel", type=int, default=2**20, help="elements of the gradient-like data")
     parser.add_argument("--steps", type=int, default=6, help="consecutive steps per configuration")
     parser.add_argument("--codecs", default="q8,q4,sign")
-    parser.add_argument("--out", default="experiments/results/reduction_error")
+    parser.add_argument("--out", default="experiments/results/bench_reduction_error")
     args = parser.parse_args()
     origin = provenance()  # before the runs: the code they run, not what the tree holds when they end
     ranks = [int(p) for p in args.ranks.split(",")]

@@ -80,25 +80,6 @@ def check_ab_flags(parser, args) -> None:
         parser.error(f"--switch-interval-ms must be positive (got {args.switch_interval_ms})")
 
 
-def add_profile_flags(parser, models: str, steps: int, top: int) -> None:
-    """The profiling scripts' flags (gpu_host_profile.py, gpu_thread_profile.py), each with its own defaults."""
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--models", default=models, help="comma-separated: lenet,resnet20,resnet18")
-    parser.add_argument("--steps", type=int, default=steps)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--top", type=int, default=top)
-    parser.add_argument("--out", required=True)
-
-
-def check_profile_flags(parser, args) -> None:
-    if args.ranks < 1 or args.steps < 1 or args.warmup < 0 or args.top < 1:
-        parser.error("--ranks, --steps and --top must be >= 1, --warmup >= 0")
-    known = ("lenet", "resnet20", "resnet18")
-    if not set(args.models.split(",")) <= set(known):
-        parser.error(f"--models: one or more of {', '.join(known)}; got {args.models!r}")
-
-
 def check_device(parser, device_kind: str, backend: str = "gloo", ranks: int = 1) -> None:
     """Before any rank starts: CUDA asked for and present; NCCL with CUDA and one GPU per rank (in one line instead
     of every spawned rank's traceback, or NCCL's "Duplicate GPU detected"). ``parser.error``: exit status 2."""

@@ -1,5 +1,5 @@
 """experiments/bench_codec_rows.py: a tiny run writes both tables with provenance, and bad input exits 2 before any
-work (the measurement itself is its committed result, experiments/results/codec_rows/)."""
+work (the measurement itself is its committed result, experiments/results/bench_codec_rows/)."""
 from __future__ import annotations
 
 import subprocess

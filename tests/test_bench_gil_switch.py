@@ -1,6 +1,6 @@
 """experiments/bench_gil_switch.py: a tiny run writes its table with provenance and leaves the interpreter's switch
 interval as it found it; bad input exits 2 with one line before any work (the measurement itself is its committed
-result, experiments/results/gil_switch/)."""
+result, experiments/results/bench_gil_switch/)."""
 from __future__ import annotations
 
 import subprocess

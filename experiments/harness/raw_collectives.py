@@ -7,7 +7,6 @@ sends to every peer at once, as well as the same bytes one peer at a time?
   all-gather    ``all_gather_into_tensor`` of one chunk: the exchange's second collective
   ring hops     p-1 hops of one chunk to the right neighbour (``hops`` to change that): half the per-hop ring's
                 wire traffic
-``experiments/gpu_exchange_probe.py`` times the same on pinned buffers, as gloo stages CUDA payloads.
 """
 from __future__ import annotations
 
