@@ -13,7 +13,7 @@ from ..recommend import HIDDEN_SHARE, NEAR_FASTEST, WIDER_GAIN, recommend
 from ..units import format_time
 from .flags import add_scenario_flags, help_formatter, load_calibration, parse_flag, predict_modes, scenario_fields
 
-__all__ = ["USAGE", "DESCRIPTION", "add_parser", "run", "why_sentences"]
+__all__ = ["USAGE", "DESCRIPTION", "add_parser", "run", "why_points"]
 
 USAGE = ("%(prog)s --nodes N --bandwidth RATE --params COUNT --compute TIME [...]\n"
          "       %(prog)s --calibration FILE --params COUNT [--compute TIME] [...]")
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> str:
         return json.dumps(answer.as_dict(), indent=2) + "\n"
     why = answer.reason + (f"; {note}" if note else "")
     longest = max(c.iteration_s for c in answer.candidates)  # one unit down each column
-    lines = [f"recommended: {answer.choice.label}", "why: " + "\n     ".join(why_sentences(why)), "",
+    lines = [f"recommended: {answer.choice.label}", "why: - " + "\n     - ".join(why_points(why)), "",
              "| width | compression | error feedback | all-reduce | iteration | exposed | hides |",
              "|---|---|---|---|---|---|---|"]
     for c in answer.candidates:
@@ -94,18 +94,13 @@ def run(args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
-# where a reason's clauses meet (``timing_model.recommend`` joins them with "; "): each becomes a sentence
+# where a reason's clauses meet (``timing_model.recommend`` joins them with "; "): each is a point of its own
 _CLAUSE_BREAKS = re.compile(r";\s+")
 
 
-def why_sentences(reason: str) -> list[str]:
-    """``reason``'s clauses as short sentences, each capitalised and ending in a full stop."""
-    sentences = []
-    for clause in _CLAUSE_BREAKS.split(reason):
-        clause = clause.strip()
-        if clause:
-            sentences.append(clause[0].upper() + clause[1:] + ("" if clause.endswith(".") else "."))
-    return sentences
+def why_points(reason: str) -> list[str]:
+    """``reason``'s clauses, one short point each, in its order."""
+    return [clause.strip() for clause in _CLAUSE_BREAKS.split(reason) if clause.strip()]
 
 
 def _cluster_from(fields: dict, calibration) -> None:
