@@ -3,6 +3,7 @@ model's own prediction, fixed knobs kept, the fastest when nothing hides, and ba
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -191,3 +192,14 @@ def test_bad_input_is_one_line_and_exit_2(capsys, extra, needle):
     assert main(["recommend", "--nodes", "4", "--bandwidth", "100mbit", "--params", "1M", *extra]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and needle in err
+
+
+def test_the_cli_gives_the_why_as_a_short_list(capsys):
+    """One point per clause of the reason, none run on with a semicolon; the times without e-notation."""
+    assert main(["recommend", "--nodes", "4", "--bandwidth", "100mbit", "--params", "1.5B", "--compute", "100ms"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[1].startswith("why: - nothing tried hides its all-reduce") and lines[2].startswith("     - ")
+    why = [line for line in lines[1:] if line.startswith(("why: - ", "     - "))]
+    assert len(why) >= 2 and not any(";" in line for line in why)
+    assert not re.search(r"\de[+-]\d", out) and "| 12 min | 12 min | no |" in out

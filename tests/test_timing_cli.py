@@ -10,6 +10,8 @@ import sys
 from dataclasses import asdict
 from types import SimpleNamespace
 
+import re
+
 import pytest
 
 from tests.distributed import run_ranks
@@ -20,6 +22,8 @@ from pipesgd.measure.cli import main
 from timing_model.fitting import ALGORITHM_OF, host_record, overlap_sizes
 from timing_model.modes import MODES
 from timing_model.params import CODEC_RATIOS
+from timing_model.commands.predict import PREDICT_COLUMNS
+from timing_model.units import parse_time
 
 BASE = ["--nodes", "4", "--bandwidth", "10gbit", "--bytes", "100MB", "--compute", "120ms"]
 
@@ -79,12 +83,61 @@ def test_predict_takes_a_negative_lockstep_and_the_colocated_step(capsys):
 
 
 def test_predict_markdown_and_csv_agree(capsys):
-    _, md, _ = run_cli(capsys, "predict", *BASE, "--latency", "50us")
+    """The wide table (times with their unit) and the short default one say what csv says, to four digits."""
+    _, md, _ = run_cli(capsys, "predict", *BASE, "--latency", "50us", "--format", "wide")
+    _, short, _ = run_cli(capsys, "predict", *BASE, "--latency", "50us")
     _, text, _ = run_cli(capsys, "predict", *BASE, "--latency", "50us", "--format", "csv")
     md_rows, csv_rows = parse_markdown(md), list(csv.DictReader(io.StringIO(text)))
     assert [r["mode"] for r in md_rows] == [r["mode"] for r in csv_rows] == list(MODES)
-    for a, b in zip(md_rows, csv_rows):
-        assert float(a["iteration_s"]) == pytest.approx(float(b["iteration_s"]), rel=1e-3)
+    assert [r["mode"] for r in parse_markdown(short)] == list(MODES)
+    for a, b, c in zip(md_rows, csv_rows, parse_markdown(short)):
+        assert parse_time(a["iteration_s"]) == pytest.approx(float(b["iteration_s"]), rel=1e-3)
+        assert parse_time(c["iteration"]) == pytest.approx(float(b["iteration_s"]), rel=1e-3)
+
+
+def test_predict_default_table_fits_100_columns_and_names_its_columns(capsys):
+    """Short lines, no e-notation even for a 1.5 B-parameter model, a legend of the speedup, and "comm hidden"
+    where Pipe-SGD's all-reduce hides behind compute (the wide table's regime still says what the comm is bound by)."""
+    code, out, err = run_cli(capsys, "predict", "--nodes", "4", "--bandwidth", "10gbit", "--params", "1.5B",
+                             "--compute", "120ms")
+    assert code == 0 and err == ""
+    assert max(len(line) for line in out.splitlines()) <= 100
+    assert not re.search(r"\de[+-]\d", out)
+    assert "vs sync: times faster than synchronous all-reduce (width 1) with the same codec" in out
+    rows = {r["mode"]: r for r in parse_markdown(out)}
+    assert rows["sync"]["iteration"] == "7.32 s" and rows["sync"]["vs sync"] == "1x"
+    code, out, _ = run_cli(capsys, "predict", *BASE)
+    rows = {r["mode"]: r for r in parse_markdown(out)}
+    assert rows["pipe"]["bound"] == "compute-bound (comm hidden)" and rows["sync"]["bound"] == "bandwidth-bound"
+    assert rows["pipe"]["iteration"] == "120 ms" and rows["pipe"]["vs sync"] == "2x" and rows["pipe"]["width"] == "2"
+    assert max(len(line) for line in out.splitlines()) <= 100
+
+
+def test_predict_wide_has_every_column(capsys):
+    code, out, _ = run_cli(capsys, "predict", *BASE, "--format", "wide")
+    rows = parse_markdown(out)
+    assert code == 0 and list(rows[0]) == PREDICT_COLUMNS and len(rows) == len(MODES)
+    pipe = {r["mode"]: r for r in rows}["pipe"]
+    assert pipe["regime"] == "bandwidth-bound" and pipe["hidden_comm_s"] == "120 ms" and pipe["straggler_s"] == "0"
+
+
+@pytest.mark.parametrize("flag, value, unit", [
+    ("--compute", "120", "give a unit, e.g. 120ms or 120s"), ("--latency", "0.1", "e.g. 0.1ms or 0.1s"),
+    ("--lockstep=-2", None, "time '-2': give a unit, e.g. -2ms or -2s"), ("--bucket", "4096", "e.g. 4096MB or 4096B"),
+    ("--copy-rate", "5", "has no unit"), ("--params", "61MB", "a size in bytes goes to --bytes"),
+])
+def test_a_bare_time_size_or_rate_is_refused_in_one_line_naming_the_unit(capsys, flag, value, unit):
+    code, out, err = run_cli(capsys, "predict", "--nodes", "4", "--bandwidth", "1gbit", "--params", "1M", flag,
+                             *(() if value is None else (value,)))
+    assert code == 2 and out == "" and err.count("\n") == 1 and unit in err
+    code, _, err = run_cli(capsys, "predict", "--nodes", "4", "--bandwidth", "1gbit", "--bytes", "4096")
+    assert code == 2 and "--bytes: size '4096': give a unit, e.g. 4096MB or 4096B" in err
+
+
+def test_zero_needs_no_unit_and_counts_none(capsys):
+    for extra in (("--compute", "0"), ("--latency", "0", "--bucket", "0"), ("--lockstep=-0",)):
+        code, _, err = run_cli(capsys, "predict", "--nodes", "4", "--bandwidth", "1gbit", "--params", "1500000", *extra)
+        assert code == 0, err
 
 
 def test_predict_with_options(capsys):
@@ -386,3 +439,15 @@ def test_calibrate_failing_on_rank_0_leaves_the_other_ranks_clean(tmp_path):
     assert "exitcode  : 1" in done.stderr  # torchrun's report of rank 0: a run-time failure, not bad input (2)
     # (torchrun itself may report that it stopped rank 1 after rank 0 failed; rank 1 must not have crashed)
     assert "[rank1]: Traceback" not in done.stderr and "Connection closed" not in done.stderr
+
+
+def test_readable_times_and_numbers_never_use_e_notation():
+    from timing_model.units import format_number, format_time
+
+    assert [format_time(s) for s in (0, 5e-5, 0.12, 9.018, 90.18, 1234.5, -0.002)] == [
+        "0", "50 us", "120 ms", "9018 ms", "90.18 s", "20.57 min", "-2 ms"]
+    assert format_time(0.12, like=38.5) == "0.12 s"  # one unit down a column
+    assert [format_number(v) for v in (90180.4, 0.0125, 2.0, 1.0174)] == ["90180", "0.0125", "2", "1.017"]
+    assert parse_time("0.12") == pytest.approx(0.12)  # the library still reads a bare number as seconds
+    with pytest.raises(ValueError, match="give a unit, e.g. 0.12ms or 0.12s"):
+        parse_time("0.12", require_unit=True)

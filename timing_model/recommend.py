@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 
 from .modes import ModeResult
 from .predict import Scenario
+from .units import format_time
 
 __all__ = ["HIDDEN_SHARE", "WIDER_GAIN", "CODEC_LADDER", "Candidate", "Recommendation", "codec_label", "choice_label",
            "recommend"]
@@ -137,7 +138,8 @@ def recommend(scenario: Scenario, predict_pipe, *, max_width: int = 3, allow_sig
         why = (f"its all-reduce ({_ms(hiding.comm_s)}) hides behind the step (exposed {_ms(hiding.exposed_s)} of "
                f"{_ms(hiding.iteration_s)})")
         if before:
-            why += (f"; the {len(before)} tried before it (narrower or more exact) leave up to "
+            leave = "the one tried before it" if len(before) == 1 else f"the {len(before)} tried before it"
+            why += (f"; {leave} (narrower or more exact) leave{'s' if len(before) == 1 else ''} up to "
                     f"{_ms(max(c.exposed_s for c in before))} exposed")
         return Recommendation(hiding, why, tuple(tried))
     near = _first_near_fastest(tried)
@@ -145,11 +147,11 @@ def recommend(scenario: Scenario, predict_pipe, *, max_width: int = 3, allow_sig
     narrower = _narrower_within_gain(tried[:tried.index(near)], near)
     if narrower is not None:
         why = (f"nothing tried hides its all-reduce; {near.label}, the first within {NEAR_FASTEST - 1:.0%} of the "
-               f"fastest prediction, at {_ms(near.iteration_s)} per iteration")
+               f"fastest prediction, takes {_ms(near.iteration_s)} per iteration")
         return Recommendation(narrower, _narrower_reason(why, narrower), tuple(tried))
-    why = (f"nothing tried hides its all-reduce; the first within {NEAR_FASTEST - 1:.0%} of the fastest prediction "
-           f"({_ms(near.iteration_s)} per iteration against {_ms(fastest)}, {_ms(near.exposed_s)} of it exposed "
-           f"communication)")
+    why = (f"nothing tried hides its all-reduce; this is the first within {NEAR_FASTEST - 1:.0%} of the fastest "
+           f"prediction ({_ms(near.iteration_s)} per iteration against {_ms(fastest)}); {_ms(near.exposed_s)} of "
+           f"its iteration is exposed communication")
     return Recommendation(near, why, tuple(tried))
 
 
@@ -169,9 +171,10 @@ def _first_near_fastest(candidates: list[Candidate]) -> Candidate | None:
 
 
 def _narrower_reason(why: str, narrower: Candidate) -> str:
-    return (f"{why}, but {narrower.label} is predicted at {_ms(narrower.iteration_s)}, within {WIDER_GAIN:g}x: a "
+    return (f"{why}; but {narrower.label} is predicted at {_ms(narrower.iteration_s)}, within {WIDER_GAIN:g}x; a "
             f"wider pipeline's stale gradient costs steps, so it is taken only for a {WIDER_GAIN:g}x faster iteration")
 
 
 def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms"
+    """A time in a reason: three digits, in ms below 10 s (``format_time``), ``0 ms`` for none."""
+    return format_time(seconds, digits=3) if seconds else "0 ms"

@@ -1,7 +1,7 @@
 """Render lists of flat dicts as markdown, CSV or JSON; the CLI's only formatting code.
 
 JSON keeps full-precision numbers (seconds, bytes/s); markdown and CSV use the same column keys,
-markdown rounds to four significant digits for reading.
+markdown rounds to four significant digits in plain decimals (no e-notation) for reading.
 """
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import csv
 import io
 import json
 import math
+
+from .units import format_number
 
 __all__ = ["FORMATS", "render", "render_markdown", "render_csv", "render_json"]
 
@@ -23,7 +25,7 @@ def _cell(value, precise: bool) -> str:
             return "nan"
         if math.isinf(value):
             return "inf" if value > 0 else "-inf"
-        return repr(value) if precise else f"{value:.4g}"
+        return repr(value) if precise else format_number(value)
     return "" if value is None else str(value)
 
 

@@ -7,7 +7,8 @@ Conventions (everything inside the timing model is seconds, bytes and bytes per 
 - Bandwidths follow the one rule of ``timing_model.bandwidth`` (shared with ``pipesgd-cluster``): ``10gbit`` =
   ``10Gb/s`` = ``10GbE`` = 1.25e9 B/s, ``1.25GB/s`` = 1.25e9 B/s; a bare number, ``bps`` and a lone ``b`` are
   refused as ambiguous. ``parse_bandwidth`` returns bytes per second.
-- A bare number is seconds for a time, bytes for a size, a plain count for a count.
+- A bare number is seconds for a time and bytes for a size, unless the caller asks for a unit (``require_unit``,
+  as every command line does: only ``0`` goes without); a count needs none.
 - Counts (parameters) take ``K``, ``M``, ``G`` or ``B`` (billion), ``T``: ``61M`` = 61·10^6.
 - Zero, negative, NaN or infinite values and unknown units raise ``ValueError`` naming the input.
 """
@@ -26,6 +27,7 @@ __all__ = [
     "parse_fraction",
     "parse_size_range",
     "parse_list",
+    "format_number",
     "format_time",
     "format_bytes",
     "format_bandwidth",
@@ -71,20 +73,33 @@ def _prefix_scale(prefix: str, text: str, what: str) -> float:
     raise ValueError(f"{what} {text!r}: unknown unit prefix {prefix!r}")
 
 
-def parse_time(text: str, allow_zero: bool = True) -> float:
-    """Seconds from ``50us``, ``2ms``, ``0.12s``, ``120 ms`` or a bare number of seconds."""
+def _unit_given(value: float, unit: str, text: str, what: str, examples: tuple[str, str]) -> None:
+    """Refuse a bare non-zero number, suggesting ``examples`` (units) for it."""
+    if not unit and value != 0:
+        number = str(text).strip()
+        raise ValueError(f"{what} {number!r}: give a unit, e.g. {number}{examples[0]} or {number}{examples[1]}")
+
+
+def parse_time(text: str, allow_zero: bool = True, require_unit: bool = False) -> float:
+    """Seconds from ``50us``, ``2ms``, ``0.12s``, ``120 ms`` or a bare number of seconds (refused, but for ``0``,
+    with ``require_unit``)."""
     what = "time"
     value, unit = _split(text, what)
+    if require_unit:
+        _unit_given(value, unit, text, what, ("ms", "s"))
     scale = _TIME.get(unit, _TIME.get(unit.lower()))
     if scale is None:
         raise ValueError(f"{what} {text!r}: unknown unit {unit!r} (use s, ms, us or ns)")
     return _positive(value * scale, text, what, allow_zero=allow_zero)
 
 
-def parse_bytes(text: str, allow_zero: bool = False) -> float:
-    """Bytes from ``100MB`` (10^8), ``4KiB`` (4096), ``25M`` (25·10^6), ``1.5GiB`` or a bare number."""
+def parse_bytes(text: str, allow_zero: bool = False, require_unit: bool = False) -> float:
+    """Bytes from ``100MB`` (10^8), ``4KiB`` (4096), ``25M`` (25·10^6), ``1.5GiB`` or a bare number (refused, but
+    for ``0``, with ``require_unit``)."""
     what = "size"
     value, unit = _split(text, what)
+    if require_unit:
+        _unit_given(value, unit, text, what, ("MB", "B"))
     match = re.fullmatch(r"([kKmMgGtTpP]i?|)(B|bytes?|)", unit)
     if not match:
         raise ValueError(f"{what} {text!r}: unknown unit {unit!r} (use e.g. 100MB, 4KiB, 1GiB)")
@@ -119,15 +134,15 @@ def parse_fraction(text: str, what: str = "fraction", upper: float | None = 1.0)
 POWER_OF_TWO_SLACK = 0.10
 
 
-def parse_size_range(text: str) -> list[int]:
+def parse_size_range(text: str, require_unit: bool = False) -> list[int]:
     """Powers of two from ``'4KB:64MB'``: each bound is a power of two, or a decimal-prefixed size within
     ``POWER_OF_TWO_SLACK`` of one (4KB → 4096, 64MB → 2^26); a bound further off (``10:14``, meaning 8 to 16
     bytes) is refused, not rounded."""
     if ":" not in text:
-        return [int(parse_bytes(part)) for part in parse_list(text)]
+        return [int(parse_bytes(part, require_unit=require_unit)) for part in parse_list(text)]
     exponents = []
     for bound in text.split(":", 1):
-        n_bytes = parse_bytes(bound)
+        n_bytes = parse_bytes(bound, require_unit=require_unit)
         k = round(math.log2(n_bytes))
         if abs(n_bytes / 2**k - 1) > POWER_OF_TWO_SLACK:
             below, above = 2 ** math.floor(math.log2(n_bytes)), 2 ** math.ceil(math.log2(n_bytes))
@@ -148,12 +163,31 @@ def parse_list(text: str) -> list[str]:
     return items
 
 
-def format_time(seconds: float) -> str:
-    """``0.12`` → ``'120 ms'``."""
-    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
-        if abs(seconds) >= scale:
-            return f"{seconds / scale:.4g} {unit}"
-    return "0 s" if seconds == 0 else f"{seconds / 1e-9:.4g} ns"
+def format_number(value: float, digits: int = 4) -> str:
+    """``digits`` significant digits in plain decimals, never e-notation: ``90180.4`` → ``'90180'``,
+    ``0.0125`` → ``'0.0125'``, ``2.0`` → ``'2'``."""
+    if value == 0 or not math.isfinite(value):
+        return "0" if value == 0 else str(value)
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    text = f"{value:.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+# a time's unit by its size: ms up to 10 s (steps compare best in one unit), then s, min and h
+_TIME_UNITS = ((36000.0, 3600.0, "h"), (600.0, 60.0, "min"), (10.0, 1.0, "s"), (1e-3, 1e-3, "ms"),
+               (1e-6, 1e-6, "us"))
+
+
+def format_time(seconds: float, digits: int = 4, like: float | None = None) -> str:
+    """``0.12`` → ``'120 ms'``, ``90.18`` → ``'90.18 s'``, ``5e-5`` → ``'50 us'``, ``0`` → ``'0'``; with ``like``,
+    in the unit ``like`` would take (one unit down a table's column)."""
+    if seconds == 0 or not math.isfinite(seconds):
+        return "0" if seconds == 0 else str(seconds)
+    size = abs(seconds if like is None or like == 0 or not math.isfinite(like) else like)
+    for above, scale, unit in _TIME_UNITS:
+        if size >= above:
+            return f"{format_number(seconds / scale, digits)} {unit}"
+    return f"{format_number(seconds / 1e-9, digits)} ns"
 
 
 def format_bytes(n_bytes: float) -> str:

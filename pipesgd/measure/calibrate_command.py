@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> str | int:
     if world < 2:
         raise UsageError("calibration needs >= 2 ranks (world size is 1): run it under "
                          "`torchrun --nproc-per-node 2 -m pipesgd.measure calibrate ...` or inside pipesgd-cluster")
-    sizes = _flag_value("--sizes", args.sizes, parse_size_range)
+    sizes = _flag_value("--sizes", args.sizes, lambda t: parse_size_range(t, require_unit=True))
     if args.repeats < 1 or args.warmup < 0:
         raise UsageError("--repeats must be >= 1 and --warmup >= 0")
     if args.threads < 1:
@@ -144,7 +144,8 @@ def run(args: argparse.Namespace) -> str | int:
     backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
     if backend == "nccl" and args.device != "cuda":
         raise UsageError("--backend nccl needs --device cuda")
-    min_fit_bytes = _flag_value("--fit-min-bytes", args.fit_min_bytes, lambda t: parse_bytes(t, allow_zero=True))
+    min_fit_bytes = _flag_value("--fit-min-bytes", args.fit_min_bytes, lambda t: parse_bytes(t, allow_zero=True,
+                                                                                        require_unit=True))
     compressions = tuple(_flag_value("--compressions", args.compressions, parse_list))
     for name in compressions:
         if name not in CODEC_RATIOS:

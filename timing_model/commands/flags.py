@@ -25,44 +25,69 @@ FORMAT_FLAG = dict(choices=tables.FORMATS, default="markdown", metavar="FORMAT",
 BUCKET_DEFAULT = f"{BUCKET_MB:g}MiB"  # the trainer's bucket size (trainer_defaults)
 
 
+def _time(text: str) -> float:
+    """A time flag's seconds: a bare number other than 0 is refused, so ``--compute 120`` is not read as 2 minutes."""
+    return parse_time(text, require_unit=True)
+
+
+def _size(text: str) -> float:
+    """A size flag's bytes (0 allowed where the flag means "none"); a bare number other than 0 is refused."""
+    return parse_bytes(text, allow_zero=True, require_unit=True)
+
+
 def _signed_time(text: str) -> float:
-    """``parse_time`` that also takes a leading minus (``--lockstep=-2ms``: the step beat its parts)."""
+    """``_time`` that also takes a leading minus (``--lockstep=-2ms``: the step beat its parts)."""
     stripped = text.strip()
-    return -parse_time(stripped[1:]) if stripped.startswith("-") else parse_time(stripped)
+    if not stripped.startswith("-"):
+        return _time(stripped)
+    try:
+        return -_time(stripped[1:])
+    except ValueError as err:  # name the value as given, minus and all
+        raise ValueError(str(err).replace(stripped[1:], stripped)) from None
+
+
+def _params(text: str) -> float:
+    """Gradient bytes of ``--params`` (fp32: 4 bytes a parameter); a size in bytes is pointed to ``--bytes``."""
+    try:
+        return 4.0 * parse_count(text)
+    except ValueError as err:
+        if text.strip().endswith(("B", "byte", "bytes")):  # failed as a count (1.5B is one): a size
+            raise ValueError(f"{err}; a size in bytes goes to --bytes") from None
+        raise
 
 
 # flag → (Scenario field, parser); the sweepable ones accept comma lists in `sweep`.
 SCENARIO_FLAGS = {
     "nodes": ("nodes", lambda s: _int_at_least(s, "nodes", 1)),
     "bandwidth": ("bandwidth_Bps", parse_bandwidth),
-    "latency": ("latency_s", parse_time),
-    "params": ("grad_bytes", lambda s: 4.0 * parse_count(s)),
-    "bytes": ("grad_bytes", parse_bytes),
+    "latency": ("latency_s", _time),
+    "params": ("grad_bytes", _params),
+    "bytes": ("grad_bytes", lambda s: parse_bytes(s, require_unit=True)),
     "compression": ("compression", lambda s: _choice(s, "compression", tuple(CODEC_RATIOS))),
-    "compute": ("compute_s", parse_time),
-    "compute_std": ("compute_std_s", parse_time),
-    "update": ("update_s", parse_time),
-    "lookahead": ("lookahead_s", parse_time),
-    "overhead": ("overhead_s", parse_time),
+    "compute": ("compute_s", _time),
+    "compute_std": ("compute_std_s", _time),
+    "update": ("update_s", _time),
+    "lookahead": ("lookahead_s", _time),
+    "overhead": ("overhead_s", _time),
     "slowdown": ("slowdown", lambda s: parse_fraction(s, "slowdown", None)),
     "comm_slowdown": ("comm_slowdown", lambda s: parse_fraction(s, "comm slowdown", None)),
     "window_loss": ("window_loss", lambda s: parse_fraction(s, "window loss")),
     "copy_rate": ("copy_Bps", parse_bandwidth),
-    "handoff": ("handoff_s", parse_time),
-    "buffers": ("buffers_s", parse_time),
-    "host": ("host_s", parse_time),
+    "handoff": ("handoff_s", _time),
+    "buffers": ("buffers_s", _time),
+    "host": ("host_s", _time),
     "lockstep": ("lockstep_s", _signed_time),
-    "ps_service": ("ps_service_s", parse_time),
-    "ps_service_idle": ("ps_service_idle_s", parse_time),
-    "ps_colocated_step": ("ps_colocated_step_s", parse_time),
-    "ps_round": ("ps_round_s", parse_time),
-    "send_buffer": ("send_buffer_bytes", lambda s: parse_bytes(s, allow_zero=True)),
+    "ps_service": ("ps_service_s", _time),
+    "ps_service_idle": ("ps_service_idle_s", _time),
+    "ps_colocated_step": ("ps_colocated_step_s", _time),
+    "ps_round": ("ps_round_s", _time),
+    "send_buffer": ("send_buffer_bytes", _size),
     "reduce_rate": ("reduce_Bps", parse_bandwidth),
     "collective": ("collective", lambda s: _choice(s, "collective", COLLECTIVES)),
     "allreduce": ("allreduce", lambda s: _choice(s, "allreduce", ALLREDUCES)),
     "width": ("width", lambda s: _int_at_least(s, "width", 1)),
     "overlap_fraction": ("overlap_fraction", lambda s: parse_fraction(s, "overlap fraction")),
-    "bucket": ("bucket_bytes", lambda s: parse_bytes(s, allow_zero=True)),
+    "bucket": ("bucket_bytes", _size),
     "servers": ("servers", lambda s: _int_at_least(s, "servers", 1)),
     "server_bandwidth": ("server_bandwidth_Bps", parse_bandwidth),
     "batch_size": ("batch_size", lambda s: _int_at_least(s, "batch size", 1)),

@@ -3,15 +3,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 from timing_model.cli_conventions import UsageError
 from timing_model.trainer_defaults import auto_codec_limits
 
 from ..predict import Scenario
 from ..recommend import HIDDEN_SHARE, NEAR_FASTEST, WIDER_GAIN, recommend
+from ..units import format_time
 from .flags import add_scenario_flags, help_formatter, load_calibration, parse_flag, predict_modes, scenario_fields
 
-__all__ = ["USAGE", "DESCRIPTION", "add_parser", "run"]
+__all__ = ["USAGE", "DESCRIPTION", "add_parser", "run", "why_points"]
 
 USAGE = ("%(prog)s --nodes N --bandwidth RATE --params COUNT --compute TIME [...]\n"
          "       %(prog)s --calibration FILE --params COUNT [--compute TIME] [...]")
@@ -81,13 +83,24 @@ def run(args: argparse.Namespace) -> str:
     if args.format == "json":
         return json.dumps(answer.as_dict(), indent=2) + "\n"
     why = answer.reason + (f"; {note}" if note else "")
-    lines = [f"recommended: {answer.choice.label}", f"why: {why}", "",
-             "| width | compression | error feedback | all-reduce | iteration ms | exposed ms | hides |",
+    longest = max(c.iteration_s for c in answer.candidates)  # one unit down each column
+    lines = [f"recommended: {answer.choice.label}", "why: - " + "\n     - ".join(why_points(why)), "",
+             "| width | compression | error feedback | all-reduce | iteration | exposed | hides |",
              "|---|---|---|---|---|---|---|"]
     for c in answer.candidates:
         lines.append(f"| {c.width} | {c.compression} | {'yes' if c.error_feedback else 'no'} | {c.allreduce} | "
-                     f"{c.iteration_s * 1e3:.4g} | {c.exposed_s * 1e3:.4g} | {'yes' if c.hidden else 'no'} |")
+                     f"{format_time(c.iteration_s, like=longest)} | {format_time(c.exposed_s, like=longest)} | "
+                     f"{'yes' if c.hidden else 'no'} |")
     return "\n".join(lines) + "\n"
+
+
+# where a reason's clauses meet (``timing_model.recommend`` joins them with "; "): each is a point of its own
+_CLAUSE_BREAKS = re.compile(r";\s+")
+
+
+def why_points(reason: str) -> list[str]:
+    """``reason``'s clauses, one short point each, in its order."""
+    return [clause.strip() for clause in _CLAUSE_BREAKS.split(reason) if clause.strip()]
 
 
 def _cluster_from(fields: dict, calibration) -> None:
