@@ -183,6 +183,17 @@ def test_help_groups_the_flags_and_names_their_values(monkeypatch):
     assert "  --mode MODE" not in text
 
 
+def test_help_leaves_torch_dynamo_unloaded():
+    """torch itself still loads (the choices come from registries that import it); torch.compile's machinery, which
+    cost more than torch, loads only when a model is wrapped."""
+    probe = ("import runpy, sys\nsys.argv = ['pipesgd-train', '--help']\n"
+             "try:\n    runpy.run_module('pipesgd.train', run_name='__main__')\nexcept SystemExit as e:\n"
+             "    print('exit', e.code, 'torch._dynamo' in sys.modules, file=sys.stderr)\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.stderr.strip().splitlines()[-1] == "exit 0 False", proc.stderr
+    assert "what to train:" in proc.stdout
+
+
 def test_the_declared_python_floor_has_tomllib():
     import pathlib
     import tomllib
