@@ -27,8 +27,9 @@ def format_summary(cfg: TrainConfig, s: dict) -> str:
         servers = s["world_size"] - s["num_workers"]
         ranks += f" ({servers} server{'s' if servers > 1 else ''}, {s['num_workers']} workers)"
     lines = [
-        f"done: {cfg.model} on {cfg.dataset_name}, mode {mode}, {ranks}, {s['steps']} steps, {_count(s['epochs'], 'epoch')}; "
-        f"after the last update: test accuracy {100 * s['accuracy']:.1f} % (loss {s['test_loss']:.4f})",
+        f"done: {cfg.model} on {cfg.dataset_name}, mode {mode}, {ranks}, {s['steps']} steps, "
+        f"{_count(s['epochs'], 'epoch')}; after the last update: test accuracy {100 * s['accuracy']:.1f} % "
+        f"(loss {s['test_loss']:.4f})",
         f"speed: {s['iters_per_s']:.1f} iterations/s, {1000 * s['t_iter']:.2f} ms per iteration "
         f"(mean of the last {s['measured_steps']} of this run)",
         "time per iteration: " + ", ".join([part("compute", s["t_compute"]), part(comm, s["t_wait"]),
