@@ -139,6 +139,12 @@ def test_shared_defaults_come_from_their_owner():
         assert resolve(["--compression", codec, "--error-feedback"]).error_feedback
 
 
+def _flag_entries_text(help_text: str) -> str:
+    """The help after its first section title, with the section titles (lines not indented) left out."""
+    body = help_text.split("options:", 1)[1]
+    return "\n".join(line for line in body.splitlines() if line.startswith(" ") or not line.strip())
+
+
 def test_help_shows_every_flag_with_its_default_and_its_valid_names(monkeypatch):
     from dataclasses import fields
 
@@ -146,7 +152,7 @@ def test_help_shows_every_flag_with_its_default_and_its_valid_names(monkeypatch)
     from pipesgd.train.modes import MODES
 
     monkeypatch.setenv("COLUMNS", "400")  # argparse wraps at the terminal width, hyphenated words too
-    options = build_parser().format_help().split("options:", 1)[1]
+    options = _flag_entries_text(build_parser().format_help())
     entries = {e.split()[0]: " ".join(e.split()) for e in re.split(r"\n  (?=--)", options) if e.strip()}
     for f in fields(TrainConfig):
         entry = entries["--" + f.name.replace("_", "-")]
@@ -154,6 +160,38 @@ def test_help_shows_every_flag_with_its_default_and_its_valid_names(monkeypatch)
         assert " ".join(f.metadata["help"].split()) in entry, entry
     text = " ".join(options.split())  # undo argparse's line wrapping
     assert "one of " + ", ".join(MODES) in text
+
+
+def test_help_groups_the_flags_and_names_their_values(monkeypatch):
+    from dataclasses import fields
+
+    from pipesgd.train.flags import GROUPS, build_parser
+
+    grouped = [name for names in GROUPS.values() for name in names]
+    assert sorted(grouped) == sorted(f.name for f in fields(TrainConfig))  # each field in exactly one group
+    monkeypatch.setenv("COLUMNS", "400")
+    text = build_parser().format_help()
+    titles = [line[:-1] for line in text.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
+    assert titles == ["options", *GROUPS], titles
+    for f in fields(TrainConfig):
+        if f.metadata["choices"] is None:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        shown = re.search(rf"^  {re.escape(flag)} (\S+)", text, re.M).group(1)
+        assert shown != f.name.upper().replace("_", "-") and shown != f.name.upper(), shown
+    assert "  --mode {pipe,sync,ddp," in text and "  --lr RATE" in text and "  --metrics FILE.jsonl" in text
+    assert "  --mode MODE" not in text
+
+
+def test_help_leaves_torch_dynamo_unloaded():
+    """torch itself still loads (the choices come from registries that import it); torch.compile's machinery, which
+    cost more than torch, loads only when a model is wrapped."""
+    probe = ("import runpy, sys\nsys.argv = ['pipesgd-train', '--help']\n"
+             "try:\n    runpy.run_module('pipesgd.train', run_name='__main__')\nexcept SystemExit as e:\n"
+             "    print('exit', e.code, 'torch._dynamo' in sys.modules, file=sys.stderr)\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.stderr.strip().splitlines()[-1] == "exit 0 False", proc.stderr
+    assert "what to train:" in proc.stdout
 
 
 def test_the_declared_python_floor_has_tomllib():

@@ -124,6 +124,7 @@ def mode_runs(tmp_path_factory):
                                       env=_clean_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
                 assert proc.returncode == 0, proc.stderr
                 assert "test accuracy" in proc.stdout and "iterations/s" in proc.stdout
+                (out / f"{mode}.stdout").write_text(proc.stdout)  # what the user reads, for the tests below
             else:
                 for rc, _, err in launch([*MODES[mode], *TRAIN_ARGS, "--metrics", metrics]):
                     assert rc == 0, err
@@ -152,6 +153,21 @@ def test_mode_learns_digits(mode, mode_runs):
         assert all(r["t_iter"] >= r["t_compute"] >= 0 and r["bytes_sent"] >= 0 for r in steps)
         assert all(r["t_cpu"] >= 0 for r in steps) and sum(r["t_cpu"] for r in steps) > 0  # computing costs CPU
     assert os.path.exists(metrics.replace(".jsonl", ".config.json"))
+
+
+def test_the_pipe_run_ends_with_one_final_result_and_what_pipe_sgd_did(mode_runs):
+    metrics = mode_runs("pipe")
+    stdout = open(metrics.replace(".jsonl", ".stdout")).read()
+    summary = records(metrics.replace(".jsonl", ".rank0.jsonl"))[-1]
+    finals = [line for line in stdout.splitlines() if line.startswith("done:")]
+    assert len(finals) == 1 and stdout.count("test accuracy") == 1, stdout  # --eval-every 0: the final result alone
+    assert f"test accuracy {100 * summary['accuracy']:.1f} % (loss {summary['test_loss']:.4f})" in finals[0]
+    # the words come from the summary's own figures: the exchange per step and the part the step waited for
+    hidden_ms = 1000 * max(summary["t_comm_busy"] - summary["t_wait"], 0.0)
+    overlap = [line for line in stdout.splitlines() if line.startswith("Pipe-SGD: ")]
+    assert len(overlap) == 1 and f"of its {1000 * summary['t_comm_busy']:.2f} ms per step" in overlap[0], stdout
+    assert f"{hidden_ms:.2f} ms of its" in overlap[0]
+    assert summary["local_ranks"] == WORLD and summary["cpu_cores"] >= 1
 
 
 def test_sync_matches_ddp_step_by_step(mode_runs):

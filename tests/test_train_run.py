@@ -3,10 +3,11 @@ wrapper is always closed, dedicated servers, and resuming from the run's own che
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
-from pipesgd.train import cli
+from pipesgd.train import cli, loop
 from pipesgd.train.config import TrainConfig
 from pipesgd.train.data import build_dataset
 from pipesgd.train.strategy import Strategy
@@ -40,6 +41,31 @@ def test_a_run_writes_its_record_and_closes_after_flush(tmp_path, monkeypatch, c
     assert records[-1]["steps"] == 7 and "done: mlp on synthetic" in capsys.readouterr().out
     for copy in (tmp_path / "m.config.json", tmp_path / "ck" / "config.json"):
         assert TrainConfig(**json.loads(copy.read_text())) == cfg
+
+
+def test_one_final_result_evaluated_after_the_last_update(tmp_path, monkeypatch, capsys,
+                                                         process_group):  # noqa: F811
+    """Two epochs evaluated every epoch: the first epoch's line, then one final result (no line for the last epoch
+    before it), evaluated after flush() and printed as the summary's accuracy."""
+    cfg = TrainConfig(**{**ARGS, "steps": 10, "eval_every": 1}, metrics=str(tmp_path / "m.jsonl"))
+    wrapper = RecordingWrapper()
+    real_evaluate = loop.evaluate
+
+    def evaluate(*args, **kwargs):
+        wrapper.calls.append("evaluate")
+        return real_evaluate(*args, **kwargs)
+    monkeypatch.setattr(loop, "evaluate", evaluate)
+    _run(monkeypatch, cfg, wrapper)
+    assert wrapper.calls[-3:] == ["flush", "evaluate", "close"]  # the final evaluation sees every update
+    out = capsys.readouterr().out
+    summary = _records(cfg.metrics)[-1]
+    assert summary["type"] == "summary" and summary["steps"] == 10 and summary["epochs"] == 2
+    assert re.findall(r"^epoch \d+", out, re.M) == ["epoch 1"]  # epoch 2 is the final result's, printed once
+    finals = [line for line in out.splitlines() if line.startswith("done:")]
+    assert len(finals) == 1, out
+    printed = re.findall(r"test accuracy ([\d.]+) %", out)
+    assert printed[-1] == f"{100 * summary['accuracy']:.1f}" and finals[0].endswith(
+        f"test accuracy {printed[-1]} % (loss {summary['test_loss']:.4f})")
 
 
 def test_the_wrapper_is_closed_after_a_failure(tmp_path, monkeypatch, process_group):  # noqa: F811

@@ -67,7 +67,10 @@ class Lookahead:
         if not isinstance(model_or_params, torch.nn.Module):
             return []
         self._hooked = True
-        return [model_or_params.register_forward_pre_hook(self.before_forward)]
+        # A graph break: the parameters are moved eagerly, before a compiled forward reads them. Wrapped here, not
+        # as a decorator, since torch.compiler.disable loads torch._dynamo, which costs every `import pipesgd`
+        # (and `pipesgd-train --help`) seconds when it happens at import time.
+        return [model_or_params.register_forward_pre_hook(torch.compiler.disable(self.before_forward))]
 
     def begin_step(self) -> None:
         """At the start of ``step()``: the master weights back (warning once if a forward that should have looked
@@ -161,7 +164,6 @@ class Lookahead:
         """The master weights, wherever they are now."""
         return list(self._master) if self.active else self.params
 
-    @torch.compiler.disable  # a graph break: the parameters are moved eagerly, before a compiled forward reads them
     def before_forward(self, _module: torch.nn.Module, _args) -> None:
         """Forward pre-hook: a forward that will be differentiated runs at the look-ahead weights."""
         if torch.is_grad_enabled():

@@ -30,9 +30,10 @@ from .config import ConfigError, TrainConfig
 from .flags import resolve
 from .data import DataError, build_dataset, shard_size
 from .loop import train
-from .metrics import MetricsWriter, format_summary, pipe_staleness, write_config_files
+from .metrics import MetricsWriter, pipe_staleness, write_config_files
 from .models import build_model, count_params, grad_bytes
 from .outputs import check_outputs
+from .report import format_summary
 from .modes import num_workers_for
 from .strategy import build_strategy
 

@@ -32,10 +32,48 @@ def _width(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"not an integer or auto: {text!r}") from None
 
 
+# The help's sections, in the order a newcomer reads them: each TrainConfig field in exactly one
+# (tests/test_train_config.py checks that none is missing or doubled).
+GROUPS = {
+    "what to train": ("model", "hidden", "dataset", "synthetic_samples", "synthetic_features", "synthetic_classes"),
+    "optimisation": ("epochs", "steps", "batch_size", "accumulate", "optimizer", "lr", "momentum", "weight_decay",
+                     "lr_schedule", "lr_warmup_steps", "clip_grad_norm", "amp", "compile", "seed"),
+    "how gradients meet (distribution)": ("mode", "width", "warmup_steps", "allreduce", "bucket_mb", "buffers",
+                                          "check_replicas", "auto_recheck_every"),
+    "codec (compression on the wire)": ("compression", "error_feedback"),
+    "staleness (mode pipe, width >= 2)": ("staleness", "lookahead_standin"),
+    "baselines (DDP, parameter server)": ("ddp_hook", "powersgd_rank", "servers", "push_every", "pull_every"),
+    "execution": ("device", "backend", "threads", "timeout", "debug"),
+    "outputs: metrics, evaluation, checkpoints, traces": ("metrics", "eval_every", "eval_steps", "eval_deferred",
+                                                          "checkpoint", "checkpoint_every", "resume", "trace",
+                                                          "trace_steps"),
+}
+
+# What a flag's value is, where its type alone does not say (flags with choices list them instead).
+VALUE_NAMES = {
+    "width": "K", "hidden": "UNITS", "dataset": "NAME[:DIR]", "synthetic_samples": "N", "synthetic_features": "N",
+    "synthetic_classes": "N", "epochs": "N", "steps": "N", "batch_size": "N", "accumulate": "N", "lr": "RATE",
+    "momentum": "BETA", "weight_decay": "L2", "lr_warmup_steps": "N", "clip_grad_norm": "NORM", "seed": "INT",
+    "warmup_steps": "N", "bucket_mb": "MIB", "check_replicas": "N", "auto_recheck_every": "N",
+    "powersgd_rank": "RANK", "servers": "N", "push_every": "N", "pull_every": "N", "threads": "N",
+    "timeout": "SECONDS", "metrics": "FILE.jsonl", "eval_every": "EPOCHS", "eval_steps": "STEPS",
+    "checkpoint": "DIR", "checkpoint_every": "STEPS", "trace": "FILE", "trace_steps": "A:B",
+}
+
+
+def metavar(f) -> str:
+    """The placeholder of a field's value in the help: its choices, or what the value is."""
+    if f.metadata["choices"] is not None and f.name != "dataset":  # dataset also takes NAME:DIR
+        return "{" + ",".join(registry_names(f)) + "}"
+    return VALUE_NAMES.get(f.name, "VALUE")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """Flags mirror TrainConfig's fields; every default is None so that only given flags override."""
+    """Flags mirror TrainConfig's fields, in GROUPS; every default is None so that only given flags override."""
     parser = _OneLineParser(
         prog="pipesgd-train",
+        usage="%(prog)s [-h] [--config FILE.toml] [flags]\n"
+              "       torchrun --nproc-per-node N -m pipesgd.train [flags]",
         description="Data-parallel training with Pipe-SGD and its baselines. Launch with torchrun "
                     "(e.g. torchrun --nproc-per-node 4 -m pipesgd.train) or alone (world size 1). "
                     "With no flags it trains an MLP on scikit-learn's digits with Pipe-SGD width 2 for "
@@ -44,15 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS,
     )
     parser.add_argument("--config", metavar="FILE.toml", help="TOML file of field = value (flags win over it)")
-    for f in fields(TrainConfig):
-        default = f.default
-        flag = f"--{flag_name(f.name)}"
-        text = help_text(f).replace("%", "%%")
-        if isinstance(default, bool):
-            parser.add_argument(flag, dest=f.name, action="store_true", help=text)
-        else:
-            kind = _width if f.name == "width" else type(default)
-            parser.add_argument(flag, dest=f.name, type=kind, metavar=f.name.upper(), help=text)
+    by_name = {f.name: f for f in fields(TrainConfig)}
+    for title, names in GROUPS.items():
+        group = parser.add_argument_group(title)
+        for name in names:
+            f = by_name[name]
+            flag = f"--{flag_name(f.name)}"
+            text = help_text(f).replace("%", "%%")
+            if isinstance(f.default, bool):
+                group.add_argument(flag, dest=f.name, action="store_true", help=text)
+            else:
+                kind = _width if f.name == "width" else type(f.default)
+                group.add_argument(flag, dest=f.name, type=kind, metavar=metavar(f), help=text)
     return parser
 
 

@@ -31,7 +31,7 @@ STEP_FIELDS = ("step", "epoch", "rank", "mode", "loss", "t_iter", "t_compute", "
                "bytes_sent", "wall", "applied_step", "compression_ratio", "residual_norm", "t_comm_busy")
 EVAL_FIELDS = ("step", "epoch", "accuracy", "loss", "wall")
 # The per-iteration times the summary averages (means of the measured steps).
-SUMMARY_TIMES = ("t_iter", "t_compute", "t_wait", "t_update")
+SUMMARY_TIMES = ("t_iter", "t_compute", "t_wait", "t_update", "t_comm_busy")
 
 
 def _clean(value: Any) -> Any:
@@ -172,6 +172,7 @@ def summarize(cfg: TrainConfig, timings: Timings, pos: Position, accuracy: float
     n = len(timings)
     t_iter, t_compute = timings.mean("t_iter"), timings.mean("t_compute")
     t_wait, t_update = timings.mean("t_wait"), timings.mean("t_update")
+    cores, local_ranks = host_share(world_size)
     return {
         "steps": pos.step, "epochs": pos.epoch, "world_size": world_size, "num_workers": num_workers,
         "mode": cfg.mode,
@@ -179,7 +180,19 @@ def summarize(cfg: TrainConfig, timings: Timings, pos: Position, accuracy: float
         "iters_per_s": 1.0 / t_iter if t_iter > 0 else 0.0,
         "t_iter": t_iter, "t_compute": t_compute, "t_wait": t_wait, "t_update": t_update,
         "t_other": max(t_iter - t_compute - t_wait - t_update, 0.0),
+        # the exchange's own time per step (t_wait is the part of it the step waited for), and the host it shared
+        "t_comm_busy": timings.mean("t_comm_busy"), "cpu_cores": cores, "local_ranks": local_ranks,
     }
+
+
+def host_share(world_size: int) -> tuple[int, int]:
+    """(CPU cores this process may run on, ranks on this machine): more ranks than cores means compute and the
+    background exchange take turns on the same cores."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cores = os.cpu_count() or 1
+    return cores, int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
 
 
 def pipe_staleness(cfg: TrainConfig) -> str:
@@ -190,29 +203,3 @@ def pipe_staleness(cfg: TrainConfig) -> str:
     standin = resolve_lookahead_standin(cfg.lookahead_standin, [cfg.optimizer])  # "auto": by the optimizer
     note = f" ({standin} stand-in)" if standin != "local" else ""
     return f", staleness {cfg.staleness}{note}"
-
-
-def format_summary(cfg: TrainConfig, s: dict) -> str:
-    """The summary as the lines printed at the end of a run."""
-    def part(name, seconds):
-        share = 100 * seconds / s["t_iter"] if s["t_iter"] > 0 else 0.0
-        return f"{name} {1000 * seconds:.2f} ms ({share:.0f} %)"
-
-    width = cfg.effective_width
-    if width == "auto" and s.get("auto_choice"):  # what the warm-up (or the last re-check) chose
-        width = f"auto: {s['auto_choice']['width']}"
-    mode = f"{cfg.mode} (width {width}{pipe_staleness(cfg)})" if cfg.mode == "pipe" else cfg.mode
-    comm = "waiting for communication" if cfg.mode != "ddp" else "waiting for communication (inside compute for ddp)"
-    ranks = f"{s['world_size']} ranks"
-    if s["num_workers"] != s["world_size"]:
-        servers = s["world_size"] - s["num_workers"]
-        ranks += f" ({servers} server{'s' if servers > 1 else ''}, {s['num_workers']} workers)"
-    lines = [
-        f"done: {cfg.model} on {cfg.dataset_name}, mode {mode}, {ranks}, {s['steps']} steps: "
-        f"test accuracy {100 * s['accuracy']:.1f} % (loss {s['test_loss']:.4f})",
-        f"speed: {s['iters_per_s']:.1f} iterations/s, {1000 * s['t_iter']:.2f} ms per iteration "
-        f"(mean of the last {s['measured_steps']} of this run)",
-        "time per iteration: " + ", ".join([part("compute", s["t_compute"]), part(comm, s["t_wait"]),
-                                            part("optimizer", s["t_update"]), part("other", s["t_other"])]),
-    ]
-    return "\n".join(lines)
