@@ -50,6 +50,21 @@ def test_window_keeps_spans_that_start_inside_it(recorder):
     assert len(trace.events()) == 2
 
 
+def test_a_cpu_span_records_the_threads_own_cpu_time_beside_its_wall_time(recorder):
+    trace.enable(rank=0, steps=(0, 1))
+    trace.set_step(0)
+    with trace.span("compute", "compute", {"step": 0}, cpu=True):
+        time.sleep(0.05)  # waiting: wall time, no CPU
+        end = time.thread_time() + 0.02
+        while time.thread_time() < end:  # busy: CPU time too
+            pass
+    with trace.span("plain", "compute", {"step": 0}):
+        pass
+    (name, _, _, start, stop, args), plain = trace.events()
+    assert args["step"] == 0 and 15e3 <= args["cpu_us"] < (stop - start) / 1e3 - 40e3
+    assert "cpu_us" not in plain[5]  # only where asked
+
+
 def test_a_span_naming_its_step_is_kept_by_its_step_whenever_it_ran(recorder):
     """The ps-async flake's cause: rank 0's co-located server serves a lagging worker's step 7 after rank 0's own loop
     passed the window (the server row once held only the receive that began before the window closed). Spans that

@@ -1,6 +1,8 @@
 """Where an iteration's time goes, read from ``pipesgd-train --trace`` files: per variant, the training thread's
 compute (forward and backward) and ``step()`` time (the wrapped optimizer's update apart), the exchange's wire time
-and CPU time on its worker, and the overlap efficiency, limit / measured.
+and CPU time on its worker, and the overlap efficiency, limit / measured. Beside the compute's and the exchange's wall
+time, each thread's own CPU time in it (``pipesgd.runlog.trace.span(cpu=True)``): where the two differ, the thread
+waited, for the wire or for a core another thread held.
 
 The limit is what a perfect overlap would give from the synchronous run at the same codec: the longer of the
 training thread's own work (compute plus the step's update) and the exchange, with the exchange's CPU counted on the
@@ -23,6 +25,10 @@ class Breakdown:
     update_s: float  # of which the wrapped optimizer's update ("update" spans on the training thread)
     exchange_s: float  # the worker's job per step (its "comm" spans)
     wire_s: float  # of which waiting on the wire ("wire_wait" phases inside the job)
+    # The threads' own CPU time inside those spans (their "cpu_us"; 0 in traces made before it was recorded): below
+    # the wall time by what the thread spent waiting, for the wire or for a core that ran another thread
+    compute_thread_cpu_s: float = 0.0
+    exchange_thread_cpu_s: float = 0.0
 
     @property
     def exchange_cpu_s(self) -> float:
@@ -54,9 +60,16 @@ def read_breakdown(path: str) -> Breakdown:
 
     jobs = [e for e in spans if threads.get(e["tid"]) == "comm" and e.get("cat") == "comm"]
     steps = max(len({e.get("args", {}).get("step") for e in jobs}), 1)
+    computes = [e for e in spans if e["name"] == "compute" and threads.get(e["tid"]) == "main"]
+
+    def cpu(chosen: list[dict]) -> float:
+        return sum(e.get("args", {}).get("cpu_us", 0.0) for e in chosen) / 1e6
+
     return Breakdown(compute_s=per_step("compute", "main"), step_s=per_step("opt.step", "main"),
                      update_s=per_step("update", "main"), exchange_s=sum(e["dur"] for e in jobs) / 1e6 / steps,
-                     wire_s=per_step("wire_wait", "comm", "phase") * 1.0)
+                     wire_s=per_step("wire_wait", "comm", "phase") * 1.0,
+                     compute_thread_cpu_s=cpu(computes) / max(len(computes), 1),
+                     exchange_thread_cpu_s=cpu(jobs) / steps)
 
 
 def trace_of(metrics: str, rank: int = 0) -> str:
@@ -88,13 +101,19 @@ def median_breakdown(paths: list[str]) -> Breakdown:
 
 def markdown(rows: list[tuple[str, float, Breakdown]], limits: dict[str, float]) -> str:
     """A table: variant, ms per iteration, each part, the limit and the efficiency (limit / measured)."""
-    head = ("| variant | ms / iteration | compute | step() beyond update | update | exchange | of which wire "
-            "| exchange CPU | limit | overlap efficiency |\n|---|---|---|---|---|---|---|---|---|---|")
+    head = ("| variant | ms / iteration | compute (its thread's CPU) | step() beyond update | update | exchange "
+            "| of which wire | exchange CPU (its thread's CPU) | limit | overlap efficiency |"
+            "\n|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
+
+    def with_cpu(wall_s: float, cpu_s: float) -> str:
+        return f"{1e3 * wall_s:.1f}" + (f" ({1e3 * cpu_s:.1f})" if cpu_s else "")
+
     for name, iteration_s, b in rows:
         limit = limits.get(name)
         efficiency = f"{limit / iteration_s:.2f}" if limit else ""
-        lines.append(f"| {name} | {1e3 * iteration_s:.1f} | {1e3 * b.compute_s:.1f} | {1e3 * b.step_beyond_update_s:.1f} "
-                     f"| {1e3 * b.update_s:.1f} | {1e3 * b.exchange_s:.1f} | {1e3 * b.wire_s:.1f} "
-                     f"| {1e3 * b.exchange_cpu_s:.1f} | {f'{1e3 * limit:.1f}' if limit else ''} | {efficiency} |")
+        lines.append(f"| {name} | {1e3 * iteration_s:.1f} | {with_cpu(b.compute_s, b.compute_thread_cpu_s)} "
+                     f"| {1e3 * b.step_beyond_update_s:.1f} | {1e3 * b.update_s:.1f} | {1e3 * b.exchange_s:.1f} "
+                     f"| {1e3 * b.wire_s:.1f} | {with_cpu(b.exchange_cpu_s, b.exchange_thread_cpu_s)} "
+                     f"| {f'{1e3 * limit:.1f}' if limit else ''} | {efficiency} |")
     return "\n".join(lines)

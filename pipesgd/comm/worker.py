@@ -97,7 +97,7 @@ class CommWorker:
             try:
                 # One span per job, labelled with the trainer step that submitted it (on CUDA it covers the
                 # host side of the job: the kernels it queues may still run on the side stream afterwards).
-                with trace.span(getattr(fn, "__name__", "job"), "comm", {"step": step}), \
+                with trace.span(getattr(fn, "__name__", "job"), "comm", {"step": step}, cpu=True), \
                         torch.profiler.record_function("pipesgd::allreduce"):
                     if self._stream is None:
                         result = fn(*args)

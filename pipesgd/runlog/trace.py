@@ -103,21 +103,27 @@ def record(name: str, start_ns: int, end_ns: int, cat: str, thread: str | None =
 
 
 class _Span:
-    __slots__ = ("name", "cat", "args", "start")
+    __slots__ = ("name", "cat", "args", "start", "cpu")
 
-    def __init__(self, name: str, cat: str, args: dict | None) -> None:
-        self.name, self.cat, self.args = name, cat, args
+    def __init__(self, name: str, cat: str, args: dict | None, cpu: bool) -> None:
+        self.name, self.cat, self.args, self.cpu = name, cat, args, cpu
 
     def __enter__(self) -> None:
         self.start = time.time_ns()
+        if self.cpu:
+            self.cpu = time.thread_time_ns()
 
     def __exit__(self, *exc) -> None:
-        record(self.name, self.start, time.time_ns(), self.cat, args=self.args)
+        args = self.args
+        if self.cpu:  # the thread's own CPU time: below the wall time when it waited, or shared its core
+            args = dict(args or {}, cpu_us=(time.thread_time_ns() - self.cpu) / 1e3)
+        record(self.name, self.start, time.time_ns(), self.cat, args=args)
 
 
-def span(name: str, cat: str, args: dict | None = None):
-    """A context recording its wall time on the caller's row while tracing (a shared no-op otherwise)."""
-    return _Span(name, cat, args) if _on else _OFF
+def span(name: str, cat: str, args: dict | None = None, cpu: bool = False):
+    """A context recording its wall time on the caller's row while tracing (a shared no-op otherwise); with
+    ``cpu``, also the calling thread's CPU time inside it (``args["cpu_us"]``)."""
+    return _Span(name, cat, args, cpu) if _on else _OFF
 
 
 def events() -> list[tuple[str, str, str, int, int, dict | None]]:

@@ -120,7 +120,7 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
             trace.record("data", fetch_ns, time.time_ns(), "data", args=step_arg)
             # forward / backward (DDP averages gradients in here)
             t1 = time.perf_counter()
-            with trace.span("compute", "compute", step_arg):
+            with trace.span("compute", "compute", step_arg, cpu=True):
                 compute.start()
                 loss = forward_backward(strategy.forward_model, x, y, cfg.accumulate, strategy.precision)
                 t_compute = compute.stop()
