@@ -35,8 +35,7 @@ class Knobs:
 
     def lookahead_s(self, optimizer_s: float) -> float:
         """The look-ahead's replay per step at width 2 and up, priced as one step of the wrapped optimizer (its rule on
-        the same parameters, so of the same order as one optimizer step; measured in docs/wrapper.md's
-        ``compression="auto"`` paragraph); 0 without look-ahead."""
+        the same parameters, so of the same order as one optimizer step; docs/auto.md, Step 1); 0 without look-ahead."""
         return optimizer_s if self.lookahead else 0.0
 
     def measured_with(self) -> tuple[str, bool]:
