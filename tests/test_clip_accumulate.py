@@ -143,6 +143,7 @@ def test_accumulation_keeps_the_misuse_guards():
     opt.zero_grad()
     with pytest.raises(RuntimeError, match="without a backward"):
         opt.step()
+    opt.flush()
 
 
 @pytest.mark.parametrize("value", [-1.0, float("inf"), float("nan"), "1.0", True])
