@@ -1,6 +1,8 @@
 """Ring AllReduce against the backend's all_reduce (the oracle), on p = 1..4 gloo processes on CPU."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -60,7 +62,7 @@ def _ring_matches_backend(rank: int, world: int):
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_ring_equals_backend_all_reduce(world):
-    for failures in run_ranks(_ring_matches_backend, world):
+    for failures in in_one_world(world)["backend"]:
         assert failures == []
 
 
@@ -96,7 +98,7 @@ def _every_lossy_ring(rank: int, world: int):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_lossy_ring_is_bounded_and_identical_on_every_rank(world):
-    for deterministic, stochastic in run_ranks(_every_lossy_ring, world):
+    for deterministic, stochastic in in_one_world(world)["lossy"]:
         for name, per_size in deterministic.items():
             for numel, (identical, max_err, s) in zip(LOSSY_SIZES, per_size):
                 assert identical, f"{name}: ranks disagree"
@@ -130,7 +132,7 @@ def _feedback_conserves_the_sum_for_each(rank: int, world: int):
 
 
 def test_error_feedback_conserves_the_sum():
-    for per_codec in run_ranks(_feedback_conserves_the_sum_for_each, 3):
+    for per_codec in in_one_world(3)["feedback"]:
         for gap, residual_size in per_codec:
             assert gap < 1e-9
             assert residual_size > 0  # the codec really dropped something
@@ -170,7 +172,7 @@ def _host_forwarding_keeps_the_bits(rank: int, world: int):
 
 
 def test_forwarding_the_all_gather_from_host_memory_keeps_the_ring_s_bits():
-    for mismatches, marked in run_ranks(_host_forwarding_keeps_the_bits, 3):
+    for mismatches, marked in in_one_world(3)["forwarding"]:
         assert mismatches == []
         # every received piece marked after its copy out of a slot: at least p-1 per ring, 3 codecs x 3 sizes x 2 calls
         assert marked >= 3 * 3 * 2 * 2
@@ -210,3 +212,22 @@ def test_bad_arguments_raise_clearly():
         pipesgd.ring_allreduce(torch.ones(3), compression="zip")
     with pytest.raises(TypeError):
         pipesgd.ring_allreduce([1.0, 2.0])
+
+
+# The checks above that run on gloo ranks, by the world size they run at. Each size's ranks run all of its checks
+# one after another in one world, started once for the module: starting a world costs more than most checks.
+CHECKS = {"backend": _ring_matches_backend, "lossy": _every_lossy_ring,
+          "feedback": _feedback_conserves_the_sum_for_each, "forwarding": _host_forwarding_keeps_the_bits}
+WORLD_CHECKS = {1: ("backend",), 2: ("backend", "lossy"), 3: ("backend", "lossy", "feedback", "forwarding"),
+                4: ("backend",)}
+
+
+def _checks_of(rank: int, world: int) -> dict:
+    return {name: CHECKS[name](rank, world) for name in WORLD_CHECKS[world]}
+
+
+@functools.cache
+def in_one_world(world: int) -> dict[str, list]:
+    """Every check of ``world`` ranks (``WORLD_CHECKS``): its per-rank results, by check name."""
+    per_rank = run_ranks(_checks_of, world)
+    return {name: [results[name] for results in per_rank] for name in WORLD_CHECKS[world]}
