@@ -12,7 +12,7 @@ from pipesgd.comm.alltoall import alltoall_allreduce, alltoall_allreduce_
 from pipesgd.compression import ErrorFeedback, build
 from pipesgd.comm.topology import PAIRWISE_MIN_BYTES, RingTopology, launched_on_one_host
 from experiments.harness.switches import exchange_collectives
-from tests.distributed import run_ranks
+from tests.distributed import run_checks
 from tests.single_process import process_group  # noqa: F401 - a fixture
 from tests.test_ring import UNIT_ERROR, rank_data
 
@@ -343,12 +343,7 @@ WORLD_CHECKS = {2: ("reference", "gathered", "staged", "pairwise"),
                 4: ("reference", "gathered", "staged", "straddling", "pairwise", "subgroup")}
 
 
-def _checks_of(rank: int, world: int) -> dict:
-    return {name: CHECKS[name](rank, world) for name in WORLD_CHECKS[world]}
-
-
 @functools.cache
 def in_one_world(world: int) -> dict[str, list]:
     """Every check of ``world`` ranks (``WORLD_CHECKS``): its per-rank results, by check name."""
-    per_rank = run_ranks(_checks_of, world)
-    return {name: [results[name] for results in per_rank] for name in WORLD_CHECKS[world]}
+    return run_checks({name: (CHECKS[name],) for name in WORLD_CHECKS[world]}, world)

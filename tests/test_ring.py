@@ -10,7 +10,7 @@ import torch.distributed as dist
 import pipesgd
 from pipesgd.compression import ErrorFeedback, build
 from pipesgd.comm.ring import MAX_PIECES, PIECE_ELEMENTS, RingTopology, chunk_bounds, piece_bounds, ring_allreduce_
-from tests.distributed import run_ranks
+from tests.distributed import run_checks
 
 SIZES = [0, 1, 2, 3, 5, 17, 1000, 4097, 10_001]
 
@@ -222,12 +222,7 @@ WORLD_CHECKS = {1: ("backend",), 2: ("backend", "lossy"), 3: ("backend", "lossy"
                 4: ("backend",)}
 
 
-def _checks_of(rank: int, world: int) -> dict:
-    return {name: CHECKS[name](rank, world) for name in WORLD_CHECKS[world]}
-
-
 @functools.cache
 def in_one_world(world: int) -> dict[str, list]:
     """Every check of ``world`` ranks (``WORLD_CHECKS``): its per-rank results, by check name."""
-    per_rank = run_ranks(_checks_of, world)
-    return {name: [results[name] for results in per_rank] for name in WORLD_CHECKS[world]}
+    return run_checks({name: (CHECKS[name],) for name in WORLD_CHECKS[world]}, world)
