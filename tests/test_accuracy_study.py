@@ -213,6 +213,7 @@ def test_driver_report_prints_the_table_of_a_result_without_running(tmp_path):
     assert "| digits | 1 |" in done.stdout
 
 
+@pytest.mark.slow
 def test_plots_and_readings_from_a_result(tmp_path):
     cfg = _cfg(tmp_path)
     result = run_study(cfg, log=lambda line: None, launcher=FakeLauncher())

@@ -72,6 +72,7 @@ def assert_matches_the_reference(per_rank: list, world: int, reference) -> None:
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.slow
 def test_matches_the_reference_bit_for_bit_on_every_rank(world):
     per_rank = in_one_world(world)["reference"]
     assert_matches_the_reference(per_rank, world, reference_mean)
@@ -106,6 +107,7 @@ def _gathered_by_alltoall(rank: int, world: int):
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.slow
 def test_the_all_gather_sent_as_an_all_to_all_gives_the_same_bits(world):
     assert_every_rank_has_the_reference(in_one_world(world)["gathered"], world)
 
@@ -126,6 +128,7 @@ def _staged(rank: int, world: int):
 
 
 @pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.slow
 def test_payloads_staged_through_host_buffers_give_the_same_bits(world):
     assert_every_rank_has_the_reference(in_one_world(world)["staged"], world)
 
@@ -142,6 +145,7 @@ def _straddling(rank: int, world: int):
 
 
 @pytest.mark.parametrize("world", [3, 4])
+@pytest.mark.slow
 def test_payloads_of_two_block_counts_give_the_same_bits_direct_and_staged(world):
     for path in zip(*in_one_world(world)["straddling"]):
         assert_every_rank_has_the_reference(list(path), world, [STRADDLING[world]])
@@ -172,6 +176,7 @@ def _every_codec_and_size_pairwise(rank: int, world: int):
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.slow
 def test_the_collectives_sent_one_peer_at_a_time_give_the_same_bits(world):
     per_rank = in_one_world(world)["pairwise"]
     for name in CODECS:
@@ -204,6 +209,7 @@ def _pairwise_on_a_subgroup(rank: int, world: int):
     return default, collectives, report.bytes_sent
 
 
+@pytest.mark.slow
 def test_a_subgroup_goes_one_peer_at_a_time_by_default_with_the_collectives_bits():
     per_rank = in_one_world(4)["subgroup"][1:]
     q8 = build("q8")
@@ -266,6 +272,7 @@ def _stochastic_and_public_api(rank: int, world: int):
     return out
 
 
+@pytest.mark.slow
 def test_stochastic_rounding_is_identical_on_every_rank_and_the_entry_point_keeps_its_contract():
     for out in in_one_world(3)["stochastic"]:
         for name in ("q8", "q4"):
@@ -317,6 +324,7 @@ def _feedback_for_each(rank: int, world: int):
     return [_feedback_conserves_the_sum(rank, world, name) for name in ("q4", "sign", "bf16")]
 
 
+@pytest.mark.slow
 def test_error_feedback_conserves_the_sum():
     for per_codec in in_one_world(3)["feedback"]:
         for gaps, owner_parts, worker_parts in per_codec:

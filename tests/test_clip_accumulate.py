@@ -91,6 +91,7 @@ def _scenarios(rank: int, world: int):
 
 
 @pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.slow
 def test_clipping_and_accumulation_match_the_reference(world):
     per_rank = run_ranks(_scenarios, world)
     for index, scenario in enumerate(SCENARIOS):

@@ -36,6 +36,7 @@ def test_checks_in_one_world_come_back_by_name_and_rank():
     assert results == {"sum": [(0, 3), (1, 3)], "plus": [10, 11]}
 
 
+@pytest.mark.slow
 def test_a_hung_rank_is_reported_with_its_stack():
     with pytest.raises(AssertionError) as failure:
         run_ranks(_rank_one_sleeps, 2, timeout_s=6)

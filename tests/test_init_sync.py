@@ -47,6 +47,7 @@ def _wrap_rank_seeded(rank: int, world: int, init_sync: bool, sync_bn: bool, loa
 
 
 @pytest.mark.parametrize("sync_bn", [False, True], ids=["batchnorm", "syncbatchnorm"])
+@pytest.mark.slow
 def test_every_rank_starts_from_rank_zeros_parameters_and_buffers(sync_bn):
     results = in_one_world(3)[f"sync_bn={sync_bn}"]
     rank0 = _state(_bn_model(100, sync_bn))
@@ -57,6 +58,7 @@ def test_every_rank_starts_from_rank_zeros_parameters_and_buffers(sync_bn):
             assert torch.equal(after[key], results[0][1][key]), key  # and they stay identical while training
 
 
+@pytest.mark.slow
 def test_a_state_loaded_on_rank_zero_alone_reaches_every_rank():
     loaded = LOADED
     for before, _ in in_one_world(2)["loaded"]:
@@ -64,6 +66,7 @@ def test_a_state_loaded_on_rank_zero_alone_reaches_every_rank():
             assert torch.equal(before[key], loaded[key]), key
 
 
+@pytest.mark.slow
 def test_init_sync_false_leaves_each_rank_its_own_model():
     (first, _), (second, _) = in_one_world(2)["init_sync=False"]
     assert torch.equal(first["0.weight"], _state(_bn_model(100))["0.weight"])
@@ -77,6 +80,7 @@ def _timed_sync(rank: int, world: int, latency: bool) -> tuple:
 
 
 @pytest.mark.parametrize("latency", [False, True])
+@pytest.mark.slow
 def test_the_initial_broadcast_says_how_long_it_took_and_what_it_moved(latency):
     """``compression="auto"``'s early look reads the link from it (``pipesgd.auto.transfer_floor_s``)."""
     for synced, alone in in_one_world(2)[f"latency={latency}"]:
@@ -95,6 +99,7 @@ def _mismatched(rank: int, world: int):
     return None
 
 
+@pytest.mark.slow
 def test_models_of_different_shapes_are_refused_on_every_rank():
     for message in in_one_world(2)["mismatched"]:
         assert message is not None and "differs across ranks" in message

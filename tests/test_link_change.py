@@ -21,6 +21,7 @@ SCRIPT = "experiments/link_change.py"
     (["--after", "unshaped"], "a link that changes must be shaped"),
     (["--report", "--result", "/nonexistent.json"], "cannot read /nonexistent.json"),
 ])
+@pytest.mark.slow
 def test_bad_input_is_one_line_and_exit_2(argv, needle):
     done = subprocess.run([sys.executable, SCRIPT, *argv], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stdout == ""

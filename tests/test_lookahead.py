@@ -269,6 +269,7 @@ def _lookahead_ranks(rank: int, world: int):
 
 
 @pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.slow
 def test_ranks_follow_the_single_process_look_ahead_reference(world):
     per_rank = run_ranks(_lookahead_ranks, world)
     for index, (width, warmup, kind) in enumerate(SCENARIOS):
@@ -299,6 +300,7 @@ def _codecs_with_lookahead(rank: int, world: int):
     return finals
 
 
+@pytest.mark.slow
 def test_master_weights_stay_identical_across_ranks_with_every_codec():
     per_rank = run_ranks(_codecs_with_lookahead, 3)
     for index, codec in enumerate(CODECS):
@@ -344,6 +346,7 @@ def _resumable(rank: int, world: int, directory: str, mode: str, resume: bool):
 
 
 @pytest.mark.parametrize("mode", ["per-rank", "consolidated", "rank0"])
+@pytest.mark.slow
 def test_a_resumed_run_repeats_the_uninterrupted_one(tmp_path, mode):
     uninterrupted = run_ranks(_resumable, 2, str(tmp_path), mode, False)
     resumed = run_ranks(_resumable, 2, str(tmp_path), mode, True)

@@ -61,6 +61,7 @@ def _ring_matches_backend(rank: int, world: int):
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.slow
 def test_ring_equals_backend_all_reduce(world):
     for failures in in_one_world(world)["backend"]:
         assert failures == []
@@ -97,6 +98,7 @@ def _every_lossy_ring(rank: int, world: int):
 
 
 @pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.slow
 def test_lossy_ring_is_bounded_and_identical_on_every_rank(world):
     for deterministic, stochastic in in_one_world(world)["lossy"]:
         for name, per_size in deterministic.items():
@@ -131,6 +133,7 @@ def _feedback_conserves_the_sum_for_each(rank: int, world: int):
     return [_feedback_conserves_the_sum(rank, world, name) for name in ("q4", "sign", "bf16")]
 
 
+@pytest.mark.slow
 def test_error_feedback_conserves_the_sum():
     for per_codec in in_one_world(3)["feedback"]:
         for gap, residual_size in per_codec:
@@ -171,6 +174,7 @@ def _host_forwarding_keeps_the_bits(rank: int, world: int):
     return mismatches, forwarding.marked
 
 
+@pytest.mark.slow
 def test_forwarding_the_all_gather_from_host_memory_keeps_the_ring_s_bits():
     for mismatches, marked in in_one_world(3)["forwarding"]:
         assert mismatches == []

@@ -19,6 +19,7 @@ from tests.in_process import run_in_process
 ONE_EPOCH = dict(task="digits", workers=2, epochs=1, warmup_steps=2)
 
 
+@pytest.mark.slow
 def test_the_true_average_as_stand_in_is_synchronous_sgd_and_a_workers_own_gradient_is_not():
     sync = simulate(SimSpec(width=1, **ONE_EPOCH))
     oracle = simulate(SimSpec(width=3, staleness="lookahead", standin="oracle", **ONE_EPOCH))
