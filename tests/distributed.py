@@ -1,4 +1,5 @@
-"""run_ranks(fn, n): run ``fn(rank, world_size, *args)`` in n gloo processes on CPU.
+"""run_ranks(fn, n): run ``fn(rank, world_size, *args)`` in n gloo processes on CPU; run_checks: several such
+independent checks one after another in one such world (starting one costs more than most checks).
 
 Each run gets its own FileStore and a hard timeout; a failure in any rank fails the test with that rank's
 traceback. Results are returned per rank (they must be picklable).
@@ -122,6 +123,22 @@ def run_ranks(fn, world_size: int, *args, timeout_s: float = DEFAULT_TIMEOUT_S):
         if failures:
             raise AssertionError("\n".join(failures))
         return [results[r] for r in range(world_size)]
+
+
+def _each(rank: int, world_size: int, checks: dict) -> dict:
+    results = {}
+    for name, (fn, *args) in checks.items():
+        results[name] = fn(rank, world_size, *args)
+        gc.collect()  # as after a run of its own: what one check left in a cycle goes before the next starts
+    return results
+
+
+def run_checks(checks: dict, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, list]:
+    """Run independent checks, ``checks[name] = (fn, *args)``, one after another on the same ``world_size`` ranks;
+    return each one's results by rank, as ``run_ranks(fn, world_size, *args)`` would have. A failure in any check
+    fails them all, naming the rank and its traceback."""
+    per_rank = run_ranks(_each, world_size, checks, timeout_s=timeout_s)
+    return {name: [results[name] for results in per_rank] for name in checks}
 
 
 def _stacks_of_live(procs, store_path: str) -> str:

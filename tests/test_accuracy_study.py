@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -13,6 +11,7 @@ from experiments.harness import accuracy
 from experiments.harness.accuracy import (AccuracyConfig, RunSpec, load_config, plan, run_record, run_study, summarise,
                                     trainer_flags)
 from experiments.harness.provenance import read_result
+from tests.in_process import run_in_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -200,8 +199,7 @@ def test_every_task_is_a_valid_trainer_run(task):
 @pytest.mark.parametrize("args", [["--codecs", "sign"], ["--config", "/nonexistent.toml"], ["--widths", "a,b"],
                                   ["--report", "--result", "/nonexistent.json"]])
 def test_driver_bad_input_is_one_line(args):
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "accuracy.py"), *args],
-                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": ROOT})
+    done = run_in_process(os.path.join(ROOT, "experiments", "accuracy.py"), *args)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("accuracy: error: ")
 
@@ -209,14 +207,13 @@ def test_driver_bad_input_is_one_line(args):
 def test_driver_report_prints_the_table_of_a_result_without_running(tmp_path):
     cfg = _cfg(tmp_path)
     run_study(cfg, log=lambda line: None, launcher=FakeLauncher())
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "accuracy.py"), "--report",
-                           "--result", cfg.result], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": ROOT})
+    done = run_in_process(os.path.join(ROOT, "experiments", "accuracy.py"), "--report", "--result", cfg.result)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == accuracy.summary_markdown(read_result(cfg.result)).strip()
     assert "| digits | 1 |" in done.stdout
 
 
+@pytest.mark.slow
 def test_plots_and_readings_from_a_result(tmp_path):
     cfg = _cfg(tmp_path)
     result = run_study(cfg, log=lambda line: None, launcher=FakeLauncher())

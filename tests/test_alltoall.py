@@ -2,6 +2,8 @@
 gloo processes on CPU: every codec, sizes that p does not divide and sizes where some chunks are empty."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -10,7 +12,7 @@ from pipesgd.comm.alltoall import alltoall_allreduce, alltoall_allreduce_
 from pipesgd.compression import ErrorFeedback, build
 from pipesgd.comm.topology import PAIRWISE_MIN_BYTES, RingTopology, launched_on_one_host
 from experiments.harness.switches import exchange_collectives
-from tests.distributed import run_ranks
+from tests.distributed import run_checks
 from tests.single_process import process_group  # noqa: F401 - a fixture
 from tests.test_ring import UNIT_ERROR, rank_data
 
@@ -70,8 +72,9 @@ def assert_matches_the_reference(per_rank: list, world: int, reference) -> None:
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.slow
 def test_matches_the_reference_bit_for_bit_on_every_rank(world):
-    per_rank = run_ranks(_every_codec_and_size, world)
+    per_rank = in_one_world(world)["reference"]
     assert_matches_the_reference(per_rank, world, reference_mean)
     for numel, want in per_rank[0][1].items():  # and the lossless exchange is the backend's mean
         torch.testing.assert_close(per_rank[0][0]["none", numel][0], want, rtol=1e-5, atol=1e-5)
@@ -104,8 +107,9 @@ def _gathered_by_alltoall(rank: int, world: int):
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.slow
 def test_the_all_gather_sent_as_an_all_to_all_gives_the_same_bits(world):
-    assert_every_rank_has_the_reference(run_ranks(_gathered_by_alltoall, world), world)
+    assert_every_rank_has_the_reference(in_one_world(world)["gathered"], world)
 
 
 class _StagedOnCPU(RingTopology):
@@ -124,8 +128,9 @@ def _staged(rank: int, world: int):
 
 
 @pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.slow
 def test_payloads_staged_through_host_buffers_give_the_same_bits(world):
-    assert_every_rank_has_the_reference(run_ranks(_staged, world), world)
+    assert_every_rank_has_the_reference(in_one_world(world)["staged"], world)
 
 
 # Chunks on both sides of a 4096-element block (4096 and 4097 elements: one scale and two), so a rank's p-1 payloads
@@ -140,8 +145,9 @@ def _straddling(rank: int, world: int):
 
 
 @pytest.mark.parametrize("world", [3, 4])
+@pytest.mark.slow
 def test_payloads_of_two_block_counts_give_the_same_bits_direct_and_staged(world):
-    for path in zip(*run_ranks(_straddling, world)):
+    for path in zip(*in_one_world(world)["straddling"]):
         assert_every_rank_has_the_reference(list(path), world, [STRADDLING[world]])
 
 
@@ -170,8 +176,9 @@ def _every_codec_and_size_pairwise(rank: int, world: int):
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.slow
 def test_the_collectives_sent_one_peer_at_a_time_give_the_same_bits(world):
-    per_rank = run_ranks(_sent_pairwise, world)
+    per_rank = in_one_world(world)["pairwise"]
     for name in CODECS:
         codec = build(name)
         for numel in SIZES:
@@ -202,8 +209,9 @@ def _pairwise_on_a_subgroup(rank: int, world: int):
     return default, collectives, report.bytes_sent
 
 
+@pytest.mark.slow
 def test_a_subgroup_goes_one_peer_at_a_time_by_default_with_the_collectives_bits():
-    per_rank = run_ranks(_pairwise_on_a_subgroup, 4)[1:]
+    per_rank = in_one_world(4)["subgroup"][1:]
     q8 = build("q8")
     chunk = [(c + 1) * 200_003 // 3 - c * 200_003 // 3 for c in range(3)]
     assert q8.payload_bytes(min(chunk), torch.float32) >= PAIRWISE_MIN_BYTES
@@ -264,8 +272,9 @@ def _stochastic_and_public_api(rank: int, world: int):
     return out
 
 
+@pytest.mark.slow
 def test_stochastic_rounding_is_identical_on_every_rank_and_the_entry_point_keeps_its_contract():
-    for out in run_ranks(_stochastic_and_public_api, 3):
+    for out in in_one_world(3)["stochastic"]:
         for name in ("q8", "q4"):
             identical, max_err, s = out[name]
             # Each contribution and the mean are encoded once: |error| <= u * S / p * (p - 1) + u * S / p <= u * S
@@ -315,8 +324,9 @@ def _feedback_for_each(rank: int, world: int):
     return [_feedback_conserves_the_sum(rank, world, name) for name in ("q4", "sign", "bf16")]
 
 
+@pytest.mark.slow
 def test_error_feedback_conserves_the_sum():
-    for per_codec in run_ranks(_feedback_for_each, 3):
+    for per_codec in in_one_world(3)["feedback"]:
         for gaps, owner_parts, worker_parts in per_codec:
             assert max(gaps) < 1e-9
             assert min(owner_parts) > 0 and min(worker_parts) > 0  # both encodes really dropped something
@@ -329,3 +339,19 @@ def test_world_size_one_is_exact_sends_nothing_and_folds_the_residual(process_gr
     report = reduce_(flat, build("q4"), RingTopology(dist.group.WORLD), "mean", residual)
     assert torch.equal(flat, x + r) and torch.equal(residual, torch.zeros(100)) and report.bytes_sent == 0
     assert torch.equal(public(x.clone(), compression="sign"), x)
+
+
+# The checks above that run on gloo ranks, by the world size they run at. Each size's ranks run all of its checks
+# one after another in one world, started once for the module: starting a world costs more than most checks.
+CHECKS = {"reference": _every_codec_and_size, "gathered": _gathered_by_alltoall, "staged": _staged,
+          "straddling": _straddling, "pairwise": _sent_pairwise, "subgroup": _pairwise_on_a_subgroup,
+          "stochastic": _stochastic_and_public_api, "feedback": _feedback_for_each}
+WORLD_CHECKS = {2: ("reference", "gathered", "staged", "pairwise"),
+                3: ("reference", "gathered", "straddling", "pairwise", "stochastic", "feedback"),
+                4: ("reference", "gathered", "staged", "straddling", "pairwise", "subgroup")}
+
+
+@functools.cache
+def in_one_world(world: int) -> dict[str, list]:
+    """Every check of ``world`` ranks (``WORLD_CHECKS``): its per-rank results, by check name."""
+    return run_checks({name: (CHECKS[name],) for name in WORLD_CHECKS[world]}, world)

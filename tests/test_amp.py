@@ -2,6 +2,7 @@
 gradient unscaled with its own step's scale, an overflow skipping the same step on every rank), against fp32."""
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -50,6 +51,7 @@ def _runs(rank: int, world: int):
             for precision in ("fp32", "fp16", "bf16") for inject in (False, True) if precision != "bf16" or not inject}
 
 
+@pytest.mark.slow
 def test_fp16_with_a_grad_scaler_skips_an_overflow_on_every_rank_and_tracks_fp32():
     per_rank = run_ranks(_runs, 2)
     for key in per_rank[0]:

@@ -29,6 +29,7 @@ def _verdicts(rank: int, world: int) -> list:
     return out
 
 
+@pytest.mark.slow
 def test_every_rank_reaches_the_same_verdict_from_the_slowest_ranks_medians():
     results = run_ranks(_verdicts, 2)
     assert results[0] == results[1]
@@ -74,6 +75,7 @@ def _ranks_ring_wins(rank: int, world: int, allreduce: str) -> dict:
     return result
 
 
+@pytest.mark.slow
 def test_the_faster_all_reduce_runs_after_the_warmup_and_after_a_resume():
     results = run_ranks(_ranks_ring_wins, 2, "auto")
     assert results[0] == results[1]
@@ -83,6 +85,7 @@ def test_the_faster_all_reduce_runs_after_the_warmup_and_after_a_resume():
     assert "all-reduce: ring (warm-up medians: exchange 20.0 ms, ring 10.0 ms)" in result["reason"]
 
 
+@pytest.mark.slow
 def test_a_named_all_reduce_is_kept_and_not_measured():
     result = run_ranks(_ranks_ring_wins, 2, "alltoall")[0]
     assert result["labels"][0] == "warm-up: q4 + error feedback"  # no alternation
@@ -113,6 +116,7 @@ def _ranks_long_warmup(rank: int, world: int) -> dict:
     return result
 
 
+@pytest.mark.slow
 def test_with_enough_warmup_steps_the_measured_all_reduce_runs_on_every_rank():
     results = run_ranks(_ranks_long_warmup, 2)
     assert results[0] == results[1]  # the same verdict, from the agreed medians

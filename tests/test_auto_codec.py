@@ -329,6 +329,7 @@ def _ranks_early_look(rank: int, world: int, init_sync: bool, warmup: int = PROB
             "calls": calls, "compression": opt.compression}
 
 
+@pytest.mark.slow
 def test_a_clearly_slow_link_runs_the_provisional_codec_from_step_0():
     """The early look: step 0 exchanges with q4 already (at 100 Mbit/s step 0's uncompressed exchange cost 136-197
     ms against q4's 20-66); one decision, at the warm-up's end, from q4's exchanges, with no uncompressed time."""

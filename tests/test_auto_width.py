@@ -230,6 +230,7 @@ def _recheck_ranks(rank: int, world: int) -> dict:
             "steps": steps, "compression": opt.compression}
 
 
+@pytest.mark.slow
 def test_a_recheck_switches_at_the_same_step_on_every_rank_and_applies_every_gradient_once():
     results = run_ranks(_recheck_ranks, 2)
     assert results[0] == results[1]
@@ -305,6 +306,7 @@ def _held_ranks(rank: int, world: int) -> dict:
     return {"width": opt.width, "ran": opt.auto_choice["ran"], "labels": [s.auto_choice for s in stats]}
 
 
+@pytest.mark.slow
 def test_every_rank_holds_the_chosen_width_against_the_same_warmup():
     results = run_ranks(_held_ranks, 2)
     assert results[0] == results[1] and results[0]["width"] == 2 and results[0]["ran"]["1:none"]["period_s"] == 1e3
@@ -513,6 +515,7 @@ def _on_rank0_ranks(rank: int, world: int) -> dict:
     return {"made": made, "chosen": chosen, "error": error}
 
 
+@pytest.mark.slow
 def test_the_decision_is_made_on_rank_0_and_an_error_there_reaches_every_rank():
     """``probes.on_rank0``: one rank computes, every rank holds its result; an error on rank 0 is raised on every
     rank (a rank waiting in the broadcast would otherwise hang until the timeout)."""

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from experiments.harness.agreement import AgreementSettings
+from tests.in_process import run_in_process
 from tests.test_bench_pipeline import ENV, ROOT
 
 
@@ -28,7 +29,8 @@ def test_settings_say_what_is_wrong(kwargs, message):
 
 
 def test_script_refuses_bad_flags_in_one_line(tmp_path):
-    proc = _script("--loopback", "--variants", "q8,q9", "--out", str(tmp_path))
+    proc = run_in_process(ROOT / "experiments" / "bench_agreement.py", "--loopback", "--variants", "q8,q9", "--out",
+                       str(tmp_path))
     assert proc.returncode == 2 and proc.stderr.strip().endswith("valid: none, fp16, fp16+ef, bf16, bf16+ef, q8, "
                                                                  "q8+ef, q4, q4+ef, sign+ef")
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.in_process import run_in_process
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "experiments" / "bench_allreduce_choice.py"
 
@@ -26,11 +28,12 @@ def _run(*argv: str, timeout: float = 180) -> subprocess.CompletedProcess:
     (["--bandwidth", "1gbit", "--nodes", "1"], "must be >= 2"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(argv, message, tmp_path):
-    done = _run(*argv, "--out", str(tmp_path))
+    done = run_in_process(SCRIPT, *argv, "--out", str(tmp_path), cwd=ROOT)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
     assert not any(tmp_path.iterdir())  # refused before any work
 
 
+@pytest.mark.slow
 def test_a_tiny_run_prints_both_all_reduces_the_a_b_variants_and_the_bare_collectives(tmp_path):
     done = _run("--ranks", "3", "--codecs", "q8", "--sizes-mib", "0.02", "--rounds", "1", "--repeats", "1",
                 "--gather-ab", "--pairwise-ab", "--raw", "--out", str(tmp_path))

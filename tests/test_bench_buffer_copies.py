@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tests.in_process import run_in_process
+
 SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "bench_buffer_copies.py"
 
 
@@ -14,6 +18,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_a_tiny_run_writes_both_ways_for_each_model(tmp_path):
     done = run("--repeats", "2", "--calls", "1", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
@@ -28,7 +33,7 @@ def test_a_tiny_run_writes_both_ways_for_each_model(tmp_path):
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
     for args, says in ((["--models", "vgg"], "unknown model vgg"), (["--repeats", "0"], "must be >= 1"),
                        (["--calls", "x"], "invalid int value")):
-        done = run(*args, "--out", str(tmp_path / "never"))
+        done = run_in_process(SCRIPT, *args, "--out", str(tmp_path / "never"))
         assert done.returncode == 2 and says in done.stderr, (args, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (tmp_path / "never").exists()

@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tests.in_process import run_in_process
+
 SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "bench_codec_rows.py"
 
 
@@ -13,6 +17,7 @@ def run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_a_tiny_run_writes_both_tables(tmp_path):
     done = run("--codecs", "q8,sign", "--p", "3", "--sizes-mib", "0.01", "--ranks", "2", "--rounds", "2",
                "--repeats", "1", "--out", str(tmp_path))
@@ -26,7 +31,7 @@ def test_a_tiny_run_writes_both_tables(tmp_path):
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
     for args in (["--codecs", "q9"], ["--ranks", "1"], ["--sizes-mib", "0"], ["--p", "0"]):
-        done = run(*args, "--out", str(tmp_path / "never"), timeout=60)
+        done = run_in_process(SCRIPT, *args, "--out", str(tmp_path / "never"))
         assert done.returncode == 2, (args, done.stderr)
         assert done.stderr.strip().splitlines()[-1].startswith("bench_codec_rows.py: error:"), done.stderr
         assert not (tmp_path / "never").exists()

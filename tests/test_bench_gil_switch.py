@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tests.in_process import run_in_process
+
 SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "bench_gil_switch.py"
 
 
@@ -14,6 +18,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_a_tiny_run_writes_its_table(tmp_path):
     done = run("--intervals-ms", "1,0.2", "--hops", "2", "--wire-ms", "0.5", "--elements", "1024",
                "--out", str(tmp_path))
@@ -36,7 +41,7 @@ def test_the_switch_interval_is_restored(tmp_path):
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
     for args in (["--intervals-ms", "0"], ["--intervals-ms", "fast"], ["--hops", "0"], ["--wire-ms", "-1"]):
-        done = run(*args, "--out", str(tmp_path / "never"))
+        done = run_in_process(SCRIPT, *args, "--out", str(tmp_path / "never"))
         assert done.returncode == 2, (args, done.stderr)
         assert done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr
         assert done.stderr.startswith("bench_gil_switch.py: error:") and not (tmp_path / "never").exists()

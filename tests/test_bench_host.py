@@ -26,6 +26,7 @@ def test_bad_flags_are_one_line_and_exit_2(argv, capsys):
     assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith("bench_host: error: "), err
 
 
+@pytest.mark.slow
 def test_a_tiny_run_prints_every_wrapper_against_the_optimizer_alone():
     # its own process: the script initialises (and destroys) a world-size-1 default group
     out = subprocess.run([sys.executable, str(SCRIPT), "--models", "lenet", "--iters", "2", "--rounds", "1"],

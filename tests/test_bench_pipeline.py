@@ -13,6 +13,7 @@ import pytest
 from pipesgd.runlog import phases
 from experiments.harness.pipeline import VARIANTS, PipelineSettings, parse_variant
 from experiments.harness.pipeline_report import markdown, read_records
+from tests.in_process import run_in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
@@ -94,11 +95,15 @@ def _script(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=ENV, timeout=300)
 
 
+def _refusal(*args: str) -> subprocess.CompletedProcess:
+    return run_in_process(ROOT / "experiments" / "bench_pipeline.py", *args)
+
+
 def test_script_refuses_bad_flags_in_one_line(tmp_path):
-    proc = _script("--loopback", "--workloads", "resnet", "--out", str(tmp_path))
+    proc = _refusal("--loopback", "--workloads", "resnet", "--out", str(tmp_path))
     assert proc.returncode == 2 and "error: unknown workload resnet; valid: mlp1.9m" in proc.stderr
     assert "Traceback" not in proc.stderr
-    proc = _script("--loopback", "--nodes", "1", "--out", str(tmp_path))
+    proc = _refusal("--loopback", "--nodes", "1", "--out", str(tmp_path))
     assert proc.returncode == 2 and "--nodes must be >= 2" in proc.stderr
     for args, says in ((("--nodes", "four"), "invalid int value: 'four'"), (("--timeout", "0"), "--timeout must be > 0"),
                        (("--cores-per-node", "-1"), "--cores-per-node must be >= 0"),
@@ -106,7 +111,7 @@ def test_script_refuses_bad_flags_in_one_line(tmp_path):
                        (("--out", str(tmp_path / "file.txt" / "sub")), "--out ")):
         (tmp_path / "file.txt").write_text("kept")
         out = () if args[0] == "--out" else ("--out", str(tmp_path))
-        proc = _script("--loopback", *args, *out)
+        proc = _refusal("--loopback", *args, *out)
         assert proc.returncode == 2 and says in proc.stderr, (args, proc.stderr)
         assert proc.stderr.count("\n") == 1 and proc.stdout == "", (args, proc.stderr)  # one line, no usage block
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]  # nothing written before the refusals

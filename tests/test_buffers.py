@@ -101,6 +101,7 @@ def _scenarios(rank: int, world: int):
 
 
 @pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.slow
 def test_buffers_follow_the_reference_and_are_synced_where_the_ranks_meet(world):
     per_rank = run_ranks(_scenarios, world)
     for index, (width, warmup, mode) in enumerate(SCENARIOS):

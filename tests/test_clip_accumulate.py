@@ -91,6 +91,7 @@ def _scenarios(rank: int, world: int):
 
 
 @pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.slow
 def test_clipping_and_accumulation_match_the_reference(world):
     per_rank = run_ranks(_scenarios, world)
     for index, scenario in enumerate(SCENARIOS):
@@ -143,6 +144,7 @@ def test_accumulation_keeps_the_misuse_guards():
     opt.zero_grad()
     with pytest.raises(RuntimeError, match="without a backward"):
         opt.step()
+    opt.flush()
 
 
 @pytest.mark.parametrize("value", [-1.0, float("inf"), float("nan"), "1.0", True])

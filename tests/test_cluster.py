@@ -183,6 +183,7 @@ def test_supervise_failure_stops_the_others():
     assert "node 1 exited with code 5" in err.getvalue()
 
 
+@pytest.mark.slow
 def test_supervise_timeout_kills_everything_including_grandchildren(tmp_path):
     pidfile = tmp_path / "grandchild.pid"
     # The child starts a grandchild in a session of its own (as torchrun does with its workers).
@@ -277,6 +278,7 @@ def test_root_up_state_status_and_refuse_twice(cluster2, tmp_path):
 
 
 @pytest.mark.root
+@pytest.mark.slow
 def test_root_measured_throughput_matches_rate(cluster2):
     result = cluster2.measure(0, 1, duration_s=1.5)
     print(result.summary())
@@ -284,6 +286,7 @@ def test_root_measured_throughput_matches_rate(cluster2):
 
 
 @pytest.mark.root
+@pytest.mark.slow
 def test_root_reshape_changes_every_link_of_a_live_cluster(cluster2, tmp_path):
     """The rate a running job sees drops (issue 39's link that changes mid-run): both directions, state saved."""
     cluster2.reshape(parse_bandwidth_bps("20mbit"))
@@ -319,6 +322,7 @@ def test_root_failing_node_stops_the_others(cluster2):
 
 
 @pytest.mark.root
+@pytest.mark.slow
 def test_root_torchrun_gloo_allreduce_through_shaper(cluster2):
     before = [cluster2.sent_bytes(i) for i in range(2)]
     out = io.StringIO()

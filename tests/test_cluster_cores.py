@@ -68,6 +68,7 @@ def test_state_keeps_cores_and_reads_files_without_them(tmp_path):
         make_state(nodes=2, node_cores=[[0]])
 
 
+@pytest.mark.slow
 def test_pin_runs_the_command_on_the_listed_cores_only():
     core = sorted(os.sched_getaffinity(0))[-1]
     out = subprocess.run([*PIN, str(core), "--", sys.executable, "-c",
@@ -83,6 +84,7 @@ def test_pin_runs_the_command_on_the_listed_cores_only():
     (["100000", "--", "true"], 2, "cannot pin"),
     (["0", "--", "/nonexistent/cmd"], 127, "cannot start"),
 ])
+@pytest.mark.slow
 def test_pin_refusals_are_one_line(args, code, needle):
     out = subprocess.run([*PIN, *args], capture_output=True, text=True, timeout=60)
     assert out.returncode == code
@@ -98,6 +100,7 @@ def test_cli_up_refuses_more_cores_than_the_machine_has(capsys, tmp_path, monkey
 
 
 @pytest.mark.root
+@pytest.mark.slow
 def test_root_pinned_nodes_run_on_their_own_cores(root_ok, tmp_path):  # noqa: F811
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores")

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tests.in_process import run_in_process
+
 SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "count_step_calls.py"
 
 
@@ -14,6 +18,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=240)
 
 
+@pytest.mark.slow
 def test_a_tiny_run_counts_every_way(tmp_path):
     done = run("--models", "resnet20", "--iters", "1", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -29,7 +34,7 @@ def test_a_tiny_run_counts_every_way(tmp_path):
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
     for args, says in ((["--models", "vgg"], "unknown model vgg"), (["--ranks", "1"], "--ranks must be >= 2"),
                        (["--iters", "0"], "--iters >= 1")):
-        done = run(*args, "--out", str(tmp_path / "never"))
+        done = run_in_process(SCRIPT, *args, "--out", str(tmp_path / "never"))
         assert done.returncode == 2 and says in done.stderr, (args, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (tmp_path / "never").exists()

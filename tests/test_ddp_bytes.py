@@ -30,6 +30,7 @@ def _sent(rank: int, world: int, hook: str) -> list[int]:
 
 
 @pytest.mark.parametrize("hook,payload", [("none", 4), ("fp16", 2)])
+@pytest.mark.slow
 def test_bytes_count_each_synced_backward_pass(hook, payload):
     one = ring_allreduce_bytes((6 * 5 + 5 + 5 * 3 + 3) * payload, 2)
     assert run_ranks(_sent, 2, hook, timeout_s=120) == [[one, 2 * one, 3 * one, one]] * 2

@@ -67,6 +67,7 @@ def reference(world: int, width: int, warmup: int = 2):
 
 
 @pytest.mark.parametrize("width", [1, 2])
+@pytest.mark.slow
 def test_unused_parameters_are_left_alone_on_every_rank(width):
     start = [p.detach().clone() for p in WithUnused().unused.parameters()]
     per_rank = run_ranks(_unused_stays, 2, width, timeout_s=120)
@@ -124,6 +125,7 @@ def _consolidate_on_rank_zero_only(rank: int, world: int):
     return message
 
 
+@pytest.mark.slow
 def test_consolidate_on_one_rank_fails_fast_naming_the_fix():
     # gloo's own timeout in these ranks is far longer (0.8 x 60 s) than the bounded wait, and says nothing like this
     message = run_ranks(_consolidate_on_rank_zero_only, 2, timeout_s=60)[0]
@@ -144,6 +146,7 @@ def _consolidate_on_every_rank(rank: int, world: int):
     return ranks
 
 
+@pytest.mark.slow
 def test_consolidate_on_every_rank_still_gathers_every_rank():
     assert run_ranks(_consolidate_on_every_rank, 2, timeout_s=60)[0] == [0, 1]
 

@@ -48,6 +48,7 @@ def test_a_bad_flag_is_one_line_and_exit_2(capsys):
 
 
 @pytest.mark.parametrize("name", ["bench_core", "timeline"])
+@pytest.mark.slow
 def test_a_converted_script_run_from_elsewhere_prints_one_line(name, tmp_path):
     """Run as users run them (``python experiments/NAME.py`` from any folder): the harness import resolves."""
     done = subprocess.run([sys.executable, str(ROOT / "experiments" / f"{name}.py"), "--no-such-flag"], cwd=tmp_path,

@@ -21,6 +21,7 @@ def test_unknown_figure_is_one_line_error(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_every_figure_draws_from_committed_results(tmp_path):
     pytest.importorskip("matplotlib", reason="the notebooks extra is not installed")
     proc = _figures("--out", str(tmp_path))
@@ -33,6 +34,7 @@ def test_every_figure_draws_from_committed_results(tmp_path):
     assert index.count("- `") == 6 and "commit" in index
 
 
+@pytest.mark.slow
 def test_one_figure_redrawn_replaces_only_its_line_in_the_index(tmp_path):
     pytest.importorskip("matplotlib", reason="the notebooks extra is not installed")
     stale = "- `timeline.png` from somewhere: `an older command` (old)"

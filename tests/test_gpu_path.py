@@ -41,6 +41,7 @@ def _posted_and_batched(rank: int, world: int):
 
 
 @pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.slow
 def test_the_batched_exchange_gives_the_bits_of_the_posted_one(world):
     for rows, posted_batched, batched_batched in run_ranks(_posted_and_batched, world):
         assert not posted_batched and batched_batched  # gloo picks the posted one unless told
@@ -79,6 +80,7 @@ def _skips_with_a_slow_reset(rank: int, world: int):
     return skipped, all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
 
+@pytest.mark.slow
 def test_a_nonfinite_step_skips_only_itself_even_when_the_reset_is_slow():
     for skipped, finite in run_ranks(_skips_with_a_slow_reset, 2):
         # step() at t applies step t-1: only step 2's gradient (applied at t = 3) is skipped.
@@ -111,6 +113,7 @@ def _closing_destroys_the_private_group(rank: int, world: int):
     return before, group in dist.distributed_c10d._world.pg_map
 
 
+@pytest.mark.slow
 def test_closing_a_private_channel_destroys_its_group():
     for before, after in run_ranks(_closing_destroys_the_private_group, 2):
         assert before and not after
@@ -128,6 +131,7 @@ def _closing_pipesgd_destroys_its_groups(rank: int, world: int, check_uneven: bo
 
 
 @pytest.mark.parametrize("check_uneven, opened", [(True, 2), (False, 1)])
+@pytest.mark.slow
 def test_closing_pipesgd_destroys_the_ring_and_agreement_groups(check_uneven, opened):
     """The ring's private group, and with ``check_uneven`` the agreement's own group, are gone after ``close()``."""
     assert run_ranks(_closing_pipesgd_destroys_its_groups, 2, check_uneven) == [(opened, True)] * 2

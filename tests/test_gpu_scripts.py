@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.in_process import run_in_process
+
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
 ENV["PYTHONPATH"] = str(ROOT)
@@ -20,6 +22,11 @@ sys.path.insert(0, str(ROOT / "experiments"))  # bench_codec_compiled's helpers
 def run_script(name: str, *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "experiments" / name), *args], capture_output=True,
                           text=True, env=ENV, timeout=timeout_s)
+
+
+def refusal(name: str, *args: str) -> subprocess.CompletedProcess:
+    """``name`` refusing ``args`` (in this interpreter: tests/in_process.py)."""
+    return run_in_process(ROOT / "experiments" / name, *args)
 
 
 @pytest.mark.slow
@@ -64,7 +71,7 @@ def test_gpu_speed_runs_on_cpu_and_reports_overlap_efficiency(tmp_path):
 
 @pytest.mark.parametrize("script", ["gpu_check.py", "gpu_speed.py"])
 def test_nccl_without_cuda_is_one_line(script, tmp_path):
-    proc = run_script(script, "--device", "cpu", "--backend", "nccl", "--out", str(tmp_path), timeout_s=60)
+    proc = refusal(script, "--device", "cpu", "--backend", "nccl", "--out", str(tmp_path))
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"{script}: error: --backend nccl needs --device cuda"
 
@@ -75,7 +82,7 @@ GPU_SCRIPTS = ["gpu_check.py", "gpu_speed.py"]
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
 @pytest.mark.parametrize("script", GPU_SCRIPTS)
 def test_cuda_asked_for_where_there_is_none_is_one_line_before_any_rank_starts(script, tmp_path):
-    proc = run_script(script, "--device", "cuda", "--out", str(tmp_path / "o"), timeout_s=60)
+    proc = refusal(script, "--device", "cuda", "--out", str(tmp_path / "o"))
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
     assert "error: --device cuda but no CUDA device is available" in proc.stderr
     assert not (tmp_path / "o").exists()
@@ -84,7 +91,7 @@ def test_cuda_asked_for_where_there_is_none_is_one_line_before_any_rank_starts(s
 @pytest.mark.parametrize("script", [*GPU_SCRIPTS, "bench_allreduce_choice.py",
                                     "bench_reduction_error.py", "bench_codec_rows.py"])
 def test_a_flag_that_does_not_parse_is_one_line_without_the_usage_block(script):
-    proc = run_script(script, "--no-such-flag", timeout_s=60)
+    proc = refusal(script, "--no-such-flag")
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
     assert "unrecognized arguments: --no-such-flag" in proc.stderr or "required" in proc.stderr
 
@@ -123,6 +130,6 @@ def test_the_compiled_codecs_comparison_tells_a_wrong_code_apart():
                                           (["--sizes", "1k"], "--sizes: comma-separated element counts"),
                                           (["--repeats", "0"], "must be >= 1")])
 def test_bench_codec_compiled_bad_arguments_are_one_line(args, needle, tmp_path):
-    proc = run_script("bench_codec_compiled.py", "--device", "cpu", *args, "--out", str(tmp_path / "c"), timeout_s=60)
+    proc = refusal("bench_codec_compiled.py", "--device", "cpu", *args, "--out", str(tmp_path / "c"))
     assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not (tmp_path / "c").exists()

@@ -2,6 +2,8 @@
 nothing runs without a process group (issue 35, items 1-2)."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -13,7 +15,7 @@ from pipesgd import PipeSGD
 from pipesgd.comm.groups import NoProcessGroupError
 from pipesgd.init_sync import layout_digest, module_state, sync_initial_state
 from tests.cpu_sync_batchnorm import cpu_sync_batchnorm
-from tests.distributed import run_ranks
+from tests.distributed import run_checks
 
 
 def _bn_model(seed: int, sync_bn: bool = False) -> nn.Module:
@@ -45,8 +47,9 @@ def _wrap_rank_seeded(rank: int, world: int, init_sync: bool, sync_bn: bool, loa
 
 
 @pytest.mark.parametrize("sync_bn", [False, True], ids=["batchnorm", "syncbatchnorm"])
+@pytest.mark.slow
 def test_every_rank_starts_from_rank_zeros_parameters_and_buffers(sync_bn):
-    results = run_ranks(_wrap_rank_seeded, 3, True, sync_bn, None)
+    results = in_one_world(3)[f"sync_bn={sync_bn}"]
     rank0 = _state(_bn_model(100, sync_bn))
     for before, after in results:
         assert before.keys() == rank0.keys()
@@ -55,15 +58,17 @@ def test_every_rank_starts_from_rank_zeros_parameters_and_buffers(sync_bn):
             assert torch.equal(after[key], results[0][1][key]), key  # and they stay identical while training
 
 
+@pytest.mark.slow
 def test_a_state_loaded_on_rank_zero_alone_reaches_every_rank():
-    loaded = _state(_bn_model(7))
-    for before, _ in run_ranks(_wrap_rank_seeded, 2, True, False, loaded):
+    loaded = LOADED
+    for before, _ in in_one_world(2)["loaded"]:
         for key in loaded:
             assert torch.equal(before[key], loaded[key]), key
 
 
+@pytest.mark.slow
 def test_init_sync_false_leaves_each_rank_its_own_model():
-    (first, _), (second, _) = run_ranks(_wrap_rank_seeded, 2, False, False, None)
+    (first, _), (second, _) = in_one_world(2)["init_sync=False"]
     assert torch.equal(first["0.weight"], _state(_bn_model(100))["0.weight"])
     assert not torch.equal(first["0.weight"], second["0.weight"])
 
@@ -75,9 +80,10 @@ def _timed_sync(rank: int, world: int, latency: bool) -> tuple:
 
 
 @pytest.mark.parametrize("latency", [False, True])
+@pytest.mark.slow
 def test_the_initial_broadcast_says_how_long_it_took_and_what_it_moved(latency):
     """``compression="auto"``'s early look reads the link from it (``pipesgd.auto.transfer_floor_s``)."""
-    for synced, alone in run_ranks(_timed_sync, 2, latency):
+    for synced, alone in in_one_world(2)[f"latency={latency}"]:
         assert alone is None
         floats = sum(t.numel() for t in _bn_model(0).double().state_dict().values() if t.is_floating_point())
         assert synced.nbytes == 8 * floats + 8 and synced.seconds > 0
@@ -93,9 +99,26 @@ def _mismatched(rank: int, world: int):
     return None
 
 
+@pytest.mark.slow
 def test_models_of_different_shapes_are_refused_on_every_rank():
-    for message in run_ranks(_mismatched, 2):
+    for message in in_one_world(2)["mismatched"]:
         assert message is not None and "differs across ranks" in message
+
+
+
+# The checks above that run on gloo ranks, by the world size they run at, each run as ``fn(rank, world, *args)``;
+# each size's checks run one after another in one world, started once for the module.
+LOADED = _state(_bn_model(7))
+WORLD_CHECKS = {
+    2: {"loaded": (_wrap_rank_seeded, True, False, LOADED), "init_sync=False": (_wrap_rank_seeded, False, False, None),
+        "latency=False": (_timed_sync, False), "latency=True": (_timed_sync, True), "mismatched": (_mismatched,)},
+    3: {f"sync_bn={sync_bn}": (_wrap_rank_seeded, True, sync_bn, None) for sync_bn in (False, True)},
+}
+
+
+@functools.cache
+def in_one_world(world: int) -> dict[str, list]:
+    return run_checks(WORLD_CHECKS[world], world)
 
 
 def test_the_layout_digest_sees_shapes_dtypes_and_tied_weights_once():

@@ -22,6 +22,7 @@ def _python(code: str) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+@pytest.mark.slow
 def test_exit_process_keeps_unflushed_output_and_the_code_and_skips_teardown():
     proc = _python("""
         import atexit, sys

@@ -3,12 +3,11 @@ the report reads a result's runs (the experiment itself needs root and minutes: 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from experiments.link_change import Rank0Steps, report
+from tests.in_process import run_in_process
 
 SCRIPT = "experiments/link_change.py"
 
@@ -22,7 +21,7 @@ SCRIPT = "experiments/link_change.py"
     (["--report", "--result", "/nonexistent.json"], "cannot read /nonexistent.json"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, needle):
-    done = subprocess.run([sys.executable, SCRIPT, *argv], capture_output=True, text=True, timeout=120)
+    done = run_in_process(SCRIPT, *argv)
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1 and needle in done.stderr, done.stderr
 

@@ -48,7 +48,7 @@ def _run(width: int, kind: str, dtype=torch.float32, steps: int = STEPS, accumul
         for micro in range(accumulate):
             loss = _loss(model, t * accumulate + micro, 0) / accumulate
             loss.backward()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         opt.step()
         opt.zero_grad()
     opt.flush()
@@ -90,7 +90,7 @@ def test_with_a_grad_scaler_the_stand_in_is_unscaled_with_its_own_scale(process_
         for t in range(STEPS):
             loss = _loss(model, t, 0)
             scaler.scale(loss).backward()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             opt.step()
             opt.zero_grad()
         opt.flush()
@@ -157,7 +157,7 @@ def test_a_parameter_list_looks_ahead_from_the_end_of_step(process_group):
     for t in range(STEPS):
         loss = _loss(model, t, 0)
         loss.backward()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         opt.step()
         opt.zero_grad()
     opt.flush()
@@ -177,6 +177,7 @@ def test_a_forward_that_bypasses_the_wrapped_model_is_warned_about_once(process_
         warnings.simplefilter("error")
         nn.functional.mse_loss(model[2](model[1](model[0](x))), y).backward()
         opt.step()  # once only
+    opt.flush()
 
 
 def test_none_and_width_one_do_no_look_ahead_and_memory_is_reported(process_group):
@@ -195,6 +196,7 @@ def test_none_and_width_one_do_no_look_ahead_and_memory_is_reported(process_grou
     weight_bytes = sum(p.numel() * 4 for p in model.parameters())
     # a copy of the weights + the stand-ins of the K-1 = 2 steps in flight + the momentum buffers' copy
     assert opt.lookahead_memory_bytes == weight_bytes * (1 + 2 + 1)
+    opt.flush()
     with pytest.raises(ValueError, match="staleness must be one of"):
         PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, staleness="predict")
 
@@ -267,6 +269,7 @@ def _lookahead_ranks(rank: int, world: int):
 
 
 @pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.slow
 def test_ranks_follow_the_single_process_look_ahead_reference(world):
     per_rank = run_ranks(_lookahead_ranks, world)
     for index, (width, warmup, kind) in enumerate(SCENARIOS):
@@ -297,6 +300,7 @@ def _codecs_with_lookahead(rank: int, world: int):
     return finals
 
 
+@pytest.mark.slow
 def test_master_weights_stay_identical_across_ranks_with_every_codec():
     per_rank = run_ranks(_codecs_with_lookahead, 3)
     for index, codec in enumerate(CODECS):
@@ -342,6 +346,7 @@ def _resumable(rank: int, world: int, directory: str, mode: str, resume: bool):
 
 
 @pytest.mark.parametrize("mode", ["per-rank", "consolidated", "rank0"])
+@pytest.mark.slow
 def test_a_resumed_run_repeats_the_uninterrupted_one(tmp_path, mode):
     uninterrupted = run_ranks(_resumable, 2, str(tmp_path), mode, False)
     resumed = run_ranks(_resumable, 2, str(tmp_path), mode, True)

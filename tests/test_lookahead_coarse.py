@@ -51,6 +51,7 @@ def _standins(rank: int, world: int, standin: str = SHARED):
     return rows, stats.bytes_sent, stats.t_standin_wait_s, "t_standin_wait" in stats.as_metrics()
 
 
+@pytest.mark.slow
 def test_the_shared_stand_ins_bytes_and_wait_are_in_the_step_record():
     coarse, local = run_ranks(_standins, 2), run_ranks(_standins, 2, "local")
     assert all(c[1] > plain[1] > 0 for c, plain in zip(coarse, local))
@@ -71,12 +72,14 @@ def _replicas(rank: int, world: int, compression: str, standin: str) -> list[tor
 
 
 @pytest.mark.parametrize("compression", ["none", "q8", "sign"])
+@pytest.mark.slow
 def test_master_weights_stay_identical_across_ranks(compression):
     per_rank = run_ranks(_replicas, 3, compression, SHARED)
     assert all(torch.equal(a, b) for a, b in zip(per_rank[0], per_rank[1]))
     assert all(torch.equal(a, b) for a, b in zip(per_rank[0], per_rank[2]))
 
 
+@pytest.mark.slow
 def test_a_resumed_run_repeats_the_uninterrupted_one_and_differs_from_the_local_stand_in(tmp_path):
     standin = SHARED  # its subspace is saved
     path = str(tmp_path / "state")
@@ -89,6 +92,7 @@ def test_a_resumed_run_repeats_the_uninterrupted_one_and_differs_from_the_local_
 
 
 @pytest.mark.parametrize("world, width, steps", [(2, 2, 7), (3, 3, 10)])
+@pytest.mark.slow
 def test_the_rank_that_ran_out_is_named_not_waited_for(world, width, steps):
     """The finished rank joins the others' step with zeros in both all-reduces, the stand-in's first; a rank that
     steps on afterwards gets the same error from its next forward pass, not a timeout."""
@@ -139,6 +143,7 @@ def _scaled(rank: int, world: int, standin: str = SHARED) -> list[torch.Tensor]:
     return snapshot(model), skipped, scaler.get_scale()
 
 
+@pytest.mark.slow
 def test_under_loss_scaling_overflowing_stand_ins_are_skipped_and_replicas_stay_identical():
     (first, skipped, scale), (second, _, _) = run_ranks(_scaled, 2, SHARED)
     assert skipped == 1 and scale != 2.0**10  # step 4's overflow skipped; the scale backed off and regrew

@@ -50,6 +50,7 @@ def _fill(rank: int, world: int) -> dict:
     return {"steps": steps, "basis": fill.state_dict()}
 
 
+@pytest.mark.slow
 def test_the_stand_ins_average_to_the_average_and_small_parts_are_exact():
     per_rank = run_ranks(_fill, 3)
     for step in range(2):
@@ -95,6 +96,7 @@ def test_a_saved_subspace_of_another_model_is_refused():
         fill.load_state_dict({"basis": [torch.zeros(3, 2)]})
 
 
+@pytest.mark.slow
 def test_through_the_wrapper_each_stand_in_is_nearer_the_average_and_they_average_to_it():
     per_rank = run_ranks(_standins, 3, STANDIN)
     rows = [rows for rows, *_ in per_rank]
@@ -109,12 +111,14 @@ def test_through_the_wrapper_each_stand_in_is_nearer_the_average_and_they_averag
 
 
 @pytest.mark.parametrize("compression", ["none", "q8"])
+@pytest.mark.slow
 def test_master_weights_stay_identical_across_ranks(compression):
     per_rank = run_ranks(_replicas, 3, compression, STANDIN)
     assert all(torch.equal(a, b) for a, b in zip(per_rank[0], per_rank[1]))
     assert all(torch.equal(a, b) for a, b in zip(per_rank[0], per_rank[2]))
 
 
+@pytest.mark.slow
 def test_the_rank_that_ran_out_is_named_not_waited_for():
     for rank, (message, seconds) in enumerate(run_ranks(_uneven, 3, 3, "none", STANDIN, 7)):
         assert "rank 2 ran out of data after 5 steps" in message, (rank, message)
@@ -168,6 +172,7 @@ def _weights(rank: int, world: int, optimizer: type, options: dict) -> list[torc
 
 @pytest.mark.parametrize("optimizer, same, other", [(torch.optim.AdamW, STANDIN, "local"),
                                                      (torch.optim.SGD, "local", STANDIN)])
+@pytest.mark.slow
 def test_the_default_stand_in_is_the_one_auto_names(optimizer, same, other):
     default = run_ranks(_weights, 2, optimizer, {})[0]
     assert all(torch.equal(a, b) for a, b in zip(default, run_ranks(_weights, 2, optimizer,

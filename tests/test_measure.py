@@ -63,6 +63,7 @@ def _slowest_rank(rank, world_size):
     return whole, local_first, alone
 
 
+@pytest.mark.slow
 def test_two_ranks_agree_on_the_slowest_median():
     results = run_ranks(_slowest_rank, 2, timeout_s=60)
     assert [r[0] for r in results] == pytest.approx([0.5, 0.5])

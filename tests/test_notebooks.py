@@ -15,6 +15,7 @@ def test_there_are_notebooks():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
+@pytest.mark.slow
 def test_notebook_runs_from_committed_results(path):
     pytest.importorskip("nbclient", reason="the notebooks extra is not installed (pip install -e '.[notebooks]')")
     notebook = execute(path)

@@ -102,6 +102,7 @@ def _scaled(rank: int, world: int, through_scaler: bool, growth_interval: int = 
     return snapshot(model), skipped, scales
 
 
+@pytest.mark.slow
 def test_gradscaler_step_keeps_every_rank_on_the_same_scale_and_skips_the_overflow_once():
     (first, skipped, scales), (second, skipped_1, scales_1) = run_ranks(_scaled, 2, True)
     assert skipped == skipped_1 == 1 and scales == scales_1 and scales[-1] < 2.0**10  # the overflow backed off once
@@ -110,6 +111,7 @@ def test_gradscaler_step_keeps_every_rank_on_the_same_scale_and_skips_the_overfl
     assert scales == want_scales and all(torch.equal(a, b) for a, b in zip(first, want))  # as the wrapper drives it
 
 
+@pytest.mark.slow
 def test_gradscaler_step_with_a_growing_scale_at_width_three_keeps_the_ranks_together_through_flush():
     (first, skipped, scales), (second, skipped_1, scales_1) = run_ranks(_scaled, 2, True, 3, 3)
     assert skipped == skipped_1 == 1 and scales == scales_1 and len(set(scales)) > 2  # grew, backed off, grew

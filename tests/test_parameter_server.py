@@ -93,7 +93,8 @@ def _sync_rank(rank, world, servers, steps, scheduler, extra_steps):
     return {"final": _numpy(_params(model)), "server": True}
 
 
-@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
 def test_sync_colocated_equals_global_batch_sgd(world):
     steps = 4
     results = run_ranks(_sync_rank, world, 0, steps, False, 0, timeout_s=TIMEOUT_S)
@@ -194,6 +195,7 @@ def _async_one_worker_rank(rank, world, steps):
     return {"final": _numpy(_params(model)), "last": ps.last_staleness}
 
 
+@pytest.mark.slow
 def test_async_one_worker_dedicated_server_equals_plain_sgd():
     steps = 5
     server, worker = run_ranks(_async_one_worker_rank, 2, steps, timeout_s=TIMEOUT_S)

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from experiments.pipeline_sittings import read_sittings, summary
 from tests.test_bench_pipeline import ENV, ROOT
 
@@ -37,6 +39,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=ENV, timeout=120)
 
 
+@pytest.mark.slow
 def test_the_script_writes_the_table_with_its_provenance_and_refuses_bad_files_in_one_line(tmp_path):
     a, b = _write(tmp_path, "a-s0.json", {"q8": 100.0}), _write(tmp_path, "b-s0.json", {"q8": 50.0})
     out = tmp_path / "summary.md"

@@ -127,6 +127,7 @@ def _scenarios(rank: int, world: int):
 
 
 @pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.slow
 def test_matches_single_process_reference(world):
     """K = 1 is SGD on the concatenated batch; K >= 2 applies exactly the delayed averaged gradient."""
     per_rank = run_ranks(_scenarios, world)
@@ -170,6 +171,7 @@ def _replicas_stay_identical(rank: int, world: int, allreduce: str):
 
 
 @pytest.mark.parametrize("allreduce", ["ring", "alltoall"])
+@pytest.mark.slow
 def test_replicas_stay_bitwise_identical_for_every_codec(allreduce):
     per_rank = run_ranks(_replicas_stay_identical, 3, allreduce)
     for codec_index in range(len(CODECS)):
@@ -208,6 +210,7 @@ def _resumable(rank: int, world: int, directory: str, resume: bool, allreduce: s
 
 
 @pytest.mark.parametrize("allreduce", ["ring", "alltoall"])
+@pytest.mark.slow
 def test_state_dict_resumes_the_identical_trajectory(tmp_path, allreduce):
     uninterrupted = run_ranks(_resumable, 2, str(tmp_path), False, allreduce)
     resumed = run_ranks(_resumable, 2, str(tmp_path), True, allreduce)
@@ -250,6 +253,7 @@ def _failures(rank: int, world: int):
     return messages
 
 
+@pytest.mark.slow
 def test_nonfinite_gradients_and_diverged_replicas_are_reported():
     for messages in run_ranks(_failures, 2):
         assert "from step 2" in messages["raise"]

@@ -196,6 +196,7 @@ def test_state_saves_the_codec_random_state_once_and_restores_it():
     again = other._parts.exchange.compressor.compress(torch.randn(100, generator=torch.Generator().manual_seed(1)))[0]
     assert torch.equal(draws, again)
     assert other.in_flight == 1 and [s.applied_step for s in other.flush()] == [0]
+    opt.flush()
 
 
 @pytest.mark.parametrize("key, value", [("width", 3), ("compression", "fp16"), ("world_size", 2)])
@@ -216,3 +217,4 @@ def test_load_with_steps_in_flight_raises():
     opt.step()
     with pytest.raises(RuntimeError, match="call flush"):
         opt.load_state_dict(state)
+    opt.flush()

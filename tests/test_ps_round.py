@@ -65,6 +65,7 @@ def _probe_on_ranks(rank, world_size):
     return measure_ps_round(TINY_MLP, budget_s=0.5)["ps_round"]
 
 
+@pytest.mark.slow
 def test_the_probe_times_the_trainers_synchronous_rounds():
     record = record_of_every_rank(_probe_on_ranks)
     assert record["nodes"] == 3 and record["steps"] >= 5 and "mlp forward+backward, batch 8" in record["load"]

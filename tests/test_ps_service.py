@@ -172,6 +172,7 @@ def record_of_every_rank(probe_on_ranks, ranks: int = 3) -> dict:
     return results[0]
 
 
+@pytest.mark.slow
 def test_the_probe_runs_a_colocated_async_job_and_splits_its_phases():
     record = record_of_every_rank(_probe_on_ranks)
     assert record["workers"] == 2 and record["steps"] >= 5 and record["statistic"] == "mean"

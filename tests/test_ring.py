@@ -1,6 +1,8 @@
 """Ring AllReduce against the backend's all_reduce (the oracle), on p = 1..4 gloo processes on CPU."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -8,7 +10,7 @@ import torch.distributed as dist
 import pipesgd
 from pipesgd.compression import ErrorFeedback, build
 from pipesgd.comm.ring import MAX_PIECES, PIECE_ELEMENTS, RingTopology, chunk_bounds, piece_bounds, ring_allreduce_
-from tests.distributed import run_ranks
+from tests.distributed import run_checks
 
 SIZES = [0, 1, 2, 3, 5, 17, 1000, 4097, 10_001]
 
@@ -59,8 +61,9 @@ def _ring_matches_backend(rank: int, world: int):
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.slow
 def test_ring_equals_backend_all_reduce(world):
-    for failures in run_ranks(_ring_matches_backend, world):
+    for failures in in_one_world(world)["backend"]:
         assert failures == []
 
 
@@ -95,8 +98,9 @@ def _every_lossy_ring(rank: int, world: int):
 
 
 @pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.slow
 def test_lossy_ring_is_bounded_and_identical_on_every_rank(world):
-    for deterministic, stochastic in run_ranks(_every_lossy_ring, world):
+    for deterministic, stochastic in in_one_world(world)["lossy"]:
         for name, per_size in deterministic.items():
             for numel, (identical, max_err, s) in zip(LOSSY_SIZES, per_size):
                 assert identical, f"{name}: ranks disagree"
@@ -129,8 +133,9 @@ def _feedback_conserves_the_sum_for_each(rank: int, world: int):
     return [_feedback_conserves_the_sum(rank, world, name) for name in ("q4", "sign", "bf16")]
 
 
+@pytest.mark.slow
 def test_error_feedback_conserves_the_sum():
-    for per_codec in run_ranks(_feedback_conserves_the_sum_for_each, 3):
+    for per_codec in in_one_world(3)["feedback"]:
         for gap, residual_size in per_codec:
             assert gap < 1e-9
             assert residual_size > 0  # the codec really dropped something
@@ -169,8 +174,9 @@ def _host_forwarding_keeps_the_bits(rank: int, world: int):
     return mismatches, forwarding.marked
 
 
+@pytest.mark.slow
 def test_forwarding_the_all_gather_from_host_memory_keeps_the_ring_s_bits():
-    for mismatches, marked in run_ranks(_host_forwarding_keeps_the_bits, 3):
+    for mismatches, marked in in_one_world(3)["forwarding"]:
         assert mismatches == []
         # every received piece marked after its copy out of a slot: at least p-1 per ring, 3 codecs x 3 sizes x 2 calls
         assert marked >= 3 * 3 * 2 * 2
@@ -210,3 +216,17 @@ def test_bad_arguments_raise_clearly():
         pipesgd.ring_allreduce(torch.ones(3), compression="zip")
     with pytest.raises(TypeError):
         pipesgd.ring_allreduce([1.0, 2.0])
+
+
+# The checks above that run on gloo ranks, by the world size they run at. Each size's ranks run all of its checks
+# one after another in one world, started once for the module: starting a world costs more than most checks.
+CHECKS = {"backend": _ring_matches_backend, "lossy": _every_lossy_ring,
+          "feedback": _feedback_conserves_the_sum_for_each, "forwarding": _host_forwarding_keeps_the_bits}
+WORLD_CHECKS = {1: ("backend",), 2: ("backend", "lossy"), 3: ("backend", "lossy", "feedback", "forwarding"),
+                4: ("backend",)}
+
+
+@functools.cache
+def in_one_world(world: int) -> dict[str, list]:
+    """Every check of ``world`` ranks (``WORLD_CHECKS``): its per-rank results, by check name."""
+    return run_checks({name: (CHECKS[name],) for name in WORLD_CHECKS[world]}, world)

@@ -6,8 +6,6 @@ large the reaction it leaves out is (the overshooting one is experiments.harness
 runs side by side are the runs one after another; a bad stand-in name or jobs count is one line and exit 2."""
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,10 +14,12 @@ from experiments.harness.staleness_sim import (
     ReactionSize, SimSpec, gradients_at_mean_point, plan, run_all, simulate, summarise, summary_markdown)
 from experiments.harness.standin_variants import FrozenMomentLookahead, ShrunkLookahead, coarse_average
 from pipesgd.delay.lookahead import Lookahead
+from tests.in_process import run_in_process
 
 ONE_EPOCH = dict(task="digits", workers=2, epochs=1, warmup_steps=2)
 
 
+@pytest.mark.slow
 def test_the_true_average_as_stand_in_is_synchronous_sgd_and_a_workers_own_gradient_is_not():
     sync = simulate(SimSpec(width=1, **ONE_EPOCH))
     oracle = simulate(SimSpec(width=3, staleness="lookahead", standin="oracle", **ONE_EPOCH))
@@ -157,6 +157,7 @@ def test_the_reaction_size_is_the_reaction_beside_the_deviation_from_the_average
     assert summary_markdown(summarise(runs)).endswith("mean-point runs): charlm W=2 width 3: 0.55")
 
 
+@pytest.mark.slow
 def test_runs_side_by_side_in_processes_are_the_runs_made_one_after_another():
     specs = [SimSpec(width=1, **ONE_EPOCH), SimSpec(width=2, staleness="lookahead", **ONE_EPOCH)]
     alone = list(run_all(specs, jobs=1))
@@ -166,14 +167,12 @@ def test_runs_side_by_side_in_processes_are_the_runs_made_one_after_another():
 
 @pytest.mark.parametrize("jobs", ["0", "-1", "two", "1.5"])
 def test_a_bad_jobs_count_is_one_line_and_exit_2(jobs):
-    result = subprocess.run([sys.executable, "experiments/staleness_sim.py", "--jobs", jobs],
-                            capture_output=True, text=True, timeout=60)
+    result = run_in_process("experiments/staleness_sim.py", "--jobs", jobs)
     assert result.returncode == 2 and "--jobs" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 def test_an_unknown_stand_in_is_one_line_and_exit_2():
-    result = subprocess.run([sys.executable, "experiments/staleness_sim.py", "--standins", "psychic"],
-                            capture_output=True, text=True, timeout=60)
+    result = run_in_process("experiments/staleness_sim.py", "--standins", "psychic")
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "psychic" in result.stderr and "oracle" in result.stderr
 

@@ -72,6 +72,7 @@ def _scenarios(rank: int, world: int):
 
 
 @pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.slow
 def test_sync_batchnorm_follows_the_reference_and_stays_identical(world):
     per_rank = run_ranks(_scenarios, world)
     for index, (width, buffers) in enumerate(SCENARIOS):

@@ -42,6 +42,7 @@ def _uneven(rank: int, world: int, width: int, compression: str = "none", standi
 
 
 @pytest.mark.parametrize("world, width, compression", [(2, 2, "none"), (3, 1, "none"), (3, 3, "none"), (3, 2, "q8")])
+@pytest.mark.slow
 def test_the_rank_that_ran_out_is_named_on_every_rank(world, width, compression):
     """The finished rank joins the others' ring of that step with zeros (the backend's all_reduce, or our ring with
     a codec and error feedback), so they learn who ran out from the agreement, not from a timeout."""
@@ -71,6 +72,7 @@ def _even(rank: int, world: int):
     return applied
 
 
+@pytest.mark.slow
 def test_even_ranks_finish_quietly_and_flush_twice():
     assert run_ranks(_even, 2) == [[3], [3]]
 
@@ -100,6 +102,7 @@ def _agreements(rank: int, world: int, check_uneven: bool):
     return len(calls), [p.detach().clone() for p in model.parameters()]
 
 
+@pytest.mark.slow
 def test_check_uneven_off_skips_the_per_step_agreement_and_trains_the_same():
     """The trainer runs the same number of steps on every rank and turns the agreement off (a latency-bound
     collective per step); the weights are the same bits either way."""
