@@ -154,7 +154,7 @@ def main() -> None:
     parser.add_argument("--codecs", default="fp16,q8,q4,sign")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of both, alternating their order")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per algorithm and round")
-    parser.add_argument("--out", default="experiments/results/allreduce_choice")
+    parser.add_argument("--out", default="experiments/results/bench_allreduce_choice")
     parser.add_argument("--calibration", help="a calibrate file: add the timing model's verdict to every row")
     parser.add_argument("--bandwidth", help="per-link rate of an emulated cluster, e.g. 200mbit (root; ip, tc)")
     parser.add_argument("--nodes", type=int, default=4, help="nodes of the emulated cluster (with --bandwidth)")

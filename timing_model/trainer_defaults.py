@@ -17,7 +17,7 @@ BUCKET_MB = 25.0
 # a lossless codec (its C++ ring has no per-hop Python round trip, which dominates small buckets); for a lossy one
 # "alltoall", whose error does not grow with p and which was as fast or faster on most measured buckets, except
 # where gloo carries CUDA tensors (every payload staged through host memory): there "ring"
-# (experiments/results/allreduce_choice/report.md, experiments/results/gpu/README.md). Neither wins everywhere
+# (experiments/results/bench_allreduce_choice/report.md, experiments/results/gpu/README.md). Neither wins everywhere
 # (experiments/results/exchange_model/), so compression="auto" measures both in the warm-up
 # (pipesgd.auto.allreduce_trial); a named codec keeps this rule.
 ALLREDUCE_CHOICES = ("auto", "ring", "alltoall", "backend")

@@ -3,7 +3,7 @@ codec alternate the two-collective exchange and the per-hop ring, and the warm-u
 median exchange time (the largest of every rank's) was shorter.
 
 Why: neither wins everywhere: the exchange is faster on some links and hosts, the ring on others, and a GPU over
-gloo favours the ring (experiments/results/allreduce_choice/report.md); the fixed rule
+gloo favours the ring (experiments/results/bench_allreduce_choice/report.md); the fixed rule
 (``pipesgd.defaults.resolve_allreduce``) stays for a named codec. Only where the rule would pick the
 exchange (more than one rank, payloads not staged through host memory; a user's explicit choice is kept).
 Each switch drops the error-feedback residual of the all-reduce left (at most one warm-up step's rounding error),

@@ -19,7 +19,7 @@ _TAG = 7_201  # a tag of our own so user point-to-point traffic on the same grou
 # peer, as MPICH's all-to-all sends long messages in pairwise rounds to keep one flow per link (Thakur, Rabenseifner
 # and Gropp 2005; the bound is MPICH's medium/long one). Between emulated nodes one flow per link beat gloo's
 # concurrent flows for long payloads; on one host it does not (``launched_on_one_host``;
-# experiments/results/allreduce_choice/report.md).
+# experiments/results/bench_allreduce_choice/report.md).
 PAIRWISE_MIN_BYTES = 32 * 1024
 
 
@@ -28,7 +28,7 @@ def launched_on_one_host(environ=os.environ) -> bool:
     ``LOCAL_WORLD_SIZE`` equal to ``WORLD_SIZE`` (one node), or a loopback ``MASTER_ADDR`` (which only processes in
     the same namespace can reach). Every rank reads the same answer, so all send the same way. Over loopback there
     is no link for concurrent flows to share, and the rounds only add a wait on the slowest peer per round
-    (experiments/results/allreduce_choice/allreduce_choice-loopback-pairwise.md). Unknown (another launcher): False."""
+    (experiments/results/bench_allreduce_choice/allreduce_choice-loopback-pairwise.md). Unknown (another launcher): False."""
     local, world = environ.get("LOCAL_WORLD_SIZE"), environ.get("WORLD_SIZE")
     if local is not None and local == world:
         return True
