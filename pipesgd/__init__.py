@@ -9,6 +9,7 @@ buckets on a ``channel``) -> which step is due (``pipeline``) -> delayed apply (
 from __future__ import annotations
 
 from importlib import import_module
+from importlib.util import find_spec
 
 # Each public name and the module that defines it, imported on first use (PEP 562), so that what needs no
 # torch (``pipesgd-train --help``, the trainer's flags) runs without loading it.
@@ -30,6 +31,12 @@ __all__ = ["PipeSGD", "PipeSGDOptions", "NonFiniteGradientError", "ring_allreduc
 
 def __getattr__(name: str):
     if name not in _EXPORTS:
+        # A subpackage reached as an attribute (``pipesgd.comm.ring`` after ``import pipesgd``) finds what the
+        # eager imports this module once made bound: they run now, then the subpackage is returned.
+        if not name.startswith("_") and find_spec(f"pipesgd.{name}") is not None:
+            for module_name in _EXPORTS.values():
+                import_module(module_name)
+            return import_module(f"pipesgd.{name}")
         raise AttributeError(f"module 'pipesgd' has no attribute {name!r}")
     module = import_module(_EXPORTS[name])
     value = module if name == "compression" else getattr(module, _RENAMED.get(name, name))
