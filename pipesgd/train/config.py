@@ -2,8 +2,8 @@
 
 ``pipesgd.train.flags.resolve(argv)`` returns a validated ``TrainConfig``; any bad value raises ``ConfigError`` (a
 ``ValueError``) with a one-line reason, before a process group exists. Each field carries its help text
-and, where it names something, the registry it is checked against (the owner of the names); defaults
-shared with other layers come from ``pipesgd.defaults``.
+and, where it names something, the names it offers (``choices``' torch-free copies of the owning registries,
+which are asked only for a name not found there); defaults shared with other layers come from ``pipesgd.defaults``.
 """
 from __future__ import annotations
 
