@@ -184,8 +184,8 @@ def test_help_groups_the_flags_and_names_their_values(monkeypatch):
 
 
 def test_help_leaves_torch_dynamo_unloaded():
-    """torch itself still loads (the choices come from registries that import it); torch.compile's machinery, which
-    cost more than torch, loads only when a model is wrapped."""
+    """torch.compile's machinery loads only when a model is wrapped (test_train_choices.py checks that --help
+    loads no torch at all)."""
     probe = ("import runpy, sys\nsys.argv = ['pipesgd-train', '--help']\n"
              "try:\n    runpy.run_module('pipesgd.train', run_name='__main__')\nexcept SystemExit as e:\n"
              "    print('exit', e.code, 'torch._dynamo' in sys.modules, file=sys.stderr)\n")

@@ -1,4 +1,4 @@
 """``python -m pipesgd.train`` (and ``torchrun -m pipesgd.train``): the same entry as ``pipesgd-train``."""
-from pipesgd.train.cli import entry
+from pipesgd.train import entry
 
 entry()

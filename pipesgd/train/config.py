@@ -2,8 +2,8 @@
 
 ``pipesgd.train.flags.resolve(argv)`` returns a validated ``TrainConfig``; any bad value raises ``ConfigError`` (a
 ``ValueError``) with a one-line reason, before a process group exists. Each field carries its help text
-and, where it names something, the registry it is checked against (the owner of the names); defaults
-shared with other layers come from ``pipesgd.defaults``.
+and, where it names something, the names it offers (``choices``' torch-free copies of the owning registries,
+which are asked only for a name not found there); defaults shared with other layers come from ``pipesgd.defaults``.
 """
 from __future__ import annotations
 
@@ -14,20 +14,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from pipesgd import compression
 from timing_model.atomic import write_text_atomic
-from pipesgd.baselines.ddp import DDP_HOOKS
-from pipesgd.grads.buffers import BUFFER_MODES
 from pipesgd.defaults import (BUCKET_MB, LOOKAHEAD_STANDIN, LOOKAHEAD_STANDINS, NEEDS_ERROR_FEEDBACK, STALENESS,
                               STALENESS_MODES, UNSHARED_STANDINS, WARMUP_STEPS)
 from pipesgd.runlog.trace import parse_steps
 
-from .data import DATASETS, DATASETS_WITH_DIR, TOKEN_DATASETS
-from .models import MODELS, TOKEN_MODELS
-from .precision import AMP_MODES, SCALED_AMP_MODES
+# Only torch-free modules here, so that --help and every flag check run without loading torch.
+from .choices import (AMP_MODES, BUFFER_MODES, CODECS, DATASETS, DATASETS_WITH_DIR, DDP_HOOKS, MODELS,
+                      OPTIMIZERS, SCALED_AMP_MODES, TOKEN_DATASETS, TOKEN_MODELS)
 from .schedule import FINAL_LR_FRACTION, SCHEDULES
 from .modes import MODES, PS_TRAIN_MODES, RING_MODES
-from .optimizers import OPTIMIZERS
 
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("gloo", "nccl")
@@ -37,10 +33,36 @@ class ConfigError(ValueError):
     """A bad flag, TOML key or combination; the message is the one line shown to the user."""
 
 
-def _field(default: Any, help: str, choices: Callable[[], Iterable[str]] | None = None) -> Any:
-    """A config field: its default, its flag's help text, and the registry its value must be in (read when
-    validating, so a name registered later counts)."""
-    return field(default=default, metadata={"help": help, "choices": choices})
+def _field(default: Any, help: str, choices: Iterable[str] | None = None,
+           registry: Callable[[], Iterable[str]] | None = None) -> Any:
+    """A config field: its default, its flag's help text, the names its value must be one of, and, where users
+    may register more at run time, the owning registry to ask (read only for a name not in ``choices``)."""
+    return field(default=default, metadata={"help": help, "choices": None if choices is None else tuple(choices),
+                                            "registry": registry})
+
+
+def _codecs() -> list[str]:
+    from pipesgd import compression
+
+    return [*compression.available(), "auto"]
+
+
+def _models() -> Iterable[str]:
+    from .models import MODELS as registered
+
+    return registered
+
+
+def _datasets() -> Iterable[str]:
+    from .data import DATASETS as registered
+
+    return registered
+
+
+def _optimizers() -> Iterable[str]:
+    from .optimizers import OPTIMIZERS as registered
+
+    return registered
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,34 +77,34 @@ class TrainConfig:
 
     # --- training mode (how gradients meet) ---
     mode: str = _field("pipe", "how gradients meet: pipe = Pipe-SGD at --width, sync = allreduce every step "
-                       "(width 1), ddp = torch DDP, ps-* = parameter server", lambda: MODES)
+                       "(width 1), ddp = torch DDP, ps-* = parameter server", MODES)
     width: int | str = _field(2, "pipeline width K for mode=pipe; auto: chosen at the end of the warm-up from what "
                               "it measured (1, 2 or 3); mode=sync always uses 1")
     staleness: str = _field(STALENESS, "mode=pipe at width >= 2: lookahead computes each gradient at the weights "
                             "the steps in flight will produce (this rank's own gradients standing in for their "
                             "averages); none is the paper's plain update (gradients K-1 steps stale)",
-                            lambda: STALENESS_MODES)
+                            STALENESS_MODES)
     lookahead_standin: str = _field(LOOKAHEAD_STANDIN, "--staleness lookahead: what stands in for the averages in "
                                     "flight (docs/training.md): auto = coarse-lowrank under adam and adamw, local "
                                     "otherwise; local = this rank's own gradients (free); coarse-lowrank = the own "
                                     "gradients with every rank's average in a shared low-rank subspace of each "
                                     "weight matrix (one small all-reduce the next forward waits for)",
-                                    lambda: LOOKAHEAD_STANDINS)
+                                    LOOKAHEAD_STANDINS)
     compression: str = _field("none", "codec on every ring hop (pipe/sync only); auto: chosen at the end of the "
                               "warm-up from what it measured (compute, the link, each codec's speed)",
-                              lambda: [*compression.available(), "auto"])
+                              (*CODECS, "auto"), _codecs)
     error_feedback: bool = _field(False, "keep the compression residual and add it to the next gradient")
     allreduce: str = _field("auto", "mode pipe/sync, how buckets travel: auto = the backend's all-reduce without a "
                             "codec, with one the two-collective exchange (the ring where gloo carries CUDA tensors; "
                             "--compression auto measures both in the warm-up); ring = the paper's per-hop ring, "
                             "faster on bandwidth-bound links; alltoall = the exchange",
-                            lambda: ("auto", "ring", "alltoall"))
+                            ("auto", "ring", "alltoall"))
     auto_recheck_every: int = _field(0, "with --width auto or --compression auto: choose again every N steps after "
                                      "the warm-up, switching only for a predicted gain (0 = choose once)")
     ddp_hook: str = _field("none", "DDP communication hook (mode=ddp only): fp16 casts each bucket to half, "
                            "powersgd is PyTorch's powerSGD_hook (low-rank, error feedback and warm start on, plain "
                            "allreduce for the first max(2, --warmup-steps) steps, seeded by --seed)",
-                           lambda: DDP_HOOKS)
+                           DDP_HOOKS)
     powersgd_rank: int = _field(2, "--ddp-hook powersgd: rank of the low-rank approximation (1-4 typical)")
     servers: int = _field(0, "parameter-server modes: dedicated server ranks (0 = rank 0 serves and trains)")
     push_every: int = _field(1, "ps-async (Downpour): push accumulated gradients every n steps")
@@ -95,15 +117,15 @@ class TrainConfig:
     buffers: str = _field("broadcast", "pipe/sync: module buffers (BatchNorm statistics) made identical where "
                           "the ranks meet (the end, checkpoints, replica checks; never a collective per step): rank "
                           "0's (broadcast, what DDP leaves on rank 0), their mean (average), or per rank (none)",
-                          lambda: BUFFER_MODES)
+                          BUFFER_MODES)
     clip_grad_norm: float = _field(0.0, "pipe/sync: clip the averaged gradient to this global L2 norm before "
                                    "the optimizer applies it (0 = no clipping)")
 
     # --- model and data ---
-    model: str = _field("mlp", "model to train", lambda: MODELS)
+    model: str = _field("mlp", "model to train", MODELS, _models)
     hidden: int = _field(128, "MLP hidden width")
     dataset: str = _field("digits", f"data set; {' and '.join(DATASETS_WITH_DIR)} read local files, given as "
-                          "NAME:DIR", lambda: DATASETS)
+                          "NAME:DIR", DATASETS, _datasets)
     synthetic_samples: int = _field(8192, "synthetic: number of samples (train + test)")
     synthetic_features: int = _field(64, "synthetic: features per sample")
     synthetic_classes: int = _field(10, "synthetic: number of classes")
@@ -113,23 +135,23 @@ class TrainConfig:
     steps: int = _field(0, "stop after this many steps (0 = run all epochs); overrides epochs when set")
     batch_size: int = _field(32, "samples per worker per step")
     amp: str = _field("none", "mixed precision of forward/backward: bf16 autocast (any mode), or fp16 autocast "
-                      "with a loss scaler that PipeSGD drives (pipe/sync only)", lambda: AMP_MODES)
+                      "with a loss scaler that PipeSGD drives (pipe/sync only)", AMP_MODES)
     compile: bool = _field(False, "run the forward through torch.compile(model) (the wrapper stays outside)")
     accumulate: int = _field(1, "split each batch into N micro-batches, backward each (loss scaled 1/N, as DDP "
                              "users do) and step once: the same update with 1/N of the activation memory")
     lr: float = _field(0.02, "learning rate")
     momentum: float = _field(0.9, "SGD momentum (ignored by adam)")
-    optimizer: str = _field("sgd", "inner torch optimizer", lambda: OPTIMIZERS)
+    optimizer: str = _field("sgd", "inner torch optimizer", OPTIMIZERS, _optimizers)
     weight_decay: float = _field(0.0, "L2 penalty of the inner optimizer")
     lr_schedule: str = _field("constant", "learning rate after the warm-up: constant (--lr), or cosine decay from "
-                              f"--lr to {FINAL_LR_FRACTION:g} x --lr at the last step", lambda: SCHEDULES)
+                              f"--lr to {FINAL_LR_FRACTION:g} x --lr at the last step", SCHEDULES)
     lr_warmup_steps: int = _field(0, "steps of linear learning-rate warm-up, from --lr/(N+1) up to --lr at step N "
                                   "(not --warmup-steps, Pipe-SGD's synchronous steps)")
     seed: int = _field(0, "seeds model init, data split, shuffling and torch/numpy/python RNGs")
 
     # --- execution ---
-    device: str = _field("cpu", "where to train", lambda: DEVICES)
-    backend: str = _field("", "process-group backend; empty = gloo on cpu, nccl on cuda", lambda: BACKENDS)
+    device: str = _field("cpu", "where to train", DEVICES)
+    backend: str = _field("", "process-group backend; empty = gloo on cpu, nccl on cuda", BACKENDS)
     threads: int = _field(1, "torch intra-op threads per process (1 suits several processes per core)")
     timeout: float = _field(60.0, "seconds a peer may stall before the run fails (exceed the longest evaluation)")
     debug: bool = _field(False, "show Python tracebacks for expected failures too")
@@ -186,7 +208,7 @@ class TrainConfig:
             value = self.dataset_name if f.name == "dataset" else getattr(self, f.name)
             if value == "" and f.default == "":  # an empty default means "chosen by context" (backend)
                 continue
-            _choice(flag_name(f.name), value, registry_names(f))
+            _choice(flag_name(f.name), value, f)
         if self.dataset_name in DATASETS_WITH_DIR:
             if not self.dataset_dir:
                 raise ConfigError(f"--dataset {self.dataset_name} needs a directory: --dataset {self.dataset_name}:DIR")
@@ -237,7 +259,7 @@ class TrainConfig:
         if self.auto_recheck_every and not chosen:
             raise ConfigError("--auto-recheck-every needs --width auto or --compression auto")
         if self.error_feedback and self.compression == "none":
-            lossy = "|".join(name for name in compression.available() if name != "none")
+            lossy = "|".join(name for name in CODECS if name != "none")
             raise ConfigError(f"--error-feedback needs a lossy --compression ({lossy})")
         if self.compression in NEEDS_ERROR_FEEDBACK and not self.error_feedback:
             raise ConfigError(f"--compression {self.compression} needs --error-feedback "
@@ -308,11 +330,15 @@ class TrainConfig:
 
 
 def registry_names(f) -> tuple[str, ...]:
-    """The names a field's value must be one of, from the registry that owns them."""
-    return tuple(f.metadata["choices"]())
+    """The names a field's value must be one of, as the flags offer them (torch-free copies of the registries)."""
+    return f.metadata["choices"]
 
 
-def _choice(flag: str, value: str, valid: tuple[str, ...]) -> None:
+def _choice(flag: str, value: str, f) -> None:
+    """Check a name: the offered ones first (no torch), then the owning registry, which may hold more."""
+    if value in f.metadata["choices"]:
+        return
+    valid = tuple(f.metadata["registry"]()) if f.metadata["registry"] else f.metadata["choices"]
     if value not in valid:
         raise ConfigError(f"unknown --{flag} {value!r} (valid: {', '.join(valid)})")
 

@@ -10,7 +10,7 @@ from .config import ConfigError, TrainConfig, flag_name, registry_names
 
 
 def help_text(f) -> str:
-    """A field's flag help: its text, the valid names from the owning registry, and its default."""
+    """A field's flag help: its text, the names it offers (``choices``), and its default."""
     choices = f"; one of {', '.join(registry_names(f))}" if f.metadata["choices"] is not None else ""
     return f"{f.metadata['help']}{choices} (default: {f.default!r})"
 

@@ -3,7 +3,8 @@ exists: which modes run our ring, which dedicate ranks to serving. ``strategy`` 
 config validates names against ``MODES``."""
 from __future__ import annotations
 
-from pipesgd.baselines.parameter_server import MODES as PS_MODES
+# The parameter server's own modes, copied where no torch loads (choices.py says why).
+from .choices import PS_MODES
 
 # Modes whose gradients travel our ring: only they take --compression, --error-feedback, --check-replicas.
 RING_MODES = ("pipe", "sync")
