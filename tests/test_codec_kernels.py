@@ -81,7 +81,9 @@ def assert_same(new, ref, x: torch.Tensor, encodes: int = 1) -> None:
 
 
 KINDS = ["randn", "zeros", "special", "ties", "extremes", "all_zero"]
-SIZES = [1, 2, 3, 7, 8, 63, 64, 65, 4095, 4096, 4097, 3 * 4096 + 5, 100_003]
+# Below, at and above one block, odd and even counts; 3 * 4096 + 5 is several whole blocks and a short last one in
+# one tile (padded whole, as every chunk up to a tile is); chunks of more than a tile have their own test below.
+SIZES = [1, 2, 3, 7, 8, 63, 64, 65, 4095, 4096, 4097, 3 * 4096 + 5]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -120,9 +122,11 @@ def test_chunks_of_several_real_tiles_match_reference(name, stochastic, numel):
     assert_same(new, ref, data("special", numel, 4096), encodes=2 if stochastic else 1)
 
 
+# Both codecs convert the input to fp32 before splitting it into blocks and tiles, and decode in fp32 before the
+# conversion back: one block and several cover each dtype; tiling is the fp32 tests' (several tiles: the chunks test).
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("kind", ["randn", "zeros", "special"])
-@pytest.mark.parametrize("numel", [5, 4097, 300_001])
+@pytest.mark.parametrize("numel", [5, 4097])
 @pytest.mark.parametrize(("name", "stochastic"), STOCHASTIC)
 def test_other_input_dtypes_match_reference(name, stochastic, numel, kind, dtype):
     new, ref = pair(name, stochastic)

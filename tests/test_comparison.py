@@ -18,6 +18,7 @@ from experiments.harness.comparison_report import where_the_time_went
 from experiments.harness.speedup import SAME_CODEC, cell_speedups, headline, markdown_tables, same_codec_speedup
 from pipesgd.runlog.results import load_run
 from pipesgd.train.flags import resolve
+from tests.in_process import run_in_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "experiments", "configs", "comparison.toml")
@@ -273,9 +274,8 @@ def test_select_subsets_and_refuses_unknown_names():
     (["--target-loss", "0", "--report"], "--target-loss must be > 0"),
 ])
 def test_driver_refusals_are_one_line(argv, needle):
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "comparison.py"), *argv],
-                          capture_output=True, text=True, timeout=60, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": ROOT})
+    # in-process: every refusal comes from the flags alone, before the driver starts a run or a signal handler
+    done = run_in_process(os.path.join(ROOT, "experiments", "comparison.py"), *argv, cwd=ROOT)
     assert done.returncode != 0 and needle in done.stderr and "Traceback" not in done.stderr
 
 

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.in_process import run_in_process
+
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
 
@@ -16,7 +18,7 @@ def _figures(*args):
 
 
 def test_unknown_figure_is_one_line_error(tmp_path):
-    proc = _figures("--only", "nope", "--out", str(tmp_path))
+    proc = run_in_process(ROOT / "experiments" / "figures.py", "--only", "nope", "--out", str(tmp_path))
     assert proc.returncode == 2 and "unknown figure nope; valid: comparison_split" in proc.stderr
     assert "Traceback" not in proc.stderr
 

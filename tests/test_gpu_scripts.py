@@ -98,7 +98,7 @@ def test_a_flag_that_does_not_parse_is_one_line_without_the_usage_block(script):
 
 def test_a_switch_interval_must_be_positive(tmp_path):
     script = "gpu_speed.py"
-    proc = run_script(script, "--device", "cpu", "--out", str(tmp_path), "--switch-interval-ms", "0", timeout_s=60)
+    proc = refusal(script, "--device", "cpu", "--out", str(tmp_path), "--switch-interval-ms", "0")
     assert proc.returncode == 2 and "--switch-interval-ms must be positive" in proc.stderr and \
         len(proc.stderr.strip().splitlines()) == 1
 

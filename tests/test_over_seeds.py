@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 from experiments.over_seeds import summary_rows
+from tests.in_process import run_in_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,6 +40,5 @@ def test_bad_inputs_are_one_line_and_exit_2(tmp_path):
     path.write_text(json.dumps(sitting(1.0, 1.0, 1.0)))
     for argv, needle in (([str(tmp_path / "none.json")], "No such file"),
                          ([str(path), "--baseline", "ps-sync"], "no run of the baseline 'ps-sync'")):
-        done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "over_seeds.py"), *argv],
-                              capture_output=True, text=True, timeout=60, cwd=ROOT)
+        done = run_in_process(os.path.join(ROOT, "experiments", "over_seeds.py"), *argv, cwd=ROOT)
         assert done.returncode == 2 and needle in done.stderr and len(done.stderr.strip().splitlines()) == 1

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from experiments.pipeline_sittings import read_sittings, summary
+from tests.in_process import run_in_process
 from tests.test_bench_pipeline import ENV, ROOT
 
 
@@ -53,7 +54,9 @@ def test_the_script_writes_the_table_with_its_provenance_and_refuses_bad_files_i
     empty.write_text(json.dumps({"records": []}))
     for path, message in ((badly_named, "not named NAME-sK.json"), (empty, "no records"),
                           (tmp_path / "gone-s0.json", "No such file")):
-        done = _run(str(path), "--out", str(tmp_path / "never.md"))
+        # a refusal in-process (tests/in_process.py); the run above is the real process users start
+        done = run_in_process(ROOT / "experiments" / "pipeline_sittings.py", str(path), "--out",
+                              str(tmp_path / "never.md"))
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1 and message in lines[0], done.stderr
         assert not (tmp_path / "never.md").exists()
