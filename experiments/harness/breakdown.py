@@ -15,6 +15,8 @@ import os
 import statistics
 from dataclasses import dataclass
 
+from pipesgd.runlog.trace import trace_path
+
 
 @dataclass(frozen=True, slots=True)
 class Breakdown:
@@ -67,14 +69,15 @@ def read_breakdown(path: str) -> Breakdown:
 
     return Breakdown(compute_s=per_step("compute", "main"), step_s=per_step("opt.step", "main"),
                      update_s=per_step("update", "main"), exchange_s=sum(e["dur"] for e in jobs) / 1e6 / steps,
-                     wire_s=per_step("wire_wait", "comm", "phase") * 1.0,
+                     wire_s=per_step("wire_wait", "comm", "phase"),
                      compute_thread_cpu_s=cpu(computes) / max(len(computes), 1),
                      exchange_thread_cpu_s=cpu(jobs) / steps)
 
 
-def trace_of(metrics: str, rank: int = 0) -> str:
-    """The trace file of ``rank`` beside a run's metrics file ``X.jsonl`` traced with ``--trace X.trace.json``."""
-    return metrics.removesuffix(".jsonl") + f".trace.rank{rank}.json"
+def trace_file(metrics: str) -> str:
+    """The ``--trace`` path of a run whose metrics file is ``X.jsonl``: ``X.trace.json`` (each rank writes its own
+    file beside it, ``pipesgd.runlog.trace.trace_path``)."""
+    return metrics.removesuffix(".jsonl") + ".trace.json"
 
 
 def traced(flags: list[str]) -> bool:
@@ -83,10 +86,10 @@ def traced(flags: list[str]) -> bool:
     return any(a == "--mode" and b in ("pipe", "sync") for a, b in zip(flags, flags[1:]))
 
 
-def breakdown_record(metrics: str) -> dict | None:
+def breakdown_record(metrics: str, world_size: int) -> dict | None:
     """Rank 0's breakdown of a traced run as a dict of seconds (the fields of ``Breakdown``), None when the run
     has no trace or its trace has no traced step."""
-    path = trace_of(metrics)
+    path = trace_path(trace_file(metrics), 0, world_size)
     if not os.path.exists(path):
         return None
     parts = read_breakdown(path)

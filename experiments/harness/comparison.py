@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-from experiments.harness.breakdown import breakdown_record, trace_of, traced
+from experiments.harness.breakdown import breakdown_record, trace_file, traced
 from experiments.harness.comparison_config import GridConfig, Workload, cell_name
 from experiments.harness.comparison_record import run_record
 from experiments.harness.comparison_store import ResultStore
@@ -169,7 +169,7 @@ def run_cell(cfg: GridConfig, workload: Workload, bandwidth: str, store: ResultS
             flags = argv[1:]  # as recorded: without this machine's paths
             if cfg.trace_steps and traced(argv):
                 window = f"{cfg.skip}:{cfg.skip + cfg.trace_steps}"
-                argv += ["--trace", trace_of(metrics).replace(".rank0", ""), "--trace-steps", window]
+                argv += ["--trace", trace_file(metrics), "--trace-steps", window]
                 flags += ["--trace", "TRACE", "--trace-steps", window]
             argv += ["--metrics", metrics]
             base = {"cell": cell, "workload": workload.name, "architecture": workload.model, "bandwidth": bandwidth,
@@ -191,7 +191,7 @@ def run_cell(cfg: GridConfig, workload: Workload, bandwidth: str, store: ResultS
                 continue
             try:
                 record = run_record(load_run(metrics), skip=cfg.skip, **_target(cfg.target_of(workload)))
-                record["breakdown"] = breakdown_record(metrics)
+                record["breakdown"] = breakdown_record(metrics, record["world_size"] or 1)
             except (ValueError, KeyError, json.JSONDecodeError) as error:
                 store.put_run({**base, "status": "failed", "reason": f"unreadable metrics: {error}",
                                "run_wall_s": seconds})
@@ -271,7 +271,7 @@ def rescore(store: ResultStore, skip: int, target: float, cells: set[str] | None
         try:
             goal = (targets or {}).get(old.get("workload"), (target, "accuracy"))
             record = run_record(load_run(old["metrics"]), skip=skip, **_target(goal))
-            record["breakdown"] = breakdown_record(old["metrics"])
+            record["breakdown"] = breakdown_record(old["metrics"], record["world_size"] or 1)
         except (ValueError, KeyError, json.JSONDecodeError) as error:
             kept.append(f"{old['cell']} {old['variant']}: unreadable metrics: {error}")
             continue

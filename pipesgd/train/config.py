@@ -12,6 +12,7 @@ import math
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
+from importlib import import_module
 from typing import Any
 
 from timing_model.atomic import write_text_atomic
@@ -47,22 +48,13 @@ def _codecs() -> list[str]:
     return [*compression.available(), "auto"]
 
 
-def _models() -> Iterable[str]:
-    from .models import MODELS as registered
-
-    return registered
-
-
-def _datasets() -> Iterable[str]:
-    from .data import DATASETS as registered
-
-    return registered
+def _registry(module: str, name: str) -> Callable[[], Iterable[str]]:
+    """The live registry ``name`` of ``pipesgd.train.<module>``, imported (with torch) only when asked."""
+    return lambda: getattr(import_module(f"pipesgd.train.{module}"), name)
 
 
-def _optimizers() -> Iterable[str]:
-    from .optimizers import OPTIMIZERS as registered
-
-    return registered
+_models, _datasets, _optimizers = (_registry("models", "MODELS"), _registry("data", "DATASETS"),
+                                   _registry("optimizers", "OPTIMIZERS"))
 
 
 @dataclass(frozen=True, slots=True)
