@@ -99,13 +99,12 @@ def alltoall_allreduce_(
     if pairwise:  # each arrival decoded while the next one is on the wire
         peers_bytes = [0 if q == r else sizes[q] for q in range(p)]
         pairwise_payloads(topology, [no_bytes if q == r else payload for q in range(p)], peers_bytes, flat.device,
-                          lambda q, got: chunk[q].copy_(encoder.decode(got, chunk[q])), encoder.drain, 1)
+                          lambda q, got: encoder.decode_into(got, chunk[q]), encoder.drain, 1)
         report.bytes_sent += (p - 1) * payload.numel()
     else:
         gathered = all_gather_payload(topology, payload, sizes, flat.device, encoder.drain)
         report.bytes_sent += (p - 1) * max(sizes)  # a rank forwards p-1 slots in gloo's and NCCL's ring all-gather
-        theirs = [chunk[q] for q in others]
-        torch._foreach_copy_(theirs, encoder.decode_chunks([gathered[q] for q in others], theirs))
+        encoder.decode_chunks_into([gathered[q] for q in others], [chunk[q] for q in others])
     report.raw_bytes += (p - 1) * own.numel() * item
     encoder.drain()  # nothing is left (Step 5 drained); kept so no path can skip it
     report.busy_s = time.perf_counter() - start

@@ -155,7 +155,7 @@ def ring_allreduce_(
     on_host = not lossless and topology.forwards_on_host(flat.device)
 
     def decode_into(target: torch.Tensor, payload: torch.Tensor) -> None:
-        target.copy_(encoder.decode(payload.to(flat.device, non_blocking=True), target))
+        encoder.decode_into(payload.to(flat.device, non_blocking=True), target)
         if on_host:  # marked after every copy out of a slot, so even a ring that fails later leaves no copy unmarked
             topology.forwarded(flat.device)
 

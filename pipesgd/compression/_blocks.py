@@ -4,10 +4,16 @@ worked through one reused buffer, and reading typed fields out of a ``uint8`` pa
 Blocks are handled as ``(rows, block_size)`` matrices so every codec step is one vectorised torch op per matrix
 (no Python loop over blocks). The whole blocks are a view of the chunk; only a short last block is copied,
 zero-padded, which leaves max|x| and sum|x| as they were and costs fewer than ``block_size`` elements.
+
+On CPU an encode's temporaries (the zero-padded copy, the tile buffers) live in buffers of the calling thread that
+every later call reuses (``workspace``): a fresh buffer costs an allocation and a zero-fill or page faults on every
+call, which for a bucket's chunks is more than the codec's arithmetic. A decode writes into memory the caller
+gives it (``decode_buffer``'s ``out``) or into a fresh, unfilled tensor.
 """
 from __future__ import annotations
 
 import math
+import threading
 from typing import Iterator
 
 import torch
@@ -19,6 +25,20 @@ import torch
 _CPU_TILE_ELEMENTS = 1 << 18
 
 BlockMatrix = tuple[int, torch.Tensor]  # (index of its first block, an (rows, block_size) matrix)
+
+_THREAD = threading.local()  # each thread's workspace buffers: the exchange's worker and the caller never share one
+
+
+def workspace(slot: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A CPU buffer of ``numel`` elements (contents undefined) that the calling thread gets back at its next call with
+    the same ``slot``: for temporaries that do not outlive one codec call."""
+    buffers = getattr(_THREAD, "buffers", None)
+    if buffers is None:
+        buffers = _THREAD.buffers = {}
+    buf = buffers.get((slot, dtype))
+    if buf is None or buf.numel() < numel:
+        buf = buffers[(slot, dtype)] = torch.empty(numel, dtype=dtype)
+    return buf[:numel]
 
 
 def _pads_all(numel: int, whole: int, device: torch.device) -> bool:
@@ -39,7 +59,12 @@ def split_blocks(flat: torch.Tensor, block_size: int) -> list[BlockMatrix]:
     if whole * block_size == numel:
         return [(0, flat.view(whole, block_size))]
     if _pads_all(numel, whole, flat.device):
-        padded = flat.new_zeros((whole + 1) * block_size)
+        size = (whole + 1) * block_size
+        if flat.device.type == "cpu":
+            padded = workspace("padded", size, flat.dtype)
+            padded[numel:].zero_()
+        else:
+            padded = flat.new_zeros(size)
         padded[:numel].copy_(flat)
         return [(0, padded.view(whole + 1, block_size))]
     last = flat.new_zeros(block_size)
@@ -53,23 +78,17 @@ def rows_of(tensor: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     return tensor if start == 0 and stop == tensor.shape[0] else tensor[start:stop]
 
 
-def decode_buffer(numel: int, block_size: int, device: torch.device) -> tuple[torch.Tensor, list[BlockMatrix]]:
-    """A float32 output of ``numel`` elements and the block matrices that view it, for element-wise decoding.
-
-    Whole blocks only: one matrix. A short last block, as in :func:`split_blocks`: a zero-padded buffer and one matrix
-    (the output is its contiguous first ``numel`` elements), or the whole blocks and a ``(1, m)`` row (zeroing a
-    padded buffer would cost a pass over all of it).
-    """
+def decode_buffer(numel: int, block_size: int, device: torch.device,
+                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, list[BlockMatrix]]:
+    """A float32 output of ``numel`` elements (``out`` where given: contiguous, 1-D) and the block matrices that view
+    it, for element-wise decoding: the whole blocks as one matrix and a short last block, if any, as a ``(1, m)`` row
+    (a zero-padded buffer would cost a fill and a copy out)."""
+    flat = torch.empty(numel, dtype=torch.float32, device=device) if out is None else out
     whole = numel // block_size
-    if whole * block_size == numel:
-        flat = torch.empty(numel, dtype=torch.float32, device=device)
-        return flat, [(0, flat.view(whole, block_size))]
-    if _pads_all(numel, whole, device):
-        padded = torch.zeros((whole + 1) * block_size, dtype=torch.float32, device=device)
-        return padded[:numel], [(0, padded.view(whole + 1, block_size))]
-    flat = torch.empty(numel, dtype=torch.float32, device=device)
-    tail = flat[whole * block_size :].view(1, -1)
-    return flat, [(0, flat[: whole * block_size].view(whole, block_size)), (whole, tail)]
+    matrices = [(0, flat[: whole * block_size].view(whole, block_size))] if whole else []
+    if whole * block_size < numel:
+        matrices.append((whole, flat[whole * block_size :].view(1, -1)))
+    return flat, matrices
 
 
 def tile_rows(block_size: int, device: torch.device) -> int | None:
@@ -90,13 +109,13 @@ def tiles(matrices: list[BlockMatrix], rows_per_tile: int | None) -> Iterator[Bl
 
 def scratch(rows: int, block_size: int, rows_per_tile: int | None, device: torch.device,
             count: int = 1) -> list[torch.Tensor | None]:
-    """``count`` float32 buffers of one tile each, reused by every tile of one encode; Nones when one tile covers all
-    ``rows`` (a single temporary then costs no more than a buffer would). The buffers share one allocation: two
-    freed side by side would leave the allocator enough free space at the top of its heap to hand back to the OS,
-    and the next encode would fault every page in again."""
-    if rows_per_tile is None or rows <= rows_per_tile:
+    """``count`` float32 buffers of one tile each (of all ``rows`` when fewer), reused by every tile of one encode:
+    on CPU the calling thread's ``workspace``, one allocation for all (each tile's buffers side by side); Nones on
+    CUDA (no tiling: one temporary per encode from the caching allocator)."""
+    if rows_per_tile is None:
         return [None] * count
-    return list(torch.empty(count, rows_per_tile * block_size, dtype=torch.float32, device=device).unbind())
+    size = min(rows, rows_per_tile) * block_size
+    return list(workspace("tiles", count * size, torch.float32).view(count, size).unbind())
 
 
 def into_scratch(buffer: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:

@@ -28,7 +28,8 @@ class Compressor(Protocol):
     ``compress(t)`` takes a contiguous 1-D tensor of ``ChunkContext.dtype`` (float32 or float64) and returns
     ``(payload, ctx)``: ``payload`` is a contiguous 1-D ``uint8`` tensor of exactly
     ``payload_bytes(t.numel(), t.dtype)`` bytes. ``decompress(payload, ctx)`` returns a 1-D tensor of
-    ``ctx.dtype`` and ``ctx.numel`` elements. ``decompress`` must be a pure function of the payload bytes,
+    ``ctx.dtype`` and ``ctx.numel`` elements. A codec may also have ``decompress_into(payload, out)``, the same
+    values written into a float32 ``out`` (``decode_into`` uses it where it can). ``decompress`` must be a pure function of the payload bytes,
     so every rank that decodes the same payload gets the same bits.
     """
 
@@ -45,6 +46,15 @@ class Compressor(Protocol):
 def context_of(tensor: torch.Tensor) -> ChunkContext:
     """The context a receiver would build for a chunk like ``tensor``."""
     return ChunkContext(tensor.numel(), tensor.dtype, tensor.device)
+
+
+def decode_into(compressor: Compressor, payload: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out.copy_(compressor.decompress(payload, context_of(out)))``, the same bits, written straight into ``out``
+    where the codec can (its ``decompress_into``, for a contiguous float32 ``out``: no temporary). Returns ``out``."""
+    own_way = getattr(compressor, "decompress_into", None)
+    if own_way is not None and out.dtype == torch.float32 and out.dim() == 1 and out.is_contiguous():
+        return own_way(payload, out)
+    return out.copy_(compressor.decompress(payload, context_of(out)))
 
 
 def compression_ratio(compressor: Compressor, numel: int, dtype: torch.dtype = torch.float32) -> float:

@@ -37,6 +37,11 @@ class Float16Cast:
         check_payload(payload, self.payload_bytes(ctx.numel, ctx.dtype), self.name)
         return view_bytes_as(payload, torch.float16).to(ctx.dtype)
 
+    def decompress_into(self, payload: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``decompress``'s values written into ``out``: no temporary. Returns ``out``."""
+        check_payload(payload, self.payload_bytes(out.numel()), self.name)
+        return out.copy_(view_bytes_as(payload, torch.float16))
+
     def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
         return payload_bytes(self.name, numel)
 
@@ -69,6 +74,11 @@ class BFloat16Truncation:
         check_payload(payload, self.payload_bytes(ctx.numel, ctx.dtype), self.name)
         # bfloat16 -> float32 is exactly "shift left by 16" (NaN payloads and subnormals kept), vectorised.
         return view_bytes_as(payload, torch.bfloat16).to(ctx.dtype)
+
+    def decompress_into(self, payload: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``decompress``'s values written into ``out``: no temporary. Returns ``out``."""
+        check_payload(payload, self.payload_bytes(out.numel()), self.name)
+        return out.copy_(view_bytes_as(payload, torch.bfloat16))
 
     def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
         return payload_bytes(self.name, numel)

@@ -17,8 +17,8 @@ from typing import Any, Callable, Hashable
 import torch
 
 from pipesgd.runlog import phases
-from pipesgd.compression.base import ChunkContext, Compressor, codec_state, load_codec_state
-from pipesgd.compression.rows import compress_rows, decompress_rows, views_at
+from pipesgd.compression.base import ChunkContext, Compressor, codec_state, decode_into, load_codec_state
+from pipesgd.compression.rows import compress_rows, decompress_rows, decompress_rows_into, views_at
 from pipesgd.grads.finite import all_finite, l2_norm
 
 _WORKING_DTYPES = (torch.float32, torch.float64)
@@ -121,6 +121,11 @@ class HopEncoder:
         with phases.timed("codec"):
             return decompress_rows(self.compressor, payloads, [like.numel() for like in likes], self._dtype)
 
+    def decode_chunks_into(self, payloads: list[torch.Tensor], targets: list[torch.Tensor]) -> None:
+        """``decode_chunks``' values written into ``targets``, each decoded chunk straight in where the codec can."""
+        with phases.timed("codec"):
+            decompress_rows_into(self.compressor, payloads, targets)
+
     def settle_(self, x: torch.Tensor, position: int) -> torch.Tensor:
         """The payload of a final chunk, which is replaced by its decoded value in place so the owner
         applies exactly the bits every other rank decodes (at once, or at the next ``drain`` if deferred)."""
@@ -133,6 +138,11 @@ class HopEncoder:
         """Decode a received payload for a chunk shaped like ``like`` (what a receiver knows unasked)."""
         with phases.timed("codec"):
             return self.compressor.decompress(payload, ChunkContext(like.numel(), self._dtype, self._device))
+
+    def decode_into(self, payload: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """``target.copy_(self.decode(payload, target))``, written straight into ``target`` where the codec can."""
+        with phases.timed("codec"):
+            return decode_into(self.compressor, payload, target)
 
     def drain(self) -> None:
         """Do the work deferred so far, oldest first."""
@@ -147,7 +157,7 @@ class HopEncoder:
             work()
 
     def _settle_now(self, x: torch.Tensor, position: int, payload: torch.Tensor) -> None:
-        x.copy_(self.decode(payload, x))
+        self.decode_into(payload, x)
 
 
 class FeedbackEncoder(HopEncoder):

@@ -105,15 +105,15 @@ class ScalarQuantizer:
         rows = n_blocks(numel, self.block_size)
 
         # Step 1: per-block scale; inf or NaN anywhere in the block makes it NaN so decoding shows it.
-        # max(amax, -amin) equals max|x| bit for bit and is faster than abs().amax() (no temporary).
+        # max(max, -min) equals max|x| bit for bit, and aminmax reads the blocks once (no |x| temporary).
         # The scales are computed in place in the payload.
         scale = payload[: 4 * rows].view(torch.float32)
         if len(matrices) == 1:
-            blocks = matrices[0][1]
-            torch.maximum(blocks.amax(dim=1), blocks.amin(dim=1).neg_(), out=scale)
+            low, high = torch.aminmax(matrices[0][1], dim=1)
+            torch.maximum(high, low.neg_(), out=scale)
         else:
-            torch.cat([torch.maximum(blocks.amax(dim=1), blocks.amin(dim=1).neg_()) for _, blocks in matrices],
-                      out=scale)
+            torch.cat([torch.maximum(high, low.neg_()) for low, high in
+                       (torch.aminmax(blocks, dim=1) for _, blocks in matrices)], out=scale)
         scale.div_(self.qmax)
         any_bad = may_be_non_finite(scale, _ask_before_masking(tensor))
         if any_bad:
@@ -157,19 +157,28 @@ class ScalarQuantizer:
 
     # -- decode ---------------------------------------------------------------------------------------
     def decompress(self, payload: torch.Tensor, ctx: ChunkContext) -> torch.Tensor:
-        numel = ctx.numel
-        check_payload(payload, self.payload_bytes(numel), self.name)
+        check_payload(payload, self.payload_bytes(ctx.numel), self.name)
+        flat = torch.empty(ctx.numel, dtype=torch.float32, device=payload.device)
+        return self._decode(payload, flat).to(ctx.dtype)
+
+    def decompress_into(self, payload: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``decompress``'s values written into ``out`` (float32, contiguous, 1-D): no temporary. Returns ``out``."""
+        check_payload(payload, self.payload_bytes(out.numel()), self.name)
+        return self._decode(payload, out)
+
+    def _decode(self, payload: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        numel = out.numel()
         if numel == 0:
-            return torch.empty(0, dtype=ctx.dtype, device=payload.device)
+            return out
         rows = n_blocks(numel, self.block_size)
         scale = view_bytes_as(payload[: 4 * rows], torch.float32)
         code_bytes = payload[4 * rows :]
         codes = code_bytes.view(torch.int8) if self.bits == 8 else rows_of(_unpack_nibbles(code_bytes), 0, numel)
-        flat, matrices = decode_buffer(numel, self.block_size, payload.device)
+        flat, matrices = decode_buffer(numel, self.block_size, payload.device, out)
         flat.copy_(codes)
         for row, blocks in matrices:
             blocks.mul_(rows_of(scale, row, row + blocks.shape[0])[:, None])
-        return flat.to(ctx.dtype)
+        return flat
 
     # -- checkpointing --------------------------------------------------------------------------------
     def _generator(self, device: torch.device) -> torch.Generator:

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from pipesgd.compression.base import ChunkContext, Compressor
+from pipesgd.compression.base import ChunkContext, Compressor, decode_into
 from timing_model.codec_sizes import SCALE_BYTES, n_blocks
 
-__all__ = ["CPU_BATCH_ELEMENTS", "compress_rows", "decompress_rows", "follows", "views_at"]
+__all__ = ["CPU_BATCH_ELEMENTS", "compress_rows", "decompress_rows", "decompress_rows_into", "follows", "views_at"]
 
 CPU_BATCH_ELEMENTS = 1 << 15  # the longest CPU chunk batched (docs/architecture.md)
 
@@ -184,6 +184,24 @@ def decompress_rows(codec: Compressor, payloads: Sequence[torch.Tensor], numels:
         for j, chunk in zip(group, _row_parts(decoded, [numels[j] for j in group])[0]):
             chunks[j] = chunk
     return chunks
+
+
+def decompress_rows_into(codec: Compressor, payloads: Sequence[torch.Tensor], targets: Sequence[torch.Tensor]) -> None:
+    """``decompress_rows``' values written into ``targets`` (one per payload, 1-D, of its chunk's length): a chunk
+    decoded alone goes straight into its target (``decode_into``), a batch through ``decompress_rows`` and one copy."""
+    if not targets:
+        return
+    numels = [t.numel() for t in targets]
+    batched = []
+    for group in _groups(None if _is_cast(codec) else _layout(codec), numels, targets[0].device):
+        if len(group) == 1:
+            decode_into(codec, payloads[group[0]], targets[group[0]])
+        else:
+            batched += group
+    if batched:
+        decoded = decompress_rows(codec, [payloads[j] for j in batched], [numels[j] for j in batched],
+                                  targets[0].dtype)
+        torch._foreach_copy_([targets[j] for j in batched], decoded)
 
 
 def _row_parts(matrix: torch.Tensor, lengths: Sequence[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

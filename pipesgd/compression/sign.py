@@ -157,10 +157,19 @@ class SignCompressor:
         return payload
 
     def decompress(self, payload: torch.Tensor, ctx: ChunkContext) -> torch.Tensor:
-        numel = ctx.numel
-        check_payload(payload, self.payload_bytes(numel), self.name)
+        check_payload(payload, self.payload_bytes(ctx.numel), self.name)
+        flat = torch.empty(ctx.numel, dtype=torch.float32, device=payload.device)
+        return self._decode(payload, flat).to(ctx.dtype)
+
+    def decompress_into(self, payload: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``decompress``'s values written into ``out`` (float32, contiguous, 1-D): no temporary. Returns ``out``."""
+        check_payload(payload, self.payload_bytes(out.numel()), self.name)
+        return self._decode(payload, out)
+
+    def _decode(self, payload: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        numel = out.numel()
         if numel == 0:
-            return torch.empty(0, dtype=ctx.dtype, device=payload.device)
+            return out
         rows = n_blocks(numel, self.block_size)
         scale = view_bytes_as(payload[: 4 * rows], torch.float32)[:, None]
         packed = payload[4 * rows :]
@@ -168,13 +177,13 @@ class SignCompressor:
             bits = torch.from_numpy(np.unpackbits(packed.numpy(), count=numel, bitorder="little"))
         else:
             bits = (packed[:, None] & _bit_weights(payload.device)).ne_(0).view(-1)[:numel]
-        flat, matrices = decode_buffer(numel, self.block_size, payload.device)
+        flat, matrices = decode_buffer(numel, self.block_size, payload.device, out)
         flat.copy_(bits)
         # bit * 2s - s is exactly +s or -s in fp32 (2s and 2s - s are exact).
         for row, blocks in matrices:
             block_scale = rows_of(scale, row, row + blocks.shape[0])
             blocks.mul_(2 * block_scale).sub_(block_scale)
-        return flat.to(ctx.dtype)
+        return flat
 
     def __repr__(self) -> str:
         return f"SignCompressor(block_size={self.block_size})"
