@@ -15,8 +15,8 @@ TITLE = "Pipe-SGD's gain over synchronous training at the same codec, against co
 def setup_line(setup: dict) -> str:
     """One sentence: the workload, the nodes and their cores, the links, the codecs, the steps and rounds."""
     cores = setup["cores_per_node"]
-    return (f"{setup['model']} on {setup['dataset']}, batch {setup['batch_size']} per worker, {setup['nodes']} emulated "
-            f"nodes with {cores} core{'s' if cores != 1 else ''} of their own each, links "
+    return (f"{setup['model']} on {setup['dataset']}, batch {setup['batch_size']} per worker, "
+            f"{setup['nodes']} emulated nodes with {cores} core{'s' if cores != 1 else ''} of their own each, links "
             f"{', '.join(setup['bandwidths'])}, codecs {', '.join(setup['codecs'])} (sync and pipe at width 2, the "
             f"defaults otherwise), {setup['steps']} steps ({setup['warmup_steps']} synchronous warm-up), "
             f"{setup['repeats']} interleaved round{'s' if setup['repeats'] != 1 else ''}.")
