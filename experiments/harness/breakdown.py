@@ -97,8 +97,12 @@ def breakdown_record(metrics: str, world_size: int) -> dict | None:
 
 
 def median_breakdown(paths: list[str]) -> Breakdown:
-    """Field by field, the median over several ranks' or sittings' breakdowns."""
-    parts = [read_breakdown(p) for p in paths]
+    """Field by field, the median over several ranks' or sittings' breakdowns (their trace files)."""
+    return median_of([read_breakdown(p) for p in paths])
+
+
+def median_of(parts: list[Breakdown]) -> Breakdown:
+    """Field by field, the median of breakdowns already read."""
     return Breakdown(*(statistics.median(getattr(b, name) for b in parts) for name in Breakdown.__slots__))
 
 
