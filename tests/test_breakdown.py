@@ -16,7 +16,9 @@ def _trace(path, compute_ms: float = 10.0, job_ms: float = 8.0, wire_ms: float =
         t0 = 100_000 * step
         spans += [{"ph": "X", "name": "compute", "cat": "compute", "pid": 0, "tid": 0, "ts": t0, "dur": compute_ms * 1e3,
                    "args": {"step": step, "cpu_us": 0.8 * compute_ms * 1e3}},
-                  {"ph": "X", "name": "opt.step", "cat": "step", "pid": 0, "tid": 0, "ts": t0 + 20_000, "dur": 3e3},
+                  {"ph": "X", "name": "opt.step", "cat": "step", "pid": 0, "tid": 0, "ts": t0 + 20_000, "dur": 3.5e3,
+                   "args": {"step": step, "cpu_us": 2.5e3}},
+                  {"ph": "X", "name": "wait", "cat": "wait", "pid": 0, "tid": 0, "ts": t0 + 20_100, "dur": 0.5e3},
                   {"ph": "X", "name": "update", "cat": "update", "pid": 0, "tid": 0, "ts": t0 + 21_000, "dur": 1e3},
                   {"ph": "X", "name": "exchange", "cat": "comm", "pid": 0, "tid": 1, "ts": t0 + 20_000,
                    "dur": job_ms * 1e3, "args": {"step": step, "cpu_us": 2e3}},
@@ -28,8 +30,10 @@ def _trace(path, compute_ms: float = 10.0, job_ms: float = 8.0, wire_ms: float =
 
 def test_the_parts_per_step_and_the_limit(tmp_path):
     parts = read_breakdown(_trace(tmp_path / "a.json"))
-    assert parts.compute_s == pytest.approx(0.010) and parts.step_s == pytest.approx(0.003)
-    assert parts.update_s == pytest.approx(0.001) and parts.step_beyond_update_s == pytest.approx(0.002)
+    assert parts.compute_s == pytest.approx(0.010) and parts.step_s == pytest.approx(0.0035)
+    assert parts.update_s == pytest.approx(0.001) and parts.wait_s == pytest.approx(0.0005)
+    assert parts.step_beyond_update_s == pytest.approx(0.002)  # neither the update nor the wait
+    assert parts.step_thread_cpu_s == pytest.approx(0.0025)
     assert parts.exchange_s == pytest.approx(0.008) and parts.wire_s == pytest.approx(0.005)
     assert parts.exchange_cpu_s == pytest.approx(0.003)
     assert parts.compute_thread_cpu_s == pytest.approx(0.008)  # the threads' own CPU, from the spans' cpu_us
@@ -45,5 +49,5 @@ def test_the_median_over_sittings_and_the_table(tmp_path):
     parts = median_breakdown(paths)
     assert parts.compute_s == pytest.approx(0.012)
     table = markdown([("sync", 0.020, parts), ("pipe", 0.016, parts)], {"pipe": 0.013})
-    assert "| pipe | 16.0 | 12.0 (9.6) | 2.0 | 1.0 | 8.0 | 5.0 | 3.0 (2.0) | 13.0 | 0.81 |" in table  # CPU in brackets
+    assert "| pipe | 16.0 | 12.0 (9.6) | 2.0 | 1.0 | 0.5 | 8.0 | 5.0 | 3.0 (2.0) | 13.0 | 0.81 |" in table  # CPU in brackets
     assert "| sync | 20.0 |" in table and table.count("\n") == 3

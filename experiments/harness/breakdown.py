@@ -1,5 +1,6 @@
 """Where an iteration's time goes, read from ``pipesgd-train --trace`` files: per variant, the training thread's
-compute (forward and backward) and ``step()`` time (the wrapped optimizer's update apart), the exchange's wire time
+compute (forward and backward) and ``step()`` time (the wrapped optimizer's update and the wait for the exchange
+apart: what is left is the wrapper's own work on that thread), the exchange's wire time
 and CPU time on its worker, and the overlap efficiency, limit / measured. Beside the compute's and the exchange's wall
 time, each thread's own CPU time in it (``pipesgd.runlog.trace.span(cpu=True)``): where the two differ, the thread
 waited, for the wire or for a core another thread held.
@@ -31,6 +32,10 @@ class Breakdown:
     # the wall time by what the thread spent waiting, for the wire or for a core that ran another thread
     compute_thread_cpu_s: float = 0.0
     exchange_thread_cpu_s: float = 0.0
+    # Inside step(): waiting for the due exchange ("wait" spans: the communication the overlap did not hide), and the
+    # training thread's CPU in the whole of step() (0 in traces made before they were recorded)
+    wait_s: float = 0.0
+    step_thread_cpu_s: float = 0.0
 
     @property
     def exchange_cpu_s(self) -> float:
@@ -38,7 +43,8 @@ class Breakdown:
 
     @property
     def step_beyond_update_s(self) -> float:
-        return max(self.step_s - self.update_s, 0.0)
+        """The wrapper's own work in ``step()``: neither the wrapped optimizer's update nor the wait."""
+        return max(self.step_s - self.update_s - self.wait_s, 0.0)
 
     def limit_s(self, shared_core: bool) -> float:
         """The iteration a perfect overlap of these parts would run at (module doc)."""
@@ -63,6 +69,7 @@ def read_breakdown(path: str) -> Breakdown:
     jobs = [e for e in spans if threads.get(e["tid"]) == "comm" and e.get("cat") == "comm"]
     steps = max(len({e.get("args", {}).get("step") for e in jobs}), 1)
     computes = [e for e in spans if e["name"] == "compute" and threads.get(e["tid"]) == "main"]
+    step_spans = [e for e in spans if e["name"] == "opt.step" and threads.get(e["tid"]) == "main"]
 
     def cpu(chosen: list[dict]) -> float:
         return sum(e.get("args", {}).get("cpu_us", 0.0) for e in chosen) / 1e6
@@ -71,7 +78,8 @@ def read_breakdown(path: str) -> Breakdown:
                      update_s=per_step("update", "main"), exchange_s=sum(e["dur"] for e in jobs) / 1e6 / steps,
                      wire_s=per_step("wire_wait", "comm", "phase"),
                      compute_thread_cpu_s=cpu(computes) / max(len(computes), 1),
-                     exchange_thread_cpu_s=cpu(jobs) / steps)
+                     exchange_thread_cpu_s=cpu(jobs) / steps, wait_s=per_step("wait", "main", "wait"),
+                     step_thread_cpu_s=cpu(step_spans) / max(len(computes), 1))
 
 
 def trace_file(metrics: str) -> str:
@@ -108,9 +116,9 @@ def median_of(parts: list[Breakdown]) -> Breakdown:
 
 def markdown(rows: list[tuple[str, float, Breakdown]], limits: dict[str, float]) -> str:
     """A table: variant, ms per iteration, each part, the limit and the efficiency (limit / measured)."""
-    head = ("| variant | ms / iteration | compute (its thread's CPU) | step() beyond update | update | exchange "
-            "| of which wire | exchange CPU (its thread's CPU) | limit | overlap efficiency |"
-            "\n|---|---|---|---|---|---|---|---|---|---|")
+    head = ("| variant | ms / iteration | compute (its thread's CPU) | step(): the wrapper's own work | update "
+            "| waited for the exchange | exchange | of which wire | exchange CPU (its thread's CPU) | limit "
+            "| overlap efficiency |\n|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
 
     def with_cpu(wall_s: float, cpu_s: float) -> str:
@@ -120,7 +128,8 @@ def markdown(rows: list[tuple[str, float, Breakdown]], limits: dict[str, float])
         limit = limits.get(name)
         efficiency = f"{limit / iteration_s:.2f}" if limit else ""
         lines.append(f"| {name} | {1e3 * iteration_s:.1f} | {with_cpu(b.compute_s, b.compute_thread_cpu_s)} "
-                     f"| {1e3 * b.step_beyond_update_s:.1f} | {1e3 * b.update_s:.1f} | {1e3 * b.exchange_s:.1f} "
+                     f"| {1e3 * b.step_beyond_update_s:.1f} | {1e3 * b.update_s:.1f} | {1e3 * b.wait_s:.1f} "
+                     f"| {1e3 * b.exchange_s:.1f} "
                      f"| {1e3 * b.wire_s:.1f} | {with_cpu(b.exchange_cpu_s, b.exchange_thread_cpu_s)} "
                      f"| {f'{1e3 * limit:.1f}' if limit else ''} | {efficiency} |")
     return "\n".join(lines)

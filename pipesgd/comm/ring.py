@@ -187,7 +187,7 @@ def backend_allreduce_(flat: torch.Tensor, topology: RingTopology, op: str = "me
     report = RingReport()
     if p > 1:
         with phases.timed("wire_wait"):  # the backend's C++ ring: its wire time and its adds, not told apart
-            dist.all_reduce(flat, group=topology.group)
+            dist.all_reduce(flat, group=topology.group, async_op=True).wait()  # the wait holds no interpreter lock
         if op == "mean":
             flat.div_(p)
         # A ring all-reduce sends 2(p-1)/p of the message per rank (gloo's and NCCL's large-message case).

@@ -125,7 +125,7 @@ def train(cfg: TrainConfig, ds: Dataset, model: nn.Module, strategy: Strategy, d
                 loss = forward_backward(strategy.forward_model, x, y, cfg.accumulate, strategy.precision)
                 t_compute = compute.stop()
             # the optimizer wrapper: hand off this step's gradients, apply the averaged ones that are due
-            with trace.span("opt.step", "step", step_arg):
+            with trace.span("opt.step", "step", step_arg, cpu=True):
                 stats = opt.step()
                 opt.zero_grad()
             if schedule is not None:
