@@ -9,7 +9,7 @@ Per p and codec: the calls of one ``GradientExchange`` call over a bucket of ``-
 (after one uncounted call), as the dispatcher sees them from Python (``TorchDispatchMode``; the exchange runs on the
 calling thread here, the same code the worker runs), in four kinds: views (no kernel: slices, reshapes, detach),
 allocations, host syncs (``item()`` and the like: on a GPU the thread waits for the device) and the rest, each a
-kernel on a GPU, the collectives among them; and the encoder's own calls (``aminmax``: one per encode call). Chunks are
+kernel on a GPU, the collectives among them; and the encoder's own calls (``amax``: one per encode call). Chunks are
 batched as on CUDA, whatever their length (``pipesgd.compression.rows`` batches CPU chunks of up to 32 Ki elements
 only, where that measured faster). Two paths: ``direct``, payloads on the tensors' own device (gloo on CPU, NCCL), and
 ``staged``, through host buffers as gloo carries CUDA tensors (here host to host: the same calls, the copies plain
@@ -45,7 +45,7 @@ MODELS = ("lenet", "resnet20", "resnet18")
 VIEWS = {"view", "_unsafe_view", "slice", "select", "detach", "unsqueeze", "as_strided", "expand", "unbind", "split",
          "split_with_sizes", "alias", "t", "_reshape_alias", "squeeze", "narrow"}
 ALLOCATIONS = {"empty", "empty_like", "empty_strided", "new_empty", "zeros", "zeros_like", "new_zeros"}
-KINDS = ("views", "allocations", "host syncs", "kernels", "of which collectives", "encoder aminmax")
+KINDS = ("views", "allocations", "host syncs", "kernels", "of which collectives", "encoder amax")
 
 
 class Kinds(TorchDispatchMode):
@@ -61,7 +61,7 @@ class Kinds(TorchDispatchMode):
                 else "host syncs" if name == "_local_scalar_dense" else "kernels")
         self.count[kind] += 1
         self.count["of which collectives"] += namespace == "c10d"
-        self.count["encoder aminmax"] += name == "aminmax"
+        self.count["encoder amax"] += name == "amax"
         return func(*args, **(kwargs or {}))
 
 

@@ -27,7 +27,7 @@ def test_one_more_peer_adds_at_most_the_sums_add(tmp_path):
         (path, p, c) for path in ("direct", "staged") for c in ("q8", "q8+ef", "sign+ef") for p in ("3", "4")]
     for low, high in zip(rows[0::2], rows[1::2]):
         if low["codec"] != "sign+ef":  # q8's encodes: the p-1 chunks in one call, the sum in one
-            assert low["encoder aminmax"] == high["encoder aminmax"] == "2", rows
+            assert low["encoder amax"] == high["encoder amax"] == "2", rows
         assert int(high["kernels"]) - int(low["kernels"]) <= 1, rows
         assert float(high["kernels per extra peer"]) <= 1.0 and float(high["calls per extra peer"]) <= 8.0, rows
 

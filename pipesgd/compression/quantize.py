@@ -105,15 +105,15 @@ class ScalarQuantizer:
         rows = n_blocks(numel, self.block_size)
 
         # Step 1: per-block scale; inf or NaN anywhere in the block makes it NaN so decoding shows it.
-        # max(max, -min) equals max|x| bit for bit, and aminmax reads the blocks once (no |x| temporary).
-        # The scales are computed in place in the payload.
+        # max(amax, -amin) equals max|x| bit for bit and is faster than abs().amax() (no temporary); aminmax, one
+        # call for both, is many times slower on CPU. The scales are computed in place in the payload.
         scale = payload[: 4 * rows].view(torch.float32)
         if len(matrices) == 1:
-            low, high = torch.aminmax(matrices[0][1], dim=1)
-            torch.maximum(high, low.neg_(), out=scale)
+            blocks = matrices[0][1]
+            torch.maximum(blocks.amax(dim=1), blocks.amin(dim=1).neg_(), out=scale)
         else:
-            torch.cat([torch.maximum(high, low.neg_()) for low, high in
-                       (torch.aminmax(blocks, dim=1) for _, blocks in matrices)], out=scale)
+            torch.cat([torch.maximum(blocks.amax(dim=1), blocks.amin(dim=1).neg_()) for _, blocks in matrices],
+                      out=scale)
         scale.div_(self.qmax)
         any_bad = may_be_non_finite(scale, _ask_before_masking(tensor))
         if any_bad:
