@@ -102,6 +102,10 @@ MODES = {
     "ddp": ["--mode", "ddp"],
     "ps-sync": ["--mode", "ps-sync"],
     "ps-async": ["--mode", "ps-async", "--push-every", "2"],
+    "localsgd": ["--mode", "localsgd", "--sync-every", "4"],
+    # DiLoCo's inner optimizer is AdamW, as in the paper (inner momentum SGD under the outer Nesterov step learns
+    # digits more slowly in this budget)
+    "diloco": ["--mode", "diloco", "--sync-every", "4", "--sync-delay", "1", "--optimizer", "adamw", "--lr", "0.003"],
 }
 
 
