@@ -16,6 +16,14 @@ from timing_model.trainer_defaults import (ADAM_AUTO_CODECS, ALLREDUCE_CHOICES, 
 # synchronous steps cost a few iterations of exposed communication and nothing else.
 WARMUP_STEPS = 10
 
+# DiLoCo's outer optimizer, the paper's best setting (arXiv 2311.08105): SGD with Nesterov momentum, lr 0.7,
+# momentum 0.9 (pipesgd.baselines.diloco and the trainer's --outer-lr / --outer-momentum).
+OUTER_LR = 0.7
+OUTER_MOMENTUM = 0.9
+# Inner steps between two syncs of the periodic-averaging modes (localsgd, diloco): the paper's language models
+# sync every 500 steps; the trainer's default runs are a few hundred steps long, so a few dozen syncs fit in one.
+SYNC_EVERY = 16
+
 # p.grad as views into the flat buckets (pipesgd.grads.bucket_sets): no copy in or out of a step; K sets of
 # gradient memory for width K instead of K + 1 (the K sets plus the gradients themselves).
 GRADIENT_AS_BUCKET_VIEW = True

@@ -7,7 +7,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from pipesgd import PipeSGD
-from pipesgd.baselines import DDPOptimizer, ParameterServer
+from pipesgd.baselines import DDPOptimizer, DiLoCo, LocalSGD, ParameterServer
 from pipesgd.train.config import TrainConfig
 from pipesgd.train.modes import MODES, num_workers_for
 from pipesgd.train.strategy import build_strategy
@@ -15,7 +15,7 @@ from pipesgd.wrapper import OptimizerWrapper
 from tests.single_process import RecordingWrapper, process_group  # noqa: F401 - a fixture
 
 EXPECTED = {"pipe": PipeSGD, "sync": PipeSGD, "ddp": DDPOptimizer, "ps-sync": ParameterServer,
-            "ps-async": ParameterServer}
+            "ps-async": ParameterServer, "localsgd": LocalSGD, "diloco": DiLoCo}
 
 
 def test_every_mode_has_a_wrapper():
@@ -32,7 +32,7 @@ def test_mode_builds_its_wrapper_behind_the_seam(mode, process_group):  # noqa: 
         assert (strategy.worker_rank, strategy.num_workers, strategy.is_server_only) == (0, 1, False)
         assert strategy.is_leader and strategy.serve is None
         forward_ddp = isinstance(strategy.forward_model, DistributedDataParallel)
-        assert forward_ddp == (mode == "ddp") and (forward_ddp or strategy.forward_model is model)
+        assert forward_ddp == (mode in ("ddp", "localsgd")) and (forward_ddp or strategy.forward_model is model)
         if mode == "pipe":
             assert strategy.opt.width == 2
         if mode == "sync":

@@ -16,15 +16,15 @@ from importlib import import_module
 from typing import Any
 
 from timing_model.atomic import write_text_atomic
-from pipesgd.defaults import (BUCKET_MB, LOOKAHEAD_STANDIN, LOOKAHEAD_STANDINS, NEEDS_ERROR_FEEDBACK, STALENESS,
-                              STALENESS_MODES, UNSHARED_STANDINS, WARMUP_STEPS)
+from pipesgd.defaults import (BUCKET_MB, LOOKAHEAD_STANDIN, LOOKAHEAD_STANDINS, NEEDS_ERROR_FEEDBACK, OUTER_LR,
+                              OUTER_MOMENTUM, STALENESS, STALENESS_MODES, SYNC_EVERY, UNSHARED_STANDINS, WARMUP_STEPS)
 from pipesgd.runlog.trace import parse_steps
 
 # Only torch-free modules here, so that --help and every flag check run without loading torch.
 from .choices import (AMP_MODES, BUFFER_MODES, CODECS, DATASETS, DATASETS_WITH_DIR, DDP_HOOKS, MODELS,
                       OPTIMIZERS, SCALED_AMP_MODES, TOKEN_DATASETS, TOKEN_MODELS)
 from .schedule import FINAL_LR_FRACTION, SCHEDULES
-from .modes import MODES, PS_TRAIN_MODES, RING_MODES
+from .modes import DILOCO_MODE, LOCAL_SGD_MODE, MODES, PERIODIC_MODES, PS_TRAIN_MODES, RING_MODES
 
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("gloo", "nccl")
@@ -69,7 +69,9 @@ class TrainConfig:
 
     # --- training mode (how gradients meet) ---
     mode: str = _field("pipe", "how gradients meet: pipe = Pipe-SGD at --width, sync = allreduce every step "
-                       "(width 1), ddp = torch DDP, ps-* = parameter server", MODES)
+                       "(width 1), ddp = torch DDP, ps-* = parameter server, localsgd = torch's post-local SGD (parameters "
+                       "averaged every --sync-every steps), diloco = DiLoCo (outer Nesterov step every --sync-every)",
+                       MODES)
     width: int | str = _field(2, "pipeline width K for mode=pipe; auto: chosen at the end of the warm-up from what "
                               "it measured (1, 2 or 3); mode=sync always uses 1")
     staleness: str = _field(STALENESS, "mode=pipe at width >= 2: lookahead computes each gradient at the weights "
@@ -102,7 +104,14 @@ class TrainConfig:
     push_every: int = _field(1, "ps-async (Downpour): push accumulated gradients every n steps")
     pull_every: int = _field(1, "ps-async (Downpour): pull fresh parameters every m steps")
     warmup_steps: int = _field(WARMUP_STEPS, "mode=pipe: synchronous steps before the pipeline opens; "
+                               "mode=localsgd: synchronous steps (gradients all-reduced) before local SGD starts; "
                                "--ddp-hook powersgd: uncompressed steps before PowerSGD starts (at least 2)")
+    sync_every: int = _field(SYNC_EVERY, "localsgd/diloco: inner steps between two syncs (localsgd: at least 2)")
+    sync_delay: int = _field(0, "diloco: inner steps the pseudo-gradient's all-reduce overlaps (Streaming DiLoCo's "
+                             "tau, torchft's fragment_sync_delay): 0 blocks at the sync; tau takes the pseudo-gradient "
+                             "tau steps before the sync and applies it at the sync (below --sync-every)")
+    outer_lr: float = _field(OUTER_LR, "diloco: outer SGD learning rate (Nesterov momentum)")
+    outer_momentum: float = _field(OUTER_MOMENTUM, "diloco: outer Nesterov momentum")
     bucket_mb: float = _field(BUCKET_MB, "gradient bucket size in MiB (pipe/sync/ddp)")
     check_replicas: int = _field(0, "pipe/sync: compare weights and synced buffers across ranks every N steps "
                                  "(0 = never)")
@@ -271,6 +280,7 @@ class TrainConfig:
         if self.resume and self.ddp_hook == "powersgd":
             raise ConfigError("--resume with --ddp-hook powersgd is not supported: PowerSGD's error-feedback and "
                               "warm-start state is keyed to DDP's bucket layout, which DDP rebuilds on restart")
+        self._validate_periodic()
         if self.trace_steps:
             if not self.trace:
                 raise ConfigError("--trace-steps needs --trace FILE")
@@ -312,6 +322,26 @@ class TrainConfig:
             raise ConfigError(f"--model {self.model} cannot train on --dataset {self.dataset_name}: the token models "
                               f"({', '.join(TOKEN_MODELS)}) train on the text data sets ({', '.join(TOKEN_DATASETS)}) "
                               "and only there")
+
+    def _validate_periodic(self) -> None:
+        """The periodic-averaging flags: each only with its modes, in range."""
+        periodic = "|".join(PERIODIC_MODES)
+        if self.sync_every != SYNC_EVERY and self.mode not in PERIODIC_MODES:
+            raise ConfigError(f"--sync-every applies to --mode {periodic} only, not {self.mode}")
+        for name, default in (("sync_delay", 0), ("outer_lr", OUTER_LR), ("outer_momentum", OUTER_MOMENTUM)):
+            if getattr(self, name) != default and self.mode != DILOCO_MODE:
+                raise ConfigError(f"--{flag_name(name)} applies to --mode {DILOCO_MODE} only, not {self.mode}")
+        if self.sync_every < 1:
+            raise ConfigError(f"--sync-every must be at least 1 (got {self.sync_every})")
+        if self.mode == LOCAL_SGD_MODE and self.sync_every < 2:
+            raise ConfigError("--mode localsgd needs --sync-every >= 2 (averaging every step is --mode ddp)")
+        if not 0 <= self.sync_delay < self.sync_every:
+            raise ConfigError(f"--sync-delay must be in [0, --sync-every) = [0, {self.sync_every}) "
+                              f"(got {self.sync_delay})")
+        if not self.outer_lr > 0:
+            raise ConfigError(f"--outer-lr must be positive (got {self.outer_lr})")
+        if not 0 <= self.outer_momentum < 1:
+            raise ConfigError(f"--outer-momentum must be in [0, 1) (got {self.outer_momentum})")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -43,6 +43,7 @@ GROUPS = {
     "codec (compression on the wire)": ("compression", "error_feedback"),
     "staleness (mode pipe, width >= 2)": ("staleness", "lookahead_standin"),
     "baselines (DDP, parameter server)": ("ddp_hook", "powersgd_rank", "servers", "push_every", "pull_every"),
+    "periodic averaging (localsgd, diloco)": ("sync_every", "sync_delay", "outer_lr", "outer_momentum"),
     "execution": ("device", "backend", "threads", "timeout", "debug"),
     "outputs: metrics, evaluation, checkpoints, traces": ("metrics", "eval_every", "eval_steps", "eval_deferred",
                                                           "checkpoint", "checkpoint_every", "resume", "trace",
@@ -55,7 +56,8 @@ VALUE_NAMES = {
     "synthetic_classes": "N", "epochs": "N", "steps": "N", "batch_size": "N", "accumulate": "N", "lr": "RATE",
     "momentum": "BETA", "weight_decay": "L2", "lr_warmup_steps": "N", "clip_grad_norm": "NORM", "seed": "INT",
     "warmup_steps": "N", "bucket_mb": "MIB", "check_replicas": "N", "auto_recheck_every": "N",
-    "powersgd_rank": "RANK", "servers": "N", "push_every": "N", "pull_every": "N", "threads": "N",
+    "powersgd_rank": "RANK", "sync_every": "STEPS", "sync_delay": "STEPS", "outer_lr": "RATE",
+    "outer_momentum": "BETA", "servers": "N", "push_every": "N", "pull_every": "N", "threads": "N",
     "timeout": "SECONDS", "metrics": "FILE.jsonl", "eval_every": "EPOCHS", "eval_steps": "STEPS",
     "checkpoint": "DIR", "checkpoint_every": "STEPS", "trace": "FILE", "trace_steps": "A:B",
 }

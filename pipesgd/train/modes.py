@@ -10,7 +10,11 @@ from .choices import PS_MODES
 RING_MODES = ("pipe", "sync")
 DDP_MODE = "ddp"
 PS_TRAIN_MODES = tuple(f"ps-{mode}" for mode in PS_MODES)
-MODES = (*RING_MODES, DDP_MODE, *PS_TRAIN_MODES)
+# Periodic averaging: each rank steps on its own gradients and the ranks meet every --sync-every steps.
+LOCAL_SGD_MODE = "localsgd"
+DILOCO_MODE = "diloco"
+PERIODIC_MODES = (LOCAL_SGD_MODE, DILOCO_MODE)
+MODES = (*RING_MODES, DDP_MODE, *PS_TRAIN_MODES, *PERIODIC_MODES)
 
 
 def num_workers_for(mode: str, servers: int, world_size: int) -> int:

@@ -19,12 +19,14 @@ from torch import nn
 
 from pipesgd.runlog import trace
 from pipesgd.baselines.ddp import DDPOptimizer
+from pipesgd.baselines.diloco import DiLoCo
+from pipesgd.baselines.local_sgd import LocalSGD
 from pipesgd.baselines.parameter_server import ParameterServer
 from pipesgd.optimizer import PipeSGD
 from pipesgd.options import PipeSGDOptions
 from pipesgd.wrapper import OptimizerWrapper
 
-from .modes import DDP_MODE, MODES, PS_TRAIN_MODES, RING_MODES
+from .modes import DDP_MODE, DILOCO_MODE, LOCAL_SGD_MODE, MODES, PS_TRAIN_MODES, RING_MODES
 from .optimizers import build_inner_optimizer
 from .precision import Precision, build_precision
 
@@ -108,8 +110,24 @@ def _parameter_server(cfg: TrainConfig, inner: torch.optim.Optimizer, model: nn.
     return Strategy(opt, model, opt.worker_rank, opt.num_workers, precision=precision)
 
 
+def _local_sgd(cfg: TrainConfig, inner: torch.optim.Optimizer, model: nn.Module, device: torch.device,
+               precision: Precision) -> Strategy:
+    device_ids = [device.index] if device.type == "cuda" else None
+    opt = LocalSGD(inner, model, sync_every=cfg.sync_every, warmup_steps=cfg.warmup_steps,
+                   accumulate=cfg.accumulate, device_ids=device_ids)
+    return Strategy(opt, opt.model, dist.get_rank(), dist.get_world_size(), precision=precision)
+
+
+def _diloco(cfg: TrainConfig, inner: torch.optim.Optimizer, model: nn.Module, device: torch.device,
+            precision: Precision) -> Strategy:
+    opt = DiLoCo(inner, model, sync_every=cfg.sync_every, outer_lr=cfg.outer_lr, outer_momentum=cfg.outer_momentum,
+                 sync_delay=cfg.sync_delay)
+    return Strategy(opt, model, dist.get_rank(), dist.get_world_size(), precision=precision)
+
+
 _BUILDERS: dict[str, Callable[..., Strategy]] = {
     **dict.fromkeys(RING_MODES, _ring), DDP_MODE: _ddp, **dict.fromkeys(PS_TRAIN_MODES, _parameter_server),
+    LOCAL_SGD_MODE: _local_sgd, DILOCO_MODE: _diloco,
 }
 assert tuple(_BUILDERS) == MODES, "a mode without a wrapper, or a wrapper without a mode"
 
