@@ -1,7 +1,7 @@
-"""Test fixture for tests/test_ddp_migration.py: a nanoGPT-shaped DDP script switched to PipeSGD as the README says,
-launched by torchrun. Per-rank seeds before building the model, AdamW on parameter groups, a manual learning-rate
-schedule through ``opt.param_groups``, gradient accumulation, clipping, a checkpoint saved by rank 0 alone, and an
-end without ``flush()``.
+"""Test fixture for tests/test_ddp_migration.py and tests/test_lifecycle.py: a nanoGPT-shaped DDP script switched to
+PipeSGD as the README says, launched by torchrun. Per-rank seeds before building the model, AdamW on parameter
+groups, a manual learning-rate schedule through ``opt.param_groups``, gradient accumulation, clipping, a checkpoint
+saved by rank 0 alone, and an end without ``flush()``.
 
     torchrun --nproc-per-node 2 tests/ddp_style_script.py OUT_DIR [--resume CHECKPOINT]
 """

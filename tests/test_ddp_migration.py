@@ -70,7 +70,10 @@ def test_the_tutorial_loop_learns_with_identical_parameters_and_buffers():
     assert applied > 0 and top_norm <= CLIP * (1 + 1e-6) and other_top == top_norm
 
 
-def _torchrun(script: str, *args: str) -> subprocess.CompletedProcess:
+DDP_STYLE_SCRIPT = os.path.join(os.path.dirname(__file__), "ddp_style_script.py")
+
+
+def torchrun(script: str, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     env["OMP_NUM_THREADS"] = "1"
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
@@ -78,14 +81,13 @@ def _torchrun(script: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env)
 
 
-def test_a_ddp_style_script_resumes_from_rank_zeros_checkpoint_and_exits_cleanly(tmp_path):
+def test_a_ddp_style_script_resumes_from_rank_zeros_checkpoint_and_exits_cleanly(ddp_style_run):
     """Per-rank seeds, a checkpoint saved by rank 0 alone (after consolidate_state_dict), an end without flush():
     both runs exit 0 under torchrun, replicas are bitwise identical, and the resumed run ends exactly where the
-    uninterrupted one did."""
-    script = os.path.join(os.path.dirname(__file__), "ddp_style_script.py")
-    first = _torchrun(script, str(tmp_path))
+    uninterrupted one did (tests/conftest.py launched the uninterrupted one)."""
+    tmp_path, first = ddp_style_run
     assert first.returncode == 0, first.stdout + first.stderr
-    second = _torchrun(script, str(tmp_path), "--resume", str(tmp_path / "ckpt.pt"))
+    second = torchrun(DDP_STYLE_SCRIPT, str(tmp_path), "--resume", str(tmp_path / "ckpt.pt"))
     assert second.returncode == 0, second.stdout + second.stderr
     for done in (first, second):
         assert done.stderr.count("step(s) in flight that were never applied") == 2  # said, not silent
