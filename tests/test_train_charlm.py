@@ -1,5 +1,6 @@
-"""The language-model task in the trainer: per-token loss and evaluation, AdamW's parameter groups, the config's
-pairing of token models with token data, and a world-size-1 run of gpt on pysrc that resumes on its schedule."""
+"""The language-model task in the trainer: per-token loss and evaluation, AdamW's and Muon's parameter groups, the
+config's pairing of token models with token data, and a world-size-1 run of gpt on pysrc that resumes on its
+schedule (under AdamW and under Muon)."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipesgd.muon_adamw import MuonAdamW
 from pipesgd.train import cli, faults
 from pipesgd.train.config import ConfigError, TrainConfig
 from pipesgd.train.flags import resolve
@@ -72,6 +74,31 @@ def test_adamw_decays_matrices_only_with_nanogpt_betas():
     assert len(no_vectors.param_groups) == 1  # no empty group
 
 
+def test_muon_takes_the_blocks_matrices_and_adamw_the_embeddings_head_and_vectors():
+    model = build_model("gpt", (8,), 13)
+    cfg = resolve(["--optimizer", "muon", "--lr", "1e-3", "--weight-decay", "0.1"])
+    opt = build_inner_optimizer(cfg.optimizer, model, cfg.lr, cfg.momentum, cfg.weight_decay)
+    assert isinstance(opt, MuonAdamW)
+    muon, decayed, kept = opt.param_groups
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert muon["use_muon"] and len(muon["params"]) == 8
+    assert all(names[id(p)].startswith("blocks.") for p in muon["params"])
+    assert (muon["momentum"], muon["nesterov"], muon["adjust_lr_fn"]) == (0.95, True, "match_rms_adamw")
+    assert sorted(names[id(p)] for p in decayed["params"]) == ["head.weight", "pos.weight", "tok.weight"]
+    assert all(p.dim() == 1 for p in kept["params"]) and not decayed["use_muon"] and not kept["use_muon"]
+    assert (muon["weight_decay"], decayed["weight_decay"], kept["weight_decay"]) == (0.1, 0.1, 0.0)
+    assert decayed["betas"] == ADAMW_BETAS and {g["lr"] for g in opt.param_groups} == {1e-3}
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
+
+
+def test_muon_is_refused_in_one_line_by_a_torch_without_it(monkeypatch):
+    cfg = resolve(["--optimizer", "muon", "--dataset", "pysrc", "--model", "gpt"])
+    cli.check_shapes(cfg, 1000, 2)
+    monkeypatch.delattr(torch.optim, "Muon")
+    with pytest.raises(ConfigError, match=r"^--optimizer muon needs torch.optim.Muon, which this torch \("):
+        cli.check_shapes(cfg, 1000, 2)
+
+
 @pytest.mark.parametrize("argv", [["--model", "gpt"], ["--dataset", "pysrc"], ["--dataset", "pysrc", "--model", "mlp"]])
 def test_token_models_and_token_data_only_go_together(argv):
     with pytest.raises(ConfigError, match=r"cannot train on --dataset .*models \(gpt\).*data sets \(pysrc\)"):
@@ -108,19 +135,22 @@ class StopAt:
 
 
 @pytest.mark.slow
-def test_a_world_size_1_run_learns_and_resumes_on_its_schedule(tmp_path, monkeypatch, capsys, one_thread,
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_world_size_1_run_learns_and_resumes_on_its_schedule(tmp_path, monkeypatch, capsys, one_thread, optimizer,
                                                                process_group):  # noqa: F811
     """The real wrapper (PipeSGD width 2) at world size 1: the loss falls from ln(97) within 8 steps, the startup
-    line names the corpus, and a run stopped after its step-4 checkpoint resumes to the uninterrupted losses."""
-    ds = build_dataset(TrainConfig(**LM_ARGS))
-    reference = TrainConfig(**LM_ARGS, metrics=str(tmp_path / "ref.jsonl"))
+    line names the corpus, and a run stopped after its step-4 checkpoint resumes to the uninterrupted losses (under
+    Muon too: ``MuonAdamW``'s state dict restores both optimizers)."""
+    args = dict(LM_ARGS, optimizer=optimizer)
+    ds = build_dataset(TrainConfig(**args))
+    reference = TrainConfig(**args, metrics=str(tmp_path / "ref.jsonl"))
     cli.run(reference, ds, rank=0, world_size=1, local_rank=0)
     out = capsys.readouterr().out
     assert f"on pysrc ({len(ds.x_train)} train" in out and f"sha256 {ds.source['sha256']}" in out
     want = _step_losses(reference.metrics)
     assert want[0] == pytest.approx(4.57, abs=0.05) and want[7] < want[0] - 0.5  # ln(97) = 4.575
 
-    resumable = dict(LM_ARGS, metrics=str(tmp_path / "run.jsonl"), checkpoint=str(tmp_path / "ck"), checkpoint_every=4,
+    resumable = dict(args, metrics=str(tmp_path / "run.jsonl"), checkpoint=str(tmp_path / "ck"), checkpoint_every=4,
                      resume=True)
     monkeypatch.setattr(faults, "inject", StopAt(6))
     with pytest.raises(RuntimeError, match="stopped before step 6"):

@@ -7,8 +7,10 @@ count that Adam's bias correction reads), then steps it on the given gradients: 
 the real optimizer would move them on those gradients, and the real optimizer's state does not change.
 
 ``torch.optim.SGD``, ``Adam`` and ``AdamW`` skip the replica: their rules are written out in foreach operations
-(``pipesgd.delay.sgd_rule``, ``pipesgd.delay.adam_rule``), with the same kernels, so the same bits. What the
-replay keeps of the original's ``foreach``/``fused`` choice, and clipping: ``OptimizerReplay``.
+(``pipesgd.delay.sgd_rule``, ``pipesgd.delay.adam_rule``), with the same kernels, so the same bits; so are
+``torch.optim.Muon``'s (``pipesgd.delay.muon_rule``, torch's own orthogonalisation) and ``pipesgd.muon_adamw``'s
+(``pipesgd.delay.muon_adamw_rule``: both). What the replay keeps of the original's ``foreach``/``fused`` choice,
+and clipping: ``OptimizerReplay``.
 """
 from __future__ import annotations
 
@@ -19,10 +21,12 @@ import torch
 
 from pipesgd.grads.clipping import clip_averaged_gradient
 from pipesgd.grads.finite import all_finite
-from pipesgd.delay import adam_rule, sgd_rule
+from pipesgd.delay import adam_rule, muon_adamw_rule, muon_rule, sgd_rule
 
-# The update rules written out in foreach operations, each with the test of where it reproduces the optimizer.
-RULES = ((sgd_rule.closed_form_applies, sgd_rule.SgdRule), (adam_rule.closed_form_applies, adam_rule.AdamRule))
+# The update rules written out, each with the test of where it reproduces the optimizer (by its exact class).
+RULES = ((sgd_rule.closed_form_applies, sgd_rule.SgdRule), (adam_rule.closed_form_applies, adam_rule.AdamRule),
+         (muon_rule.closed_form_applies, muon_rule.MuonRule),
+         (muon_adamw_rule.closed_form_applies, muon_adamw_rule.MuonAdamWRule))
 # Optimizers whose CPU foreach implementation matches their default per-tensor one bit for bit (torch 2.13).
 FOREACH_EXACT_ON_CPU = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
 
@@ -33,8 +37,9 @@ class OptimizerReplay:
     The state is copied tensor by tensor: ``Optimizer.load_state_dict`` would alias ``exp_avg``, ``exp_avg_sq`` and
     the ``step`` tensor, and stepping the copy would move the original's step count.
 
-    SGD, Adam and AdamW advance scratch copies of the momentum buffers or moments alone, without the replica's
-    per-parameter Python (unless the learning rate is a tensor or gradients are clipped: then the replica runs).
+    SGD, Adam, AdamW, Muon and MuonAdamW advance scratch copies of the momentum buffers or moments alone, without
+    the replica's per-parameter Python (unless the learning rate is a tensor or gradients are clipped: then the
+    replica runs).
     The replay keeps the original's ``foreach``/``fused`` choice, except that SGD, Adam and AdamW on CPU parameters
     replay through torch's foreach implementation, which on CPU gives bitwise the same results as the per-tensor
     loop those optimizers default to there and costs fewer Python round trips per step; a group whose learning rate

@@ -52,7 +52,7 @@ def _launch_env() -> tuple[int, int, int]:
 
 
 def check_shapes(cfg: TrainConfig, n_train: int, world_size: int) -> None:
-    """Checks that need the data set and the world size, before the process group exists."""
+    """Checks that need the data set and the world size (or this torch), before the process group exists."""
     workers = num_workers_for(cfg.mode, cfg.servers, world_size)
     if workers < 1:
         raise ConfigError(f"--servers {cfg.servers} leaves no training worker among {world_size} processes")
@@ -62,6 +62,8 @@ def check_shapes(cfg: TrainConfig, n_train: int, world_size: int) -> None:
                           f"({shard} of {n_train} training samples over {workers} workers)")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda but no CUDA device is available")
+    if cfg.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
+        raise ConfigError(f"--optimizer muon needs torch.optim.Muon, which this torch ({torch.__version__}) lacks")
 
 
 def check_gpus(cfg: TrainConfig, local_world_size: int, gpu_count: int) -> None:

@@ -141,8 +141,9 @@ class TrainConfig:
     accumulate: int = _field(1, "split each batch into N micro-batches, backward each (loss scaled 1/N, as DDP "
                              "users do) and step once: the same update with 1/N of the activation memory")
     lr: float = _field(0.02, "learning rate")
-    momentum: float = _field(0.9, "SGD momentum (ignored by adam)")
-    optimizer: str = _field("sgd", "inner torch optimizer", OPTIMIZERS, _optimizers)
+    momentum: float = _field(0.9, "SGD momentum (ignored by adam, adamw and muon)")
+    optimizer: str = _field("sgd", "inner torch optimizer (muon: torch's Muon on the hidden weight matrices, "
+                            "AdamW on the rest)", OPTIMIZERS, _optimizers)
     weight_decay: float = _field(0.0, "L2 penalty of the inner optimizer")
     lr_schedule: str = _field("constant", "learning rate after the warm-up: constant (--lr), or cosine decay from "
                               f"--lr to {FINAL_LR_FRACTION:g} x --lr at the last step", SCHEDULES)

@@ -7,6 +7,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from pipesgd.muon_adamw import MuonAdamW, hidden_matrices
+
 # nanoGPT's character-level setting: beta2 0.99 rather than its 0.95 for GPT-2, because few tokens per step
 # make each gradient noisy and the second moment needs a longer memory.
 ADAMW_BETAS = (0.9, 0.99)
@@ -29,9 +31,22 @@ def _adamw(model: nn.Module, lr: float, momentum: float, weight_decay: float) ->
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=ADAMW_BETAS)
 
 
-# momentum is SGD's only (the Adams ignore it)
+def _muon(model: nn.Module, lr: float, momentum: float, weight_decay: float) -> torch.optim.Optimizer:
+    """torch's Muon on the hidden layers' weight matrices and AdamW (as ``_adamw``'s) on the rest, as one optimizer
+    (``pipesgd.muon_adamw``): the same rate and decoupled decay for both, Muon's update scaled to AdamW's size
+    ("match_rms_adamw"), Muon's own Nesterov momentum 0.95. The embeddings, the head and every other matrix are
+    decayed; biases and normalisation gains are not. A model without hidden matrices trains with AdamW alone."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    hidden = {id(p) for p in hidden_matrices(model)}
+    groups = [{"params": [p for p in params if id(p) in hidden], "use_muon": True},
+              {"params": [p for p in params if id(p) not in hidden and p.dim() >= 2], "use_muon": False},
+              {"params": [p for p in params if p.dim() < 2], "use_muon": False, "weight_decay": 0.0}]
+    return MuonAdamW([g for g in groups if g["params"]], lr=lr, weight_decay=weight_decay, betas=ADAMW_BETAS)
+
+
+# momentum is SGD's only (the Adams ignore it, and Muon keeps its own)
 OPTIMIZERS: dict[str, Callable[[nn.Module, float, float, float], torch.optim.Optimizer]] = {
-    "sgd": _sgd, "adam": _adam, "adamw": _adamw,
+    "sgd": _sgd, "adam": _adam, "adamw": _adamw, "muon": _muon,
 }
 
 
