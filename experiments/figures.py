@@ -54,6 +54,12 @@ def _accuracy(result: dict, which: str):
     return accuracy_plot.figure_widths(result) if which == "widths" else accuracy_plot.figure_codecs(result)
 
 
+def _gain_curve(result: dict):
+    from experiments.harness.gain_curve_plot import figure
+
+    return figure(result)
+
+
 def _timeline(result: dict):
     from experiments.harness.timeline_plot import draw_timeline
 
@@ -72,6 +78,7 @@ FIGURES = {
     "accuracy_widths": ("accuracy/accuracy.json", lambda d: _accuracy(d, "widths")),
     "accuracy_codecs": ("accuracy/accuracy.json", lambda d: _accuracy(d, "codecs")),
     "timeline": ("timeline/timeline.json", _timeline),
+    "gain_curve": ("bench_gain_curve/gain_curve.json", _gain_curve),
 }
 
 

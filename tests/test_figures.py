@@ -30,10 +30,10 @@ def test_every_figure_draws_from_committed_results(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     pngs = sorted(p.name for p in tmp_path.glob("*.png"))
     assert pngs == sorted(["accuracy_codecs.png", "accuracy_widths.png", "time_to_accuracy.png",
-                           "comparison_split.png", "model_scatter.png", "timeline.png"])
+                           "comparison_split.png", "model_scatter.png", "timeline.png", "gain_curve.png"])
     assert all((tmp_path / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     index = (tmp_path / "README.md").read_text()
-    assert index.count("- `") == 6 and "commit" in index
+    assert index.count("- `") == 7 and "commit" in index
 
 
 @pytest.mark.slow
