@@ -9,7 +9,7 @@ from __future__ import annotations
 # trainer read them here with the rest.
 from timing_model.codec_sizes import QUANT_BLOCK_SIZE
 from timing_model.trainer_defaults import (ADAM_AUTO_CODECS, ALLREDUCE_CHOICES, AUTO_ADAM_NOTE, BUCKET_MB,
-                                           auto_codec_limits, is_adam_family, resolve_allreduce)
+                                           SYNC_EVERY, auto_codec_limits, is_adam_family, resolve_allreduce)
 
 # Synchronous steps before the pipeline opens: staleness hurts most in the first steps, where loss and
 # gradients change fastest (SAPipe and ChainerMN report accuracy lost to 1-stale gradients); a few
@@ -20,9 +20,6 @@ WARMUP_STEPS = 10
 # momentum 0.9 (pipesgd.baselines.diloco and the trainer's --outer-lr / --outer-momentum).
 OUTER_LR = 0.7
 OUTER_MOMENTUM = 0.9
-# Inner steps between two syncs of the periodic-averaging modes (localsgd, diloco): the paper's language models
-# sync every 500 steps; the trainer's default runs are a few hundred steps long, so a few dozen syncs fit in one.
-SYNC_EVERY = 16
 
 # p.grad as views into the flat buckets (pipesgd.grads.bucket_sets): no copy in or out of a step; K sets of
 # gradient memory for width K instead of K + 1 (the K sets plus the gradients themselves).

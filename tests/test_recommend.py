@@ -1,15 +1,19 @@
 """``pipesgd-timing recommend`` and ``timing_model.recommend``: the order of preference, the hide rule against the
-model's own prediction, fixed knobs kept, the fastest when nothing hides, and bad input as one line and exit 2."""
+model's own prediction, fixed knobs kept, the fastest when nothing hides, periodic averaging and its crossover
+there, and bad input as one line and exit 2."""
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
 
 from timing_model.cli import main
+from timing_model.periodic import crossover
 from timing_model.predict import Scenario, predict
 from timing_model.recommend import HIDDEN_SHARE, WIDER_GAIN, candidate_knobs, recommend
+from timing_model.trainer_defaults import SYNC_EVERY
 
 CALIBRATION = "experiments/results/exchange_model/calibration.json"
 
@@ -187,6 +191,9 @@ def test_without_a_calibration_the_cluster_is_required(capsys, argv, needle):
     (["--compute", "100ms", "--compression", "zip"], "unknown compression 'zip'"),
     (["--compute", "100ms", "--width", "0"], "--width"),
     (["--compute", "100ms", "--optimizer", "lion"], "invalid choice: 'lion'"),
+    (["--compute", "100ms", "--sync-every", "0"], "--sync-every 0: must be >= 1"),
+    (["--compute", "100ms", "--sync-every", "-3"], "--sync-every -3: must be >= 1"),
+    (["--compute", "100ms", "--sync-delay", "16"], "--sync-delay 16"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, extra, needle):
     assert main(["recommend", "--nodes", "4", "--bandwidth", "100mbit", "--params", "1M", *extra]) == 2
@@ -203,3 +210,100 @@ def test_the_cli_gives_the_why_as_a_short_list(capsys):
     why = [line for line in lines[1:] if line.startswith(("why: - ", "     - "))]
     assert len(why) >= 2 and not any(";" in line for line in why)
     assert not re.search(r"\de[+-]\d", out) and "| 12 min | 12 min | no |" in out
+
+
+# periodic averaging (pipesgd-train --mode localsgd|diloco) where no per-step all-reduce hides
+SLOW = ["recommend", "--nodes", "4", "--bandwidth", "100mbit", "--params", "25M", "--compute", "100ms"]
+
+
+def _periodic(mode):
+    return lambda scenario: predict(scenario, (mode,)).result(mode)
+
+
+def test_periodic_averaging_is_compute_plus_update_plus_the_full_all_reduce_over_h():
+    """The model's own all-reduce of the model in full precision, one call: the ring's 2(p-1)/p·M/B; diloco's
+    overlap hides τ steps of compute + update of it."""
+    base = Scenario(nodes=4, grad_bytes=1e8, bandwidth_Bps=100e6 / 8, compute_s=0.1, update_s=0.01, bucket_bytes=0.0)
+    ring = 2 * 3 / 4 * 1e8 / (100e6 / 8)  # 12 s
+    local = _periodic("localsgd")(base.with_changes(sync_every=16))
+    assert local.iteration_s == pytest.approx(0.11 + ring / 16) and local.allreduce == "backend"
+    assert local.exposed_comm_s == pytest.approx(ring / 16) and local.comm_total_s == pytest.approx(ring / 16)
+    overlapped = _periodic("diloco")(base.with_changes(sync_every=16, sync_delay=4))
+    assert overlapped.iteration_s == pytest.approx(0.11 + (ring - 4 * 0.11) / 16)
+    hidden = _periodic("diloco")(base.with_changes(grad_bytes=1e5, sync_every=16, sync_delay=4))  # 12 ms < 4 steps
+    assert hidden.iteration_s == pytest.approx(0.11) and hidden.exposed_comm_s == pytest.approx(0.0, abs=1e-12)
+    compressed = base.with_changes(sync_every=16, compression="q8", bucket_bytes=4e6)  # never compressed nor bucketed
+    assert _periodic("localsgd")(compressed).iteration_s == pytest.approx(local.iteration_s)
+    with pytest.raises(ValueError, match="sync_every >= 2"):
+        _periodic("localsgd")(base.with_changes(sync_every=1))
+    with pytest.raises(ValueError, match="sync_delay"):
+        _periodic("diloco")(base.with_changes(sync_every=4, sync_delay=4))
+    assert "diloco" not in {r.mode for r in predict(base).results}  # not in every table
+
+
+def test_on_a_slow_link_periodic_averaging_is_named_with_its_crossover(capsys):
+    assert main([*SLOW, "--format", "json"]) == 0
+    periodic = json.loads(capsys.readouterr().out)["periodic"]
+    assert periodic["named"] and (periodic["mode"], periodic["sync_every"]) == ("localsgd", SYNC_EVERY)
+    assert periodic["per_step_s"] >= WIDER_GAIN * periodic["iteration_s"]
+    assert periodic["crossover_axis"] == "bandwidth_Bps" and periodic["crossover"] > 100e6 / 8
+    assert periodic["crossover_ratio"] > 1 and "2311.08105" in periodic["caveat"]
+    assert main(SLOW) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("recommended: width 1, q4 + error feedback")  # the per-step choice stays the answer
+    assert "instead: periodic averaging, pipesgd-train --mode localsgd --sync-every 16\n" in out
+    assert "predicted faster below " in out and "changes the algorithm" in out
+    assert main([*SLOW, "--optimizer", "adamw", "--sync-every", "64", "--sync-delay", "8"]) == 0
+    assert "pipesgd-train --mode diloco --sync-every 64 --sync-delay 8\n" in capsys.readouterr().out
+
+
+def test_on_a_fast_link_periodic_averaging_is_not_named(capsys):
+    assert main(["recommend", "--nodes", "4", "--bandwidth", "10gbit", "--params", "1M", "--compute", "100ms",
+                 "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["periodic"] is None  # something hides: not asked
+    argv = ["recommend", "--nodes", "4", "--bandwidth", "1gbit", "--params", "25M", "--compute", "100ms"]
+    assert main([*argv, "--format", "json"]) == 0  # nothing hides, but the pipeline is near periodic averaging
+    periodic = json.loads(capsys.readouterr().out)["periodic"]
+    assert not periodic["named"] and periodic["crossover"] < 1e9 / 8
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "instead:" not in out and "is not named" in out and "it would be faster below " in out
+
+
+@pytest.mark.parametrize("sync_every, sync_delay", [(16, 0), (64, 8)])
+def test_the_crossover_is_where_the_prediction_flips(sync_every, sync_delay):
+    mode = "diloco" if sync_delay else "localsgd"
+    scenario = Scenario(nodes=4, grad_bytes=1e8, bandwidth_Bps=100e6 / 8, compute_s=0.1, sync_every=sync_every,
+                        sync_delay=sync_delay)
+
+    def named(bandwidth_Bps):
+        answer = recommend(scenario.with_changes(bandwidth_Bps=bandwidth_Bps), _pipe,
+                           predict_periodic=_periodic(mode))
+        return answer.periodic is not None and answer.periodic.named
+
+    at = recommend(scenario, _pipe, predict_periodic=_periodic(mode)).periodic.crossover
+    assert named(at * (1 - 1e-4)) and not named(at * (1 + 1e-4))
+    again = recommend(scenario.with_changes(bandwidth_Bps=at * 1.1), _pipe, predict_periodic=_periodic(mode))
+    assert again.periodic.crossover == pytest.approx(at, rel=1e-5)  # the same from above it
+
+
+def test_the_crossover_search_reports_none_and_everywhere():
+    assert crossover(lambda x: x < 5.0, 1.0) == pytest.approx(5.0, rel=1e-5)
+    assert crossover(lambda x: x < 5.0, 80.0) == pytest.approx(5.0, rel=1e-5)
+    assert crossover(lambda x: True, 1.0) == math.inf and crossover(lambda x: False, 1.0) is None
+    # a sync every step without overlap is synchronous SGD uncompressed: never faster than the per-step choice
+    scenario = Scenario(nodes=4, grad_bytes=1e8, bandwidth_Bps=100e6 / 8, compute_s=0.1, sync_every=1)
+    periodic = recommend(scenario, _pipe, predict_periodic=_periodic("diloco")).periodic
+    assert not periodic.named and periodic.crossover is None
+
+
+def test_with_a_calibration_the_crossover_is_in_compute(capsys):
+    assert main(["recommend", "--calibration", CALIBRATION, "--nodes", "4", "--params", "25M", "--compute", "100ms",
+                 "--format", "json"]) == 0
+    periodic = json.loads(capsys.readouterr().out)["periodic"]
+    assert periodic["crossover_axis"] == "compute_s" and periodic["crossover"] > 0
+
+
+def test_the_default_sync_every_is_the_trainers():
+    from pipesgd import defaults
+    assert defaults.SYNC_EVERY is SYNC_EVERY

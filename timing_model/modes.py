@@ -1,5 +1,6 @@
-"""Per-mode iteration time with a named breakdown (ps-sync, ps-async, sync, ddp, pipe): the analytic core's
-equations (``timing_model.core``) composed with the measured terms (``timing_model.empirical``).
+"""Per-mode iteration time with a named breakdown (ps-sync, ps-async, sync, ddp, pipe, and the periodic-averaging
+localsgd and diloco): the analytic core's equations (``timing_model.core``) composed with the measured terms
+(``timing_model.empirical``).
 
 Each ``predict_<mode>`` is a pure function of the frozen plain records and an ``EmpiricalTerms`` record and
 returns a ``ModeResult`` whose terms add up to the iteration time:
@@ -23,12 +24,15 @@ from .core.straggler import expected_max_normal
 from .empirical import overlap, server as served
 from .empirical.anchor import anchored
 from .empirical.terms import NEUTRAL, EmpiricalTerms
-from .params import ClusterParams, CodecParams, ComputeParams, ScheduleParams, ServerParams
+from .params import ClusterParams, CodecParams, ComputeParams, ScheduleParams, ServerParams, build_codec
 
-__all__ = ["MODES", "ModeResult", "predict_mode", "predict_ps_sync", "predict_ps_async", "predict_sync",
-           "predict_ddp", "predict_pipe"]
+__all__ = ["MODES", "PERIODIC_MODES", "ModeResult", "predict_mode", "predict_ps_sync", "predict_ps_async",
+           "predict_sync", "predict_ddp", "predict_pipe", "predict_periodic"]
 
 MODES = ("ps-sync", "ps-async", "sync", "ddp", "pipe")
+# pipesgd-train's periodic averaging (``--mode localsgd|diloco``): predicted on request, not in every table, since
+# they change the algorithm rather than how one step's gradient is averaged
+PERIODIC_MODES = ("localsgd", "diloco")
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,14 +268,45 @@ def predict_ps_async(cluster: ClusterParams, compute: ComputeParams, codec: Code
                    host_s=terms.host_s, server_s=waiting)
 
 
+def predict_periodic(mode: str, cluster: ClusterParams, compute: ComputeParams, schedule: ScheduleParams,
+                     terms: EmpiricalTerms = NEUTRAL) -> ModeResult:
+    """Periodic averaging, ``equations.periodic_iteration`` with H = ``schedule.sync_every``: localsgd (torch's
+    ``average_parameters``) and diloco (the pseudo-gradient) all-reduce the model once per sync in one flat
+    full-precision buffer, the backend's all_reduce of one call (the ring's formula, no codec: the trainer does not
+    compress them, no anchor: the calibration times the bucketed per-step all-reduce, not this one). diloco overlaps
+    it with ``schedule.sync_delay`` inner steps; localsgd blocks. T_cu = the slowest rank's H steps per step, H steps
+    of compute + update: the ranks meet once per H steps, so the spread of a step is divided by √H
+    (``expected_max_normal`` with σ/√H, independent steps). The sync's flatten and write-back are priced as the
+    hand-off's copies (2·M/copy_Bps per sync); the outer Nesterov step is not priced (no measured term for it).
+    The breakdown's communication is per iteration: one sync's over H."""
+    if mode not in PERIODIC_MODES:
+        raise ValueError(f"unknown periodic mode {mode!r}; valid: {', '.join(PERIODIC_MODES)}")
+    every = schedule.sync_every
+    if mode == "localsgd" and every < 2:  # as the trainer: averaging every step is ddp
+        raise ValueError(f"localsgd needs sync_every >= 2, got {every}")
+    delay = schedule.sync_delay if mode == "diloco" else 0
+    full = build_codec("none")
+    one_call = ScheduleParams(width=1, bucket_bytes=0.0, allreduce="backend", sync_every=every)
+    sync = allreduce_cost(cluster, full, one_call, per_hop=False)
+    slow = expected_max_normal(cluster.nodes, compute.compute_s, compute.compute_std_s / math.sqrt(every))
+    copies = overlap.handoff_time(cluster.grad_bytes, terms.copy_Bps, 0.0) / every
+    busy = slow + compute.update_s
+    iteration = equations.periodic_iteration(busy, sync.total_s, every, delay) + copies
+    per_step = replace(sync, total_s=sync.total_s / every, codec_s=0.0, wire_s=sync.wire_s / every)
+    return _result(mode, cluster, compute, per_step, iteration, busy + copies, 0.0, float(delay),
+                   slow - compute.compute_s, copies)
+
+
 def predict_mode(mode: str, cluster: ClusterParams, compute: ComputeParams, codec: CodecParams,
                  schedule: ScheduleParams, server: ServerParams, terms: EmpiricalTerms = NEUTRAL) -> ModeResult:
     """Dispatch on the mode name used by ``pipesgd-train --mode``."""
+    if mode in PERIODIC_MODES:
+        return replace(predict_periodic(mode, cluster, compute, schedule, terms), allreduce="backend")
     if mode in ("ps-sync", "ps-async"):
         fn = predict_ps_sync if mode == "ps-sync" else predict_ps_async
         return replace(fn(cluster, compute, codec, schedule, server, terms), allreduce="-")
     table = {"sync": predict_sync, "ddp": predict_ddp, "pipe": predict_pipe}
     if mode not in table:
-        raise ValueError(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
+        raise ValueError(f"unknown mode {mode!r}; valid: {', '.join(MODES + PERIODIC_MODES)}")
     return replace(table[mode](cluster, compute, codec, schedule, terms),
                    allreduce="backend" if mode == "ddp" else schedule.allreduce)

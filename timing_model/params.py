@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from timing_model.codec_sizes import CODECS, fp32_ratio
-from timing_model.trainer_defaults import BUCKET_MB
+from timing_model.trainer_defaults import BUCKET_MB, SYNC_EVERY
 
 __all__ = [
     "ClusterParams",
@@ -143,15 +143,22 @@ class ServerParams:
 
 @dataclass(frozen=True, slots=True)
 class ScheduleParams:
-    """How the trainer overlaps communication: pipeline width, DDP overlap, bucketing."""
+    """How the trainer overlaps communication: pipeline width, DDP overlap, bucketing, and how often the
+    periodic-averaging modes (localsgd, diloco) sync."""
 
     width: int = 2  # K, Pipe-SGD pipeline width (1 = synchronous)
     overlap_fraction: float = 0.5  # φ, fraction of backward during which DDP buckets may communicate
     bucket_bytes: float = BUCKET_BYTES  # bytes per bucket; each bucket is one collective call (0: one bucket)
     allreduce: str = "ring"  # sync's and pipe's, resolved: "ring", "alltoall" or "backend" (the ring's)
+    sync_every: int = SYNC_EVERY  # H, localsgd/diloco: inner steps between two syncs (``--sync-every``)
+    sync_delay: int = 0  # τ, diloco: inner steps the sync's all-reduce overlaps (``--sync-delay``)
 
     def __post_init__(self) -> None:
         require(isinstance(self.width, int) and self.width >= 1, f"width must be an integer >= 1, got {self.width!r}")
+        require(isinstance(self.sync_every, int) and self.sync_every >= 1,
+                f"sync_every must be an integer >= 1, got {self.sync_every!r}")
+        require(isinstance(self.sync_delay, int) and 0 <= self.sync_delay < self.sync_every,
+                f"sync_delay must be an integer in [0, sync_every) = [0, {self.sync_every}), got {self.sync_delay!r}")
         require(self.allreduce in ("ring", "alltoall", "backend"),
                 f"allreduce must be 'ring', 'alltoall' or 'backend' once resolved, got {self.allreduce!r}")
         require(0.0 <= self.overlap_fraction <= 1.0,

@@ -12,7 +12,7 @@ import itertools
 import math
 from dataclasses import dataclass, fields, replace
 
-from timing_model.trainer_defaults import resolve_allreduce
+from timing_model.trainer_defaults import SYNC_EVERY, resolve_allreduce
 
 from .empirical.terms import EMPIRICAL_FIELDS, NEUTRAL, EmpiricalTerms
 from .modes import MODES, ModeResult, predict_mode
@@ -53,6 +53,8 @@ class Scenario:
     overlap_fraction: float = 0.5  # DDP: fraction of backward that buckets overlap
     bucket_bytes: float = BUCKET_BYTES  # bytes per collective call
     allreduce: str = "auto"  # sync's and pipe's all-reduce: auto | ring | alltoall (``params.ALLREDUCES``)
+    sync_every: int = SYNC_EVERY  # localsgd/diloco: inner steps between two syncs
+    sync_delay: int = 0  # diloco: inner steps the sync's all-reduce overlaps
     # parameter server
     servers: int = 1  # parameter-server shards
     server_bandwidth_Bps: float = 0.0  # 0: same as the worker link
@@ -91,7 +93,8 @@ class Scenario:
         compute = ComputeParams(self.compute_s, self.compute_std_s, self.update_s, self.batch_size, self.lookahead_s)
         codec = build_codec(self.compression, self.encode_Bps, self.decode_Bps, self.compression_ratio,
                             self.feedback_Bps if self.error_feedback else math.inf)
-        schedule = ScheduleParams(self.width, self.overlap_fraction, self.bucket_bytes, self.resolved_allreduce)
+        schedule = ScheduleParams(self.width, self.overlap_fraction, self.bucket_bytes, self.resolved_allreduce,
+                                  self.sync_every, self.sync_delay)
         server = ServerParams(self.servers, self.server_bandwidth_Bps, self.ps_serialised, self.ps_colocated)
         return cluster, compute, codec, schedule, server
 

@@ -7,16 +7,18 @@ most exact and narrowest first) and takes the first whose all-reduce hides behin
 at most ``HIDDEN_SHARE`` of the iteration). A narrower candidate tried before it wins where it is predicted within
 ``WIDER_GAIN`` of it, because a wider pipeline's stale gradient costs steps. If nothing hides, the earliest
 candidate within ``NEAR_FASTEST`` of the fastest is taken (a codec that is barely faster is not worth its loss of
-exactness), under the same narrower rule; the reason says which rule decided. A knob the user fixed (``width``,
-``compression``) is never changed. The all-reduce follows ``Scenario.allreduce`` as the trainer resolves it. The
-evidence for the order: docs/timing-model.md ("Which width and codec to run"), with
-``experiments/results/accuracy/report.md`` and ``experiments/results/auto_choice/report.md``.
+exactness), under the same narrower rule; the reason says which rule decided; there, given a periodic predictor,
+the answer also says whether periodic averaging is predicted ``WIDER_GAIN`` faster (``timing_model.periodic``). A
+knob the user fixed (``width``, ``compression``) is never changed. The all-reduce follows ``Scenario.allreduce``
+as the trainer resolves it. The evidence for the order: docs/timing-model.md ("Which width and codec to run"),
+with ``experiments/results/accuracy/report.md`` and ``experiments/results/auto_choice/report.md``.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
 from .modes import ModeResult
+from .periodic import Periodic, alternative
 from .predict import Scenario
 from .units import format_time
 
@@ -67,15 +69,18 @@ class Candidate:
 
 @dataclass(frozen=True, slots=True)
 class Recommendation:
-    """The chosen candidate, why, and every candidate tried (in the order of preference)."""
+    """The chosen candidate, why, every candidate tried (in the order of preference), and where nothing hides and a
+    periodic predictor was given, periodic averaging's prediction beside them (named or not)."""
 
     choice: Candidate
     reason: str
     candidates: tuple[Candidate, ...]
+    periodic: Periodic | None = None
 
     def as_dict(self) -> dict:
         return {"choice": asdict(self.choice), "reason": self.reason,
-                "candidates": [asdict(c) for c in self.candidates]}
+                "candidates": [asdict(c) for c in self.candidates],
+                "periodic": self.periodic.as_dict() if self.periodic is not None else None}
 
 
 def candidate_knobs(max_width: int, allow_sign: bool, width: int | None = None,
@@ -115,19 +120,18 @@ def candidate_knobs(max_width: int, allow_sign: bool, width: int | None = None,
 
 def recommend(scenario: Scenario, predict_pipe, *, max_width: int = 3, allow_sign: bool = False,
               width: int | None = None, compression: str | None = None,
-              error_feedback: bool | None = None, codecs: tuple[str, ...] | None = None) -> Recommendation:
+              error_feedback: bool | None = None, codecs: tuple[str, ...] | None = None,
+              predict_periodic=None, crossover_axis: str = "bandwidth_Bps") -> Recommendation:
     """The first candidate whose all-reduce hides (module doc). ``predict_pipe(scenario) -> ModeResult`` is
     Pipe-SGD's prediction for one scenario (with or without a calibration: the caller's choice); ``codecs`` limits
-    the ladder (Adam and AdamW: ``trainer_defaults.ADAM_AUTO_CODECS``)."""
+    the ladder (Adam and AdamW: ``trainer_defaults.ADAM_AUTO_CODECS``). ``predict_periodic(scenario) ->
+    ModeResult``, where given, is one periodic-averaging mode's prediction at the scenario's ``sync_every`` and
+    ``sync_delay``, asked where nothing hides, with its crossover along ``crossover_axis``
+    (``periodic.alternative``)."""
     if max_width < 1:
         raise ValueError(f"max width {max_width}: must be >= 1")
-    tried = []
-    for w, codec, feedback in candidate_knobs(max_width, allow_sign, width, compression, error_feedback, codecs):
-        case = scenario.with_changes(width=w, compression=codec, error_feedback=feedback)
-        result: ModeResult = predict_pipe(case)
-        exposed = result.exposed_comm_s + result.codec_s
-        tried.append(Candidate(w, codec, feedback, result.allreduce, result.iteration_s, exposed,
-                               result.comm_total_s, exposed <= HIDDEN_SHARE * result.iteration_s))
+    knobs = candidate_knobs(max_width, allow_sign, width, compression, error_feedback, codecs)
+    tried = _tried(scenario, predict_pipe, knobs)
     hiding = next((c for c in tried if c.hidden), None)
     if hiding is not None:
         before = tried[:tried.index(hiding)]
@@ -145,14 +149,28 @@ def recommend(scenario: Scenario, predict_pipe, *, max_width: int = 3, allow_sig
     near = _first_near_fastest(tried)
     fastest = min(c.iteration_s for c in tried)
     narrower = _narrower_within_gain(tried[:tried.index(near)], near)
+    periodic = None if predict_periodic is None else alternative(
+        scenario, predict_periodic, lambda case: min(c.iteration_s for c in _tried(case, predict_pipe, knobs)),
+        WIDER_GAIN, crossover_axis)
     if narrower is not None:
         why = (f"nothing tried hides its all-reduce; {near.label}, the first within {NEAR_FASTEST - 1:.0%} of the "
                f"fastest prediction, takes {_ms(near.iteration_s)} per iteration")
-        return Recommendation(narrower, _narrower_reason(why, narrower), tuple(tried))
+        return Recommendation(narrower, _narrower_reason(why, narrower), tuple(tried), periodic)
     why = (f"nothing tried hides its all-reduce; this is the first within {NEAR_FASTEST - 1:.0%} of the fastest "
            f"prediction ({_ms(near.iteration_s)} per iteration against {_ms(fastest)}); {_ms(near.exposed_s)} of "
            f"its iteration is exposed communication")
-    return Recommendation(near, why, tuple(tried))
+    return Recommendation(near, why, tuple(tried), periodic)
+
+
+def _tried(scenario: Scenario, predict_pipe, knobs: list[tuple[int, str, bool]]) -> list[Candidate]:
+    """Each of ``knobs`` (width, codec, error feedback) as a ``Candidate`` with Pipe-SGD's prediction for it."""
+    tried = []
+    for w, codec, feedback in knobs:
+        result: ModeResult = predict_pipe(scenario.with_changes(width=w, compression=codec, error_feedback=feedback))
+        exposed = result.exposed_comm_s + result.codec_s
+        tried.append(Candidate(w, codec, feedback, result.allreduce, result.iteration_s, exposed,
+                               result.comm_total_s, exposed <= HIDDEN_SHARE * result.iteration_s))
+    return tried
 
 
 def _narrower_within_gain(before: list[Candidate], chosen: Candidate) -> Candidate | None:

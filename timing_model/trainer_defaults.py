@@ -1,15 +1,20 @@
 """The trainer's defaults that the timing model costs, owned here so that the model imports nothing of ``pipesgd``:
-the bucket size, which all-reduce runs a bucket, and what compression="auto" may choose per optimizer.
+the bucket size, which all-reduce runs a bucket, what compression="auto" may choose per optimizer, and how often
+the periodic-averaging modes sync.
 
 ``pipesgd.defaults`` imports these names for the wrapper and the trainer; everything else there is its own.
 """
 from __future__ import annotations
 
-__all__ = ["BUCKET_MB", "ALLREDUCE_CHOICES", "resolve_allreduce", "ADAM_FAMILY", "is_adam_family",
+__all__ = ["BUCKET_MB", "SYNC_EVERY", "ALLREDUCE_CHOICES", "resolve_allreduce", "ADAM_FAMILY", "is_adam_family",
            "ADAM_AUTO_CODECS", "AUTO_ADAM_NOTE", "auto_codec_limits"]
 
 # Gradient bucket size in MiB: DDP's ``bucket_cap_mb`` default; each bucket is one collective call.
 BUCKET_MB = 25.0
+
+# Inner steps between two syncs of the periodic-averaging modes (localsgd, diloco): the paper's language models
+# sync every 500 steps; the trainer's default runs are a few hundred steps long, so a few dozen syncs fit in one.
+SYNC_EVERY = 16
 
 # Which all-reduce runs a bucket. "ring": the paper's, the codec on every hop (a lossy codec re-encodes a growing
 # partial sum p-1 times); "alltoall": two collectives, every contribution and every chunk's sum encoded once

@@ -1,4 +1,5 @@
-"""``pipesgd-timing recommend``: the width and codec to run on a cluster, and why (``timing_model.recommend``)."""
+"""``pipesgd-timing recommend``: the width and codec to run on a cluster, and why (``timing_model.recommend``); where
+no per-step all-reduce hides, periodic averaging beside it and its crossover (``timing_model.periodic``)."""
 from __future__ import annotations
 
 import argparse
@@ -6,11 +7,12 @@ import json
 import re
 
 from timing_model.cli_conventions import UsageError
-from timing_model.trainer_defaults import auto_codec_limits
+from timing_model.trainer_defaults import SYNC_EVERY, auto_codec_limits, is_adam_family
 
 from ..predict import Scenario
+from ..periodic import Periodic
 from ..recommend import HIDDEN_SHARE, NEAR_FASTEST, WIDER_GAIN, recommend
-from ..units import format_time
+from ..units import format_bandwidth, format_time
 from .flags import add_scenario_flags, help_formatter, load_calibration, parse_flag, predict_modes, scenario_fields
 
 __all__ = ["USAGE", "DESCRIPTION", "add_parser", "run", "why_points"]
@@ -28,7 +30,10 @@ DESCRIPTION = ("Which Pipe-SGD width and gradient codec to run: the first, in an
                f"within {WIDER_GAIN:g}x of it. --width and --compression, "
                "when given, are kept. With --calibration FILE (from `pipesgd-timing calibrate`) the cluster comes "
                "from it: --nodes from its world size, the link from its fit, and --compute from the model it timed if "
-               "any.")
+               "any. Where nothing hides, periodic averaging (pipesgd-train --mode localsgd or diloco at "
+               f"--sync-every) is predicted too and named when {WIDER_GAIN:g}x faster per iteration than the "
+               "fastest per-step candidate, with the link rate (with --calibration: the compute time) below which "
+               "it is; it changes the algorithm, so the loss per step differs.")
 
 
 def add_parser(sub) -> None:
@@ -52,6 +57,11 @@ def add_parser(sub) -> None:
     p.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd", metavar="NAME",
                    help="the wrapped optimizer, sgd|adam|adamw (default sgd): under adam and adamw the codecs go "
                         "without error feedback and not below q8, as PipeSGD's compression='auto' picks them")
+    p.add_argument("--sync-every", default=str(SYNC_EVERY), metavar="H",
+                   help=f"periodic averaging, where nothing hides: inner steps between syncs (default {SYNC_EVERY}, "
+                        "as pipesgd-train)")
+    p.add_argument("--sync-delay", default="0", metavar="TAU",
+                   help="periodic averaging: inner steps diloco's sync overlaps, below --sync-every (default 0)")
     p.add_argument("--format", choices=("markdown", "json"), default="markdown", metavar="FORMAT",
                    help="markdown|json (default markdown)")
 
@@ -76,15 +86,21 @@ def run(args: argparse.Namespace) -> str:
     codecs, note = None, ""
     if fixed_codec is None and feedback is None:  # the codec is chosen: the optimizer may fix its feedback and range
         feedback, codecs, note = auto_codec_limits([args.optimizer])
+    every, delay = _sync_flags(args)
+    fields.update(sync_every=every, sync_delay=delay)
     scenario = Scenario.of(**fields)
+    mode = _periodic_mode(every, delay, args.optimizer)
     answer = recommend(scenario, lambda case: predict_modes(case, ("pipe",), calibration).result("pipe"),
                        max_width=max_width, allow_sign=args.allow_sign, width=fixed_width,
-                       compression=fixed_codec, error_feedback=feedback, codecs=codecs)
+                       compression=fixed_codec, error_feedback=feedback, codecs=codecs,
+                       predict_periodic=lambda case: predict_modes(case, (mode,), calibration).result(mode),
+                       crossover_axis="bandwidth_Bps" if calibration is None else "compute_s")
     if args.format == "json":
         return json.dumps(answer.as_dict(), indent=2) + "\n"
     why = answer.reason + (f"; {note}" if note else "")
     longest = max(c.iteration_s for c in answer.candidates)  # one unit down each column
     lines = [f"recommended: {answer.choice.label}", "why: - " + "\n     - ".join(why_points(why)), "",
+             *(periodic_lines(answer.periodic) + [""] if answer.periodic is not None else []),
              "| width | compression | error feedback | all-reduce | iteration | exposed | hides |",
              "|---|---|---|---|---|---|---|"]
     for c in answer.candidates:
@@ -92,6 +108,62 @@ def run(args: argparse.Namespace) -> str:
                      f"{format_time(c.iteration_s, like=longest)} | {format_time(c.exposed_s, like=longest)} | "
                      f"{'yes' if c.hidden else 'no'} |")
     return "\n".join(lines) + "\n"
+
+
+def _sync_flags(args: argparse.Namespace) -> tuple[int, int]:
+    """--sync-every H (>= 1) and --sync-delay τ (0 <= τ < H), as pipesgd-train checks them."""
+    values = []
+    for flag, text in (("--sync-every", args.sync_every), ("--sync-delay", args.sync_delay)):
+        try:
+            values.append(int(text))
+        except ValueError:
+            raise UsageError(f"{flag} {text!r}: not an integer") from None
+    every, delay = values
+    if every < 1:
+        raise UsageError(f"--sync-every {every}: must be >= 1")
+    if not 0 <= delay < every:
+        raise UsageError(f"--sync-delay {delay}: must be in [0, --sync-every) = [0, {every})")
+    return every, delay
+
+
+def _periodic_mode(every: int, delay: int, optimizer: str) -> str:
+    """diloco where only it runs (an overlapped sync, a sync every step) or under Adam and AdamW (the paper's inner
+    optimizer); else localsgd, torch's own, the same time per iteration as diloco without a delay."""
+    return "diloco" if delay > 0 or every < 2 or is_adam_family([optimizer]) else "localsgd"
+
+
+def periodic_lines(periodic: Periodic) -> list[str]:
+    """Periodic averaging's block in the text output: named (with the crossover and the caveat) or why not."""
+    where = _crossover_words(periodic)
+    if not periodic.named:
+        return [f"periodic averaging ({periodic.flags}) is not named: predicted {_t(periodic.iteration_s)} per "
+                f"iteration against {_t(periodic.per_step_s)} for the fastest candidate below, not "
+                f"{periodic.margin:g}x faster" + (f"; it would be {where}" if where else "")]
+    lines = [f"instead: periodic averaging, pipesgd-train {periodic.flags}",
+             f"  - predicted {_t(periodic.iteration_s)} per iteration against {_t(periodic.per_step_s)} for the "
+             f"fastest candidate below, at least {periodic.margin:g}x faster (one sync's all-reduce: "
+             f"{_t(periodic.sync_s)})"]
+    if where:
+        lines.append(f"  - predicted {where}")
+    return lines + [f"  - {periodic.caveat}"]
+
+
+def _crossover_words(periodic: Periodic) -> str:
+    """The crossover in words: "faster below" a link rate (or "while" a compute time is under one), or at every
+    one tried; empty where no crossover was found."""
+    at, ratio = periodic.crossover, periodic.crossover_ratio
+    link = periodic.crossover_axis == "bandwidth_Bps"
+    if at is None:
+        return ""
+    if at == float("inf"):
+        return f"faster at every {'link rate' if link else 'compute time'} tried above this one"
+    value = f"below {format_bandwidth(at)}" if link else f"while forward + backward takes under {_t(at)}"
+    there = f" (where one sync's all-reduce takes {ratio:.3g} times compute + update)" if ratio is not None else ""
+    return f"faster {value}{there}"
+
+
+def _t(seconds: float) -> str:
+    return format_time(seconds, digits=3) if seconds else "0 ms"
 
 
 # where a reason's clauses meet (``timing_model.recommend`` joins them with "; "): each is a point of its own

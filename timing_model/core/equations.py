@@ -29,6 +29,7 @@ __all__ = [
     "ddp_iteration",
     "pipe_iteration",
     "pipe_speedup_vs_sync",
+    "periodic_iteration",
 ]
 
 
@@ -123,3 +124,17 @@ def pipe_iteration(T_cu: float, T_AR: float, K: int) -> float:
 def pipe_speedup_vs_sync(T_cu: float, T_AR: float) -> float:
     """(T_cu + T_AR) / max(T_cu, T_AR) ≤ 2, with equality iff T_cu = T_AR."""
     return sync_iteration(T_cu, T_AR) / pipe_iteration(T_cu, T_AR, 2)
+
+
+def periodic_iteration(T_cu: float, T_AR: float, H: int, τ: int = 0) -> float:
+    """Periodic averaging, local SGD and DiLoCo (reconstruction): every rank steps on its own gradient and the ranks
+    all-reduce the model once every H steps, so per step
+
+    T = T_cu + max(0, T_AR − τ·T_cu) / H
+
+    with T_AR the full-precision all-reduce of the model. τ = 0 blocks at the sync (local SGD, the paper's DiLoCo,
+    arXiv 2311.08105); τ ≥ 1 starts it τ inner steps before the sync and overlaps it with them (Streaming DiLoCo's
+    one-fragment delay, arXiv 2501.18512)."""
+    if H < 1 or not 0 <= τ < H:
+        raise ValueError(f"periodic averaging needs H >= 1 and 0 <= tau < H, got H={H!r}, tau={τ!r}")
+    return T_cu + max(0.0, T_AR - τ * T_cu) / H
