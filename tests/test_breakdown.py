@@ -32,7 +32,7 @@ def test_the_parts_per_step_and_the_limit(tmp_path):
     parts = read_breakdown(_trace(tmp_path / "a.json"))
     assert parts.compute_s == pytest.approx(0.010) and parts.step_s == pytest.approx(0.0035)
     assert parts.update_s == pytest.approx(0.001) and parts.wait_s == pytest.approx(0.0005)
-    assert parts.step_beyond_update_s == pytest.approx(0.002)  # neither the update nor the wait
+    assert parts.step_own_work_s == pytest.approx(0.002)  # neither the update nor the wait
     assert parts.step_thread_cpu_s == pytest.approx(0.0025)
     assert parts.exchange_s == pytest.approx(0.008) and parts.wire_s == pytest.approx(0.005)
     assert parts.exchange_cpu_s == pytest.approx(0.003)

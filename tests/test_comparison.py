@@ -183,6 +183,21 @@ def test_report_breaks_traced_runs_down_against_the_same_codec_sync():
     assert where_the_time_went([rec("c", "ddp", 0.1)], {}) == []
 
 
+def test_the_report_breaks_steps_down_in_the_breakdowns_columns():
+    """The report's table is ``breakdown.markdown``'s: step()'s own work apart from the wait; a record made before
+    the trace had wait spans (no ``wait_s``) says its own-work time holds the wait and leaves the wait empty."""
+    parts = {"compute_s": 0.04, "step_s": 0.02, "update_s": 0.002, "exchange_s": 0.03, "wire_s": 0.02}
+    new = dict(rec("c", "pipe+q8", 0.06), breakdown=dict(parts, wait_s=0.015), t_iter_s=0.06)
+    old = dict(rec("c", "pipe", 0.06), breakdown=parts, t_iter_s=0.06)
+    lines = where_the_time_went([new, old], {"cores_per_node": 0})
+    head = next(line for line in lines if line.startswith("| variant |"))
+    assert "| step(): the wrapper's own work | update | waited for the exchange |" in head
+    assert "beyond update" not in head
+    assert "| 40.0 | 3.0 | 2.0 | 15.0 | 30.0 |" in next(line for line in lines if line.startswith("| pipe+q8 |"))
+    assert "| 40.0 | 18.0 (the wait in it) | 2.0 | - | 30.0 |" in next(
+        line for line in lines if line.startswith("| pipe |"))
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Config
 def test_config_file_loads_and_builds_flags():

@@ -7,8 +7,8 @@ zero-padded, which leaves max|x| and sum|x| as they were and costs fewer than ``
 
 On CPU an encode's temporaries (the zero-padded copy, the tile buffers) live in buffers of the calling thread that
 every later call reuses (``workspace``): a fresh buffer costs an allocation and a zero-fill or page faults on every
-call, which for a bucket's chunks is more than the codec's arithmetic. A decode writes into memory the caller
-gives it (``decode_buffer``'s ``out``) or into a fresh, unfilled tensor.
+call, which for a bucket's chunks is more than the codec's arithmetic. A decode writes straight into its output
+(``BlockDecoder``): the caller's ``decompress_into`` target, or the fresh, unfilled tensor ``decompress`` makes.
 """
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ import threading
 from typing import Iterator
 
 import torch
+
+from pipesgd.compression.base import ChunkContext
+from timing_model.codec_sizes import n_blocks
 
 # A CPU tile: 256 Ki fp32 elements (1 MiB). Working tile by tile through one reused scratch buffer keeps a codec's
 # temporaries small: a fresh multi-MB temporary costs page faults on every encode whenever the allocator has handed
@@ -78,17 +81,51 @@ def rows_of(tensor: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     return tensor if start == 0 and stop == tensor.shape[0] else tensor[start:stop]
 
 
-def decode_buffer(numel: int, block_size: int, device: torch.device,
-                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, list[BlockMatrix]]:
-    """A float32 output of ``numel`` elements (``out`` where given: contiguous, 1-D) and the block matrices that view
-    it, for element-wise decoding: the whole blocks as one matrix and a short last block, if any, as a ``(1, m)`` row
-    (a zero-padded buffer would cost a fill and a copy out)."""
-    flat = torch.empty(numel, dtype=torch.float32, device=device) if out is None else out
+def split_output(out: torch.Tensor, block_size: int) -> list[BlockMatrix]:
+    """The block matrices that view a decode's float32 output ``out`` (contiguous, 1-D), for element-wise decoding:
+    the whole blocks as one matrix and a short last block, if any, as a ``(1, m)`` row (a zero-padded buffer would
+    cost a fill and a copy out)."""
+    numel = out.numel()
     whole = numel // block_size
-    matrices = [(0, flat[: whole * block_size].view(whole, block_size))] if whole else []
+    matrices = [(0, out[: whole * block_size].view(whole, block_size))] if whole else []
     if whole * block_size < numel:
-        matrices.append((whole, flat[whole * block_size :].view(1, -1)))
-    return flat, matrices
+        matrices.append((whole, out[whole * block_size :].view(1, -1)))
+    return matrices
+
+
+class BlockDecoder:
+    """``decompress`` and ``decompress_into`` of a codec whose payload is one fp32 scale per block then the codes
+    (``q8``, ``q4``, ``sign``): one decode path, writing into the output, whether the caller gives it or not. The
+    codec supplies its ``name``, ``block_size``, ``payload_bytes``, the codes as one value per element (``_codes``)
+    and how a block's scale turns them into values (``_scale``)."""
+
+    __slots__ = ()  # the codecs are slotted dataclasses: a mixin with a __dict__ would give them one
+
+    def decompress(self, payload: torch.Tensor, ctx: ChunkContext) -> torch.Tensor:
+        out = torch.empty(ctx.numel, dtype=torch.float32, device=payload.device)
+        return self.decompress_into(payload, out).to(ctx.dtype)
+
+    def decompress_into(self, payload: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``decompress``'s values written into ``out`` (float32, contiguous, 1-D): no temporary. Returns ``out``."""
+        numel = out.numel()
+        check_payload(payload, self.payload_bytes(numel), self.name)
+        if numel == 0:
+            return out
+        rows = n_blocks(numel, self.block_size)
+        scale = view_bytes_as(payload[: 4 * rows], torch.float32)
+        codes = self._codes(payload[4 * rows :], numel)
+        matrices = split_output(out, self.block_size)
+        out.copy_(codes)
+        self._scale(matrices, scale)
+        return out
+
+    def _codes(self, code_bytes: torch.Tensor, numel: int) -> torch.Tensor:
+        """The payload's code bytes as ``numel`` codes, one per element, in a dtype ``copy_`` turns into float32."""
+        raise NotImplementedError
+
+    def _scale(self, matrices: list[BlockMatrix], scale: torch.Tensor) -> None:
+        """The codes in ``matrices`` (views of the output) made values in place, given every block's ``scale``."""
+        raise NotImplementedError
 
 
 def tile_rows(block_size: int, device: torch.device) -> int | None:

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from pipesgd.compression._blocks import (
-    check_payload,
-    decode_buffer,
+    BlockDecoder,
+    BlockMatrix,
     into_scratch,
     may_be_non_finite,
     rows_of,
@@ -32,7 +32,6 @@ from pipesgd.compression._blocks import (
     split_blocks,
     tile_rows,
     tiles,
-    view_bytes_as,
 )
 from pipesgd.compression.base import ChunkContext, context_of
 from timing_model.codec_sizes import n_blocks, payload_bytes
@@ -58,7 +57,7 @@ def check_block_size(block_size: Any) -> None:
 
 
 @dataclass(slots=True)
-class ScalarQuantizer:
+class ScalarQuantizer(BlockDecoder):
     """Block-wise symmetric quantizer to ``bits`` (8 or 4) bits per element plus one fp32 scale per block."""
 
     # Codec parameters: fixed at build time, part of the wire format.
@@ -156,29 +155,12 @@ class ScalarQuantizer:
         return payload, ctx
 
     # -- decode ---------------------------------------------------------------------------------------
-    def decompress(self, payload: torch.Tensor, ctx: ChunkContext) -> torch.Tensor:
-        check_payload(payload, self.payload_bytes(ctx.numel), self.name)
-        flat = torch.empty(ctx.numel, dtype=torch.float32, device=payload.device)
-        return self._decode(payload, flat).to(ctx.dtype)
+    def _codes(self, code_bytes: torch.Tensor, numel: int) -> torch.Tensor:
+        return code_bytes.view(torch.int8) if self.bits == 8 else rows_of(_unpack_nibbles(code_bytes), 0, numel)
 
-    def decompress_into(self, payload: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """``decompress``'s values written into ``out`` (float32, contiguous, 1-D): no temporary. Returns ``out``."""
-        check_payload(payload, self.payload_bytes(out.numel()), self.name)
-        return self._decode(payload, out)
-
-    def _decode(self, payload: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        numel = out.numel()
-        if numel == 0:
-            return out
-        rows = n_blocks(numel, self.block_size)
-        scale = view_bytes_as(payload[: 4 * rows], torch.float32)
-        code_bytes = payload[4 * rows :]
-        codes = code_bytes.view(torch.int8) if self.bits == 8 else rows_of(_unpack_nibbles(code_bytes), 0, numel)
-        flat, matrices = decode_buffer(numel, self.block_size, payload.device, out)
-        flat.copy_(codes)
+    def _scale(self, matrices: list[BlockMatrix], scale: torch.Tensor) -> None:
         for row, blocks in matrices:
             blocks.mul_(rows_of(scale, row, row + blocks.shape[0])[:, None])
-        return flat
 
     # -- checkpointing --------------------------------------------------------------------------------
     def _generator(self, device: torch.device) -> torch.Generator:

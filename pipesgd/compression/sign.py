@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from pipesgd.compression._blocks import (
-    check_payload,
-    decode_buffer,
+    BlockDecoder,
+    BlockMatrix,
     into_scratch,
     may_be_non_finite,
     rows_of,
@@ -26,7 +26,6 @@ from pipesgd.compression._blocks import (
     split_blocks,
     tile_rows,
     tiles,
-    view_bytes_as,
 )
 from pipesgd.compression.base import ChunkContext, context_of
 from pipesgd.compression.quantize import check_block_size
@@ -78,7 +77,7 @@ def _on_host(tensor: torch.Tensor) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class SignCompressor:
+class SignCompressor(BlockDecoder):
     """One bit per element plus one fp32 scale (mean |x|) per block of ``block_size`` elements."""
 
     block_size: int = QUANT_BLOCK_SIZE
@@ -156,34 +155,17 @@ class SignCompressor:
         payload[4 * rows :].copy_(words)  # the low byte of each word (int64 -> uint8 keeps it, modulo 256)
         return payload
 
-    def decompress(self, payload: torch.Tensor, ctx: ChunkContext) -> torch.Tensor:
-        check_payload(payload, self.payload_bytes(ctx.numel), self.name)
-        flat = torch.empty(ctx.numel, dtype=torch.float32, device=payload.device)
-        return self._decode(payload, flat).to(ctx.dtype)
-
-    def decompress_into(self, payload: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """``decompress``'s values written into ``out`` (float32, contiguous, 1-D): no temporary. Returns ``out``."""
-        check_payload(payload, self.payload_bytes(out.numel()), self.name)
-        return self._decode(payload, out)
-
-    def _decode(self, payload: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        numel = out.numel()
-        if numel == 0:
-            return out
-        rows = n_blocks(numel, self.block_size)
-        scale = view_bytes_as(payload[: 4 * rows], torch.float32)[:, None]
-        packed = payload[4 * rows :]
+    def _codes(self, packed: torch.Tensor, numel: int) -> torch.Tensor:
         if _on_host(packed):
-            bits = torch.from_numpy(np.unpackbits(packed.numpy(), count=numel, bitorder="little"))
-        else:
-            bits = (packed[:, None] & _bit_weights(payload.device)).ne_(0).view(-1)[:numel]
-        flat, matrices = decode_buffer(numel, self.block_size, payload.device, out)
-        flat.copy_(bits)
+            return torch.from_numpy(np.unpackbits(packed.numpy(), count=numel, bitorder="little"))
+        return (packed[:, None] & _bit_weights(packed.device)).ne_(0).view(-1)[:numel]
+
+    def _scale(self, matrices: list[BlockMatrix], scale: torch.Tensor) -> None:
+        scale = scale[:, None]
         # bit * 2s - s is exactly +s or -s in fp32 (2s and 2s - s are exact).
         for row, blocks in matrices:
             block_scale = rows_of(scale, row, row + blocks.shape[0])
             blocks.mul_(2 * block_scale).sub_(block_scale)
-        return flat
 
     def __repr__(self) -> str:
         return f"SignCompressor(block_size={self.block_size})"
