@@ -8,8 +8,8 @@ from experiments.harness.fidelity import summary
 from experiments.harness.fidelity_report import markdown
 from experiments.harness.speed import speed_table
 from experiments.harness.comparison_config import load_config
-from experiments.harness.variants import (ACCURACY_VARIANTS, AUTO_CHOICE_VARIANTS, CHARLM_TIME_VARIANTS,
-                                         COMPARISON_VARIANTS,
+from experiments.harness.variants import (ACCURACY_VARIANTS, AUTO_CHOICE_VARIANTS, CHARLM_SLOW_LINK_VARIANTS,
+                                         CHARLM_TIME_VARIANTS, COMPARISON_VARIANTS, PERIODIC_VARIANTS,
                                          CONVENTIONAL_BASELINES, DDP_BASELINES, DEFAULT_FIDELITY_VARIANTS, SAME_CODEC_SYNC,
                                          FIDELITY_VARIANTS, PIPE_VARIANTS, SPEED_VARIANTS, TIME_TO_ACCURACY_VARIANTS,
                                          TRAINER_FLAGS, trainer_flags)
@@ -17,6 +17,7 @@ from pipesgd.runlog.results import Run
 
 AUTO_CHOICE_CONFIG = "experiments/configs/auto_choice.toml"
 CHARLM_TIME_CONFIG = "experiments/configs/charlm_time.toml"
+CHARLM_SLOW_LINKS_CONFIG = "experiments/configs/charlm_slow_links.toml"
 
 
 def test_variants_are_the_flags_the_experiments_ran():
@@ -31,8 +32,13 @@ def test_variants_are_the_flags_the_experiments_ran():
     assert set(DEFAULT_FIDELITY_VARIANTS) <= set(FIDELITY_VARIANTS)
     # every variant of the table is run by some experiment (issue 12's grid added pipe+sign, pipe-w3, ddp+powersgd)
     assert set(SPEED_VARIANTS) | set(FIDELITY_VARIANTS) | set(TIME_TO_ACCURACY_VARIANTS) | set(
-        AUTO_CHOICE_VARIANTS) | set(CHARLM_TIME_VARIANTS) == set(TRAINER_FLAGS)
+        AUTO_CHOICE_VARIANTS) | set(CHARLM_TIME_VARIANTS) | set(CHARLM_SLOW_LINK_VARIANTS) == set(TRAINER_FLAGS)
     assert tuple(load_config(CHARLM_TIME_CONFIG).variants) == CHARLM_TIME_VARIANTS
+    assert tuple(load_config(CHARLM_SLOW_LINKS_CONFIG).variants) == CHARLM_SLOW_LINK_VARIANTS
+    assert trainer_flags("pipe+q8+muon") == [*trainer_flags("pipe+q8"), "--optimizer", "muon"]
+    assert trainer_flags("sync+q8+muon") == [*trainer_flags("sync+q8"), "--optimizer", "muon"]
+    assert [trainer_flags(v)[1] for v in PERIODIC_VARIANTS] == ["localsgd", "diloco", "diloco"]
+    assert not set(PERIODIC_VARIANTS) & (set(SAME_CODEC_SYNC) | set(SAME_CODEC_SYNC.values()))
     assert trainer_flags("pipe+q8+lowrank")[-2:] == ["--lookahead-standin", "coarse-lowrank"]
     assert trainer_flags("pipe+auto") == ["--mode", "pipe", "--width", "2", "--compression", "auto"]
     assert tuple(load_config(AUTO_CHOICE_CONFIG).variants) == AUTO_CHOICE_VARIANTS
@@ -41,11 +47,10 @@ def test_variants_are_the_flags_the_experiments_ran():
     assert trainer_flags("ddp+powersgd") == ["--mode", "ddp", "--ddp-hook", "powersgd"]
     twins = {SAME_CODEC_SYNC[p] for p in PIPE_VARIANTS}  # every Pipe-SGD row beside sync at its codec
     assert set(PIPE_VARIANTS) | set(CONVENTIONAL_BASELINES) | set(DDP_BASELINES) | twins == set(COMPARISON_VARIANTS)
-    for pipe, twin in SAME_CODEC_SYNC.items():
-        codec = [f for f in trainer_flags(pipe) if f not in ("--mode", "pipe", "--width", "2", "3")]
-        codec = [f for i, f in enumerate(codec) if f.startswith("--compression") or f == "--error-feedback"
-                 or (i and codec[i - 1] == "--compression")]
-        assert trainer_flags(twin) == ["--mode", "sync", *codec], (pipe, twin)
+    for pipe, twin in SAME_CODEC_SYNC.items():  # the twin: the pipe flags without width and staleness, at width 1
+        flags, pipelined = trainer_flags(pipe), {"--width", "--staleness", "--lookahead-standin"}
+        rest = [f for i, f in enumerate(flags) if f not in pipelined and (not i or flags[i - 1] not in pipelined)]
+        assert rest[:2] == ["--mode", "pipe"] and trainer_flags(twin) == ["--mode", "sync", *rest[2:]], (pipe, twin)
     flags = trainer_flags("sync")
     flags.append("--oops")  # a caller's list never changes the table
     assert TRAINER_FLAGS["sync"] == ["--mode", "sync"]

@@ -25,18 +25,21 @@ CONFIG = os.path.join(ROOT, "experiments", "configs", "comparison.toml")
 
 
 def write_metrics(path, steps=8, ranks=2, t_iter=(0.10, 0.12), compute=(0.04, 0.05), update=0.01, sent=1000,
-                  evals=((4, 1.5, 0.5), (8, 3.0, 0.93)), batch=32):
-    """A 2-rank run: rank r's step times are t_iter[r] etc., evals (step, wall, accuracy)."""
+                  evals=((4, 1.5, 0.5), (8, 3.0, 0.93)), batch=32, mode="sync", sync_every=0):
+    """A 2-rank run: rank r's step times are t_iter[r] etc., evals (step, wall, accuracy); ``sync_every`` > 0: a
+    periodic run's steps, which send (``sent``) and take 0.5 s longer only every ``sync_every``-th step."""
     stem = str(path)[:-len(".jsonl")]
     for rank in range(ranks):
         lines = []
         if rank == 0:
             lines.append({"type": "config", "world_size": ranks, "num_workers": ranks, "batch_size": batch,
-                          "params": 250, "grad_bytes": 1000, "mode": "sync", "warmup_steps": 0})
+                          "params": 250, "grad_bytes": 1000, "mode": mode, "warmup_steps": 0})
         for step in range(steps):
-            lines.append({"type": "step", "step": step, "rank": rank, "t_iter": t_iter[rank] + step * 1e-3,
-                          "t_compute": compute[rank], "t_data": 0.001, "t_update": update, "bytes_sent": sent,
-                          "wall": step * 0.1})
+            syncs = not sync_every or (step + 1) % sync_every == 0
+            lines.append({"type": "step", "step": step, "rank": rank,
+                          "t_iter": t_iter[rank] + step * 1e-3 + (0.5 if sync_every and syncs else 0.0),
+                          "t_compute": compute[rank], "t_data": 0.001, "t_update": update,
+                          "bytes_sent": sent if syncs else 0, "wall": step * 0.1})
         if rank == 0:
             lines += [{"type": "eval", "step": s, "wall": w, "accuracy": a, "loss": 1 - a} for s, w, a in evals]
             lines.append({"type": "summary", "wall": 3.5, "accuracy": evals[-1][2] if evals else None})
@@ -59,6 +62,19 @@ def test_step_split_takes_the_mean_over_ranks_and_medians_after_skip(tmp_path):
     assert split["bytes_per_iter"] == 2000  # all ranks' bytes per step
     with pytest.raises(ValueError, match="no step records"):
         step_split(run, skip=8)
+
+
+def test_a_periodic_runs_split_is_the_mean_so_its_syncs_count(tmp_path):
+    """localsgd/diloco send only every H-th step: a median would be a local step's and hide the sync."""
+    for mode in ("localsgd", "diloco"):
+        run = load_run(write_metrics(tmp_path / f"{mode}.jsonl", steps=10, mode=mode, sync_every=4))
+        split = step_split(run, skip=2)  # steps 2..9, of which 3 and 7 sync
+        local = [0.11 + 1e-3 * s for s in range(2, 10)]
+        assert split["t_iter_s"] == pytest.approx(sum(local) / 8 + 2 * 0.5 / 8)
+        assert split["bytes_per_iter"] == pytest.approx(2 * 2000 / 8)
+        assert split["exposed_comm_s"] == pytest.approx(split["t_iter_s"] - 0.046 - 0.01)
+    sync = step_split(load_run(write_metrics(tmp_path / "sync.jsonl", steps=10, sync_every=4)), skip=2)
+    assert sync["t_iter_s"] == pytest.approx(0.117)  # per-step modes keep the median (of local-length steps)
 
 
 def test_step_split_is_the_period_of_a_lockstep_run_whose_wait_moves_between_ranks(tmp_path):
@@ -223,6 +239,47 @@ def test_the_charlm_config_trains_the_transformer_to_a_loss_target():
     assert parsed.optimizer == "adamw" and parsed.lr_schedule == "cosine"
     lenet = load_config(CONFIG).workload("lenet")
     assert load_config(CONFIG).target_of(lenet) == (0.9, "accuracy") and lenet.dataset == "digits"
+
+
+def test_the_slow_links_config_puts_each_variants_own_flags_last():
+    """Muon and local SGD's warm-up are variant flags over a workload's --optimizer adamw and the grid's warm-up:
+    the trainer keeps a flag's last value, so the variant's must come after the shared ones."""
+    cfg = load_config(os.path.join(ROOT, "experiments", "configs", "charlm_slow_links.toml"))
+    charlm = cfg.workload("charlm")
+    assert cfg.bandwidths == ("100mbit", "1gbit") and cfg.nodes == 4
+    assert all(charlm.steps[b] == 300 for b in cfg.bandwidths) and "--optimizer" in charlm.flags
+    muon = cfg.run_flags(charlm, "100mbit", "pipe+q8+muon")
+    assert muon[-2:] == ["--optimizer", "muon"]
+    assert muon[:len(cfg.train_flags(charlm, "100mbit"))] == cfg.train_flags(charlm, "100mbit")
+    parsed = resolve(muon)
+    assert parsed.optimizer == "muon" and parsed.mode == "pipe" and parsed.compression == "q8"
+    assert parsed.lr == 1e-3 and parsed.lr_schedule == "cosine"  # the workload's rate and schedule stay
+    assert resolve(cfg.run_flags(charlm, "1gbit", "sync+q8+muon")).optimizer == "muon"
+    assert resolve(cfg.run_flags(charlm, "1gbit", "pipe+q8")).optimizer == "adamw"
+    local = resolve(cfg.run_flags(charlm, "1gbit", "localsgd"))
+    assert local.mode == "localsgd" and local.warmup_steps == 15 and local.optimizer == "adamw"
+    delayed = resolve(cfg.run_flags(charlm, "1gbit", "diloco+delay"))
+    assert delayed.mode == "diloco" and delayed.sync_delay == 1
+    # evaluation points on the periodic variants' syncs: diloco after steps H, 2H, ...; localsgd after W + 1 + nH
+    for name in ("localsgd", "diloco", "diloco+delay"):
+        run = resolve(cfg.run_flags(charlm, "100mbit", name))
+        first = run.warmup_steps + 1 if run.mode == "localsgd" else run.sync_every
+        assert first % cfg.eval_steps == 0 and run.sync_every % cfg.eval_steps == 0, name
+    for variant in cfg.variants:  # every run of the grid is one the trainer takes
+        resolve(cfg.run_flags(charlm, "100mbit", variant))
+
+
+def test_reports_take_rows_without_a_same_codec_twin():
+    """Local SGD and DiLoCo have no synchronous twin at their codec: the tables skip that column, nothing breaks."""
+    runs = [rec("c", "ddp", 0.3, 9.0), rec("c", "sync+q8", 0.12, 5.0), rec("c", "pipe+q8", 0.08, 4.0),
+            rec("c", "sync+q8+muon", 0.13, None), rec("c", "pipe+q8+muon", 0.09, None), rec("c", "localsgd", 0.05, 3.0),
+            rec("c", "diloco", 0.05, 3.5), rec("c", "diloco+delay", 0.045, 3.2)]
+    assert "### c" in markdown_tables(runs)
+    parts = {"compute_s": 0.04, "step_s": 0.02, "update_s": 0.002, "exchange_s": 0.03, "wire_s": 0.02}
+    traced = [dict(rec("c", v, 0.07), breakdown=parts) for v in ("sync+q8+muon", "pipe+q8+muon")]
+    lines = where_the_time_went(traced + runs, {"cores_per_node": 0})
+    assert any(line.startswith("| pipe+q8+muon |") for line in lines)
+    assert not any(line.startswith("| localsgd |") for line in lines)
 
 
 def test_the_auto_choice_configs_alexnet_trains_with_adamw_to_its_own_accuracy_target():

@@ -27,7 +27,6 @@ from experiments.harness.comparison_record import run_record
 from experiments.harness.comparison_store import ResultStore
 from experiments.harness.fidelity import BREAKDOWN, calibrate_argv, calibrate_in
 from experiments.harness.loopback_cluster import LOOPBACK, LoopbackCluster
-from experiments.harness.variants import trainer_flags
 from pipesgd.cluster.cluster import Cluster
 from pipesgd.cluster.netns import ClusterError
 from pipesgd.cluster.units import parse_link
@@ -158,14 +157,13 @@ def run_cell(cfg: GridConfig, workload: Workload, bandwidth: str, store: ResultS
         # Step 2
         calib = _calibrate(cluster, cfg, workload, cell, cell_dir, store, resume, logfile) if model else None
         # Step 3
-        shared = cfg.train_flags(workload, bandwidth)
         for variant in todo:
             progress[0] += 1
             metrics = os.path.join(cell_dir, f"{variant}.jsonl")
             run_log = os.path.join(cell_dir, f"{variant}.log")
             for stale in metrics_files(metrics):
                 os.unlink(stale)
-            argv = ["pipesgd-train", *trainer_flags(variant), *shared]
+            argv = ["pipesgd-train", *cfg.run_flags(workload, bandwidth, variant)]
             flags = argv[1:]  # as recorded: without this machine's paths
             if cfg.trace_steps and traced(argv):
                 window = f"{cfg.skip}:{cfg.skip + cfg.trace_steps}"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field, replace
 
-from experiments.harness.variants import TRAINER_FLAGS
+from experiments.harness.variants import TRAINER_FLAGS, trainer_flags
 from experiments.harness.loopback_cluster import LOOPBACK
 from pipesgd.cluster.units import parse_link
 from timing_model.units import parse_size_range
@@ -157,6 +157,12 @@ class GridConfig:
         return ["--model", workload.model, "--dataset", workload.dataset, "--batch-size", str(self.batch_size),
                 *length, *self.eval_flags(), "--lr", f"{workload.lr:g}", "--threads", str(self.threads),
                 "--warmup-steps", str(self.warmup_steps), "--seed", str(self.seed), "--timeout", "300", *workload.flags]
+
+    def run_flags(self, workload: Workload, bandwidth: str, variant: str) -> list[str]:
+        """One run's ``pipesgd-train`` flags: the cell's shared ones, then the variant's. The variant's come last
+        because the trainer's parser keeps a flag's last value: a variant that names its own optimizer or warm-up
+        (``pipe+q8+muon``, ``localsgd``) wins over the workload's ``--optimizer adamw`` and the grid's warm-up."""
+        return [*self.train_flags(workload, bandwidth), *trainer_flags(variant)]
 
 
 def cell_name(workload: str, bandwidth: str) -> str:

@@ -4,7 +4,9 @@ Every step counts the mean over its ranks (the average rank's step: in lockstep 
 times add up to the same wall-clock, so the mean is the step's period, where the slowest rank per step would add
 the step's jitter); medians are over the steps from ``skip`` on (after the warm-up). Asynchronous workers are not in
 lockstep: their split is the slowest worker's own steps (``pipesgd.runlog.results.slowest_rank``), and their t_iter the
-job's pace, that worker's mean (``Run.pace_s``). The
+job's pace, that worker's mean (``Run.pace_s``). Periodic averaging (localsgd, diloco) sends the model once every
+H steps and nothing in between, so a median is a local step's and hides the sync: its split is the mean over the
+kept steps, the sync's cost spread over the period (what time to target pays). The
 split: compute = forward + backward + batch loading (for ddp this holds DDP's allreduce, which runs inside
 backward), update = the optimizer step, exposed communication = t_iter - compute - update (for ddp only what DDP
 leaves after backward; for every mode it includes waiting for a slower rank). Accuracy against wall-clock time comes from the evaluation records (``wall``: seconds
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import statistics
 
+from timing_model.modes import PERIODIC_MODES
 from timing_model.recommend import choice_label
 from pipesgd.runlog.results import Run
 from timing_model.run_metrics import ASYNC_MODES, iteration_over_ranks, slowest_rank
@@ -40,7 +43,8 @@ def _num(record: dict, key: str) -> float:
 
 def step_split(run: Run, skip: int) -> dict:
     """Medians over the kept steps (mean over ranks per step) of t_iter, compute, update and exposed communication,
-    and of the bytes all ranks sent per step (asynchronous: the slowest worker's steps, and its mean t_iter); raises ``ValueError`` when no step is left after ``skip``."""
+    and of the bytes all ranks sent per step (asynchronous: the slowest worker's steps, and its mean t_iter;
+    periodic averaging: means, module doc); raises ``ValueError`` when no step is left after ``skip``."""
     steps = _by_step(run, skip)
     if not steps:
         raise ValueError(f"{run.path}: no step records after step {skip}")
@@ -62,7 +66,8 @@ def step_split(run: Run, skip: int) -> dict:
         every = steps[step].values()  # bytes: what all ranks sent in this step
         if any(r.get("bytes_sent") is not None for r in every):
             sent.append(sum(_num(r, "bytes_sent") for r in every))
-    med = statistics.median
+    periodic = run.config.get("mode") in PERIODIC_MODES
+    med = statistics.fmean if periodic else statistics.median
     return {"steps_kept": len(iters), "t_iter_s": statistics.fmean(iters) if asynchronous else med(iters), "compute_s": med(computes), "update_s": med(updates),
             "exposed_comm_s": med(exposed), "t_iter_min_s": min(iters), "t_iter_max_s": max(iters),
             "bytes_per_iter": med(sent) if sent else None}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __all__ = ["TRAINER_FLAGS", "SPEED_VARIANTS", "ACCURACY_VARIANTS", "FIDELITY_VARIANTS", "DEFAULT_FIDELITY_VARIANTS",
            "COMPARISON_VARIANTS", "PLAIN_VARIANTS", "COARSE_VARIANTS", "TIME_TO_ACCURACY_VARIANTS", "PIPE_VARIANTS",
-           "CHARLM_TIME_VARIANTS", "AUTO_CHOICE_VARIANTS", "SAME_CODEC_SYNC", "CONVENTIONAL_BASELINES", "DDP_BASELINES", "trainer_flags"]
+           "CHARLM_TIME_VARIANTS", "CHARLM_SLOW_LINK_VARIANTS", "PERIODIC_VARIANTS", "AUTO_CHOICE_VARIANTS", "SAME_CODEC_SYNC", "CONVENTIONAL_BASELINES", "DDP_BASELINES", "trainer_flags"]
 
 # Look-ahead's stand-in: the own gradient, named. It is what "auto" (the default) picks under SGD, where every grid
 # but the character GPT's runs; under AdamW "auto" picks coarse-lowrank ("pipe+q8+lowrank"), and the GPT's committed
@@ -46,6 +46,26 @@ TRAINER_FLAGS: dict[str, list[str]] = {  # variant name: pipesgd-train flags
     "ddp+powersgd": ["--mode", "ddp", "--ddp-hook", "powersgd"],  # PyTorch's powerSGD_hook (its error feedback)
     "ps-sync": ["--mode", "ps-sync"],
     "ps-async": ["--mode", "ps-async"],
+    # Muon (torch.optim.Muon on the hidden matrices, AdamW on the rest): the q8 rows' flags with --optimizer muon
+    # last, so that it wins over a workload's --optimizer adamw (the comparison grid puts a variant's flags after the
+    # workload's: GridConfig.run_flags). No --lr: docs/training.md says AdamW's rate carries over (Muon's update is
+    # scaled to AdamW's RMS), and the accuracy study's Muon rows ran at the charlm task's AdamW 1e-3
+    # (results/accuracy/muon.json); untuned, they end about 0.19 above AdamW in loss there.
+    "sync+q8+muon": ["--mode", "sync", "--compression", "q8", "--error-feedback", "--optimizer", "muon"],
+    "pipe+q8+muon": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback", *_OWN,
+                     "--optimizer", "muon"],
+    # Periodic averaging (issue 75), the trainer's H (--sync-every default). localsgd's 15 synchronous steps put its
+    # averages after steps 16, 32, ... (torch averages after 0-based steps W, W + H, ...), where diloco syncs: with
+    # evaluation points every 16 steps (configs/charlm_slow_links.toml) each point sees averaged weights, not rank
+    # 0's local ones
+    "localsgd": ["--mode", "localsgd", "--warmup-steps", "15"],
+    "diloco": ["--mode", "diloco"],  # blocking outer sync (tau 0), the paper's
+    # tau = 1: the one-step-delayed outer sync of the issue (eager updates / Streaming DiLoCo with one fragment). The
+    # model's all-reduce (1.7 MB fp32 for the GPT: about 0.2 s at 100 Mbit/s on 4 nodes, about a step's compute on
+    # the 2-core host) mostly hides behind one step, and the tau overlapped steps' progress is dropped at the merge
+    # (fragment_update_alpha 0), so the smallest tau that hides the sync costs the least; H/2 would drop half of
+    # every period
+    "diloco+delay": ["--mode", "diloco", "--sync-delay", "1"],
 }
 
 # issue 4 (bench_cluster.py): Pipe-SGD against sync AllReduce and DDP, in table order
@@ -63,6 +83,12 @@ PLAIN_VARIANTS = ("pipe-plain", "pipe+q8-plain")
 TIME_TO_ACCURACY_VARIANTS = COMPARISON_VARIANTS + PLAIN_VARIANTS
 # AdamW's time to a target loss on the character GPT (experiments/configs/charlm_time.toml, issue 36)
 CHARLM_TIME_VARIANTS = ("ddp", "sync+q8", "pipe", "pipe+q8", "pipe+q8+lowrank", "pipe+q8-noef+lowrank", "pipe+auto", "pipe+auto+recheck")
+# Time to a target loss on the GPT at 100 Mbit/s and 1 Gbit/s (experiments/configs/charlm_slow_links.toml, issue 75):
+# per-step averaging (DDP, sync + q8, pipe + q8: AdamW's best pipelined form beside the plain one, then Muon) against
+# periodic averaging (local SGD, DiLoCo blocking and overlapped)
+PERIODIC_VARIANTS = ("localsgd", "diloco", "diloco+delay")  # no same-codec twin: they send the model, not gradients
+CHARLM_SLOW_LINK_VARIANTS = ("ddp", "sync+q8", "pipe+q8", "pipe+q8-noef+lowrank", "sync+q8+muon", "pipe+q8+muon",
+                             *PERIODIC_VARIANTS)
 PIPE_VARIANTS = ("pipe", "pipe+bf16", "pipe+q8", "pipe+sign", "pipe-w3")  # the Pipe-SGD side of the speedup tables
 # issue 39 (configs/auto_choice.toml): --compression auto against every codec it chooses among, at width 1 and 2
 AUTO_CHOICE_VARIANTS = ("sync", "sync+bf16", "sync+q8", "sync+q4", "pipe", "pipe+bf16", "pipe+q8", "pipe+q4",
@@ -71,7 +97,7 @@ AUTO_CHOICE_VARIANTS = ("sync", "sync+bf16", "sync+q8", "sync+q4", "pipe", "pipe
 # is what pipelining buys alone, apart from what the codec buys (DDP -> + codec -> + pipelining)
 SAME_CODEC_SYNC = {"pipe": "sync", "pipe+bf16": "sync+bf16", "pipe+q8": "sync+q8", "pipe+sign": "sync+sign",
                    "pipe+q4": "sync+q4", "pipe-w3": "sync", "pipe-plain": "sync", "pipe+q8-plain": "sync+q8",
-                   "pipe+q8+lowrank": "sync+q8"}
+                   "pipe+q8+lowrank": "sync+q8", "pipe+q8+muon": "sync+q8+muon"}
 CONVENTIONAL_BASELINES = ("ps-sync", "ps-async", "sync")  # the paper's "conventional approaches"
 DDP_BASELINES = ("ddp", "ddp+fp16", "ddp+powersgd")  # the peers users would pick today
 
