@@ -1,9 +1,9 @@
-"""One tidy record per run of the comparison grid, from the run's per-rank metrics (``pipesgd.runlog.results.Run``).
+"""One tidy record per run of the comparison grid, from the run's per-rank metrics (``experiments.harness.results.Run``).
 
 Every step counts the mean over its ranks (the average rank's step: in lockstep training every rank's step
 times add up to the same wall-clock, so the mean is the step's period, where the slowest rank per step would add
 the step's jitter); medians are over the steps from ``skip`` on (after the warm-up). Asynchronous workers are not in
-lockstep: their split is the slowest worker's own steps (``pipesgd.runlog.results.slowest_rank``), and their t_iter the
+lockstep: their split is the slowest worker's own steps (``experiments.harness.results.slowest_rank``), and their t_iter the
 job's pace, that worker's mean (``Run.pace_s``). The
 split: compute = forward + backward + batch loading (for ddp this holds DDP's allreduce, which runs inside
 backward), update = the optimizer step, exposed communication = t_iter - compute - update (for ddp only what DDP
@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 
 from timing_model.recommend import choice_label
-from pipesgd.runlog.results import Run
+from experiments.harness.results import Run
 from timing_model.run_metrics import ASYNC_MODES, iteration_over_ranks, slowest_rank
 
 __all__ = ["MAX_CURVE_POINTS", "step_split", "curve", "time_to_target", "run_record"]
