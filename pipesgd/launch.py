@@ -47,15 +47,10 @@ def _spawned(rank: int, world: int, port: int, threads: int, fn: Callable, args:
 
 
 def exit_process(code: int) -> NoReturn:
-    """End this process with ``code`` after flushing stdio, skipping the interpreter's teardown.
-
-    Call it only once everything the process writes is closed. Why: a DistributedDataParallel module keeps
-    references to its process group after the module is gone (10 per DDP, counted with ``sys.getrefcount``), so
-    ``destroy_process_group`` cannot join gloo's worker threads. One of them may still be freeing a finished
-    collective's tensors while Python finalizes; it then needs the GIL the finalizing interpreter no longer grants
-    and the process aborts ("terminate called without an active exception", SIGABRT; seen in 3 of 165
-    ``bench_pipeline.py`` runs with DDP rows, and once in CI). Without a teardown there is nothing to race.
-    """
+    """End this process with ``code`` after flushing stdio, skipping the interpreter's teardown; call it only once
+    everything the process writes is closed. A DistributedDataParallel module keeps references to its process group
+    after it is gone, so gloo's worker threads are never joined, and one still freeing a collective's tensors while
+    Python finalizes needs the GIL and aborts the process (SIGABRT). Without a teardown there is nothing to race."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
