@@ -150,7 +150,7 @@ def chrome_trace(rank: int | None = None) -> dict:
 
 
 def trace_path(path: str, rank: int, world_size: int) -> str:
-    """``FILE.json`` for a single process, ``FILE.rankN.json`` for rank N of several (``pipesgd.runlog.run_files``)."""
+    """``FILE.json`` for a single process, ``FILE.rankN.json`` for rank N of several (named as metrics are)."""
     return metrics_path(path if os.path.splitext(path)[1] else path + ".json", rank, world_size)
 
 

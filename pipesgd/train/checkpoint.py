@@ -5,8 +5,10 @@ wrapper's state, the RNG states and the position, so ``--resume`` continues the 
 atomically, loaded with ``torch.load(weights_only=True)``: only tensors and primitive containers are stored."""
 from __future__ import annotations
 
+import glob
 import os
 import random
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,10 +17,22 @@ import torch.distributed as dist
 from torch import nn
 
 from timing_model.atomic import atomic_open
-from pipesgd.runlog.run_files import checkpoint_path, checkpoint_ranks
 from pipesgd.wrapper import OptimizerWrapper
 
 FORMAT_VERSION = 2  # 2: PipeSGD's state shaped like a torch optimizer's
+_CHECKPOINT_NAME = re.compile(r"rank(\d+)\.pt")
+
+
+def checkpoint_path(directory: str, rank: int) -> str:
+    """This rank's checkpoint file in ``directory``."""
+    return os.path.join(directory, f"rank{rank}.pt")
+
+
+def checkpoint_ranks(directory: str) -> list[int]:
+    """The ranks that have a checkpoint file in ``directory``, sorted."""
+    names = (_CHECKPOINT_NAME.fullmatch(os.path.basename(path))
+             for path in glob.glob(os.path.join(glob.escape(directory), "rank*.pt")))
+    return sorted(int(match.group(1)) for match in names if match)
 
 
 class CheckpointError(RuntimeError):

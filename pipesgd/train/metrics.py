@@ -1,6 +1,6 @@
 """What one run writes: the JSONL records (config, step, eval, summary), the config copies and the summary text.
 
-One JSON object per line, flushed per line; per-rank files named by ``pipesgd.runlog.run_files``. The layout and
+One JSON object per line, flushed per line; per-rank files named by ``timing_model.run_metrics``. The layout and
 every field: docs/training.md, "Metrics". Without ``--resume`` a run refuses a metrics file that exists
 (``outputs``): a second run appended would mix two runs' records."""
 from __future__ import annotations
