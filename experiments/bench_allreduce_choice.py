@@ -48,7 +48,7 @@ from experiments.harness.raw_collectives import raw_collective_ms
 from experiments.harness.switches import exchange_collectives
 from pipesgd.compression import ErrorFeedback, build
 from timing_model.bandwidth import parse_bandwidth_bps
-from pipesgd.launch import run_on_ranks
+from experiments.harness.rank_launch import run_on_ranks
 from experiments.harness.rank_launch import LaunchError, launch_ranks
 from pipesgd.measure import time_collective
 from pipesgd.comm.ring import RingTopology, ring_allreduce_

@@ -28,7 +28,7 @@ from pipesgd.grads.buffers import BUFFER_MODES
 from pipesgd.cluster.cluster import Cluster
 from pipesgd.cluster.netns import ClusterError
 from pipesgd.cluster.units import parse_link
-from pipesgd.runlog.results import load_run
+from experiments.harness.results import load_run
 
 MODE_FLAGS = {"sync": ["--mode", "sync"], "pipe": ["--mode", "pipe", "--width", "2"]}
 

@@ -28,7 +28,7 @@ from experiments.harness.variants import ACCURACY_VARIANTS, SPEED_VARIANTS
 from pipesgd.cluster.cluster import Cluster
 from pipesgd.cluster.netns import ClusterError
 from timing_model.bandwidth import parse_bandwidth_bps
-from pipesgd.runlog.results import load_run
+from experiments.harness.results import load_run
 
 def main() -> int:
     parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

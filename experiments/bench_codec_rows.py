@@ -36,7 +36,7 @@ from pipesgd.comm.ring import chunk_bounds
 from pipesgd.comm.topology import RingTopology
 from pipesgd.compression import build
 from pipesgd.compression.error_feedback import open_encoder
-from pipesgd.launch import run_on_ranks
+from experiments.harness.rank_launch import run_on_ranks
 from timing_model.atomic import write_text_atomic
 
 WAYS = ("one by one", "batched")

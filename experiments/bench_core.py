@@ -23,7 +23,7 @@ from experiments.harness.one_line import OneLineParser  # noqa: E402
 from pipesgd import PipeSGD
 from pipesgd.compression import build
 from pipesgd.compression.throughput import measure_codec_gbps
-from pipesgd.launch import run_on_ranks
+from experiments.harness.rank_launch import run_on_ranks
 from pipesgd.measure import time_collective
 from pipesgd.comm.ring import RingTopology, ring_allreduce_
 from pipesgd.train.step_timer import wait_for_compute

@@ -33,7 +33,7 @@ from pipesgd.cluster.cluster import Cluster  # noqa: E402
 from pipesgd.cluster.cores import available_cores  # noqa: E402
 from pipesgd.cluster.netns import ClusterError  # noqa: E402
 from pipesgd.cluster.units import parse_link  # noqa: E402
-from pipesgd.runlog.results import load_run  # noqa: E402
+from experiments.harness.results import load_run  # noqa: E402
 from pipesgd.runlog.trace import trace_path  # noqa: E402
 from timing_model.atomic import write_text_atomic  # noqa: E402
 from timing_model.codec_sizes import CODECS  # noqa: E402

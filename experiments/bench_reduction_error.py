@@ -33,7 +33,7 @@ from timing_model.atomic import write_text_atomic
 from experiments.harness.provenance import markdown_header, provenance, write_result
 from experiments.harness.one_line import OneLineParser
 from pipesgd.compression import ErrorFeedback, build
-from pipesgd.launch import run_on_ranks
+from experiments.harness.rank_launch import run_on_ranks
 from pipesgd.comm.ring import RingTopology, ring_allreduce_
 from pipesgd.train.data import load_digits, shard_batches
 from pipesgd.train.models import build_model

@@ -17,7 +17,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from pipesgd.launch import exit_process, free_port
+from experiments.harness.rank_launch import free_port
+from pipesgd.launch import exit_process
 from pipesgd.train.models import BasicBlock, build_model
 
 CIFAR_SHAPE, CLASSES = (3, 32, 32), 10

@@ -30,7 +30,7 @@ from experiments.harness.provenance import provenance, read_result, write_result
 from pipesgd.cluster.cluster import Cluster
 from pipesgd.cluster.netns import ClusterError, preflight
 from pipesgd.cluster.units import parse_link
-from pipesgd.runlog.results import load_run
+from experiments.harness.results import load_run
 from timing_model.run_metrics import metrics_files
 
 RESULT = "experiments/results/auto_choice/link_change.json"

@@ -1,14 +1,10 @@
 """Every rank starts from rank 0's parameters and buffers, as DDP makes them when it wraps a model.
 
-Scripts commonly seed each rank differently before building the model (``seed + rank``); DDP hides that by
-broadcasting rank 0's module state in its constructor, so a wrapper that does not would let the replicas train
-different models forever. ``sync_initial_state`` first checks that every rank holds tensors of the same shapes
-and dtypes (DDP checks the same: a mismatch would otherwise pair broadcasts of different sizes), then
-broadcasts rank 0's values, one collective per (dtype, device) group. It runs on the caller's group and thread,
-once, before any background communication exists. How long this rank waited for the broadcasts, and how many bytes
-they moved, are returned (with ``latency``, also a broadcast of one element's time): ``compression="auto"`` reads the
-link from them before step 0's exchange (``pipesgd.auto``).
-"""
+Scripts commonly seed each rank differently (``seed + rank``); without DDP's broadcast the replicas would train
+different models forever. ``sync_initial_state`` checks that every rank holds the same shapes and dtypes (a
+mismatch would pair broadcasts of different sizes), then broadcasts rank 0's values, one collective per (dtype,
+device) group, on the caller's group and thread before any background communication. The broadcast's time and
+bytes are returned: ``compression="auto"`` reads the link from them before step 0's exchange."""
 from __future__ import annotations
 
 import hashlib

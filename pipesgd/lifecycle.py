@@ -1,13 +1,10 @@
 """The end of a PipeSGD wrapper's background work: ``close()``, garbage collection, or the interpreter's exit.
 
-A script that ends without ``flush()`` leaves rings running on the background thread. At interpreter exit
-Python stops such a daemon thread wherever it is; inside a gloo wait that unwinds C++ frames that may not be
-unwound, and the process aborts on every rank. So every wrapper's ``Background`` is closed once: by ``close()``,
-or, through a ``weakref.finalize``, when the wrapper is collected or at ``atexit`` (before daemon threads stop).
-Closing lets the rings in flight finish (every rank submitted the same ones, so they complete), stops the worker
-and destroys the private groups; the finalizer also warns how many steps were never applied, and why if a ring
-failed (an explicit ``close()`` may be an error path, where that is no news).
-"""
+At interpreter exit Python stops a daemon thread wherever it is; inside a gloo wait the process then aborts on
+every rank. So every wrapper's ``Background`` is closed once: by ``close()`` or, through a ``weakref.finalize``,
+when the wrapper is collected or at ``atexit``. Closing lets the rings in flight finish (every rank submitted the
+same ones), stops the worker and destroys the private groups; the finalizer also warns how many steps were never
+applied, and why if a ring failed."""
 from __future__ import annotations
 
 import warnings

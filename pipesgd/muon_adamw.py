@@ -1,17 +1,11 @@
 """Muon for a model's hidden weight matrices and AdamW for everything else, as one ``torch.optim.Optimizer``.
 
-``torch.optim.Muon`` takes 2-D parameters only, and its authors (and torch's docs) leave embeddings, the output
-head, biases and norms to a standard method such as AdamW. A wrapper such as ``PipeSGD`` wraps one optimizer, so
-``MuonAdamW`` holds a ``torch.optim.Muon`` and a ``torch.optim.AdamW`` and shows them as one: each param group says
-which one steps it (``use_muon``, the key Keller Jordan's ``MuonWithAuxAdam`` uses), its ``param_groups`` are the
-two optimizers' own group dicts (a scheduler setting ``lr`` reaches them) and its ``state`` is one dict that both
-optimizers use, so ``state_dict``/``load_state_dict`` and ``zero_grad`` are torch's own. Look-ahead replays it with
-both rules written out (``pipesgd.delay.muon_adamw_rule``).
-
-One learning rate and one weight decay serve both: Muon's update is scaled with torch's ``adjust_lr_fn=
-"match_rms_adamw"`` (Moonshot's scaling, ``0.2 * sqrt(max(rows, cols))``), which gives the orthogonalised update
-AdamW's typical size, so the rate and decay tuned for AdamW carry over ("Muon is Scalable for LLM Training").
-"""
+``torch.optim.Muon`` takes 2-D parameters only and leaves embeddings, the head, biases and norms to a method such
+as AdamW, while a wrapper such as ``PipeSGD`` wraps one optimizer. So ``MuonAdamW`` holds both and shows them as
+one: each param group says which steps it (``use_muon``, as Keller Jordan's ``MuonWithAuxAdam``), ``param_groups``
+are the two optimizers' own group dicts and ``state`` one dict both use, so ``state_dict`` and ``zero_grad`` are
+torch's own. One learning rate and weight decay serve both: Muon's update is scaled with torch's
+``adjust_lr_fn="match_rms_adamw"`` to AdamW's typical size ("Muon is Scalable for LLM Training")."""
 from __future__ import annotations
 
 from collections.abc import Iterable

@@ -3,13 +3,10 @@ all-reduce of step t runs in the background while step t+1 computes.
 
 Each ``step()``: (1) this step's gradients leave in flat buckets (``pipesgd.grads.bucket_sets``) for the background
 exchange (``pipesgd.comm``), (2) their handle joins the pipeline (``pipesgd.delay.pipeline``), (3) the step that is
-due, if any, is waited for and its average written into ``p.grad`` and applied by the wrapped optimizer
-(``pipesgd.delay.apply``). So ``w_{t+1} = w_t - lr * mean_i(g^i_{t-K+1})``: K = 1 is synchronous AllReduce SGD, K = 2
-is Pipe-SGD. The first ``warmup_steps`` are synchronous; ``flush()`` applies the last K-1 at the end. The optional
-parts of a step (look-ahead, "auto", the replica check) live in ``pipesgd.phases``.
-
-Gradient accumulation (DDP's ``no_sync()``): call ``backward()`` several times, then ``step()`` once.
-"""
+due, if any, is waited for and applied by the wrapped optimizer (``pipesgd.delay.apply``). So
+``w_{t+1} = w_t - lr * mean_i(g^i_{t-K+1})``: K = 1 is synchronous SGD, K = 2 is Pipe-SGD. The first
+``warmup_steps`` are synchronous; ``flush()`` applies the last K-1. Optional parts: ``pipesgd.phases``.
+Gradient accumulation (DDP's ``no_sync()``): call ``backward()`` several times, then ``step()`` once."""
 from __future__ import annotations
 
 from collections import OrderedDict

@@ -25,11 +25,10 @@ class FreshGradients:
 
 
 class UnusedParameters:
-    """The parameters that no rank's backward reached, agreed once at the wrapper's first step and hidden from the
-    optimizer (``p.grad`` None while it steps), so weight decay and momentum leave them as torch alone would.
-
-    Agreed once, as DDP's ``static_graph`` does, because a per-step agreement would be a second collective in every
-    step; a parameter that a later step gives a gradient raises, naming it, since its gradient would be dropped."""
+    """The parameters that no rank's backward reached, agreed once at the wrapper's first step (as DDP's
+    ``static_graph``: a per-step agreement would be a second collective per step) and hidden from the optimizer
+    (``p.grad`` None), so weight decay and momentum leave them as torch alone would. A parameter that a later step
+    gives a gradient raises, naming it, since its gradient would be dropped."""
 
     def __init__(self, params: list[torch.Tensor], names: list[str], group: dist.ProcessGroup | None,
                  world_size: int) -> None:

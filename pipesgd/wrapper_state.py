@@ -1,18 +1,12 @@
-"""What a PipeSGD checkpoint holds: a torch optimizer's ``state`` and ``param_groups`` (the inner one's), and under
-``pipesgd`` the state every rank shares and each rank's own, keyed by rank. Shared (any rank's copy restores all):
-the step count, the averaged gradients still to be applied, the loss scales of the steps in flight, and what the
-wrapper was built with (refused on load when the model, world size, width or codec differ). Each rank's own: its
-error-feedback residuals, its codec's random state and its look-ahead stand-ins (its local gradients in flight).
+"""What a PipeSGD checkpoint holds: a torch optimizer's ``state`` and ``param_groups`` (the inner one's) and, under
+``pipesgd``, what every rank shares (step count, averaged gradients still to apply, their loss scales, what the
+wrapper was built with: refused on load when it differs) and each rank's own state keyed by rank (error-feedback
+residuals, codec random state, look-ahead stand-ins).
 
-Saving on one rank, as most DDP scripts do (``if rank == 0: torch.save(opt.state_dict(), ...)``), can only hold
-that rank's own state, since ``state_dict()`` is not a collective. So:
-  - ``consolidate(to)`` (a collective, like ``ZeroRedundancyOptimizer.consolidate_state_dict``, with a bounded wait
-    for every rank) gathers every rank's own state onto ``to``, whose ``state_dict()`` then restores every rank.
-  - Without it, a rank whose own state is missing never takes another rank's: it starts with zero residuals (as
-    DeepSpeed resets its error buffers on load), its codec as seeded for it, and the averaged gradients in flight
-    as its look-ahead stand-ins; it warns once, naming ``consolidate_state_dict()``. Replicas stay identical; the
-    resumed run differs from the uninterrupted one only through those per-rank parts.
-"""
+``state_dict()`` is not a collective, so a save on rank 0 holds rank 0's own state only: ``consolidate(to)`` (a
+collective with a bounded wait, like ``ZeroRedundancyOptimizer.consolidate_state_dict``) gathers every rank's onto
+``to``. Without it a rank whose own state is missing never takes another's: it starts with zero residuals, its own
+codec seed and the averages in flight as stand-ins, and warns once (docs/wrapper.md, "Checkpoints")."""
 from __future__ import annotations
 
 import warnings

@@ -13,7 +13,7 @@ from experiments.harness.variants import (ACCURACY_VARIANTS, AUTO_CHOICE_VARIANT
                                          CONVENTIONAL_BASELINES, DDP_BASELINES, DEFAULT_FIDELITY_VARIANTS, SAME_CODEC_SYNC,
                                          FIDELITY_VARIANTS, PIPE_VARIANTS, SPEED_VARIANTS, TIME_TO_ACCURACY_VARIANTS,
                                          TRAINER_FLAGS, trainer_flags)
-from pipesgd.runlog.results import Run
+from experiments.harness.results import Run
 
 AUTO_CHOICE_CONFIG = "experiments/configs/auto_choice.toml"
 CHARLM_TIME_CONFIG = "experiments/configs/charlm_time.toml"

@@ -16,7 +16,7 @@ from experiments.harness.comparison_store import ResultStore, estimate_wall
 from experiments.harness.provenance import read_result
 from experiments.harness.comparison_report import where_the_time_went
 from experiments.harness.speedup import SAME_CODEC, cell_speedups, headline, markdown_tables, same_codec_speedup
-from pipesgd.runlog.results import load_run
+from experiments.harness.results import load_run
 from pipesgd.train.flags import resolve
 from tests.in_process import run_in_process
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from pipesgd.options import PipeSGDOptions
 from pipesgd import PipeSGD
-from pipesgd.launch import free_port
+from experiments.harness.rank_launch import free_port
 from pipesgd.train.data import load_digits
 from pipesgd.train.models import build_model
 from tests.distributed import run_ranks

@@ -1,6 +1,6 @@
-"""pipesgd.launch: ranks spawned without torchrun report their failures, and a process ends through
-``exit_process`` with its code and all of its output, without the interpreter's teardown (which can abort after a
-DDP run: see the function's docstring)."""
+"""pipesgd.launch and the harness's ``run_on_ranks``: ranks spawned without torchrun report their failures, and a
+process ends through ``exit_process`` with its code and all of its output, without the interpreter's teardown
+(which can abort after a DDP run: see the function's docstring)."""
 from __future__ import annotations
 
 import os
@@ -41,7 +41,7 @@ SPAWNED = """
 import sys
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
-from pipesgd.launch import run_on_ranks
+from experiments.harness.rank_launch import run_on_ranks
 
 def job(rank, world, fail_rank):
     model = DDP(torch.nn.Linear(4, 2))

@@ -4,7 +4,7 @@ The files are written by the trainer's own writer, so writer and reader naming c
 """
 import pytest
 
-from pipesgd.runlog.results import load_run
+from experiments.harness.results import load_run
 from pipesgd.train.metrics import MetricsWriter
 
 

@@ -1,5 +1,5 @@
 """How a run's metrics files are named per rank and how a step's records reduce over ranks: what the trainer's
-writer, ``pipesgd.runlog.results`` and ``timing_model.validation`` all read, so that neither can drift.
+writer, ``experiments.harness.results`` and ``timing_model.validation`` all read, so that neither can drift.
 
 One run = ``FILE.jsonl`` for one process or its ``FILE.rankN.jsonl`` files. The iteration time of a step is the
 **mean over ranks** of t_iter in lockstep training (sync, ddp, pipe, ps-sync): every rank's step times add up to

@@ -138,7 +138,7 @@ def read_runs(paths: list[str], skip: int = 3) -> list[RunRecord]:
     **mean over ranks** of t_iter: in lockstep training every rank's step times add up to the same wall-clock, so the
     mean is the step's period, while the per-step maximum adds each step's jitter (experiments/RESULTS.md).
     Asynchronous workers (ps-async) are not in lockstep: every per-step figure is the slowest worker's own
-    (``pipesgd.runlog.results.Run.pace_s`` says why). The model's inputs count each step's slowest rank for compute
+    (``experiments.harness.results.Run.pace_s`` says why). The model's inputs count each step's slowest rank for compute
     (t_compute + t_data: the straggler gates a synchronous step, and batch loading is local work like compute) and
     update, each step's *fastest* rank's ``t_buffers`` (the blocking buffer sync, ``--buffers``), and each step's
     slowest rank's host work outside all of these (``t_host`` = t_iter − t_data − t_compute − t_wait − t_update −
@@ -160,7 +160,7 @@ def read_runs(paths: list[str], skip: int = 3) -> list[RunRecord]:
         # synchronous warm-up steps of pipe mode are not steady state either
         first = max(skip, int(config.get("warmup_steps") or 0) if config.get("mode") == "pipe" else skip)
         mode = config.get("mode") or (steps[0].get("mode") if steps else None)
-        # asynchronous workers are not in lockstep: the slowest worker's own steps (``pipesgd.runlog.results``)
+        # asynchronous workers are not in lockstep: the slowest worker's own steps (``experiments.harness.results``)
         only = slowest_rank(steps, first) if mode in ASYNC_MODES else None
         by_step: dict[int, list[dict]] = {}
         for record in steps:

@@ -21,8 +21,8 @@ from typing import Callable
 from experiments.harness.provenance import read_result, write_result
 from pipesgd.compression import available as codec_names
 from pipesgd.defaults import NEEDS_ERROR_FEEDBACK, STALENESS, STALENESS_MODES, WARMUP_STEPS
-from pipesgd.launch import free_port
-from pipesgd.runlog.results import load_run
+from experiments.harness.rank_launch import free_port
+from experiments.harness.results import load_run
 
 __all__ = ["TASKS", "AccuracyConfig", "RunSpec", "load_config", "plan", "trainer_flags", "run_record",
            "summarise", "run_study", "summary_markdown", "EF_SUFFIX"]

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from experiments.harness.pipeline import VARIANTS, WORKLOADS, Job, parse_variant
 from pipesgd.options import PipeSGDOptions
-from pipesgd.launch import exit_process, run_on_ranks
+from experiments.harness.rank_launch import run_on_ranks
+from pipesgd.launch import exit_process
 from pipesgd.measure.timing import time_collective
 from pipesgd.optimizer import PipeSGD
 

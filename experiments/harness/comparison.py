@@ -30,7 +30,7 @@ from experiments.harness.loopback_cluster import LOOPBACK, LoopbackCluster
 from pipesgd.cluster.cluster import Cluster
 from pipesgd.cluster.netns import ClusterError
 from pipesgd.cluster.units import parse_link
-from pipesgd.runlog.results import load_run
+from experiments.harness.results import load_run
 from timing_model.run_metrics import metrics_files, run_name
 from timing_model.calibration import read_calibration
 from timing_model.validation import predict_run, read_runs, validate_runs

@@ -1,9 +1,9 @@
-"""One tidy record per run of the comparison grid, from the run's per-rank metrics (``pipesgd.runlog.results.Run``).
+"""One tidy record per run of the comparison grid, from the run's per-rank metrics (``experiments.harness.results.Run``).
 
 Every step counts the mean over its ranks (the average rank's step: in lockstep training every rank's step
 times add up to the same wall-clock, so the mean is the step's period, where the slowest rank per step would add
 the step's jitter); medians are over the steps from ``skip`` on (after the warm-up). Asynchronous workers are not in
-lockstep: their split is the slowest worker's own steps (``pipesgd.runlog.results.slowest_rank``), and their t_iter the
+lockstep: their split is the slowest worker's own steps (``experiments.harness.results.slowest_rank``), and their t_iter the
 job's pace, that worker's mean (``Run.pace_s``). Periodic averaging (localsgd, diloco) sends the model once every
 H steps and nothing in between, so a median is a local step's and hides the sync: its split is the mean over the
 kept steps, the sync's cost spread over the period (what time to target pays). The
@@ -19,7 +19,7 @@ import statistics
 
 from timing_model.modes import PERIODIC_MODES
 from timing_model.recommend import choice_label
-from pipesgd.runlog.results import Run
+from experiments.harness.results import Run
 from timing_model.run_metrics import ASYNC_MODES, iteration_over_ranks, slowest_rank
 
 __all__ = ["MAX_CURVE_POINTS", "step_split", "curve", "time_to_target", "run_record"]

@@ -21,7 +21,7 @@ from timing_model.atomic import write_text_atomic
 from timing_model.bandwidth import parse_bandwidth_bps
 from experiments.harness.variants import trainer_flags
 from pipesgd.cluster.cluster import Cluster
-from pipesgd.runlog.results import load_run
+from experiments.harness.results import load_run
 from timing_model.run_metrics import metrics_files
 from timing_model.calibration import read_calibration
 from timing_model.empirical.host_terms import host_terms

@@ -28,7 +28,8 @@ from pipesgd.grads.bucket_sets import BucketSet
 from pipesgd.grads.buckets import build_buckets, read_gradients
 from pipesgd.compression import ErrorFeedback
 from pipesgd.comm.exchange import GradientExchange
-from pipesgd.launch import exit_process, run_on_ranks
+from experiments.harness.rank_launch import run_on_ranks
+from pipesgd.launch import exit_process
 from pipesgd.measure.timing import time_collective
 from pipesgd.optimizer import PipeSGD
 from pipesgd.options import PipeSGDOptions, WrapperConfig

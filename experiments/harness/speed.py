@@ -13,7 +13,7 @@ from experiments.harness.variants import trainer_flags
 
 if TYPE_CHECKING:
     from pipesgd.cluster.cluster import Cluster
-    from pipesgd.runlog.results import Run
+    from experiments.harness.results import Run
 
 __all__ = ["run_variant", "speed_table"]
 

@@ -1,14 +1,7 @@
 """``allreduce="auto"`` measured, not ruled: under ``compression="auto"``, the warm-up steps that run the provisional
-codec alternate the two-collective exchange and the per-hop ring, and the warm-up's choice keeps the one whose
-median exchange time (the largest of every rank's) was shorter.
-
-Why: neither wins everywhere: the exchange is faster on some links and hosts, the ring on others, and a GPU over
-gloo favours the ring (experiments/results/bench_allreduce_choice/report.md); the fixed rule
-(``pipesgd.defaults.resolve_allreduce``) stays for a named codec. Only where the rule would pick the
-exchange (more than one rank, payloads not staged through host memory; a user's explicit choice is kept).
-Each switch drops the error-feedback residual of the all-reduce left (at most one warm-up step's rounding error),
-as a switch of the choice does.
-"""
+codec alternate the two-collective exchange and the ring, and the choice keeps the one whose median exchange time
+(the largest of every rank's) was shorter. Neither wins everywhere; where and why the trial runs, and what a switch
+costs: docs/auto.md, "Which all-reduce". A named codec keeps the fixed rule (``pipesgd.defaults.resolve_allreduce``)."""
 from __future__ import annotations
 
 import statistics

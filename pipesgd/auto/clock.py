@@ -86,10 +86,8 @@ class StepClock:
 
     @property
     def update_s(self) -> float:
-        """Median work of ``step()`` itself on the caller's thread, what it did not block on communication: the
-        optimizer's update, the hand-off and the apply. The exchange in flight hides behind it as behind the compute
-        (the timing model's T_cu = T_c + T_u); under a heavy optimizer such as AdamW on a large model it can be as long
-        as the compute, so leaving it out would halve the window."""
+        """Median work of ``step()`` itself on the caller's thread (update, hand-off, apply): the exchange in flight hides
+        behind it as behind the compute (the model's T_cu = T_c + T_u), and under a heavy optimizer it can rival the compute."""
         return statistics.median(self.own) if self.own else 0.0
 
     @property
@@ -132,11 +130,9 @@ class StepClock:
         return min(self.iterations, default=0.0)
 
     def synchronous(self) -> dict[str, float]:
-        """The warm-up's synchronous steps as a configuration that ran (``decision._predictor``'s ``ran``): the
-        iteration as the median compute plus the median ``step()`` (a period from one step's start to the next holds
-        step 0's first calls or the probes; with 3 warm-up steps the medians drop one such step), the exchange and
-        what ``step()`` blocked on it; and the fastest iteration (``fastest_s``; the median's where none was timed),
-        which the hold's early look compares with the pipeline's fastest (``pipesgd.auto.hold``)."""
+        """The warm-up's synchronous steps as a configuration that ran (``decision._predictor``'s ``ran``): the iteration
+        as median compute plus median ``step()`` (a period would hold step 0's first calls and the probes), the exchange,
+        what ``step()`` blocked on it, and the fastest iteration (``fastest_s``) for the hold's early look."""
         period = self.compute_s + _median(self.durations)
         return {"comm_s": self.comm_s, "period_s": period, "wait_s": _median(self.waits),
                 "fastest_s": self.fastest_s or period}

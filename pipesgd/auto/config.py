@@ -104,12 +104,10 @@ class AutoConfig:
 
     def end(self, step: int, comm_busy_s: float | None, wait_s: float = 0.0,
             optimizer_s: float | None = None) -> dict | None:
-        """After ``step()``'s work (``comm_busy_s``: the applied exchange's time on the worker, None: nothing
-        applied; ``wait_s``: what ``step()`` blocked on communication: that exchange and a blocking sync of the
-        module buffers, which queues behind the exchange on a saturated link; ``optimizer_s``: the wrapped optimizer's
-        ``step()`` when it ran, the look-ahead's price, ``Knobs.lookahead_s``). Returns a choice to run from the next
-        step on (the wrapper drains what is in flight first): a provisional codec at the probe, the choice at the
-        warm-up's last step, and a re-check's that switches."""
+        """After ``step()``'s work (``comm_busy_s``: the applied exchange's time on the worker, None if nothing applied;
+        ``wait_s``: what ``step()`` blocked on communication; ``optimizer_s``: the wrapped optimizer's step, the
+        look-ahead's price). Returns a choice to run from the next step on (the wrapper drains what is in flight first):
+        a provisional codec at the probe, the warm-up's choice at its last step, a re-check's that switches."""
         if not self._timing(step):
             return None
         self.clock.end(comm_busy_s, wait_s, optimizer_s)

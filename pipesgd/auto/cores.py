@@ -1,16 +1,9 @@
 """How busy the cores this process may run on are (``pipesgd.auto``: the cores' floor under any iteration).
 
-Why: pipelining hides the exchange behind the compute only where the cores have time to spare for both. Where
-several ranks share a host's cores (an emulated cluster with more nodes than cores, or ``torchrun --nproc-per-node 4``
-on a laptop) a synchronous step may already keep them busy; an exchange in flight then slows the compute beside it
-instead of hiding, and the timing model, which does not see the cores, would choose a width that gains nothing
-(experiments/results/auto_choice/report.md). The work per iteration is the same at any width, so no width runs an
-iteration in less than the busy core-time the synchronous steps needed per iteration over the cores: their busy
-share times their iteration (``StepClock.cores``).
-
-Read from ``/proc/stat`` (Linux; elsewhere no floor applies) over the CPUs in this process's affinity mask; what
-counts as busy, and a container's CPU quota: docs/auto.md, "The cores' floor".
-"""
+Pipelining hides the exchange only where the cores have time to spare: where ranks share a host's cores an exchange
+in flight slows the compute beside it, which the timing model does not see. The work per iteration is the same at
+any width, so no width runs an iteration in less than the synchronous steps' busy core-time (``StepClock.cores``).
+Read from ``/proc/stat`` over this process's affinity mask: docs/auto.md, "The cores' floor"."""
 from __future__ import annotations
 
 import os

@@ -34,9 +34,8 @@ BYTES_ORDER = ("none", "bf16", "fp16", "q8", "q4", "sign")  # most bytes on the 
 
 
 def _floored(compression: str, measured_with: str) -> bool:
-    """Whether the cores' floor read while ``measured_with`` ran bounds a configuration with ``compression``: one
-    that sends as many bytes or more (their network work is no less); a codec that sends fewer may need less: on a
-    slow link an uncompressed exchange keeps the cores busy with network work that a smaller payload does not need."""
+    """Whether the cores' floor read while ``measured_with`` ran bounds a configuration with ``compression``: only one
+    that sends as many bytes or more (docs/auto.md, "The cores' floor")."""
     if compression in BYTES_ORDER and measured_with in BYTES_ORDER:
         return BYTES_ORDER.index(compression) <= BYTES_ORDER.index(measured_with)
     return compression == measured_with  # a codec of unknown size: only the one it was read with
@@ -44,18 +43,9 @@ def _floored(compression: str, measured_with: str) -> bool:
 
 def _predictor(measured: dict[str, float], ran: dict[str, dict] | None = None, scale: float = 1.0,
                as_measured: bool = True, measured_with: str = "none"):
-    """Pipe-SGD's prediction for a scenario: with each codec's measured speed, its exchange time as measured while
-    the pipeline ran (any width, where the run gives one; the model's anchor, ``timing_model.empirical.anchor``)
-    and, ``as_measured``, a configuration that ran as it ran (its iteration and exposed wait); every other
-    prediction's times x ``scale``.
-    A pipelined step lasts the longer of its compute window and the exchange in flight; where both vary from step
-    to step (``StepClock.spreads``: compute's spread, the exchange's as a share of its time) that is
-    their expected maximum (``_with_spread``), not the larger mean: an exchange as long as the window hides only
-    half the time. No prediction is faster than the cores allow (``cores_floor_s``, ``pipesgd.auto.cores``): a
-    synchronous one is raised to it; a pipelined one's compute window is, and what its exchange left exposed beyond
-    the window stays exposed beyond it (raised to the floor alike, a codec whose exchange shows beyond the window
-    would look as fast as one whose exchange hides); only for
-    codecs that send at least the bytes of the one it was read with (``measured_with``, ``_floored``)."""
+    """Pipe-SGD's prediction for a scenario, from each codec's measured speed and exchange time, a configuration that
+    ran as it ran (``as_measured``), every other one's times x ``scale``; a pipelined step as the expected maximum of
+    its window and exchange (``_with_spread``), none under the cores' floor (docs/auto.md, steps 2 and 3)."""
     ran, floor = ran or {}, measured.get("cores_floor_s", 0.0)
     comm_of = {name.removesuffix("_exchange_s"): value for name, value in measured.items()
                if name.endswith("_exchange_s")}  # the warm-up's provisional codec
@@ -80,9 +70,8 @@ def _predictor(measured: dict[str, float], ran: dict[str, dict] | None = None, s
 
 
 def _with_spread(result, measured: dict[str, float]):
-    """A pipelined (width >= 2) prediction's iteration as E[max(window, exchange)] of two normal times
-    (``timing_model.core.straggler.expected_max_of_two``) with the measured spreads; what it adds is exposed
-    (split between transfer and codec as the model split it)."""
+    """A pipelined prediction's iteration as E[max(window, exchange)] of two normal times with the measured spreads;
+    what it adds is exposed, split between transfer and codec as the model split it."""
     compute_spread, comm_cv = measured.get("compute_spread_s", 0.0), measured.get("comm_cv", 0.0)
     if result.staleness < 1 or not (compute_spread or comm_cv):
         return result
@@ -99,14 +88,10 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
            measured_with: tuple[str, bool] = ("none", False),
            now: tuple[int | None, str, bool] | None = None, ran: dict[str, dict] | None = None,
            max_width: int = MAX_WIDTH, hidden_only: bool = False) -> dict | None:
-    """What ``timing_model.recommend`` picks from the measurements (the same on every rank), among the knobs the user
-    left free: {"width", "compression", "error_feedback", "reason", "measured"}. ``measured["comm_s"]`` is an
-    exchange of the whole gradient with ``measured_with``'s codec. With ``now`` (a re-check: the width, codec and
-    feedback running) None unless the switch rule of the module doc holds; ``ran``: what configurations measured
-    while the pipeline ran, by ``run_key`` (``_predictor``). The model's error on the running configuration
-    (its measured iteration over the model's) scales the predictions of the ones that have not run. ``max_width``:
-    the widest tried; ``hidden_only``: None unless a candidate hides its all-reduce (the choice, or a narrower one
-    within ``WIDER_GAIN`` of it: ``uncompressed_hides``)."""
+    """What ``timing_model.recommend`` picks among the knobs the user left free: {"width", "compression",
+    "error_feedback", "reason", "measured"}, the same on every rank. With ``now`` (a re-check: what runs) None unless
+    the switch rule holds; ``ran``: what configurations measured, by ``run_key``; the model's error on the running one
+    scales the others' predictions; ``hidden_only``: None unless a candidate hides (docs/auto.md)."""
     link = link_terms(measured, nodes, grad_bytes, measured_with)
     scenario = Scenario(nodes=nodes, grad_bytes=grad_bytes, compute_s=measured["compute_s"],
                         update_s=measured.get("update_s", 0.0), lookahead_s=measured.get("lookahead_s", 0.0), **link)
@@ -149,9 +134,8 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
 
 
 def _measured_before(answer, ran: dict[str, dict]):
-    """``recommend``'s choice, or an earlier candidate of its ladder (narrower or more exact) that ran and measured an
-    iteration no longer than the choice's: measured beats a prediction that it hides (on cores shared by the ranks,
-    a pipelined exchange slows the compute beside it, which the model does not see); with the reason."""
+    """``recommend``'s choice, or an earlier candidate of its ladder that ran no slower than the choice is predicted:
+    measured beats a prediction (shared cores slow the compute beside an exchange, which the model does not see)."""
     new = answer.choice
     earlier = [c for c in answer.candidates[:answer.candidates.index(new)]
                if run_key(c.width, c.compression, c.error_feedback) in ran and c.iteration_s <= new.iteration_s]
@@ -164,16 +148,9 @@ def _measured_before(answer, ran: dict[str, dict]):
 
 def uncompressed_hides(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Knobs,
                        ran: dict[str, dict] | None = None) -> dict | None:
-    """``decide``'s choice without the link's latency or any codec's speed, where it needs neither (``measured``:
-    compute and the warm-up's uncompressed exchange, ``comm_s``): the ladder begins uncompressed (width 1, then
-    width 2 before its codecs, ``timing_model.recommend``), and an uncompressed all-reduce of the gradient is
-    predicted as measured however its time splits into latency and bandwidth. So if one of those hides, it (or width
-    1 within ``WIDER_GAIN`` of it) is the choice, and the link's probes (the 1/64 all-reduces, each codec timed on
-    every rank, the decision on rank 0 and its broadcast, a large share of a small model's first step on fast
-    links) are not needed.
-    Cheap enough for every rank to compute from the agreed numbers, so no broadcast is needed. None when none of them
-    hides.
-    ``ran``: what configurations measured (the warm-up's synchronous run, ``first_choice``), as ``decide``."""
+    """``decide``'s choice where it needs neither the link's latency nor any codec's speed: an uncompressed all-reduce is
+    predicted as measured, so if width 1 or 2 uncompressed hides, the link's probes are skipped (docs/auto.md, step 4).
+    None when none hides; computed on every rank from agreed numbers, so nothing is broadcast."""
     if knobs.compression not in (None, "none"):
         return None
     widths = min(2, MAX_WIDTH) if knobs.width is None else knobs.width
@@ -188,14 +165,10 @@ def uncompressed_hides(measured: dict[str, float], nodes: int, grad_bytes: float
 
 def link_terms(measured: dict[str, float], nodes: int, grad_bytes: float,
                measured_with: tuple[str, bool] = ("none", False)) -> dict[str, float]:
-    """The link's per-message latency and bandwidth for which the timing model predicts both measured all-reduces:
-    the whole gradient with ``measured_with``'s codec (``comm_s``) and 1/64 of it uncompressed
-    (``small_allreduce_s``, the ring's T = 2(p-1) latency + 2(p-1)/p M / B). The large one fixes the bandwidth
-    given the latency (``_bandwidth_for``: the predicted time falls as the bandwidth grows), the small one the
-    latency given the bandwidth; a few rounds settle both. One rank (nothing sent): an infinitely fast link.
-    The model here leaves out a measured exchange of ``measured_with``'s codec (a re-check of the warm-up's provisional
-    codec has one): as an anchor it would pin the modelled time whatever the link, and the solve would run to a bound
-    (1 kB/s), which made every other configuration look hopeless to a re-check."""
+    """The link's latency and bandwidth for which the model predicts both measured all-reduces: the gradient with
+    ``measured_with``'s codec (``comm_s``, which fixes the bandwidth) and 1/64 of it uncompressed
+    (``small_allreduce_s``, the latency); a few rounds settle both. A measured exchange of that codec is left out: as an
+    anchor it would pin the modelled time whatever the link. One rank: an infinitely fast link."""
     if nodes < 2:
         return {"bandwidth_Bps": float("inf"), "latency_s": 0.0}
     predict_pipe = _predictor({k: v for k, v in measured.items() if k != exchange_key(*measured_with)})
@@ -218,10 +191,8 @@ def link_terms(measured: dict[str, float], nodes: int, grad_bytes: float,
 
 
 def _bandwidth_for(comm_at: Callable[[float], float], seconds: float) -> float:
-    """The bandwidth (bytes/s, 1e3 to 1e14: a stalled link to far beyond any NIC) at which ``comm_at`` (falling as the
-    bandwidth grows) takes ``seconds``: regula falsi with the Illinois step on log(time) against log(bandwidth),
-    nearly straight (time ~ latency + bytes / bandwidth), so a dozen predictions instead of bisection's fifty
-    (the decision runs inside a training step)."""
+    """The bandwidth (1e3 to 1e14 bytes/s) at which ``comm_at``, falling as it grows, takes ``seconds``: regula falsi
+    (Illinois) on log(time) against log(bandwidth), nearly straight, so a dozen predictions inside a training step."""
     low, high = math.log(1e3), math.log(1e14)
     f_low, f_high = (math.log(comm_at(math.exp(x)) / seconds) for x in (low, high))
     if f_high >= 0:
@@ -244,8 +215,7 @@ def _bandwidth_for(comm_at: Callable[[float], float], seconds: float) -> float:
 
 
 def describe(choice: dict) -> str:
-    """"width 2, q4 + error feedback" (the width only when it was chosen; ", ring" when the warm-up measured the
-    all-reduce); "warm-up: q8" for a provisional codec."""
+    """"width 2, q4 + error feedback" (", ring" when the warm-up measured the all-reduce); "warm-up: q8" if provisional."""
     label = choice_label(choice.get("width"), choice["compression"], bool(choice["error_feedback"]))
     if choice.get("allreduce"):  # measured in the warm-up (pipesgd.auto.allreduce_trial)
         label += f", {choice['allreduce']}"

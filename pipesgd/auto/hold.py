@@ -1,14 +1,6 @@
-"""A width chosen above 1 held against the synchronous warm-up it was chosen after (docs/auto.md, "Held against
-width 1"): measured against measured, and stopped as soon as the answer is known. The warm-up ran width 1 with its
-codec (none, the user's, or the provisional one a slow link's warm-up ran), so that is where a held width goes back:
-a configuration that ran, on the ladder (``timing_model.recommend``: each codec at width 1 before width 2).
-
-Why early: each held step is pipelined, so it costs a stale gradient whatever the verdict, and where the ranks share
-cores the verdict is nearly always "back to width 1". So from ``EARLY_HOLD_STEPS`` on, a pipeline whose fastest
-iteration so far was not ``WIDER_GAIN`` faster than the warm-up's fastest goes back at once; one that was is held to
-the full count, where the medians decide. Fastest against fastest, because first calls inflate the first iterations
-on both sides and say nothing of the pace.
-"""
+"""A width chosen above 1 held against the synchronous warm-up it was chosen after, measured against measured, and
+stopped as soon as the answer is known: a held width goes back to width 1 with the warm-up's codec. The rule, and
+why early and why fastest against fastest: docs/auto.md, "Held against width 1"."""
 from __future__ import annotations
 
 import torch
@@ -30,11 +22,9 @@ def held_steps(step: int) -> list[int]:
 
 def held_against_width_1(current: dict, clock: StepClock, group: dist.ProcessGroup | None,
                          device: torch.device, final: bool = True) -> dict | None:
-    """Width 1 with the warm-up's codec (its run in ``current["ran"]``, ``warmup_run``), unless the pipelined steps
-    since the choice ran ``WIDER_GAIN`` faster per iteration than the warm-up's synchronous steps (agreed medians),
-    else None; before the ``final`` hold, only where even their fastest iteration was not ``WIDER_GAIN`` faster than
-    the warm-up's fastest (each rank's fastest, agreed; None: hold on). Nothing else changes, and a re-check's model
-    is not asked."""
+    """Width 1 with the warm-up's codec (``warmup_run``), unless the pipelined steps since the choice ran ``WIDER_GAIN``
+    faster per iteration than the warm-up's (agreed medians), else None; before the ``final`` hold, only where even
+    their fastest iteration was not ``WIDER_GAIN`` faster than the warm-up's fastest (None: hold on)."""
     window = agreed({**clock.window(), "fastest_s": clock.fastest_s}, group, device)
     key, codec, feedback = warmup_run(current)
     warmup = current["ran"][key]

@@ -15,13 +15,10 @@ BYTES_SHARE = 0.9  # the early look reads only a broadcast that is at least this
 
 def transfer_floor_s(broadcast_s: float, latency_s: float, broadcast_bytes: int, grad_bytes: float,
                      nodes: int) -> float:
-    """The least time the bytes of an uncompressed ring all-reduce of ``grad_bytes`` take on a link where the
-    slowest rank received ``broadcast_bytes`` from rank 0 in ``broadcast_s``, ``latency_s`` of it not bytes (one
-    element's broadcast), whatever the backend's broadcast: at worst rank 0 sends to each peer in turn,
-    ``(p-1) x M / B`` (a tree or a pipeline is faster), so the ring's ``2(p-1)/p x G / B`` is at least
-    ``2/p x G/M x`` the bytes' time. 0 unless the broadcast is mostly bytes (``BYTES_SHARE``): the broadcast of a small
-    model is its latency and the host's jitter, which say nothing of the bandwidth. A floor, not an estimate: on a
-    slow link it stays below what the ring's bytes take (docs/auto.md, "The early look")."""
+    """The least time the bytes of an uncompressed ring all-reduce of ``grad_bytes`` take, from the slowest rank's
+    broadcast of ``broadcast_bytes`` in ``broadcast_s`` (``latency_s`` of it not bytes): at worst a broadcast sends to
+    each peer in turn, so the ring's ``2(p-1)/p x G / B`` is at least ``2/p x G/M x`` the bytes' time. 0 unless the
+    broadcast is mostly bytes (``BYTES_SHARE``). A floor, not an estimate (docs/auto.md, "The early look")."""
     bytes_s = broadcast_s - latency_s
     if nodes < 2 or broadcast_bytes <= 0 or bytes_s < BYTES_SHARE * broadcast_s:
         return 0.0
@@ -30,10 +27,8 @@ def transfer_floor_s(broadcast_s: float, latency_s: float, broadcast_bytes: int,
 
 def clearly_slow(floor_s: float, compute_s: float) -> bool:
     """The early look's verdict: the uncompressed gradient's bytes take at least ``SLOW_LOOK`` times the probing step's
-    compute (``floor_s``: their least time, ``transfer_floor_s``). Half, not all: that step's compute holds its first
-    calls and may read far longer than a later step's, so bytes as long as half of it may still be as long as a later
-    step's compute and do not hide at width 2. A first step inflated more (a GPU's autotuning) only makes the look
-    decline: the step then exchanges uncompressed, as without it."""
+    compute (``floor_s``: ``transfer_floor_s``). Half, not all: that step's compute holds its first calls and may read
+    far longer than a later step's; a first step inflated more only makes the look decline."""
     return floor_s >= SLOW_LOOK * compute_s > 0
 
 

@@ -21,11 +21,9 @@ CODEC_SAMPLE = 4_000_000  # elements at most for a codec's timed encode and deco
 
 def measure(numel: int, device: torch.device, dtype: torch.dtype, group: dist.ProcessGroup | None,
             codecs: tuple[str, ...] = CANDIDATES, codec_options: dict | None = None) -> dict[str, float]:
-    """Step 2 on this rank: seconds of an uncompressed all-reduce of 1/64 of ``numel`` elements of the buckets'
-    ``dtype``, and encode/decode throughput (fp32 bytes/s) of every codec in ``codecs`` (built with ``codec_options``),
-    timed on every rank at once: where ranks share a host's cores, a codec runs in training at their shared speed (timed
-    on one rank alone, a codec reads faster than it will run, and the choice takes a codec that is slower than not
-    compressing). The all-reduce's least time of ``REPEATS``: the host's noise only adds to it."""
+    """Step 2 on this rank: seconds of an uncompressed all-reduce of 1/64 of ``numel`` elements (the least of
+    ``REPEATS``: noise only adds) and every codec's encode/decode throughput (fp32 bytes/s), timed on every rank at
+    once: where ranks share cores a codec runs at their shared speed, and timed alone it reads faster than it will run."""
     x = torch.zeros(max(numel // SMALL_FRACTION, 1), dtype=dtype, device=device)
     dist.all_reduce(x, group=group)  # the first call sets up what the next ones reuse
     times = []
@@ -69,10 +67,8 @@ def exchange_per_step(clock: StepClock, group: dist.ProcessGroup | None, device:
 
 
 def on_rank0(make: Callable[[], Any], group: dist.ProcessGroup | None, device: torch.device) -> Any:
-    """``make()`` run on rank 0 alone and its result broadcast: every rank holds the same decision, computed once.
-    Why not on every rank from the agreed numbers: ranks that share a host's cores compute the same decision at
-    at once, each at a fraction of the cores, so each takes far longer than one rank alone.
-    The other ranks wait in the broadcast; an error on rank 0 reaches them as one, instead of a hang."""
+    """``make()`` run on rank 0 alone and its result broadcast, so every rank holds the same decision, computed once:
+    ranks that share cores would each compute it at a fraction of the cores. An error on rank 0 reaches the others."""
     if dist.get_world_size(group) == 1:
         return make()
     box: list = [None]

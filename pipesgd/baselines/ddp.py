@@ -1,16 +1,9 @@
-"""PyTorch's DistributedDataParallel behind the trainer's optimizer-wrapper interface: the peer every claim
-is measured against.
+"""PyTorch's DistributedDataParallel behind the trainer's optimizer-wrapper interface: the peer every claim is
+measured against.
 
-DDP averages gradients inside ``backward()`` (bucketed allreduce overlapped with the backward pass), so
-its communication wait cannot be separated from compute: ``last_stats.t_wait_s`` is 0 and the trainer's
-``t_compute`` holds backward plus all exposed communication. ``t_update_s`` is the optimizer step.
-``bytes_sent`` is what a ring allreduce sends per rank for one gradient of M bytes, 2(p-1)/p * M, once per
-backward pass since the last step (DDP all-reduces after each of several accumulated backward passes), halved by
-the fp16 compression hook (the hook's payload is half precision; DDP's backend may use another
-algorithm than a ring, so this is the ring-equivalent volume, comparable across modes). With PowerSGD it is
-counted per bucket as the hook communicates (``pipesgd.baselines.ddp_hooks``): plain allreduce for its first
-``start_powerSGD_iter`` backward passes, then the uncompressed tensors plus the P and Q factors.
-"""
+DDP averages inside ``backward()``, so its wait cannot be told from compute: ``t_wait_s`` is 0 and ``t_compute``
+holds all exposed communication. ``bytes_sent`` is the ring-equivalent volume, 2(p-1)/p * M per synced backward
+pass, halved by the fp16 hook; PowerSGD's is counted per bucket as its hook sends (``ddp_hooks``)."""
 from __future__ import annotations
 
 import time
@@ -28,25 +21,17 @@ __all__ = ["DDPOptimizer", "DDP_HOOKS", "ring_allreduce_bytes"]
 
 
 def powersgd_bucket_mb(hook: str, bucket_mb: float, grad_bytes: int, process_group=None) -> float:
-    """The bucket cap DDP gets: ``bucket_mb``, except PowerSGD on gloo gets one bucket for the whole gradient.
-
-    Why: PowerSGD issues a bucket's second and third allreduce (P, then Q) from callbacks of the first, so with
-    several buckets the order in which a rank issues collectives depends on when its callbacks run; gloo matches
-    collectives by issue order and fails ("Received data size doesn't match", seen with the 8.6 M-parameter
-    AlexNet-like model on 4 gloo ranks). NCCL, which PowerSGD targets, is left as asked."""
+    """The bucket cap DDP gets: ``bucket_mb``, except PowerSGD on gloo gets one bucket for the whole gradient: PowerSGD
+    issues a bucket's P and Q allreduces from callbacks of the first, so with several buckets the issue order varies
+    between ranks, and gloo, which matches collectives by issue order, fails. NCCL is left as asked."""
     if hook != "powersgd" or dist.get_backend(process_group) == "nccl":
         return bucket_mb
     return max(bucket_mb, grad_bytes / 2**20 + 1.0)
 
 
 class DDPOptimizer:
-    """``DistributedDataParallel(model)`` plus a plain torch optimizer behind the trainer's wrapper seam
-    (``pipesgd.wrapper.OptimizerWrapper``).
-
-    Forward through ``ddp.model`` (the wrapped module) so that backward averages the gradients.
-    ``powersgd_rank``, ``powersgd_start`` and ``seed`` configure the ``powersgd`` hook (PyTorch's
-    ``PowerSGDState``: rank, plain allreduce for the first ``max(2, powersgd_start)`` backward passes, RNG seed).
-    """
+    """``DistributedDataParallel(model)`` plus a plain torch optimizer (``pipesgd.wrapper.OptimizerWrapper``); forward
+    through ``.model``. ``powersgd_rank``, ``powersgd_start`` and ``seed`` configure PyTorch's ``PowerSGDState``."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: nn.Module, hook: str = "none",
                  bucket_mb: float = BUCKET_MB, process_group: dist.ProcessGroup | None = None,

@@ -1,16 +1,10 @@
-"""The communication hooks the DDP baseline registers (``--ddp-hook``), what each one puts on the wire, and the
-wrapper that counts those bytes and, while tracing, draws each bucket's communication on the "comm" row.
+"""The communication hooks the DDP baseline registers (``--ddp-hook``), and the wrapper that counts their
+ring-equivalent bytes (2(p-1)/p * M per allreduce of M bytes, as every mode reports) and traces each bucket.
 
-Bytes are ring-equivalent volumes: an allreduce of M bytes costs one rank 2(p-1)/p * M (DDP's backend may run
-another algorithm; the ring figure is what every mode reports, so modes compare field by field).
-
-PowerSGD (``torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook``) communicates, per bucket:
-1. for its first ``start_powerSGD_iter`` backward passes, the whole bucket, uncompressed (vanilla allreduce);
-2. afterwards three allreduces: every gradient not worth compressing, uncompressed (biases, and matrices where
-   ``(n + m) * r * min_compression_rate >= n * m`` on the 2-D view ``(shape[0], -1)``, r = min(n, m, rank));
-   then P (n x r per compressed matrix) and Q (m x r per compressed matrix), in the bucket's dtype.
-``powersgd_bucket_elements`` mirrors step 2's split exactly (torch's ``_should_compress``).
-"""
+PowerSGD (torch's ``powerSGD_hook``) communicates, per bucket:
+1. for its first ``start_powerSGD_iter`` backward passes, the whole bucket, uncompressed;
+2. afterwards every gradient not worth compressing, uncompressed (torch's ``_should_compress`` on the 2-D view),
+   then P (n x r) and Q (m x r) per compressed matrix; ``powersgd_bucket_elements`` mirrors that split exactly."""
 from __future__ import annotations
 
 import functools

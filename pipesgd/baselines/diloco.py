@@ -1,14 +1,6 @@
-"""DiLoCo (Douillard et al., arXiv 2311.08105) behind the trainer's optimizer-wrapper seam: ``sync_every`` local
-steps of the inner optimizer, then an outer Nesterov SGD step on the ranks' mean pseudo-gradient.
-
-Names and semantics follow torchft's ``DiLoCo(sync_every, fragment_sync_delay, ...)`` with one fragment (the whole
-model) and its default merge (the local weights are replaced by the new global ones); ``sync_delay`` >= 1 overlaps
-the pseudo-gradient's all-reduce with that many inner steps (Streaming DiLoCo's tau, arXiv 2501.18512). The steps
-are in ``DiLoCo``'s docstring. ``flush()`` ends on synced weights: a pseudo-gradient in flight is completed;
-otherwise local steps since the last sync are synced at once (the steps over the shorter period). The
-pseudo-gradient travels in one flat buffer of at least float32; ``bytes_sent`` counts its ring-equivalent volume
-when it leaves.
-"""
+"""DiLoCo (Douillard et al., arXiv 2311.08105) behind the trainer's optimizer-wrapper seam, with torchft's names and
+one fragment (the whole model); ``sync_delay`` >= 1 is Streaming DiLoCo's overlap (arXiv 2501.18512). The steps:
+``DiLoCo``; the trainer's flags: docs/training.md, "Periodic averaging"."""
 from __future__ import annotations
 
 import functools
@@ -33,21 +25,14 @@ class DiLoCo:
     Per period of ``sync_every`` inner steps, counted by ``local_step`` from 1:
 
     1. After inner step ``sync_every - sync_delay``: the pseudo-gradient ``delta = global - local`` (``global``: the
-       weights of the last sync, the same on every rank), whose sum over the ranks is started as one all-reduce.
+       weights of the last sync) starts its all-reduce (a sum).
     2. After inner step ``sync_every``: wait for it; ``delta`` = that sum / world size.
     3. The outer optimizer (SGD, Nesterov momentum) steps ``global`` with ``delta`` as its gradient.
-    4. Every rank continues from the new ``global``: the local weights are overwritten with it, and ``local_step``
-       restarts at 0. The inner optimizer's state is each rank's own and is kept.
+    4. Every rank continues from the new ``global``; the inner optimizer's state is each rank's own and is kept.
 
-    With ``sync_delay = 0`` steps 1-4 run back to back after the last inner step (blocking, the paper's DiLoCo).
-    With ``sync_delay = tau >= 1`` the all-reduce runs while ``tau`` more inner steps compute: the outer step applies
-    the pseudo-gradient of the period's first ``sync_every - tau`` steps, and the ``tau`` overlapped steps' progress
-    is dropped at step 4 (torchft's ``fragment_update_alpha = 0``) while the inner optimizer keeps what they taught
-    its state.
-
-    ``optimizer`` is the inner one over ``model``'s parameters (every parameter that requires a gradient takes
-    part). Every rank starts from rank 0's parameters and buffers; buffers are not synced afterwards.
-    """
+    ``sync_delay = 0`` is the blocking original. With ``tau >= 1`` the ``tau`` overlapped steps' progress is dropped
+    at step 4 (torchft's ``fragment_update_alpha = 0``). ``flush()`` completes a sync in flight or syncs the partial
+    period. Every rank starts from rank 0's parameters and buffers; buffers are not synced afterwards."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: nn.Module, sync_every: int,
                  outer_lr: float = OUTER_LR, outer_momentum: float = OUTER_MOMENTUM, sync_delay: int = 0,

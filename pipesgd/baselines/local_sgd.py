@@ -1,18 +1,8 @@
-"""PyTorch's own post-local SGD behind the trainer's optimizer-wrapper seam: local steps, parameters averaged
-every ``sync_every`` steps.
-
-Built from torch's parts, nothing re-implemented: DDP with ``post_localSGD_hook`` all-reduces gradients for the first
-``warmup_steps`` steps (synchronous training) and afterwards leaves each rank its own gradient
-(``post_local_gradient_allreduce=False``: no subgroup, so no collective in backward); ``PostLocalSGDOptimizer`` runs
-the inner optimizer every step and then ``PeriodicModelAverager``, which averages the parameters at averager steps
-``warmup_steps + n * sync_every`` (n = 0, 1, ...), torch's schedule: the first average follows the first local step.
-
-Each rank's inner optimizer state stays its own (torch averages parameters only; module buffers are not touched and
-DDP broadcasts them only when it is built, so no collective runs in a local step). ``flush()`` averages the
-parameters once more when local steps ran since the last average, so every rank ends on the same weights.
-``bytes_sent`` is the ring-equivalent volume: the gradient per backward pass in the warm-up, the parameters at an
-average, 0 in a local step.
-"""
+"""PyTorch's own post-local SGD behind the trainer's optimizer-wrapper seam, built from torch's parts: DDP with
+``post_localSGD_hook`` (synchronous for ``warmup_steps``, then no collective in backward) and
+``PostLocalSGDOptimizer`` with ``PeriodicModelAverager`` (parameters averaged on torch's schedule). Optimizer state
+and buffers stay each rank's own; ``flush()`` averages once more if local steps ran since the last average.
+``bytes_sent`` is ring-equivalent. The trainer's flags: docs/training.md, "Periodic averaging"."""
 from __future__ import annotations
 
 import inspect
@@ -42,11 +32,9 @@ _NO_FORWARD_BUFFER_SYNC = ({"forward_sync_buffers": False}
 class LocalSGD:
     """Post-local SGD (``pipesgd.wrapper.OptimizerWrapper``): forward through ``.model`` (DDP's module).
 
-    ``sync_every`` is torch's averaging ``period`` (at least 2: with 1, torch itself says plain DDP is the tool);
-    ``warmup_steps`` synchronous steps come first (gradients all-reduced in backward, as DDP does).
-    ``accumulate`` is the number of backward passes per step, so that the hook, which counts backward passes, ends
-    its warm-up at the same step as the averager, which counts optimizer steps.
-    """
+    ``sync_every`` is torch's averaging ``period`` (at least 2: for 1 torch says plain DDP is the tool).
+    ``accumulate``: backward passes per step, so that the hook (counting backward passes) ends its warm-up at the
+    same step as the averager (counting optimizer steps)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: nn.Module, sync_every: int, warmup_steps: int = 0,
                  accumulate: int = 1, process_group: dist.ProcessGroup | None = None,

@@ -1,14 +1,9 @@
 """Parameter-server baselines, the paper's "conventional approaches": synchronous PS and Downpour SGD.
 
-Roles. ``servers=0``: rank 0 is the server and also a worker (co-located); ``servers=N``: ranks 0..N-1 are dedicated
-servers holding the parameters sharded by whole tensors (balanced by bytes), the other ranks are workers. Only
-workers are data-parallel (``worker_rank``/``num_workers``). The worker's half of the protocol is
-``ps_worker``, the server's ``ps_server``, the messages ``ps_protocol``; docs/architecture.md tells the whole.
-
-Ending: every worker calls ``flush()`` and every dedicated server ``serve()``; both end with a broadcast of the final
-weights on the PS group, so every rank's model holds the final weights. A dead or silent peer surfaces as a
-RuntimeError naming what was awaited, after the group timeout.
-"""
+``servers=0``: rank 0 serves and trains; ``servers=N``: ranks 0..N-1 serve shards, the others are workers. The
+worker's half is ``ps_worker``, the server's ``ps_server``, the messages ``ps_protocol`` (docs/architecture.md,
+"Parameter-server baselines"). Every worker ends with ``flush()``, every dedicated server with ``serve()``, both
+with a broadcast of the final weights; a dead peer is a RuntimeError naming what was awaited, after the timeout."""
 from __future__ import annotations
 
 import threading
@@ -134,11 +129,9 @@ class ParameterServer(WorkerSteps):
 
     def flush(self) -> list[StepStats]:
         """End this worker's training; afterwards step() raises. Returns step 1's stats (async), else [].
-
         Step 1 (async): push what is summed but not pushed, wait for in-flight pushes, pull the latest weights.
         Step 2: tell the servers this worker is done; a co-located server keeps serving the others.
-        Step 3: receive the final weights (every rank, dedicated servers in serve()).
-        """
+        Step 3: receive the final weights (every rank, dedicated servers in serve())."""
         if self._closed:
             return []
         if self.is_server_only:

@@ -1,11 +1,8 @@
 """The server side of the parameter-server baselines: one shard's weights, its optimizer, its loops.
 
-A ``ShardServer`` owns the authoritative weights of one shard and applies updates with the wrapped
-torch optimizer. ``sync_round`` serves one synchronous step of every live worker; ``serve_async``
-applies pushes as they arrive (Downpour SGD) until every worker has said it is done.
-Traced (``pipesgd.runlog.trace``): receive, apply and send spans, on the "server" row for ``serve_async``; the workers
-(``ps_worker``) mark push, pull (blocked on the weights) and wait (blocked on earlier pushes).
-"""
+``sync_round`` serves one synchronous step of every live worker; ``serve_async`` applies pushes as they arrive
+(Downpour SGD) until every worker is done. Traced: receive, apply and send spans (``serve_async`` on the "server"
+row); the workers mark push, pull and wait."""
 from __future__ import annotations
 
 import collections
@@ -115,11 +112,8 @@ class ShardServer:
 
     # -- synchronous mode --------------------------------------------------------------------------
     def sync_round(self, group, live: set[int], local: list[torch.Tensor] | None, step: int, bufs: dict) -> dict:
-        """One synchronous step: gather every live worker's push, average, update, send weights back.
-
-        ``local`` is the co-located worker's gradient (rank 0 with servers=0) or None. Workers that
-        send DONE leave ``live``. Returns the bytes sent and seconds spent waiting and updating.
-        """
+        """One synchronous step: gather every live worker's push, average, update, send weights back. ``local``: the
+        co-located worker's gradient or None; workers that send DONE leave ``live``. Returns bytes sent and seconds spent."""
         t0 = time.perf_counter()
         trace.set_step(step)  # a dedicated server's trace window follows the workers' steps
         receive = trace.span("receive", "server")

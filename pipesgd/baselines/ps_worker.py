@@ -1,13 +1,10 @@
 """The worker's half of the parameter-server protocol (``pipesgd.baselines.parameter_server``), on its gloo group.
 
-- sync: every step a worker sends a header and its gradient (each server's shard) to every server and waits for
-  the new weights; a co-located server (rank 0 with ``servers=0``) runs the round itself.
-- async (Downpour SGD, Dean et al. 2012): a worker sums its gradients locally and pushes the sum every
-  ``push_every`` steps (the send completes while it computes its next step; at most one request per server in
-  flight), and pulls fresh weights every ``pull_every`` steps (blocking; a step that pushes and pulls sends one
-  combined request). Between pulls it computes on the weights it last pulled. A co-located server is called
-  in-process. At each pull the worker records the staleness the servers report (``last_staleness``).
-"""
+- sync: every step a worker sends its gradient to every server and waits for the new weights.
+- async (Downpour SGD, Dean et al. 2012): a worker pushes its summed gradients every ``push_every`` steps (at most
+  one request per server in flight) and pulls weights every ``pull_every`` steps (blocking; one combined request
+  when a step does both), recording the staleness the servers report (``last_staleness``).
+A co-located server (rank 0 with ``servers=0``) is called in-process."""
 from __future__ import annotations
 
 import time

@@ -1,16 +1,9 @@
 """Which CPU cores each emulated node may run on, and the wrapper that pins a node's command to them.
 
-Every node of the emulated cluster shares the one machine's cores; without pinning the kernel spreads all
-nodes' threads over all cores, so a node's compute and another node's ring compete for the same core and no
-overlap figure is a node's own. ``pipesgd-cluster up --cores-per-node K`` gives node i the K cores
-``available[i*K : (i+1)*K]`` of this process's allowed set (``os.sched_getaffinity``), exclusively; it refuses
-when the machine has fewer than nodes x K cores rather than sharing them silently.
-
-The pin is applied by running each node's command through ``python -m pipesgd.cluster.pin CORES -- ARGV``
-(inside the node's namespace): it sets the CPU affinity and execs ARGV, and every process the command starts
-(torchrun and its workers, gloo's threads) inherits it. A Python wrapper instead of ``taskset`` because the
-machines the cluster runs on need not have util-linux.
-"""
+``pipesgd-cluster up --cores-per-node K`` gives node i the K cores ``available[i*K : (i+1)*K]`` of this process's
+allowed set, exclusively, and refuses when there are fewer than nodes x K. Each node's command runs through
+``python -m pipesgd.cluster.pin CORES -- ARGV`` inside its namespace, and everything it starts inherits the pin
+(docs/emulated-cluster.md)."""
 from __future__ import annotations
 
 import os

@@ -1,12 +1,7 @@
-"""Measure achieved one-way TCP throughput between two nodes, to show that the shaping works.
-
-Steps:
-1. start a receiver in the destination namespace; it listens on the node's address and says "ready";
-2. start a sender in the source namespace; it streams zeros for ``duration_s`` (or ``max_bytes``);
-3. the receiver times the bytes that arrive after ``warmup_s`` (TCP slow start and the tbf burst are
-   left out) and prints a JSON line; throughput = those bytes / that time.
-Expect a little under the tbf rate: tbf counts whole frames, of which TCP payload is only a part.
-"""
+"""Measure achieved one-way TCP throughput between two nodes, to show that the shaping works
+(docs/emulated-cluster.md, "measure"): Step 1, a receiver in the destination namespace says "ready"; Step 2, a
+sender in the source namespace streams zeros; Step 3, the receiver's JSON line: the bytes after ``warmup_s`` over
+their time."""
 from __future__ import annotations
 
 import json

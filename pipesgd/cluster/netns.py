@@ -92,11 +92,8 @@ def delete_netns(ns: str) -> None:
 
 
 def write_hosts(ns: str, hosts: dict[str, str]) -> None:
-    """A per-namespace /etc/hosts (``ip netns exec`` bind-mounts /etc/netns/NS/hosts over /etc/hosts).
-
-    Why: gloo/c10d look up the peer's name for their log lines; without an entry for 10.77.0.x the
-    lookup goes to DNS, which is unreachable from the namespace, and each connect logs a warning.
-    """
+    """A per-namespace /etc/hosts (``ip netns exec`` bind-mounts /etc/netns/NS/hosts over /etc/hosts): gloo and c10d
+    look up the peer's name for their log lines, and without an entry each connect waits on unreachable DNS and warns."""
     directory = os.path.join(ETC_NETNS, ns)
     os.makedirs(directory, exist_ok=True)
     lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback", "::ffff:127.0.0.1 localhost"]

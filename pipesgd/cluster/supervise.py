@@ -62,11 +62,9 @@ def _signal(pids: list[int], groups: list[int], sig: int) -> None:
 
 
 def stop_all(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
-    """Rule 3: SIGTERM every tree still running, wait up to ``grace_s``, SIGKILL what is left.
-
-    The descendant list is taken while each leader is alive (a reaped leader's pid could be reused),
-    and kept for the SIGKILL round: leaders that exit on SIGTERM orphan their children.
-    """
+    """Rule 3: SIGTERM every tree still running, wait up to ``grace_s``, SIGKILL what is left. The descendants are listed
+    while each leader is alive (a reaped leader's pid could be reused) and kept for the SIGKILL round, since leaders
+    that exit on SIGTERM orphan their children."""
     groups = [p.pid for p in procs]  # start_new_session=True: pgid == leader pid
     tree = [pid for p in procs if p.poll() is None for pid in descendants(p.pid)]
     _signal(tree, groups, signal.SIGTERM)

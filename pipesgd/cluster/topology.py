@@ -1,17 +1,11 @@
-"""Build and tear down the emulated cluster: a bridge in a "switch" namespace, one namespace per node.
-
-    switch ns  {name}-sw:      psgd-br (bridge) ── psgd-p0 … psgd-p{N-1}
-    node ns    {name}-node{i}: lo, psgd-veth 10.77.0.(10+i)/24, root qdisc tbf (the node's uplink)
-
-Steps of ``build`` (any failure rolls back everything made so far):
-1. preflight (root, ip, tc) and refuse if the cluster already exists (unless ``force``);
-2. create the switch namespace and its bridge;
-3. per node: namespace, loopback up, veth pair switch↔node, address, link up;
-4. shape: tbf on each node's veth (egress), and on its bridge port (the node's ingress) if asked; nothing for an
-   unshaped cluster (``bandwidth_bps`` None), whose links run at veth speed;
-5. write the state file atomically.
-The host's own network namespace is never touched.
-"""
+"""Build and tear down the emulated cluster: a bridge in a "switch" namespace, one namespace per node, tbf on each
+node's link (docs/emulated-cluster.md, "Layout"). Steps of ``build`` (any failure rolls back everything made):
+1. preflight (root, ip, tc); refuse an existing cluster unless ``force``;
+2. the switch namespace and its bridge;
+3. per node: namespace, loopback, veth pair switch↔node, address, link up;
+4. tbf on each node's veth (egress) and bridge port (ingress) if asked; nothing for an unshaped cluster;
+5. the state file, written atomically.
+The host's own network namespace is never touched."""
 from __future__ import annotations
 
 import dataclasses

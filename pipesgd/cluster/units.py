@@ -31,12 +31,9 @@ def format_bandwidth(bandwidth_bps: float) -> str:
 
 
 def default_burst_bytes(bandwidth_bps: float, mtu: int = 1500) -> int:
-    """tbf bucket size: the largest of one timer tick of traffic, 4 MTU frames and one GSO packet.
-
-    Why: below ``rate/HZ`` tbf cannot reach its rate; below a few frames TCP stalls; below 64 KiB every
-    GSO super-packet from veth is re-segmented by tbf. Above that, a larger bucket only lets more of a
-    message leave at veth line rate (REFERENCES.md §3.4), so the floor is also the choice.
-    """
+    """tbf bucket size: the largest of one timer tick of traffic, 4 MTU frames and one GSO packet. Below ``rate/HZ`` tbf
+    cannot reach its rate, below a few frames TCP stalls, below 64 KiB tbf re-segments veth's GSO packets; above, a
+    larger bucket only lets more of a message leave at line rate (REFERENCES.md §3.4), so the floor is the choice."""
     per_tick = bandwidth_bps / 8.0 / ASSUMED_HZ
     frames = 4 * (mtu + ETH_OVERHEAD_BYTES)
     return int(max(per_tick, frames, GSO_MAX_BYTES))

@@ -22,10 +22,8 @@ T = TypeVar("T")
 class RingChannel:
     """The topology of one group and the worker thread (a side stream too on CUDA) that runs its rings.
 
-    Jobs run one at a time in submission order, which is what keeps the rings of all ranks matched: every
-    rank submits the same rings in the same order. The topology's buffers are only touched by the worker.
-    At world size 1 there is no worker: a job runs at once and its handle is already completed.
-    """
+    Jobs run one at a time in submission order, which keeps the rings of all ranks matched; only the worker touches
+    the topology's buffers. At world size 1 there is no worker: a job runs at once, its handle already completed."""
 
     def __init__(self, group: dist.ProcessGroup | None, device: torch.device | str = "cpu",
                  owns_group: bool = False) -> None:
@@ -48,9 +46,8 @@ class RingChannel:
         return self._worker.submit(fn, *args)
 
     def close(self, timeout_s: float | None = None) -> bool:
-        """Finish the queued jobs, stop the worker and destroy the channel's private group (if it has one).
-
-        Returns False, leaving the worker and the group alone, if the jobs had not finished after ``timeout_s``."""
+        """Finish the queued jobs, stop the worker and destroy the channel's private group (if any); False, leaving both
+        alone, if the jobs had not finished after ``timeout_s``."""
         if self._worker is not None and not self._worker.close(timeout_s):
             return False
         group, self._owned_group = self._owned_group, None
@@ -64,15 +61,10 @@ class RingChannel:
 def open_private_channel(
     group: dist.ProcessGroup | None, device: torch.device, timeout_s: float | None = None
 ) -> RingChannel:
-    """A channel on a private clone of ``group`` (the default group if None): collectives the caller issues
-    on its own group (metrics, replica checks) can then never interleave with the worker's traffic.
-
-    Creating the clone is a collective call on every rank of the default group; ``close()`` destroys it.
-    ``timeout_s`` bounds every wait of the background ring. On gloo a dead or hung peer then surfaces as an
-    error from ``wait()`` (so from ``PipeSGD.step()``) instead of a hang (torch's own default is 30 minutes).
-    On NCCL the worker's waits only order streams, so a timeout is caught by NCCL's watchdog, which by default
-    (``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``) tears the process down rather than raising; set
-    ``TORCH_NCCL_BLOCKING_WAIT=1`` for the error to be raised from ``step()`` instead."""
+    """A channel on a private clone of ``group`` (default: the default group), so the caller's own collectives never
+    interleave with the worker's traffic. Creating it is a collective call on every rank; ``close()`` destroys it.
+    ``timeout_s`` bounds every wait of the background ring: on gloo a dead peer is an error from ``step()`` instead of
+    a hang; on NCCL its watchdog catches it (docs/gpu.md says how to make it raise)."""
     private = private_group(group, timeout_s)
     return RingChannel(private, device, owns_group=private is not None)
 
@@ -94,11 +86,8 @@ _shared_lock = threading.Lock()
 
 
 def channel_for(group: dist.ProcessGroup | None, device: torch.device | str) -> RingChannel:
-    """The channel that every ``ring_allreduce(async_op=True)`` on ``group`` and ``device`` shares.
-
-    One per (group, device), created on first use and kept for the life of the process: async rings issued
-    on one group run one after another in submission order, and rings on different groups may overlap.
-    """
+    """The channel that every ``ring_allreduce(async_op=True)`` on ``group`` and ``device`` shares, created on first use
+    and kept for the process: async rings on one group run in submission order; rings on different groups may overlap."""
     key = (group, torch.device(device))
     with _shared_lock:
         channel = _shared.get(key)

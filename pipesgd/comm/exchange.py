@@ -1,9 +1,6 @@
-"""One step's gradient exchange, as the background worker runs it: every bucket all-reduced to its mean
-(our ring with the codec on every hop, our two-collective all-to-all all-reduce, our one all-gather of whole
-payloads, or the backend's all_reduce),
-then the checks the caller must not synchronise for (finiteness, the error-feedback residual norm). A residual
-that a non-finite gradient made non-finite is zeroed here, on the worker, before the next step's ring can fold it in.
-"""
+"""One step's gradient exchange, as the background worker runs it: every bucket all-reduced to its mean (our ring,
+our two-collective exchange, or the backend's all_reduce), then the checks the caller must not synchronise for
+(finiteness, the residual norm). A residual made non-finite is zeroed here before the next ring can fold it in."""
 from __future__ import annotations
 
 import math

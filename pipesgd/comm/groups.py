@@ -1,9 +1,6 @@
-"""Which process group a wrapper or collective runs on, and the error when there is none.
-
-DDP refuses to run without ``init_process_group``; so do we. Silently treating a missing group as a world of one
-let every rank of a ``torchrun --nproc-per-node 2`` job train alone (``ring_allreduce`` of 1 and 2 returned 1 and
-2). A single process still uses the same code path: it initialises a group of one, e.g. over an in-memory store.
-"""
+"""Which process group a wrapper or collective runs on, and the error when there is none: as DDP, no
+``init_process_group``, no run (a missing group taken as a world of one let every rank of a job train alone).
+A single process initialises a group of one, e.g. over an in-memory store."""
 from __future__ import annotations
 
 import torch.distributed as dist

@@ -1,13 +1,8 @@
-"""The two whole-group collectives of the all-to-all all-reduce (``pipesgd.comm.alltoall``), on uint8 payloads whose
-sizes every rank knows before the bytes arrive: an all-to-all with one payload per peer (sizes may differ, as the
-chunks do by one element) and an all-gather of one payload per rank, padded to the largest, since gloo and NCCL
-gather equal slots only. Both are the backend's native collectives (gloo on CPU has ``alltoallv`` and ``allgather``
-in torch 2.2 and later; NCCL has both); gloo with CUDA tensors stages through the topology's pinned host buffers, as
-the ring's hops do. There the all-gather is itself an all-to-all (``RingTopology.stages``): each rank
-sends its payload to every other, the same bytes per rank as gloo's ring all-gather, without the fixed cost that
-gloo's all-gather showed on the GPU host.
-``pairwise_payloads`` sends either collective's bytes one peer at a time instead (``RingTopology.sends_pairwise``).
-"""
+"""The two whole-group collectives of the all-to-all all-reduce (``pipesgd.comm.alltoall``) on uint8 payloads whose
+sizes every rank knows in advance: an all-to-all (one payload per peer) and an all-gather padded to the largest
+(gloo and NCCL gather equal slots only). Both are the backend's own; gloo with CUDA tensors stages through pinned
+host buffers, and there the all-gather is an all-to-all (``RingTopology.stages``), the same bytes per rank
+without gloo's all-gather's fixed cost on the GPU host. ``pairwise_payloads`` goes one peer at a time instead."""
 from __future__ import annotations
 
 from typing import Callable
@@ -107,15 +102,11 @@ def pairwise_payloads(
     while_waiting: Callable[[], None] | None = None,
     collective: int = 0,
 ) -> None:
-    """``all_to_all_payloads``' bytes (or an all-gather's: the same payload for every peer) in p-1 rounds of one
-    peer each, on gloo with host tensors: round i sends ``outgoing[r+i]`` to rank r+i and receives
-    ``incoming_bytes[r-i]`` bytes from rank r-i, so every link carries one flow at a time (gloo's all-to-all sends to
-    every peer at once, and concurrent flows through one token-bucket link took longer than the same bytes one peer
-    at a time: ``pipesgd.comm.topology.PAIRWISE_MIN_BYTES``). What round i brought goes to ``on_receive(q, payload)`` while round i+1 is on the
-    wire, so decoding overlaps the transfer; the last round's after it. ``while_waiting`` runs once round 1 is
-    posted, and may fill in later rounds' ``outgoing`` (each is read when its round is posted). Payloads handed to
-    ``on_receive`` are views into a buffer that the next call reuses. ``collective`` tells the calls of one
-    all-reduce apart (their tags differ)."""
+    """``all_to_all_payloads``' bytes (or an all-gather's) in p-1 rounds of one peer each, on gloo with host tensors:
+    round i sends ``outgoing[r+i]`` and receives ``incoming_bytes[r-i]`` bytes from rank r-i, so every link carries
+    one flow at a time (``pipesgd.comm.topology.PAIRWISE_MIN_BYTES`` says why). Round i's arrivals go to
+    ``on_receive(q, payload)`` (views into a reused buffer) while round i+1 is on the wire; ``while_waiting`` runs
+    once round 1 is posted and may fill in later rounds' ``outgoing``. ``collective`` keeps tags apart."""
     p, r, group = topology.size, topology.rank, topology.group
     starts = [sum(incoming_bytes[:q]) for q in range(p)]
     recv = topology.wire_buffer(f"pairwise-recv-{collective}", sum(incoming_bytes), device)

@@ -8,12 +8,8 @@ Algorithm (rank r of p, chunk c = the c-th of p near-equal slices of the flat te
           lossy codec, replaces it by decode(encode(chunk)) so the owner applies the same bits it sends.
   Step 3 (all-gather, p-1 hops): payloads are forwarded unchanged around the ring and decoded once on
           arrival, so every rank ends with bit-identical results (essential with stochastic rounding).
-A compressed hop on CPU travels in pieces of about a MiB: piece k+1 is encoded while piece k is on the wire, and
-each received piece is decoded while the next arrives (on a GPU a hop is one piece: ``piece_bounds``).
-Every encode goes through one ``HopEncoder`` per ring (``pipesgd.compression.open_encoder``); with error
-feedback it folds the residual into the input first and books each encode's error, so the sum over ranks of
-the next inputs carries this ring's total compression error. The ring itself never touches a residual.
-"""
+On CPU a compressed hop travels in pieces (``piece_bounds``), so coding overlaps the wire. Every encode goes
+through one ``HopEncoder`` per ring, which owns error feedback; the ring itself never touches a residual."""
 from __future__ import annotations
 
 import threading
@@ -68,12 +64,9 @@ MAX_PIECES = 8
 
 
 def piece_bounds(numel: int, on_gpu: bool = False) -> list[int]:
-    """Boundaries of the pieces a compressed hop sends one by one; a function of the chunk's length and device
-    only, so sender and receiver split alike (every rank holds its tensors on the same kind of device).
-
-    On a GPU a hop is one piece: the codec runs at hundreds of GB/s, so there is nothing to overlap, while each
-    piece costs a blocking staging copy and a dozen kernel launches from Python, which made several pieces per hop
-    far slower than one on a GPU (experiments/results/gpu/README.md)."""
+    """Boundaries of the pieces a compressed hop sends one by one, a function of the chunk's length and device only,
+    so sender and receiver split alike. On a GPU a hop is one piece: the codec is far faster than the wire, and each
+    piece costs a blocking staging copy and many kernel launches (experiments/results/gpu/README.md)."""
     count = 1 if on_gpu else max(1, min(MAX_PIECES, numel // PIECE_ELEMENTS))
     return chunk_bounds(numel, count)
 
@@ -220,15 +213,12 @@ def ring_allreduce(
     group: dist.ProcessGroup | None = None,
     async_op: bool = False,
 ) -> torch.Tensor | Work[torch.Tensor]:
-    """All-reduce ``tensor`` in place with our ring (fp32/fp64/bf16/fp16, any size, any p).
+    """All-reduce ``tensor`` in place with our ring (fp32/fp64/bf16/fp16, any size, any p); returns ``tensor``.
 
-    ``op`` is "mean" or "sum". Returns ``tensor``. With ``async_op=True`` the ring runs on the background
-    worker of ``group``'s shared channel (``pipesgd.comm.channel.channel_for``: one worker per group and
-    device, created on first use), and a handle is returned whose ``wait()`` gives the tensor. Async rings
-    issued on one group therefore run one at a time, in the order they were issued, which is the order
-    every rank must issue them in. Until ``wait()`` returns, do not touch ``tensor`` nor issue other
-    collectives on ``group`` from this thread (they could interleave with the worker's hops).
-    """
+    ``op`` is "mean" or "sum". With ``async_op=True`` the ring runs on the worker of ``group``'s shared channel
+    (``channel_for``) and a handle is returned whose ``wait()`` gives the tensor: async rings on one group run in
+    the order issued, which every rank must share. Until ``wait()`` returns, touch neither ``tensor`` nor ``group``
+    from this thread."""
     return run_allreduce(ring_allreduce_, "ring_allreduce", tensor, compression, op, group, async_op)
 
 

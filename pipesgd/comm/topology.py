@@ -24,11 +24,9 @@ PAIRWISE_MIN_BYTES = 32 * 1024
 
 
 def launched_on_one_host(environ=os.environ) -> bool:
-    """Whether the launcher's environment says every rank runs on this host, in this network namespace: torchrun's
-    ``LOCAL_WORLD_SIZE`` equal to ``WORLD_SIZE`` (one node), or a loopback ``MASTER_ADDR`` (which only processes in
-    the same namespace can reach). Every rank reads the same answer, so all send the same way. Over loopback there
-    is no link for concurrent flows to share, and the rounds only add a wait on the slowest peer per round
-    (experiments/results/bench_allreduce_choice/allreduce_choice-loopback-pairwise.md). Unknown (another launcher): False."""
+    """Whether the launcher's environment says every rank runs on this host, in this network namespace (torchrun's
+    ``LOCAL_WORLD_SIZE`` equal to ``WORLD_SIZE``, or a loopback ``MASTER_ADDR``): there no link is shared, so pairwise
+    rounds only add waits. Every rank reads the same answer. Unknown (another launcher): False."""
     local, world = environ.get("LOCAL_WORLD_SIZE"), environ.get("WORLD_SIZE")
     if local is not None and local == world:
         return True
@@ -42,11 +40,9 @@ def launched_on_one_host(environ=os.environ) -> bool:
 
 
 class HostStaging:
-    """Host buffers that gloo reads and writes for CUDA tensors, one per (direction, piece) slot, kept between
-    calls and grown on demand. Pinned when CUDA is present: a copy into pinned memory is a plain DMA, and a
-    fresh pageable tensor per piece cost an allocation and page faults on every hop.
-
-    A slot is reused only after the hop that used it has waited for its send and copied its receive out."""
+    """Host buffers that gloo reads and writes for CUDA tensors, one per (direction, piece) slot, kept between calls and
+    grown on demand; pinned when CUDA is present (a plain DMA, no allocation and page faults per hop). A slot is
+    reused only after the hop that used it has waited for its send and copied its receive out."""
 
     def __init__(self, pinned: bool | None = None) -> None:
         self.pinned = torch.cuda.is_available() if pinned is None else pinned
@@ -63,11 +59,9 @@ class HostStaging:
 class RingTopology:
     """Who sends to whom in a process group, and how bytes cross the wire (staged via host for gloo+CUDA).
 
-    It keeps receive buffers between calls, so one topology serves one thread: the background worker that
-    runs a group's rings (``pipesgd.comm.channel``) or one caller of the synchronous ``ring_allreduce``.
-    ``batched``: post each piece as one send+recv pair through ``dist.batch_isend_irecv`` (what NCCL needs;
-    its unbatched point-to-point ops deadlock when both neighbours are one peer). None picks it for NCCL.
-    """
+    It keeps receive buffers between calls, so one topology serves one thread. ``batched``: post each piece as one
+    ``dist.batch_isend_irecv`` pair (NCCL's unbatched point-to-point ops deadlock when both neighbours are one peer);
+    None picks it for NCCL."""
 
     def __init__(self, group: dist.ProcessGroup | None, batched: bool | None = None) -> None:
         self.group = group
@@ -156,10 +150,9 @@ class RingTopology:
     ) -> list[torch.Tensor]:
         """One hop: send ``n_send`` pieces to the right neighbour while receiving ``recv_bufs`` from the left.
 
-        Piece k is built and sent while the earlier ones are on the wire, and each received piece goes to
-        ``on_receive`` as it arrives (in order), so encoding and decoding overlap the transfer. ``while_waiting``
-        runs once every send is posted and before any receive is waited for (work that must not delay a send).
-        Returns the payloads sent. Both ways match piece k of the sender with piece k of the receiver."""
+        Piece k is built and sent while the earlier ones are on the wire, and each received piece goes to ``on_receive``
+        as it arrives, so coding overlaps the transfer. ``while_waiting`` runs once every send is posted, before any
+        receive is waited for. Returns the payloads sent."""
         if self.batched:
             return self._exchange_paired(n_send, make_payload, recv_bufs, on_receive, while_waiting)
         return self._exchange_posted(n_send, make_payload, recv_bufs, on_receive, while_waiting)

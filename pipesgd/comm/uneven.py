@@ -1,19 +1,13 @@
-"""Uneven inputs: every step's ring job carries a tiny agreement on which ranks still train, so a rank that
-ran out of data ends the run on every rank with an error naming it, instead of leaving its peers in a ring
-that never completes (a hang until the timeout, with an error that names nobody).
+"""Uneven inputs: every step's ring job carries a tiny agreement on which ranks still train, so a rank that ran out
+of data ends the run on every rank with an error naming it, instead of a hang until the timeout.
 
-Step 1: ``PipeSGD.step()`` submits ``exchange`` (the agreement beside the gradient exchange); ``flush()`` at the
-        end of a rank's data submits ``finish`` (the same agreement, marking this rank done after N steps).
-Step 2: the agreement is one all-reduce of one integer per rank (0: still training, N+1: finished after N
-        steps) on a group of its own, posted by the ring's worker in each job's slot, so it is matched with the
-        peer's job of the same step. ``exchange`` posts it without waiting and runs the ring at once, reading the
-        answer after the ring, so the ring never waits for a latency-bound collective (on shared cores that
-        wait would last until the slowest rank's compute ended, experiments/results/bench_agreement/report.md).
-Step 3: a rank that finished (``finish``) reads the answer first; if someone still trains, that rank is already
-        in this step's ring, so the finished rank joins the ring with zeros (``shadow``) to let it complete. Then
-        both sides raise ``UnevenInputsError`` naming the rank(s) that ran out, and so do at once the jobs queued
-        after that step, whose collectives no peer would ever answer (a caller would wait for the timeout).
-"""
+Step 1: ``PipeSGD.step()`` submits ``exchange``; ``flush()`` at the end of a rank's data submits ``finish``.
+Step 2: the agreement is one all-reduce of one integer per rank (0: training, N+1: finished after N steps) on a
+        group of its own, posted by the worker in each job's slot; ``exchange`` reads the answer after the ring,
+        so the ring never waits for a latency-bound collective (experiments/results/bench_agreement/report.md).
+Step 3: a finished rank reads the answer first; if someone still trains, it joins that step's ring with zeros
+        (``shadow``). Then both sides raise ``UnevenInputsError`` naming the rank(s), and so do the jobs queued
+        after that step, whose collectives no peer would ever answer."""
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -1,14 +1,10 @@
-"""The background communication worker: a thread that runs rings while the caller computes.
+"""The background communication worker: a thread that runs rings while the caller computes, one per
+``pipesgd.comm.channel.RingChannel``; jobs run in submission order, which keeps the rings of all ranks matched.
 
-Inside pipesgd, rings reach it through a ``pipesgd.comm.channel.RingChannel`` (one worker per channel).
-
-On CPU it is just a thread. On CUDA the thread also owns a side stream: a job first makes the side stream
-wait for an event recorded on the caller's stream when the job was submitted (the gradients are ready),
-and records a done-event after it; the handle's ``wait()`` makes the caller's current stream wait for that
-event, so no host synchronisation is needed on the compute side. A failed job records its done-event too,
-and ``close()`` waits for the side stream, so no error path frees a buffer that a queued kernel still uses.
-Jobs run in submission order, which is what keeps the rings of all ranks matched.
-"""
+On CUDA the thread also owns a side stream: a job waits for an event recorded on the caller's stream at
+submission and records a done-event that the handle's ``wait()`` makes the caller's stream wait for, so the
+compute side never synchronises the host. A failed job records its event too, and ``close()`` waits for the side
+stream, so no error path frees a buffer that a queued kernel still uses."""
 from __future__ import annotations
 
 import queue
@@ -71,10 +67,8 @@ class CommWorker:
         return self._thread.is_alive()
 
     def close(self, timeout_s: float | None = None) -> bool:
-        """Finish queued jobs, stop the thread, and wait for the kernels they queued on the side stream.
-
-        Returns False if the thread was still running a job after ``timeout_s`` (a peer that never answers);
-        the thread is left running then."""
+        """Finish queued jobs, stop the thread, and wait for the kernels they queued on the side stream; False (the thread
+        left running) if it was still running a job after ``timeout_s``."""
         if self._thread.is_alive():
             self._jobs.put(_STOP)
             self._thread.join(timeout_s)

@@ -1,18 +1,13 @@
-"""Adam's and AdamW's update rule replayed in foreach operations, without a replica optimizer.
-
-Why: the generic replay (``pipesgd.delay.replay``) copies the optimizer's state into a second optimizer, parameter by
-parameter in Python, and steps it, and torch's step gathers its state lists parameter by parameter again: Python
-that grows with the parameter count on the training thread at every step. The rule is short enough to write out:
-each step in flight moves the parameters by
+"""Adam's and AdamW's update rule replayed in foreach operations, without a replica optimizer (whose state copy and
+step cost Python per parameter on the training thread). Each step in flight moves the parameters by
 
     g = -g with maximize;   w = w * (1 - lr * wd) (AdamW)   or   g = g + wd * w (Adam)
     m = lerp(m, g, 1 - beta1);   v = beta2 * v + (1 - beta2) * g * g;   s = s + 1
     w = w - lr / (1 - beta1^s) * m / (sqrt(v) / sqrt(1 - beta2^s) + eps)
 
-with ``m``, ``v`` and ``s`` from the optimizer's state (zeros and 0 where none yet), advanced in scratch so that
-state is only read. Operations, order and kernels are torch's foreach Adam's (``_multi_tensor_adam``, not
-capturable), so the parameters reach a stepped copy's bits (``tests/test_adam_rule.py``).
-"""
+with ``m``, ``v`` and ``s`` from the optimizer's state, advanced in scratch so that state is only read. Operations,
+order and kernels are torch's foreach Adam's, so the parameters reach a stepped copy's bits
+(``tests/test_adam_rule.py``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -80,15 +75,8 @@ class AdamRule(ForeachRule):
                 [state[params[i]]["exp_avg_sq"] for i in have],
                 [state[params[i]]["step"].reshape(()).float() for i in have])
 
-    def step(self, grads: Sequence[torch.Tensor], may_write: bool) -> None:
-        """Move the parameters by one Adam step on ``grads`` (shaped like ``params``); ``grads`` are never written
-        (``may_write`` is part of the rules' common signature)."""
-        del may_write
-        for n, (group, params) in enumerate(zip(self.optimizer.param_groups, self._group_params)):
-            if params:
-                self._step(n, group, params, [grads[i] for i in self._indices[n]])
-
-    def _step(self, n: int, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+    def _step(self, n: int, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor],
+              may_write: bool) -> None:
         """One step of ``_multi_tensor_adam`` on group ``n`` (not capturable), moments and counts in scratch."""
         lr, (beta1, beta2), eps, decay = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         first, second = self._moments[n]

@@ -1,11 +1,7 @@
-"""The shared stand-in (``lookahead_standin="coarse-lowrank"``, the "auto" choice under Adam and AdamW): on the
-channel's worker, before a step's exact exchange, a copy of the rank's gradients becomes the low-rank stand-in
-(``pipesgd.delay.lowrank``), signalled at once on a handle of its own so the next forward pass can use it.
-
-The next forward pass waits for that handle, so its small all-reduce lies on the critical path (its wait is reported
-as communication, ``StepStats.t_wait_s``). Jobs run in order on one worker, so the stand-in of step t also waits for
-the exact exchanges submitted before it. World size 1 has no shared stand-in: the own gradient is the average.
-"""
+"""The shared stand-in (``lookahead_standin="coarse-lowrank"``): on the channel's worker, before a step's exact
+exchange, a copy of the rank's gradients becomes the low-rank stand-in (``pipesgd.delay.lowrank``), signalled on a
+handle of its own that the next forward pass waits for (reported as ``t_wait_s``). World size 1 has no shared
+stand-in: the own gradient is the average."""
 from __future__ import annotations
 
 import threading

@@ -1,19 +1,12 @@
 """Local look-ahead: staleness compensation for a pipeline of width K >= 2 (``staleness="lookahead"``, the default).
 
-Under a delayed update the gradient applied at step t was computed at weights K-1 updates old, which shrinks the
-range of learning rates that momentum SGD survives (docs/training.md). So before its forward pass each rank moves
-to the weights that the K-1 updates still in flight will produce, replaying the wrapped optimizer's own rule
-(``pipesgd.delay.replay``) with a stand-in for each average it has not received yet: its own gradients of those
-steps (it holds them, so nothing waits) or the shared low-rank stand-in (``pipesgd.delay.coarse``). The gradient
-computed there is exchanged as usual; the averaged, delayed gradient is applied to the master weights, which, with
-the optimizer's state, stay bitwise identical on every rank. At world size 1 the stand-in is the average itself, so
-look-ahead at width K is synchronous SGD bit for bit (at a constant learning rate: the replay uses the rate the
-next ``step()`` applies with for all pending updates, later rates being unknown).
-
-The parameters hold the look-ahead weights from the first forward pass with gradients enabled after a ``step()`` (a
-forward pre-hook; ``torch.no_grad()`` evaluation sees the master weights) until the next ``step()``, which restores
-the master weights before it applies anything. Given a list of parameters there is no hook: ``step()`` moves them.
-"""
+Before its forward pass each rank moves to the weights that the K-1 updates still in flight will produce,
+replaying the wrapped optimizer's own rule (``pipesgd.delay.replay``) with a stand-in for each average not received
+yet: its own gradients of those steps or the shared low-rank stand-in (``pipesgd.delay.coarse``). The gradient
+computed there is averaged and applied to the master weights, which stay bitwise identical on every rank; at world
+size 1 (and a constant learning rate) this is synchronous SGD bit for bit. The parameters hold the look-ahead
+weights from the first forward with gradients after a ``step()`` (a forward pre-hook) until the next ``step()``;
+given a list of parameters there is no hook and ``step()`` moves them. Why and what it costs: docs/wrapper.md."""
 from __future__ import annotations
 
 import time

@@ -1,19 +1,13 @@
-"""The low-rank stand-in (``PipeSGD(lookahead_standin="coarse-lowrank")``, the "auto" default's under Adam and
-AdamW): each rank's own gradient with its part in a small shared subspace replaced by every rank's average there;
-the next forward pass waits for one small all-reduce. Why this stand-in, and why its rank: docs/architecture.md.
-
-What, per step on the channel's worker (``pipesgd.delay.coarse`` runs it before the exact exchange), per weight
-matrix M (a parameter's gradient, first dimension by the rest) with U the shared orthonormal basis (rank columns):
-  Step 1: R = M^T U (this rank's coordinates in U); vectors (biases, norms) whole. One all-reduce of them all, to
-          the mean: A = average^T U, and every vector's exact average.
-  Step 2: the stand-in is M + U (A - R)^T: the own gradient outside the subspace, the average's inside. The next
-          forward pass may start from here (the caller signals it).
-  Step 3, after the signal (``advance``): one power iteration on the average with U as warm start (PowerSGD's,
-          Vogels et al. 2019): P = M A all-reduced to the mean (average average^T U); the next step's U is its QR.
-          The same on every rank; a checkpoint keeps it.
-The stand-ins average to the average (the subspace is shared). Bytes: rank x (rows + cols) per matrix plus the
-vectors, of which rank x cols and the vectors lie on the critical path.
-"""
+"""The low-rank stand-in (``lookahead_standin="coarse-lowrank"``): each rank's own gradient with its part in a small
+shared subspace replaced by every rank's average there (why, and its rank: docs/architecture.md). Per weight matrix
+M (first dimension by the rest) with U the shared orthonormal basis, on the channel's worker:
+  Step 1: R = M^T U; vectors (biases, norms) whole. One all-reduce of them all to the mean: A = average^T U, and
+          every vector's exact average.
+  Step 2: the stand-in is M + U (A - R)^T; the next forward pass may start from here (the caller signals it).
+  Step 3, after the signal (``advance``): one power iteration on the average with U as warm start (PowerSGD's):
+          P = M A all-reduced to the mean; the next step's U is its QR, the same on every rank.
+The stand-ins average to the average. Bytes: rank x (rows + cols) per matrix plus the vectors, of which
+rank x cols and the vectors lie on the critical path."""
 from __future__ import annotations
 
 import math

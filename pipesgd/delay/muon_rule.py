@@ -1,18 +1,13 @@
-"""Muon's update rule (``torch.optim.Muon``) replayed without a replica optimizer.
-
-Each step in flight moves each 2-D parameter by torch's ``_single_tensor_muon`` (the only implementation torch has):
+"""Muon's update rule (``torch.optim.Muon``) replayed without a replica optimizer. Each step in flight moves each
+2-D parameter by torch's ``_single_tensor_muon``:
 
     b = lerp(b, g, 1 - momentum)                         (b: the momentum buffer, zeros where none yet)
     u = lerp(g, b, momentum) with Nesterov, else b
     O = NS(u): Newton-Schulz orthogonalisation in bfloat16, ``ns_steps`` quintic iterations
     w = w * (1 - lr * weight_decay);   w = w - adjust(lr, shape) * O
 
-where ``adjust`` is ``adjust_lr_fn``'s scaling ("original": ``sqrt(max(1, rows / cols))``; "match_rms_adamw":
-``0.2 * sqrt(max(rows, cols))``). The orthogonalisation and the scaling are torch's own functions, called here, and
-the rest is torch's sequence of per-tensor operations, so the parameters reach a stepped copy's bits
-(``tests/test_muon_rule.py``); the buffers advance in scratch, so the optimizer's state is only read. Muon has no
-``maximize``, ``foreach`` or ``fused`` variants to tell apart.
-"""
+with torch's own orthogonalisation and ``adjust_lr_fn`` scaling called here and its sequence of operations, so the
+parameters reach a stepped copy's bits (``tests/test_muon_rule.py``); the buffers advance in scratch."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -42,9 +37,8 @@ class MuonRule(ForeachRule):
     def __init__(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> None:
         super().__init__(optimizer, params)
         # Per group: the momentum buffers as the replay has advanced them (the optimizer's own, or None where a
-        # parameter has none yet, until the first replayed step), and the scratch they advance in (allocated once).
+        # parameter has none yet, until the first replayed step).
         self._buffers: list[list[torch.Tensor | None]] = []
-        self._scratch: list[list[torch.Tensor] | None] = [None] * len(self._indices)
 
     def start(self) -> None:
         """A new replay from the optimizer's current momentum buffers."""
@@ -52,15 +46,8 @@ class MuonRule(ForeachRule):
         self._buffers = [[state[p].get("momentum_buffer") if p in state else None for p in params]
                          for params in self._group_params]
 
-    def step(self, grads: Sequence[torch.Tensor], may_write: bool) -> None:
-        """Move the parameters by one Muon step on ``grads`` (shaped like ``params``); ``grads`` are never written
-        (``may_write`` is part of the rules' common signature)."""
-        del may_write
-        for n, (group, params) in enumerate(zip(self.optimizer.param_groups, self._group_params)):
-            if params:
-                self._step(n, group, params, [grads[i] for i in self._indices[n]])
-
-    def _step(self, n: int, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+    def _step(self, n: int, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor],
+              may_write: bool) -> None:
         """One step of ``_single_tensor_muon`` on group ``n``, its momentum buffers advanced in scratch."""
         lr, decay, momentum = group["lr"], group["weight_decay"], group["momentum"]
         scratch = self._scratch_of(n, params)
@@ -75,10 +62,3 @@ class MuonRule(ForeachRule):
             adjusted_lr = _adjust_lr(lr, group["adjust_lr_fn"], param.shape)
             param.mul_(1 - lr * decay)
             param.add_(update, alpha=-adjusted_lr)
-
-    def _scratch_of(self, n: int, params: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Group ``n``'s momentum-shaped scratch (Muon's buffers are shaped like their parameters)."""
-        if self._scratch[n] is None:
-            self._scratch[n] = [torch.empty_like(p) for p in params]
-            self.scratch_bytes += sum(p.numel() * p.element_size() for p in params)
-        return self._scratch[n]

@@ -1,11 +1,9 @@
 """The K-deep pipeline of PipeSGD: which step's averaged gradient is due at each step.
 
-Step t submits the handle of its own ring, then pops the oldest entry if the pipeline holds ``depth(t)``
-of them: depth 1 during warm-up (t < warmup_steps: a step applies its own gradient, synchronous SGD), the
-width K afterwards (step t applies step t-K+1; for K-1 steps after warm-up nothing is due while the
-pipeline fills). ``flush()`` pops the rest, oldest first, so every step comes out exactly once and in order.
-The pipeline never waits on a handle (its caller does), so it is tested against completed or fake handles.
-"""
+Step t submits the handle of its own ring, then pops the oldest entry if the pipeline holds ``depth(t)``: 1
+during warm-up (a step applies its own gradient), the width K afterwards (step t applies step t-K+1; nothing is
+due while the pipeline fills). ``flush()`` pops the rest, oldest first, so every step comes out once, in order.
+The pipeline never waits on a handle (its caller does), so it is tested against completed or fake handles."""
 from __future__ import annotations
 
 from collections import deque

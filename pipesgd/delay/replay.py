@@ -1,17 +1,10 @@
 """Replaying a torch optimizer's update rule on its parameters without touching its state.
 
-``OptimizerReplay`` holds a second instance of the wrapped optimizer's class, built from its ``defaults``, whose
-parameters alias the real ones (same storage, own ``.grad`` slots) and whose state is its own. ``replay_``
-copies the real optimizer's state and hyperparameters into it (learning rates as a scheduler set them, the step
-count that Adam's bias correction reads), then steps it on the given gradients: the parameters move exactly as
-the real optimizer would move them on those gradients, and the real optimizer's state does not change.
-
-``torch.optim.SGD``, ``Adam`` and ``AdamW`` skip the replica: their rules are written out in foreach operations
-(``pipesgd.delay.sgd_rule``, ``pipesgd.delay.adam_rule``), with the same kernels, so the same bits; so are
-``torch.optim.Muon``'s (``pipesgd.delay.muon_rule``, torch's own orthogonalisation) and ``pipesgd.muon_adamw``'s
-(``pipesgd.delay.muon_adamw_rule``: both). What the replay keeps of the original's ``foreach``/``fused`` choice,
-and clipping: ``OptimizerReplay``.
-"""
+``OptimizerReplay`` steps a second instance of the wrapped optimizer's class, whose parameters alias the real
+ones and whose state is a copy (learning rates as a scheduler set them, Adam's step count): the parameters move
+exactly as the real optimizer would move them, and its state does not change. SGD, Adam, AdamW, Muon and
+``pipesgd.muon_adamw`` skip the replica: their rules are written out with the same kernels (``sgd_rule``,
+``adam_rule``, ``muon_rule``, ``muon_adamw_rule``; docs/wrapper.md, "Staleness: look-ahead")."""
 from __future__ import annotations
 
 import inspect
@@ -35,17 +28,11 @@ class OptimizerReplay:
     """Steps ``optimizer``'s update rule on ``params`` from a copy of its state (see module doc).
 
     The state is copied tensor by tensor: ``Optimizer.load_state_dict`` would alias ``exp_avg``, ``exp_avg_sq`` and
-    the ``step`` tensor, and stepping the copy would move the original's step count.
-
-    SGD, Adam, AdamW, Muon and MuonAdamW advance scratch copies of the momentum buffers or moments alone, without
-    the replica's per-parameter Python (unless the learning rate is a tensor or gradients are clipped: then the
-    replica runs).
-    The replay keeps the original's ``foreach``/``fused`` choice, except that SGD, Adam and AdamW on CPU parameters
-    replay through torch's foreach implementation, which on CPU gives bitwise the same results as the per-tensor
-    loop those optimizers default to there and costs fewer Python round trips per step; a group whose learning rate
-    a scheduler made a tensor keeps the original's choice (torch's foreach Adam refuses a tensor rate). Clipping,
-    when asked, is the wrapper's own (``pipesgd.grads.clipping``), so a replayed step clips exactly as the applied
-    one is clipped."""
+    the ``step`` tensor, and stepping the copy would move the original's step count. The written-out rules run
+    unless the learning rate is a tensor or gradients are clipped (then the replica runs). The replay keeps the
+    original's ``foreach``/``fused`` choice, except that SGD, Adam and AdamW on CPU go through torch's foreach
+    implementation: bitwise the same there, with fewer Python round trips (a tensor learning rate keeps the original's
+    choice: torch's foreach Adam refuses one). Clipping is the wrapper's own (``pipesgd.grads.clipping``)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor],
                  max_grad_norm: float | None = None) -> None:
@@ -78,14 +65,11 @@ class OptimizerReplay:
 
     def replay_(self, steps: Sequence[tuple[Sequence[torch.Tensor], float | None, bool]],
                 skip_nonfinite: bool) -> int:
-        """Move ``params`` in place by one optimizer step per entry of ``steps`` (oldest first); returns how many
-        were applied.
+        """Move ``params`` in place by one optimizer step per entry of ``steps`` (oldest first); returns how many applied.
 
-        Each entry is (gradients shaped like ``params``, loss scale or None, whether the gradients may be
-        written): the gradients are unscaled by their own step's loss scale, a non-finite result is skipped (with
-        a scale, or with ``skip_nonfinite``) and the rest clipped by ``max_grad_norm``, as ``PipeSGD`` treats an
-        applied gradient. Gradients that may not be written are copied into scratch first: unscaling and clipping
-        write them, and so may the optimizer (torch's foreach SGD with Nesterov momentum adds into them)."""
+        Each entry is (gradients, loss scale or None, whether they may be written); they are unscaled, skipped if
+        non-finite and clipped as ``PipeSGD`` treats an applied gradient. Gradients that may not be written are copied
+        first: unscaling, clipping and the optimizer (foreach SGD with Nesterov adds into them) write them."""
         if not steps:
             return 0
         rule = self._rule if self._rule is not None and self.max_grad_norm is None and self._rule.usable() else None

@@ -1,19 +1,12 @@
-"""Momentum SGD's update rule replayed in a few foreach operations, without a replica optimizer.
-
-Why: look-ahead replays the wrapped optimizer's rule on every step (``pipesgd.delay.replay``). The generic replay
-copies the optimizer's state into a second optimizer and steps it; for ``torch.optim.SGD`` on ResNet-20's 65
-tensors that copy and the replica's Python cost more than the arithmetic. Momentum SGD's rule is short enough to
-write out: the steps in flight move the parameters by
+"""Momentum SGD's update rule replayed in a few foreach operations, without a replica optimizer (whose state copy
+and Python cost more than the arithmetic). The steps in flight move the parameters by
 
     d = g (+ weight_decay * w) (negated with maximize)
     b = momentum * b + (1 - dampening) * d     (b = d where the optimizer has no buffer yet)
     w = w - lr * (d + momentum * b  with Nesterov, else b)
 
-with ``b`` starting from the optimizer's momentum buffer, computed into a new tensor so the optimizer's own state
-is only read. The operations, their order and their kernels are those of torch's foreach SGD
-(``torch.optim.sgd._multi_tensor_sgd``), so the parameters move to the same bits as the real optimizer would move
-them (``tests/test_lookahead.py`` compares them with a stepped copy).
-"""
+with ``b`` from the optimizer's buffer, computed into a new tensor so its state is only read. Operations, order and
+kernels are torch's foreach SGD's, so the parameters reach a stepped copy's bits (``tests/test_lookahead.py``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -40,7 +33,6 @@ class SgdRule(ForeachRule):
     def __init__(self, optimizer: torch.optim.SGD, params: Sequence[torch.Tensor]) -> None:
         super().__init__(optimizer, params)
         self._buffers: list = []  # per group: the momentum buffers as the replay has advanced them
-        self._scratch: list[list[torch.Tensor] | None] = [None] * len(self._indices)  # per group, allocated once
 
     def start(self) -> None:
         """A new replay from the optimizer's current momentum buffers (None where a parameter has none yet)."""
@@ -48,13 +40,6 @@ class SgdRule(ForeachRule):
         self._buffers = [None if group["momentum"] == 0 else
                          [state[p].get("momentum_buffer") if p in state else None for p in params]
                          for group, params in zip(self.optimizer.param_groups, self._group_params)]
-
-    def step(self, grads: Sequence[torch.Tensor], may_write: bool) -> None:
-        """Move the parameters by one SGD step on ``grads`` (shaped like ``params``); they are written only if
-        ``may_write`` (with Nesterov momentum, as torch's own step does)."""
-        for n, (group, params) in enumerate(zip(self.optimizer.param_groups, self._group_params)):
-            if params:
-                self._step(n, group, params, [grads[i] for i in self._indices[n]], may_write)
 
     def _step(self, n: int, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor],
               may_write: bool) -> None:
@@ -86,10 +71,3 @@ class SgdRule(ForeachRule):
             else:
                 grads = torch._foreach_add(grads, buffers, alpha=momentum)
         torch._foreach_add_(params, grads, alpha=-group["lr"])
-
-    def _scratch_of(self, n: int, params: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Group ``n``'s momentum-shaped scratch (SGD's buffers are shaped like their parameters)."""
-        if self._scratch[n] is None:
-            self._scratch[n] = [torch.empty_like(p) for p in params]
-            self.scratch_bytes += sum(p.numel() * p.element_size() for p in params)
-        return self._scratch[n]

@@ -1,17 +1,13 @@
 """fp16 loss scaling under a delayed update: PipeSGD drives a ``torch.amp.GradScaler`` for the gradient it applies
-(how to use it: ``DelayedLossScale``).
+(use: docs/wrapper.md, "Clipping and mixed precision").
 
 A gradient applied at step t was produced at step t-K+1 under that step's scale, not today's, so:
-  Step 1: ``record(t)`` notes the scale each step's backward used (every rank uses the same scale).
+  Step 1: ``record(t)`` notes the scale each step's backward used (the same on every rank).
   Step 2: when step u is due, its averaged gradient is multiplied by scale_now / scale_u (a power of two, so
-          exact; this is what the BytePS fork of Pipe-SGD does when the scale changed in between), then
-          ``scaler.unscale_`` divides by scale_now: the gradient is unscaled with the scale of its own step.
-  Step 3: ``scaler.step`` skips the update if the unscaled gradient holds an inf/NaN and ``scaler.update``
-          lowers the scale. Every rank holds the same averaged bits, so every rank skips the same step and
-          its scaler follows the same sequence of scales without a collective.
-An overflow produced under a scale that has already been lowered since (the K-1 steps computed before the
-first overflow was applied) skips its step without lowering the scale again.
-"""
+          exact; the BytePS fork of Pipe-SGD does the same), then ``scaler.unscale_`` divides by scale_now.
+  Step 3: ``scaler.step`` skips an update whose gradient holds an inf/NaN and ``scaler.update`` lowers the scale;
+          every rank holds the same averaged bits, so every rank skips the same step without a collective.
+An overflow produced under a scale already lowered since skips its step without lowering the scale again."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -22,21 +18,11 @@ from pipesgd.grads.finite import all_finite
 
 
 class DelayedLossScale:
-    """The scale of every in-flight step, and the apply of a due step through the user's GradScaler. Use::
+    """The scale of every in-flight step, and the apply of a due step through the user's GradScaler.
 
-        scaler = torch.amp.GradScaler(device)
-        opt = PipeSGD(inner, model, options=PipeSGDOptions(grad_scaler=scaler, max_grad_norm=1.0))  # clip optional
-        with torch.autocast(device, dtype=torch.float16):
-            loss = loss_fn(model(x), y)
-        scaler.scale(loss).backward()
-        scaler.step(opt)      # or opt.step() alone: the wrapper then updates the scaler itself
-        scaler.update()       # (only after scaler.step(opt)); never scaler.unscale_(opt): clip with max_grad_norm
-        opt.zero_grad()
-
-    Either way every rank's scale stays the same. With ``scaler.step(opt)`` the user's ``update()`` runs every step,
-    so the K-1 steps that fill the pipeline count toward the scale's growth too; with ``opt.step()`` alone only
-    the steps that apply a gradient do.
-    """
+    With ``scaler.step(opt)`` the user's ``update()`` runs every step, so the K-1 steps that fill the pipeline count
+    toward the scale's growth too; with ``opt.step()`` alone (the wrapper updates the scaler) only the steps that
+    apply a gradient do. Either way every rank's scale stays the same."""
 
     def __init__(self, scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
         self.scaler = scaler
@@ -54,11 +40,8 @@ class DelayedLossScale:
 
     def apply(self, step: int, finite: bool, params: list[torch.Tensor],
               clip: Callable[[], float | None]) -> tuple[bool, float | None]:
-        """Steps 2-3 for step ``step``, whose averaged (scaled) gradient is in ``params``' ``.grad``.
-
-        Returns (skipped, norm): whether the update was skipped for an inf/NaN, and ``clip()``'s result
-        (the unscaled gradient's norm before clipping) when it ran.
-        """
+        """Steps 2-3 for step ``step``, whose averaged (scaled) gradient is in ``params``' ``.grad``: (skipped for an
+        inf/NaN, the unscaled gradient's norm before clipping when ``clip()`` ran)."""
         own = self._scales.pop(step)
         now = float(self.scaler.get_scale())
         if not finite and own > now:
@@ -84,10 +67,9 @@ class DelayedLossScale:
                              "they are averaged; clip with PipeSGDOptions(max_grad_norm=...) instead")
 
     def end(self, wrapper: torch.optim.Optimizer) -> None:
-        """At the end of a ``scaler.step(wrapper)``: the scaler's check of this rank's own gradients may differ from
-        rank to rank, so it is cleared, and ``scaler.update()`` reads only the applied average's (the same bits
-        everywhere), which keeps every rank's scale the same. (GradScaler keeps its per-optimizer checks in a
-        private dict; there is no public way to replace one.)"""
+        """At the end of a ``scaler.step(wrapper)``: the scaler's check of this rank's own gradients may differ between
+        ranks, so it is cleared and ``scaler.update()`` reads only the applied average's (GradScaler keeps these checks
+        in a private dict, with no public way to replace one)."""
         if self.user_updates:
             state = self.scaler._per_optimizer_states.get(id(wrapper))
             for found in (state or {}).get("found_inf_per_device", {}).values():

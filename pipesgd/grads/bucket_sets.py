@@ -26,18 +26,12 @@ class BucketSet(list):
 
 
 class BucketSets:
-    """Owns every set of flat buckets (a ``BucketSet``: one tensor per ``Bucket``); each set is in exactly one
-    place:
+    """Owns every set of flat buckets (a ``BucketSet``); each set is bound (``p.grad`` of the viewable parameters
+    are views into it), in flight (handed to the ring) or free (at most ``keep`` kept for reuse).
 
-    - bound: the ``p.grad`` of the viewable parameters are views into it (backward accumulates there);
-    - in flight: handed to the ring (``hand_off``) and not yet applied;
-    - free: kept for reuse (at most ``keep`` sets, so K in flight never allocate after the first steps).
-
-    With views off nothing is ever bound: ``hand_off`` copies ``p.grad`` in and ``bind`` copies the average out.
-    With views on, at most K sets exist for width K: the set just applied becomes the bound one, and backward
-    after ``zero()`` refills it while the K-1 younger sets are still on the ring. Whether a parameter can be a
-    view (``buckets.viewable``: its dtype, device and layout) is decided once, when the wrapper is built.
-    """
+    With views off nothing is bound: ``hand_off`` copies ``p.grad`` in and ``bind`` copies the average out. With
+    views on, at most K sets exist for width K: the set just applied becomes the bound one while the K-1 younger
+    sets are still on the ring. Which parameters can be views (``buckets.viewable``) is decided once."""
 
     def __init__(self, buckets: list[Bucket], params: list[torch.Tensor], as_view: bool, keep: int) -> None:
         self._buckets = buckets
@@ -52,11 +46,9 @@ class BucketSets:
         self.allocated = 0  # sets ever created: K in a steady pipeline of width K (one per step in flight)
 
     def hand_off(self, keep_local: bool) -> BucketSet:
-        """This step's gradients as a bucket set the ring may own; no ``p.grad`` points into it afterwards.
-
-        A gradient already in its slot costs nothing; one the caller replaced (or None: zeros) is copied in.
-        ``keep_local``: no averaged gradient replaces ``p.grad`` this step (the pipeline fills), so the views
-        move to a fresh set holding the same values, as the caller's gradients stay theirs without views."""
+        """This step's gradients as a bucket set the ring may own; no ``p.grad`` points into it afterwards. A gradient
+        already in its slot costs nothing; one the caller replaced (or None: zeros) is copied in. ``keep_local``: no
+        average replaces ``p.grad`` this step (the pipeline fills), so the views move to a fresh set of the same values."""
         out = self._bound if self._bound is not None else self._acquire()
         self._bound = None
         read_gradients(self._params, out.slots)
@@ -70,9 +62,7 @@ class BucketSets:
 
     def bind(self, averaged: list[torch.Tensor], copy: bool = True, create: bool = True) -> None:
         """Make ``averaged`` (an applied set) what ``p.grad`` holds: views where possible, copies elsewhere.
-
-        ``copy=False`` only moves the views (a skipped, non-finite step: ``p.grad`` must leave the ring's set).
-        Without views the set is copied out and recycled at once."""
+        ``copy=False`` only moves the views (a skipped step); without views the set is copied out and recycled."""
         averaged = self._as_set(averaged)
         write_gradients(self._params, averaged.slots, self._as_view, copy=copy, create=create)
         if not self.as_view:

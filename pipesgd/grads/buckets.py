@@ -40,10 +40,8 @@ class Bucket:
 
 
 def build_buckets(params: list[torch.Tensor], bucket_bytes: int) -> list[Bucket]:
-    """Split ``params`` (in order) into buckets of at most ``bucket_bytes`` (a larger parameter gets its own).
-
-    Parameters are grouped by (working dtype, device); order inside a group follows ``params``.
-    """
+    """Split ``params`` (in order) into buckets of at most ``bucket_bytes`` (a larger parameter gets its own), grouped
+    by (working dtype, device)."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket size must be positive, got {bucket_bytes} bytes")
     groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
@@ -104,10 +102,8 @@ def read_gradients(params: list[torch.Tensor], slots: list[torch.Tensor]) -> Non
 
 def write_gradients(params: list[torch.Tensor], slots: list[torch.Tensor], as_view: list[bool], copy: bool = True,
                     create: bool = True) -> None:
-    """Make each ``params[k].grad`` hold ``slots[k]``: the slot itself where ``as_view[k]`` (an identity test when
-    it already is), a copy elsewhere, creating gradients where missing.
-
-    ``copy=False`` leaves the copied ones' gradients as they are; ``create=False`` leaves a None a None."""
+    """Make each ``params[k].grad`` hold ``slots[k]``: the slot itself where ``as_view[k]``, a copy elsewhere, created
+    where missing. ``copy=False`` leaves the copied ones as they are; ``create=False`` leaves a None a None."""
     with phases.timed("pack_unpack"):
         for p, slot, view in zip(params, slots, as_view):
             grad = p.grad

@@ -1,17 +1,10 @@
 """Module buffers (BatchNorm running statistics) made identical across ranks where the ranks meet, not every step.
 
-Modes: ``"broadcast"`` (default: rank 0's buffers, as DDP's ``broadcast_buffers``), ``"average"`` (the mean over ranks
-of every floating-point buffer; integer ones such as ``num_batches_tracked`` are equal anyway and are broadcast), and
-``"none"`` (every rank keeps its own, also at the end).
-
-Why not every step: a blocking collective in ``step()`` queues behind the gradients of the exchange in flight and so
-turns the pipeline back into a synchronous loop. Training-mode BatchNorm normalises with the batch's statistics and
-only accumulates the running ones, so each rank's forwards update its own copy and nothing depends on the others'
-until the buffers are read. Rank 0's copy is then exactly what DDP's broadcast leaves on rank 0, and the mean of the
-ranks' running averages is the running average of their means. The buffers are made identical at ``flush()``,
-``consolidate_state_dict()``, the replica check and ``PipeSGD.sync_buffers()`` (collectives every rank calls), on the
-caller's group and thread, never the exchange's private group (docs/wrapper.md, "Module buffers").
-"""
+Modes: ``"broadcast"`` (rank 0's, as DDP's ``broadcast_buffers``), ``"average"`` (the mean of floating-point
+buffers; integer ones are broadcast) and ``"none"``. A blocking collective in ``step()`` would queue behind the
+exchange in flight and make the pipeline synchronous, and training-mode BatchNorm reads no running statistics, so
+the buffers meet at ``flush()``, ``consolidate_state_dict()``, the replica check and ``sync_buffers()``, on the
+caller's group and thread (docs/wrapper.md, "Module buffers")."""
 from __future__ import annotations
 
 import time

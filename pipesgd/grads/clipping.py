@@ -10,14 +10,9 @@ from torch.nn.utils import clip_grad_norm_
 
 
 def clip_averaged_gradient(params: list[torch.Tensor], max_norm: float) -> float:
-    """Scale the ``.grad`` of ``params`` so that their global L2 norm is at most ``max_norm``; return the norm
-    before clipping.
-
-    It is ``torch.nn.utils.clip_grad_norm_`` itself (coefficient ``max_norm / (norm + 1e-6)``, capped at 1),
-    so a run matches the reference clip bit for bit. No collective is needed for an identical decision on
-    every rank: every rank holds the same averaged bits and computes the norm in the same order.
-    A non-finite norm is returned as is (the wrapper's non-finite handling has already run).
-    """
+    """Scale the ``.grad`` of ``params`` so that their global L2 norm is at most ``max_norm``; return the norm before
+    clipping. It is ``torch.nn.utils.clip_grad_norm_`` itself, so a run matches the reference bit for bit; every rank
+    holds the same averaged bits, so the decision is identical without a collective. A non-finite norm is returned."""
     grads = [p for p in params if p.grad is not None]
     if not grads:
         return 0.0

@@ -1,10 +1,8 @@
 """Cheap, exact checks for NaN/Inf in large tensors (the gradient buckets after every ring).
 
-``torch.isfinite(t).all()`` materialises a boolean tensor and costs many times a plain sum; run after every
-ring on the communication thread it kept the link idle for that long each step. A sum is not finite whenever one element is NaN or ±Inf (both propagate), so a finite
-sum proves every element finite; only a non-finite sum, which an overflow of large finite values can also
-give, falls back to the elementwise test. The answer is therefore always the elementwise one.
-"""
+``torch.isfinite(t).all()`` materialises a boolean tensor and costs many times a plain sum, run on the
+communication thread after every ring. A finite sum proves every element finite (NaN and ±Inf propagate); only a
+non-finite sum (an overflow can give one) falls back to the elementwise test."""
 from __future__ import annotations
 
 import torch

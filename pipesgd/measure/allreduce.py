@@ -1,10 +1,6 @@
-"""Timings of the gradient all-reduce and of the local reduction, as the calibration's samples.
-
-Each point is the slowest rank's median (``timing.time_collective``). Cluster sizes are sub-groups of the
-first p ranks (powers of two up to the world size, and the world size), so the fit can separate the per-call
-overhead from the per-step latency. Samples are records in the calibration file's sample format:
-``{"kind", "collective", "compression", "nodes", "n_bytes", "seconds"}`` (``timing_model.calibration.Sample``).
-"""
+"""Timings of the gradient all-reduce and of the local reduction, as the calibration's samples
+(``timing_model.calibration.Sample``). Each point is the slowest rank's median; sub-groups of the first p ranks
+(powers of two and the world size) let the fit separate per-call overhead from per-step latency."""
 from __future__ import annotations
 
 from collections.abc import Callable

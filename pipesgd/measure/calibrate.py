@@ -1,8 +1,5 @@
-"""Everything ``pipesgd-timing calibrate`` measures on a cluster, in its order: collectives on every rank, the
-host timings on every rank, then the local reduction, the codecs and the compute on rank 0 alone.
-
-The measurements go to the pure fitting code (``timing_model.fitting.fit_calibration``) unchanged.
-"""
+"""Everything ``pipesgd-timing calibrate`` measures, in its order: collectives and host timings on every rank, then
+the local reduction, the codecs and the compute on rank 0; the fitting (``timing_model.fitting``) takes them as is."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -51,12 +48,9 @@ def measure_calibration(sizes_bytes: list[int], repeats: int = 20, warmup: int =
                         compressions: tuple[str, ...] = ("none",), include_ring: bool = True, device: str = "cpu",
                         compute: dict | None = None, overlap: bool = True,
                         overlap_sizes_bytes: list[int] | None = None) -> CalibrationMeasurements | None:
-    """Measure on every rank; rank 0 returns the ``CalibrationMeasurements``, other ranks ``None``.
-
-    ``compute`` = {'model', 'input_shape', 'num_classes', 'batch_size'[, 'hidden']} also times a trainer model and
-    makes it the interference probe's load. ``overlap`` measures the interference (needs our ring and >= 2 ranks)
-    beside all-reduces of ``overlap_sizes_bytes`` (default: the grid) when no model is given.
-    """
+    """Measure on every rank; rank 0 returns the ``CalibrationMeasurements``, other ranks ``None``. ``compute`` also
+    times a trainer model and makes it the interference load; ``overlap`` measures the interference (our ring,
+    >= 2 ranks), beside all-reduces of ``overlap_sizes_bytes`` when no model is given."""
     world = dist.get_world_size()
     samples = collect_samples(sizes_bytes, repeats, warmup, compressions, include_ring, device)
     host = measure_host(sizes_bytes, list(overlap_sizes_bytes or sizes_bytes), repeats, warmup, device,

@@ -27,13 +27,9 @@ def run_calibration(sizes_bytes: list[int], repeats: int = 20, warmup: int = 5,
                     compressions: tuple[str, ...] = ("none",), include_ring: bool = True, device: str = "cpu",
                     compute: dict | None = None, overlap: bool = True, min_fit_bytes: float = 0.0
                     ) -> Calibration | None:
-    """Measure on every rank (``pipesgd.measure.calibrate``), fit on rank 0; rank 0 returns the ``Calibration``,
-    other ranks ``None``. Call it inside an initialised process group.
-
-    ``compute`` = {'model', 'input_shape', 'num_classes', 'batch_size'[, 'hidden']} also times a trainer model.
-    ``overlap`` also measures κ and κc (needs our ring); the copy rate and hand-off are always measured.
-    ``min_fit_bytes`` leaves smaller all-reduce samples out of the fits (still in the residuals).
-    """
+    """Measure on every rank (``pipesgd.measure.calibrate``) inside an initialised process group, fit on rank 0; rank 0
+    returns the ``Calibration``, other ranks ``None``. ``compute`` also times a trainer model; ``overlap`` also
+    measures κ and κc (our ring); ``min_fit_bytes`` leaves smaller samples out of the fits (not the residuals)."""
     from pipesgd.measure.calibrate import measure_calibration  # torch: only once the flags are checked
 
     measured = measure_calibration(sizes_bytes, repeats, warmup, compressions, include_ring, device, compute,
@@ -69,10 +65,9 @@ PROBES = {"ps": "ps_service", "ps-sync": "ps_round", "feedback": "feedback_rings
 
 def add_probes(cal: Calibration | None, names: tuple[str, ...], compute: dict, compressions: tuple[str, ...],
                device: str) -> Calibration | None:
-    """Every rank runs the named probes of ``PROBES`` (``ps``: the parameter server, ``pipesgd.measure.server``;
-    ``ps-sync``: its synchronous round, ``pipesgd.measure.ps_round``; ``feedback``: each lossy codec's ring with
-    error feedback, ``pipesgd.measure.feedback``); rank 0 adds their raw records and terms
-    (``fitting.host_record``) to ``cal``'s host record and returns it, other ranks ``None``."""
+    """Every rank runs the named probes of ``PROBES`` (``ps``, ``ps-sync``, ``feedback``: ``pipesgd.measure.server``,
+    ``ps_round``, ``feedback``); rank 0 adds their raw records and terms to ``cal``'s host record and returns it, other
+    ranks ``None``."""
     from pipesgd.measure.feedback import measure_feedback_rings  # torch: only once the flags are checked
     from pipesgd.measure.ps_round import measure_ps_round
     from pipesgd.measure.server import measure_ps_service

@@ -1,9 +1,5 @@
-"""Compute loads for the calibration: one timed forward + backward of a trainer model (the compute of a training
-step, also the interference probe's load) and a matmul loop (the probe's load when no model is given).
-
-A load is ``(call, label)``: each ``call()`` runs the work once and returns its own seconds, so the probe can time
-it while the all-reduce runs beside it on the communication thread.
-"""
+"""Compute loads for the calibration, each ``(call, label)`` whose ``call()`` runs the work once and returns its own
+seconds: a trainer model's forward + backward, or a matmul loop when no model is given."""
 from __future__ import annotations
 
 import statistics

@@ -1,14 +1,8 @@
 """The DDP probe: a DistributedDataParallel training step in miniature, for the timing model's DDP term.
 
-DDP all-reduces from inside ``backward()`` (autograd hooks fill its buckets, the reducer launches each bucket's
-all-reduce and backward ends waiting for the last), so on shared cores its step differs from a synchronous step of
-the same gradient by more than the lockstep probe sees (experiments/results/fidelity/report.md). The probe times
-that step itself, as the trainer's ``--mode ddp`` builds it (``pipesgd.baselines.ddp.DDPOptimizer``: its bucket cap,
-no comm hook), and the same model's forward + backward alone, so that ``timing_model.modes.predict_ddp`` can take
-what the step took beyond the model's DDP step for the probe's own compute (``EmpiricalTerms.ddp_step_s``).
-
-Every rank must call it; it is sized like the other step probes (``pipesgd.measure.timing``).
-"""
+DDP all-reduces from inside ``backward()``, so on shared cores its step differs from a synchronous step of the
+same gradient (docs/timing-model.md, "What the calibration probes measure"). The probe times that step as
+``--mode ddp`` builds it, and the model's forward + backward alone. Every rank must call it."""
 from __future__ import annotations
 
 import time
@@ -26,11 +20,8 @@ DDP_BUDGET_S = 6.0  # the DDP steps run for about this long, and the forward + b
 
 
 def measure_ddp_step(compute: dict, warmup: int = 2, device: str = "cpu", budget_s: float = DDP_BUDGET_S) -> dict:
-    """Steps of the model wrapped as the trainer's ddp mode wraps it, back to back with no barrier (forward,
-    backward with DDP's all-reduce, zero_grad), then as many forward + backward passes of the same model alone.
-    ``compute`` = {'model', 'input_shape', 'num_classes', 'batch_size'[, 'hidden']}.
-    Returns {'ddp_step': {'load', 'steps', 'period_s' (median over steps of the mean over ranks: the step's
-    period), 'compute_s' (the slowest rank's median forward + backward alone)}}."""
+    """Steps of the model wrapped as ``--mode ddp`` wraps it, back to back with no barrier, then as many forward +
+    backward passes alone. Returns {'ddp_step': {'load', 'steps', 'period_s', 'compute_s'}}."""
     model, x, y = model_batch(compute, device)
     loss_fn = torch.nn.CrossEntropyLoss()
     ddp = DDPOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), model)  # a collective: DDP syncs the weights

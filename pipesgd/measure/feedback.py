@@ -1,17 +1,7 @@
 """What error feedback adds to the trainer's lossy ring, timed at the model's gradient size: the ring of each codec
-with and without feedback, call by call in turn, and the difference.
-
-Why a probe of its own: without it the model prices error feedback as the codec's isolated residual-update rate
-(``pipesgd.compression.throughput``) slowed by the codec's in-ring factor (``timing_model.fitting
-.fit_codec_costs``). That factor is fitted to rings *without* feedback and takes in everything a compressed
-ring costs beyond its wire time (short pieces, the threads' turns on shared cores), so it overstates the
-feedback's part several-fold on a large gradient (docs/timing-model.md, "What the calibration probes measure").
-Why in turn and as a difference: a ring timed on its own drifts with what else the shared cores do, from one
-calibration to the next; calls taken in turn share that drift, and their difference is the feedback's own cost,
-which the model adds to the plain ring's anchor.
-
-Every rank must call ``measure_feedback_rings``.
-"""
+with and without feedback, call by call in turn, and the difference. The codec's in-ring factor, fitted to rings
+without feedback, overstates the feedback's part, and calls in turn share the drift of shared cores
+(docs/timing-model.md, "What the calibration probes measure"). Every rank must call ``measure_feedback_rings``."""
 from __future__ import annotations
 
 import torch
@@ -50,12 +40,10 @@ class TrainerRing:
 
 def measure_feedback_rings(compute: dict, compressions: tuple[str, ...], repeats: int = 30, warmup: int = 2,
                            device: str = "cpu") -> dict:
-    """Per lossy codec of ``compressions``: our ring at ``compute``'s model gradient size without and with error
-    feedback, in turn (plain, then with feedback, ``repeats`` pairs at most, cut to about ``FEEDBACK_BUDGET_S``,
-    after ``warmup`` pairs), each call after a barrier on the background thread (the interference probe's way).
-    Returns {'feedback_rings': rows of {'compression', 'n_bytes', 'pairs', 'ring_alone_s' and 'ring_feedback_s'
-    (slowest rank's medians), 'feedback_s' (slowest rank's median over pairs of with − without; may be < 0
-    where the feedback costs less than the noise)}}; no rows for a lossless-only list."""
+    """Per lossy codec of ``compressions``: our ring at the model's gradient size without and with error feedback, in
+    turn (at most ``repeats`` pairs, cut to about ``FEEDBACK_BUDGET_S``), each call after a barrier on the background
+    thread. Returns {'feedback_rings': rows of {'compression', 'n_bytes', 'pairs', 'ring_alone_s', 'ring_feedback_s',
+    'feedback_s' (median of with - without; may be < 0 within the noise)}}."""
     _, _, n_bytes = model_load(compute, device)
     # random gradients: a constant one has no compression error and would spare the residual its work
     gradient = torch.randn(max(1, n_bytes // 4), generator=torch.Generator().manual_seed(dist.get_rank())).to(device)

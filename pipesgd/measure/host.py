@@ -1,11 +1,6 @@
-"""What the host adds around the all-reduce: interference between the all-reduce and compute (with compute all
-along, and at a Pipe-SGD step's duty cycle), what a blocking all-reduce right after compute costs beyond the two
-apart (lockstep; DDP's own step: ``pipesgd.measure.ddp_step``; the ps-sync round: ``pipesgd.measure.ps_round``),
-the gradient pack/unpack copy rate and the thread hand-off. Every rank must call these; each value is the slowest
-rank's median.
-
-These return raw timings; the model's terms (κ, κc, λ, lockstep, the DDP step, the ps-sync round, copy rate,
-hand-off) are derived from them by the pure ``timing_model.fitting.host_record``.
+"""What the host adds around the all-reduce: its interference with compute, the lockstep excess of a blocking
+all-reduce after compute, the pack/unpack copy rate and the thread hand-off. Every rank calls these; each value is
+the slowest rank's median, raw: ``timing_model.fitting.host_record`` derives the model's terms from them.
 """
 from __future__ import annotations
 
@@ -35,22 +30,14 @@ ALONE_BUDGET_S = 2.0  # the all-reduce alone (the anchor), per codec, runs for a
 def measure_overlap(sizes_bytes: list[int], repeats: int = 10, warmup: int = 2, device: str = "cpu",
                     load: Load | None = None, compressions: tuple[str, ...] = ("none",),
                     budgeted: bool = False) -> dict:
-    """Interference between the gradient all-reduce and compute.
-
-    As in the trainer, the all-reduce (``trainer_collective``) runs on the background communication thread and
-    the compute on the main thread: ``load`` = (call, label), by default a matmul loop; ``calibrate --model``
-    passes the model's own forward + backward (``model_load``), which loads the cores as training does.
+    """Interference between the gradient all-reduce (on the communication thread, as in the trainer) and the
+    ``load`` (call, label) on the main thread: a matmul loop, or ``model_load``'s forward + backward.
     Per compression and size:
-      Step 1: all-reduce alone: warm-up, barrier, ``repeats`` timed calls on the worker thread; ``budgeted``: then
-              as many as fit in about ``ALONE_BUDGET_S`` where that is more (up to ``STEP_PROBE_MAX_STEPS``).
-      Step 2: all-reduce together: the same while the main thread runs the load, each call timed.
-      Step 3: load alone (once, first): ``max(20, repeats)`` timed calls on the main thread.
-      Step 4: the window probe (``measure_window``): one load per all-reduce, as a Pipe-SGD step runs them, for
-              about ``WINDOW_BUDGET_S``: up to ``STEP_PROBE_MAX_STEPS`` steps if ``budgeted``, else ``repeats``.
-    ``calibrate --model`` probes one size per codec, budgeted; the matmul load's many sizes keep to ``repeats``.
-    Returns {'load': label, 'overlap': rows with ring_alone_s, ring_together_s, load_alone_s, load_together_s,
-    ring_window_s, load_window_s, window_steps per (compression, n_bytes), 'handoff_ring_s': hand-off around a ring
-    job (first compression)}.
+      Step 1: all-reduce alone (``budgeted``: as many calls as fit in ``ALONE_BUDGET_S``).
+      Step 2: all-reduce together: the same while the main thread runs the load.
+      Step 3: load alone (once, first).
+      Step 4: the window probe (``measure_window``).
+    Returns {'load', 'overlap': one row per (compression, n_bytes), 'handoff_ring_s'}.
     """
     compute, label = load or matmul_load(device)
 
@@ -102,15 +89,10 @@ def measure_overlap(sizes_bytes: list[int], repeats: int = 10, warmup: int = 2, 
 
 def measure_window(worker: CommWorker, compute, collective, tensor: torch.Tensor, warmup: int, device: str,
                    most_steps: int = STEP_PROBE_MAX_STEPS) -> dict:
-    """The all-reduce beside one compute window, as a Pipe-SGD step of width 2 runs them: per step, on every rank,
-    submit the all-reduce to the communication thread, run the load once on the main thread, wait for the all-reduce;
-    the next step follows at once (no barrier). Step 2 of ``measure_overlap`` keeps the cores computing for the whole
-    all-reduce; in training they compute for one window per all-reduce and then wait, and on shared cores the two differ
-    by far, so the window is timed as training runs it. The ``warmup`` steps, timed, size the probe to about
-    ``WINDOW_BUDGET_S`` (``most_steps`` at most, ``STEP_PROBE_MIN_STEPS`` at least).
-    Returns {'ring_window_s': the all-reduce's time on the worker from its start, 'load_window_s': the load's
-    time, each the median over steps of the slowest rank, as a run's step records are read
-    (``timing_model.validation.read_runs``), 'window_steps'}.
+    """The all-reduce beside one compute window, as a Pipe-SGD step of width 2 runs them (submit, load once, wait;
+    no barrier between steps). Training computes one window per all-reduce and then waits, which on shared cores
+    differs by far from Step 2 of ``measure_overlap``'s compute all along. Returns {'ring_window_s',
+    'load_window_s', 'window_steps'}: medians over steps of the slowest rank, as run records are read.
     """
     def step() -> list[float]:
         work = worker.submit(collective, tensor)
@@ -131,19 +113,11 @@ def measure_window(worker: CommWorker, compute, collective, tensor: torch.Tensor
 
 def measure_lockstep(load: Load, collective, tensor: torch.Tensor, warmup: int = 2, device: str = "cpu",
                      budget_s: float = LOCKSTEP_BUDGET_S) -> dict:
-    """A synchronous training step in miniature: on every rank the load (the model's forward + backward), then the
-    all-reduce on the communication thread, waited for, with no barrier in between, as ``--mode sync`` steps do;
-    and the same all-reduce alone, each call after a barrier (the anchor's way).
-
-    On cores that the nodes share, the ranks leave a collective at staggered times, and the first to leave compute
-    while the others still need a core to finish theirs, so such a step takes longer than the slowest compute plus
-    the collective alone, most on fast links, where that excess is a large share of a short step, and not at all on
-    a slow link, where the collective's bytes dominate.
-    The ``warmup`` steps, timed, size both parts to about ``budget_s`` each (``STEP_PROBE_MAX_STEPS`` at most,
-    ``STEP_PROBE_MIN_STEPS`` at least), so short steps are sampled over seconds and slow links stay affordable.
-    Returns {'lockstep': {'load', 'steps', 'period_s' (median over steps of the mean over ranks: the step's period),
-    'compute_max_s' (median over steps of the slowest rank's load), 'excess_s' (median over steps of the period less
-    that step's slowest load), 'ring_alone_s' (slowest rank's median)}}.
+    """A ``--mode sync`` step in miniature: the load, then the all-reduce waited for, no barrier between; and the
+    same all-reduce alone after a barrier. On shared cores the ranks leave a collective at staggered times and the
+    first to compute slows the others, so such a step outlasts the slowest compute plus the collective alone.
+    Returns {'lockstep': {'load', 'steps', 'period_s', 'compute_max_s', 'excess_s' (median of the period less that
+    step's slowest load), 'ring_alone_s'}}.
     """
     compute, label = load
     worker = CommWorker(device)
@@ -212,17 +186,9 @@ def measure_handoff(repeats: int = 50, device: str = "cpu") -> float:
 
 def measure_host(sizes_bytes: list[int], overlap_sizes_bytes: list[int], repeats: int, warmup: int, device: str,
                  overlap: bool, compute: dict | None = None, compressions: tuple[str, ...] = ("none",)) -> dict:
-    """The raw host timings of a calibration: interference (if ``overlap``), lockstep, the error-feedback rings,
-    parameter server, copy and hand-off.
-
-    With a ``compute`` model the interference probe loads the cores with that model's forward + backward and
-    reduces its own gradient size with each of ``compressions``, as a training step would, the lockstep probe
-    runs synchronous steps of that model (``measure_lockstep``), the DDP probe that model's steps under DDP
-    (``pipesgd.measure.ddp_step``), each lossy codec's ring is timed with error
-    feedback at that size (``pipesgd.measure.feedback``), the parameter-server probe runs a short
-    asynchronous job of it (``pipesgd.measure.server``) and the ps-sync probe its synchronous rounds
-    (``pipesgd.measure.ps_round``); without one the interference probe runs the
-    matmul load beside uncompressed all-reduces of ``overlap_sizes_bytes`` and there is no lockstep probe."""
+    """The raw host timings of a calibration. With a ``compute`` model every probe runs that model (interference
+    at its gradient size per codec, lockstep, DDP, error-feedback rings, parameter server, ps-sync round); without
+    one only the matmul load beside uncompressed all-reduces of ``overlap_sizes_bytes``. Copy and hand-off always."""
     host: dict = {}
     if overlap and compute:
         call, label, n_bytes = model_load(compute, device)

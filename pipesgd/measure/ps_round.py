@@ -1,16 +1,9 @@
 """The synchronous parameter server's round: a ps-sync training step in miniature, for the timing model's ps-sync term.
 
-A ps-sync step is the model's forward + backward on every worker, then the round: every remote worker pushes its
-gradient to the server (rank 0, which also trains), the server averages and applies the update, and sends the new
-weights back to each (``pipesgd.baselines.ps_server.ShardServer.sync_round``). The model's α-β link term counts the
-round as p'·M/B inbound then p'·M/B outbound, and on the comparison grid's tc-tbf links that is too slow for a small
-model: its measured round is shorter than the model's. Each direction of the server's link is idle while the other
-carries its half of the round, so its token bucket refills, and the first burst (64 KiB) of each half leaves at line
-rate. How much that saves depends on the bucket, the message and the round's timing, so the probe times the round as
-the trainer runs it.
-
-Every rank must call ``measure_ps_round``; it is sized like the other step probes (``pipesgd.measure.timing``).
-"""
+Every remote worker pushes its gradient to the server (rank 0, which also trains), which applies the update and
+sends the weights back. On a shaped link each direction's token bucket refills while the other carries its half,
+so the round is shorter than the α-β term says by an amount that depends on bucket, message and timing: the probe
+times it as the trainer runs it. Every rank must call ``measure_ps_round``."""
 from __future__ import annotations
 
 import time
@@ -29,13 +22,9 @@ PS_ROUND_BUDGET_S = 6.0  # the probe's steps run for about this long
 
 
 def measure_ps_round(compute: dict, warmup: int = 2, device: str = "cpu", budget_s: float = PS_ROUND_BUDGET_S) -> dict:
-    """Steps of the model under the trainer's ``--mode ps-sync`` (``ParameterServer``, mode 'sync', rank 0 serving
-    and training), back to back with no barrier: forward + backward timed, then ``step()`` (the round), zero_grad.
-    ``compute`` = {'model', 'input_shape', 'num_classes', 'batch_size'[, 'hidden']}.
-    Returns {'ps_round': {'load', 'nodes' (ranks), 'grad_bytes', 'steps', 'period_s' (median over steps of the
-    mean over ranks), 'compute_max_s' (median over steps of the slowest rank's forward + backward), 'update_s'
-    (median of the server's update), 'excess_s' (median over steps of the period less that step's slowest
-    compute and the server's update: the round)}} on every rank."""
+    """Steps of the model under ``--mode ps-sync`` (rank 0 serving and training), back to back with no barrier.
+    Returns {'ps_round': {'load', 'nodes', 'grad_bytes', 'steps', 'period_s', 'compute_max_s', 'update_s',
+    'excess_s' (median of the period less that step's slowest compute and the server's update: the round)}}."""
     from pipesgd.baselines import ParameterServer  # the trainer's baseline, as the runs use it
 
     model, x, y = model_batch(compute, device)

@@ -1,18 +1,10 @@
-"""The parameter server's service time: a short asynchronous parameter-server job of the trainer's model, timed
-per step on every worker, as ``pipesgd-train --mode ps-async`` runs it (rank 0 serves on a thread and trains).
+"""The parameter server's service time: a short ``--mode ps-async`` job of the trainer's model (rank 0 serves on a
+thread and trains), timed per step on every worker.
 
-Why a probe: a remote worker's push and pull wait for the server, which answers one request at a time on a
-thread of rank 0's process. Each answer is more than the bytes on the wire (the receive handshake, the update,
-the reply's send, the thread's turn on cores the nodes share), and while rank 0 also trains it is slower still.
-Rank 0's own updates never cross the link, so it finishes its steps first and the job has two phases: the
-remote workers' steps while rank 0 trains, and after. The model (``timing_model.empirical.server``) needs the server's
-time per request in each phase; this probe measures what the workers see, the fitting inverts the queue
-(``timing_model.empirical.host_terms.service_from_timings``).
-
-Every rank must call ``measure_ps_service``; the phases are told apart by wall clock (``time.time``): exact on
-one machine (the emulated cluster), off by the clocks' offset across machines, which moves only the steps at
-the boundary.
-"""
+A remote worker's push and pull wait for the server, which answers one request at a time, slower while rank 0
+also trains; rank 0's own updates never cross the link, so it finishes first and the job has two phases (busy,
+idle). The fitting inverts the queue from what the workers see (``timing_model.empirical.host_terms``). The phases
+are told apart by wall clock: exact on one machine, off by the clocks' offset across machines."""
 from __future__ import annotations
 
 import statistics
@@ -33,13 +25,9 @@ PS_WARMUP = 2  # steps each worker runs and drops first (connections, allocator)
 
 
 def phase_means(rows: list[tuple[float, float, float]], boundary: float) -> dict:
-    """Per phase of the remote workers' steps (``rows``: (step end wall clock, step seconds, seconds in the
-    push + pull)): the steps that ended before ``boundary`` (rank 0 still training) and after; each phase's
-    {'steps', 'think_s' (mean of step − push/pull: compute and host work), 'response_s' (mean push + pull)}.
-
-    Means, not medians: the queue the fitting inverts (``timing_model.empirical.server.closed_queue_response``) is a
-    mean-value analysis, and the job's pace it predicts is a mean step. Medians drop the tail of slow steps
-    that cores shared with the server give, so a pace predicted from them runs short of the run's."""
+    """Per phase (steps that ended before ``boundary``, and after) of the remote workers' ``rows`` (end wall clock,
+    step seconds, push + pull seconds): {'steps', 'think_s', 'response_s'}. Means, not medians: the queue the fitting
+    inverts is a mean-value analysis, and medians drop the slow steps that cores shared with the server give."""
     out = {}
     for phase, keep in (("busy", lambda end: end <= boundary), ("idle", lambda end: end > boundary)):
         mine = [(step, wait) for end, step, wait in rows if keep(end)]
@@ -50,16 +38,12 @@ def phase_means(rows: list[tuple[float, float, float]], boundary: float) -> dict
 
 
 def measure_ps_service(compute: dict, device: str = "cpu", budget_s: float = PS_BUDGET_S) -> dict:
-    """Run the trainer's model as an asynchronous parameter-server job (``servers=0``: rank 0 serves on a thread
-    and trains) and time every worker's steps.
+    """Run the trainer's model as an asynchronous parameter-server job and time every worker's steps.
 
-    Step 1: ``PS_WARMUP`` steps on every worker, timed; the slowest worker's step sizes the job to about
-            ``budget_s`` (``PS_MIN_STEPS`` to ``PS_MAX_STEPS`` steps per worker).
-    Step 2: that many steps: forward + backward, ``step()`` (push, pull), zero_grad, each timed.
+    Step 1: ``PS_WARMUP`` timed steps size the job to about ``budget_s`` (``PS_MIN_STEPS`` to ``PS_MAX_STEPS``).
+    Step 2: that many steps, each timed.
     Step 3: rank 0's end of training (wall clock) and the remote workers' steps, gathered.
-    Returns {'ps_service': {'load', 'workers' (remote workers), 'steps', 'statistic' ('mean'), 'rank0_step_s'
-    (mean), 'busy' and 'idle' phases (``phase_means``)}} on every rank.
-    """
+    Returns {'ps_service': {'load', 'workers', 'steps', 'statistic', 'rank0_step_s', 'busy', 'idle'}} on every rank."""
     from pipesgd.baselines import ParameterServer  # the trainer's baseline, as the runs use it
 
     opts = {"hidden": compute["hidden"]} if compute.get("hidden") else {}

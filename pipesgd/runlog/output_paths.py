@@ -1,10 +1,7 @@
-"""Checks that an output path can be written, made before any work starts, so that a long run never fails at its
-end over a path (``pipesgd-train --metrics/--checkpoint/--trace``, ``pipesgd-timing calibrate --out``). Torch-free.
-
-Missing directories are fine (the writers create them); what is refused, with a ``ValueError`` naming the flag:
-a directory where a file is expected and the reverse, an existing file that cannot be written, and a place where
-no file can be created (a read-only file system, no permission, ``/proc``).
-"""
+"""Checks that an output path can be written, made before any work starts, so that a long run never fails at its end
+over a path. Torch-free. Missing directories are fine; refused, with a ``ValueError`` naming the flag: a directory
+where a file is expected and the reverse, an existing file that cannot be written, and a place where no file can
+be created."""
 from __future__ import annotations
 
 import os

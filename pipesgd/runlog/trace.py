@@ -1,11 +1,7 @@
-"""A span recorder for ``pipesgd-train --trace``: what each thread of a rank did and when, written as a Chrome /
-Perfetto trace (``{"traceEvents": [...]}``, complete "X" events in microseconds, pid = rank, tid = a thread row).
-
-Off by default; while off, ``span`` hands back one shared no-op context and ``record`` returns at once (one global
-read each). Times are wall clock (``time.time_ns()``), so the ranks of one machine share a time base; across
-machines the clocks must be synchronised (NTP/PTP) for the merged rows to line up.
-Merge per-rank files for ui.perfetto.dev or chrome://tracing: ``python -m pipesgd.runlog.trace merge OUT.json IN...``.
-"""
+"""A span recorder for ``pipesgd-train --trace``: what each thread of a rank did and when, as a Chrome / Perfetto
+trace (complete "X" events in microseconds, pid = rank, tid = a thread row). Off by default: one global read per
+call. Times are wall clock, so ranks on other machines need synchronised clocks. Merge per-rank files with
+``python -m pipesgd.runlog.trace merge OUT.json IN...``."""
 from __future__ import annotations
 
 import contextlib
@@ -87,10 +83,9 @@ def _thread_name() -> str:
 
 def record(name: str, start_ns: int, end_ns: int, cat: str, thread: str | None = None,
            args: dict | None = None) -> None:
-    """Keep a span observed elsewhere (``thread`` defaults to the caller's row) if it belongs to the window: a span
-    that names its step (``args["step"]``) when that step is traced, whenever it ran; any other span when it starts
-    while the window is open. By step first, because other threads work for steps on their own clocks: the
-    co-located parameter server serves a lagging worker's step 7 after this rank's own loop passed step B."""
+    """Keep a span observed elsewhere (``thread``: the caller's row by default) if it belongs to the window: a span that
+    names its step (``args["step"]``) when that step is traced, whenever it ran (the co-located server serves a
+    lagging worker's step after this rank's loop passed it); any other span when it starts while the window is open."""
     if not _on:
         return
     step = args.get("step") if args else None
@@ -155,7 +150,7 @@ def chrome_trace(rank: int | None = None) -> dict:
 
 
 def trace_path(path: str, rank: int, world_size: int) -> str:
-    """``FILE.json`` for a single process, ``FILE.rankN.json`` for rank N of several (``pipesgd.runlog.run_files``)."""
+    """``FILE.json`` for a single process, ``FILE.rankN.json`` for rank N of several (named as metrics are)."""
     return metrics_path(path if os.path.splitext(path)[1] else path + ".json", rank, world_size)
 
 

@@ -1,15 +1,14 @@
 """Where a run stands and how it is saved and resumed: ``Position``, the checkpoint layout, ``--resume``.
 
-Each rank saves its own file (``DIR/rankN.pt``, named by ``pipesgd.runlog.run_files``) because Pipe-SGD state
-differs per rank (error-feedback residuals, in-flight gradients). A file holds the model, the optimizer
-wrapper's state, the RNG states (torch, numpy, python; as tensors and lists) and the position, so
-``--resume`` continues the exact trajectory of an uninterrupted run. Files are written atomically and
-loaded with ``torch.load(weights_only=True)``: only tensors and primitive containers are stored.
-"""
+Each rank saves its own file (``DIR/rankN.pt``), since Pipe-SGD state differs per rank; it holds the model, the
+wrapper's state, the RNG states and the position, so ``--resume`` continues the exact trajectory. Written
+atomically, loaded with ``torch.load(weights_only=True)``: only tensors and primitive containers are stored."""
 from __future__ import annotations
 
+import glob
 import os
 import random
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,10 +17,22 @@ import torch.distributed as dist
 from torch import nn
 
 from timing_model.atomic import atomic_open
-from pipesgd.runlog.run_files import checkpoint_path, checkpoint_ranks
 from pipesgd.wrapper import OptimizerWrapper
 
 FORMAT_VERSION = 2  # 2: PipeSGD's state shaped like a torch optimizer's
+_CHECKPOINT_NAME = re.compile(r"rank(\d+)\.pt")
+
+
+def checkpoint_path(directory: str, rank: int) -> str:
+    """This rank's checkpoint file in ``directory``."""
+    return os.path.join(directory, f"rank{rank}.pt")
+
+
+def checkpoint_ranks(directory: str) -> list[int]:
+    """The ranks that have a checkpoint file in ``directory``, sorted."""
+    names = (_CHECKPOINT_NAME.fullmatch(os.path.basename(path))
+             for path in glob.glob(os.path.join(glob.escape(directory), "rank*.pt")))
+    return sorted(int(match.group(1)) for match in names if match)
 
 
 class CheckpointError(RuntimeError):
@@ -140,13 +151,11 @@ def _all_reduce(values: list[int], op, device: torch.device) -> list[int]:
 
 def restore(directory: str, rank: int, run: RunIdentity, model: nn.Module, opt: OptimizerWrapper,
             device: torch.device) -> Position | None:
-    """``--resume``: load this rank's checkpoint into ``model`` and ``opt`` if the run has one.
+    """``--resume``: load this rank's checkpoint into ``model`` and ``opt`` if the run has one (a collective).
 
-    Returns the position to continue from, or None when the directory holds no checkpoint yet (a fresh
-    start, so one command line serves the first launch and ``torchrun --max-restarts`` relaunches). A
-    checkpoint that exists for only some ranks, fails to load on one, or holds different steps on
-    different ranks stops every rank with one clear line. A collective: every rank must call it.
-    """
+    Returns the position to continue from, or None when the directory holds no checkpoint yet (so one command line
+    serves the first launch and torchrun's restarts). A checkpoint missing on some ranks, failing to load on one, or
+    holding different steps stops every rank with one clear line."""
     world_size = run.world_size
     # Step 1: every rank must agree whether there is a checkpoint at all.
     have = _all_reduce([int(exists(directory, rank))], dist.ReduceOp.SUM, device)[0]

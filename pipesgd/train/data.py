@@ -1,12 +1,9 @@
 """Data sets held as tensors in memory, and the per-rank shard of each epoch.
 
-Every data set is either shipped by a package (scikit-learn's digits), generated from a seed
-(synthetic, MNIST-1D-style), read from local files (MNIST IDX, CIFAR-10 python batches) or made from this
-machine's Python standard library (pysrc, a character corpus: ``text``); nothing is downloaded. ``DATASETS`` is
-the registry by ``--dataset`` name (the config checks names against it).
-``shard_batches`` gives each worker an equal, disjoint slice of one seeded permutation per epoch, so all
-workers run the same number of steps.
-"""
+Shipped by a package (digits), generated from a seed (synthetic, MNIST-1D-style), read from local files (MNIST
+IDX, CIFAR-10) or made from the Python standard library (pysrc: ``text``); nothing is downloaded. ``DATASETS`` is
+the registry by ``--dataset`` name. ``shard_batches`` gives each worker an equal, disjoint slice of one seeded
+permutation per epoch, so all workers run the same number of steps."""
 from __future__ import annotations
 
 import gzip
@@ -116,12 +113,9 @@ _MNIST1D_TEMPLATES = np.array([
 
 
 def make_mnist1d(seed: int, samples: int = 5000, features: int = 40) -> Dataset:
-    """Generate an MNIST-1D-style set locally: templates padded, scaled, shifted, noised, resampled to 40 points.
-
-    Step 1: pad each 12-point template to 36 points. Step 2: scale it randomly (0.8-1.2) and shift it
-    circularly (up to 12 points). Step 3: add white and smooth (correlated) noise. Step 4: resample to
-    ``features`` points by linear interpolation.
-    """
+    """Generate an MNIST-1D-style set locally. Step 1: pad each 12-point template to 36 points. Step 2: scale it
+    randomly (0.8-1.2) and shift it circularly (up to 12 points). Step 3: add white and smooth noise. Step 4: resample
+    to ``features`` points by linear interpolation."""
     rng = np.random.default_rng(seed + 2_000_003)
     y = rng.integers(0, 10, size=samples)
     # Step 1

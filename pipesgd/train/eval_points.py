@@ -1,16 +1,10 @@
-"""When the trainer evaluates on the held-out split during training, and whether it does so now or after training.
+"""When the trainer evaluates on the held-out split during training, and whether now or after training.
 
-Two schedules, either or both, as in HF Trainer: every N epochs (``--eval-every``, at an epoch's end) and every N
-steps (``--eval-steps``). A point due at the last step is left to the final evaluation, which always runs.
-
-``--eval-deferred`` keeps a copy of the weights (parameters and buffers, in host memory) at each point and evaluates
-the copies after training, each record carrying the wall clock of its copy. Why: time to a target accuracy read from
-evaluations made during the run counts every earlier evaluation's pause, and on a short run evaluated often those
-pauses are a large part of the clock; with copies the run pays a memory copy per point instead. The copy is taken
-after ``opt.step()`` and before the next forward pass, where every wrapper holds its applied (master) weights:
-look-ahead moves them only in the next differentiated forward. The final evaluation, written after the copies', then
-carries the clock of the training's end (``flush()`` included), not of their evaluations.
-"""
+Two schedules, either or both, as in HF Trainer: every N epochs (``--eval-every``) and every N steps
+(``--eval-steps``); a point due at the last step is left to the final evaluation, which always runs.
+``--eval-deferred`` copies the weights at each point and evaluates the copies after training, so time to an
+accuracy holds no evaluation pauses (docs/training.md). The copy is taken after ``opt.step()`` and before the next
+forward, where every wrapper holds its applied (master) weights."""
 from __future__ import annotations
 
 from collections.abc import Callable

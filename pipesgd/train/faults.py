@@ -1,13 +1,10 @@
 """Peer failures: recognise them, name the rank that stopped answering, and inject them in tests.
 
-When a collective fails (a peer closed its connection, or did not answer within ``--timeout``), every
-surviving rank marks itself alive in the rendezvous store and waits briefly for the others to do the same;
-ranks that never mark themselves are the dead or hung ones, and the error line names them.
-A ``Watchdog`` backs this up: some waits never time out by themselves (gloo's point-to-point
-``Work.wait()`` has no deadline), so a step that makes no progress for ``--timeout`` seconds fails the run.
-Test hooks (environment, never flags): ``PIPESGD_TEST_DIE_AT_STEP=rank:step`` makes that rank exit
-abruptly (``os._exit``) before the step; ``PIPESGD_TEST_HANG_AT_STEP=rank:step`` freezes it (SIGSTOP).
-"""
+When a collective fails, every surviving rank marks itself alive in the rendezvous store and waits briefly for the
+others; those that never mark themselves are named in the error line. A ``Watchdog`` fails a step that makes no
+progress for ``--timeout`` seconds (gloo's point-to-point ``Work.wait()`` has no deadline). Test hooks
+(environment, never flags): ``PIPESGD_TEST_DIE_AT_STEP=rank:step`` (``os._exit``) and
+``PIPESGD_TEST_HANG_AT_STEP=rank:step`` (SIGSTOP) before that step."""
 from __future__ import annotations
 
 import os

@@ -1,18 +1,11 @@
 """The training loop, top to bottom: batch -> forward/backward (``--accumulate`` micro-batches) -> opt.step()
 -> opt.zero_grad() -> the next step's learning rate (``--lr-schedule``, ``schedule``) -> record.
 
-The loop never talks to the network: gradients meet only inside the optimizer wrapper (``strategy``).
-Timing of one iteration: ``t_compute`` is forward + backward (on CUDA timed by events on the compute stream,
-``step_timer``, so the ring in flight on the side stream is not counted; in ``ddp`` mode it includes DDP's
-allreduce, which runs inside backward), ``t_wait`` and
-``t_update`` come from the ``StepStats`` that ``opt.step()`` returns. ``t_iter`` is the whole iteration, end to end:
-from the end of the step before (its loss read) to this step's loss read, so the previous record's write, the
-progress line and the batch fetch are in it, and consecutive steps' ``t_iter`` add up to the wall clock of the run
-less evaluation and checkpoints (which have their own records); ``t_data`` is the batch fetch and its copy to the
-device, ``t_cpu`` the process's CPU seconds over the same span as ``t_iter``.
-With ``--trace`` the loop marks its spans on the "main" row (``pipesgd.runlog.trace``): data, compute, opt.step (inside
-it the wrappers mark wait and update), eval; no span adds a synchronisation.
-"""
+The loop never talks to the network: gradients meet only inside the optimizer wrapper (``strategy``). On CUDA
+``t_compute`` is timed by events on the compute stream (``step_timer``), so the ring in flight is not counted;
+``t_iter`` runs from the previous step's loss read to this one's, so consecutive steps add up to the run's wall
+clock less evaluation and checkpoints (the fields: docs/training.md). With ``--trace`` the loop marks its spans on
+the "main" row (``pipesgd.runlog.trace``) without adding a synchronisation."""
 from __future__ import annotations
 
 import math
@@ -65,13 +58,10 @@ def evaluate(model: nn.Module, ds: Dataset, device: torch.device, batch_size: in
 
 def forward_backward(model: nn.Module, x: torch.Tensor, y: torch.Tensor, micro_batches: int = 1,
                      precision: Precision | None = None) -> torch.Tensor:
-    """Forward and backward over ``micro_batches`` equal slices of the batch, each loss scaled by 1/N as DDP
-    users do, so the gradients accumulated in ``p.grad`` are the whole batch's mean; returns its mean loss.
-    ``precision`` sets the autocast and, for fp16, scales each loss before backward (the wrapper unscales).
-
-    Accumulation is DDP's ``no_sync()`` without the context: the wrapper sends nothing until ``step()``.
-    (In ``ddp`` mode DDP itself still all-reduces after every micro-batch; the sum is the same.)
-    """
+    """Forward and backward over ``micro_batches`` equal slices of the batch, each loss scaled by 1/N as DDP users do,
+    so ``p.grad`` holds the whole batch's mean; returns its mean loss. ``precision`` sets the autocast and, for fp16,
+    scales each loss (the wrapper unscales). Accumulation is DDP's ``no_sync()`` without the context: the wrapper
+    sends nothing until ``step()``."""
     precision = precision or Precision(x.device.type)
     total = torch.zeros((), device=x.device)
     for xs, ys in zip(x.chunk(micro_batches), y.chunk(micro_batches)):

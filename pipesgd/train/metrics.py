@@ -1,16 +1,8 @@
 """What one run writes: the JSONL records (config, step, eval, summary), the config copies and the summary text.
 
-Records are one JSON object per line, flushed per line, read directly by ``pandas.read_json(lines=True)``
-and by ``pipesgd.runlog.results``. File layout (named by ``pipesgd.runlog.run_files``): with world size 1 the records go
-to ``FILE.jsonl`` itself; with world size > 1 each rank writes ``FILE.rankN.jsonl`` (its own step
-records), and the reporting rank also writes the ``config``, ``eval`` and ``summary`` records into its
-file. The reporting rank is worker 0: global rank 0, except with dedicated parameter servers
-(``--servers N``: ranks 0..N-1 serve, rank N reports). Record types: ``MetricsWriter``.
-
-A resumed run (``--resume``) appends to the same files: a new ``config`` record with ``resumed_at_step``,
-then the steps from there on; readers keep the last record of each step. Without ``--resume`` a run refuses a
-metrics file that exists (``outputs``): appending a second run would mix two runs' records in one file.
-"""
+One JSON object per line, flushed per line; per-rank files named by ``timing_model.run_metrics``. The layout and
+every field: docs/training.md, "Metrics". Without ``--resume`` a run refuses a metrics file that exists
+(``outputs``): a second run appended would mix two runs' records."""
 from __future__ import annotations
 
 import json
@@ -58,27 +50,8 @@ class StepTimes:
 class MetricsWriter:
     """Appends records to this rank's JSONL file; a writer without a path writes nothing anywhere.
 
-    Record types (times in seconds, ``wall`` =
-    seconds since start):
-
-    - ``config``: world_size, mode, width, compression, model, params, grad_bytes, batch_size, ... (first line)
-    - ``step``: step, epoch, rank, mode, loss, t_iter, t_compute, t_wait, t_update, bytes_sent, wall,
-      applied_step, compression_ratio, residual_norm, t_comm_busy, skipped_nonfinite, t_data (batch loading),
-      t_iter spans the whole iteration (the previous step's end to this one's: the record writes, the progress line
-      and the batch fetch are in it, evaluation and checkpoints are not, ``loop``),
-      t_cpu (CPU seconds this process used over t_iter's span, all its threads: compute, the communication
-      thread, the backend's threads; with t_iter it shows whether the cores, rather than the links, set the pace);
-      only when their feature is on: grad_norm (the applied averaged gradient's L2 norm before clipping, with
-      --clip-grad-norm), t_buffers (seconds spent making module buffers identical across ranks, with --buffers
-      broadcast|average and a model that has buffers: at the end of training), t_lookahead
-      (seconds of look-ahead work since the step before: mode pipe, width >= 2, --staleness lookahead), t_standin_wait
-      (with --lookahead-standin other than local: seconds the forward pass waited for the coarse stand-in, counted in
-      t_wait and not in t_compute), t_auto (--width/--compression auto: seconds of the step on auto's own timing,
-      measuring, deciding and switching, waits for the other ranks there included), auto_choice (the step that chose)
-    - ``eval``: step, epoch, accuracy, loss, wall (with ``--eval-deferred``: the wall clock when the evaluated weights
-      were copied, and ``deferred: true``; those records are written after training)
-    - ``summary``: the end-of-run figures printed on rank 0
-    """
+    Record types: ``config`` (first line), ``step``, ``eval`` and ``summary`` (the end-of-run figures printed on
+    rank 0); times in seconds, ``wall`` since start. Their fields: docs/training.md, "Metrics"."""
 
     def __init__(self, path: str, rank: int, world_size: int, start_time: float | None = None):
         self.path = metrics_path(path, rank, world_size) if path else ""

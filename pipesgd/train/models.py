@@ -126,11 +126,7 @@ class BasicBlock(nn.Module):
 
 @register("resnet20")
 def build_resnet20(input_shape, num_classes, **_) -> nn.Module:
-    """CIFAR-style ResNet-20 (He et al. 2016): 3 stages x 3 basic blocks (16, 32, 64 channels), global pool.
-
-    Batch-norm statistics follow ``--buffers`` in pipe/sync modes (rank 0's after every step by default);
-    ``ddp`` broadcasts rank 0's buffers before each forward; parameter-server modes keep them per rank.
-    """
+    """CIFAR-style ResNet-20 (He et al. 2016): 3 stages x 3 basic blocks (16, 32, 64 channels), global pool."""
     c = _as_image(input_shape)[0]
     layers: list[nn.Module] = [_ToImage(_as_image(input_shape)), nn.Conv2d(c, 16, 3, padding=1, bias=False),
                                nn.BatchNorm2d(16), nn.ReLU()]
@@ -145,11 +141,8 @@ def build_resnet20(input_shape, num_classes, **_) -> nn.Module:
 
 @register("alexnet")
 def build_alexnet(input_shape, num_classes, **_) -> nn.Module:
-    """AlexNet-like and communication-heavy: five small convs, then two large fully connected layers.
-
-    The fully connected width scales with the input: 4096 (AlexNet's) for inputs of 32x32 pixels or
-    more, 2048 below (about 8.6 M parameters on 8x8 digits, three quarters in the FC layers).
-    """
+    """AlexNet-like and communication-heavy: five small convs, then two large fully connected layers, 4096 wide
+    (AlexNet's) for inputs of 32x32 pixels or more, 2048 below."""
     c, h, w = image = _as_image(input_shape)
     fc = 4096 if h * w >= 32 * 32 else 2048
     h1, w1 = h // min(2, h), w // min(2, w)

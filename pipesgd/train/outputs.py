@@ -1,10 +1,6 @@
-"""The files a training run will write, checked before any process group exists, so that a bad path is one line and
-exit code 2 up front rather than a traceback after the run; and the rule for a ``--metrics`` file that exists.
-
-The rule: a run without ``--resume`` refuses an existing metrics file of any of its ranks (appending would put a
-second run's config and summary records in the file, while the JSON beside it is replaced; nothing written is
-lost by refusing); ``--resume`` appends, as it always has (readers keep the last record of each step).
-"""
+"""The files a training run will write, checked before any process group exists (a bad path is one line and exit
+code 2 up front), and the rule for a ``--metrics`` file that exists: without ``--resume`` it is refused (a second
+run's records would mix into it), with ``--resume`` appended to (readers keep the last record of each step)."""
 from __future__ import annotations
 
 import os

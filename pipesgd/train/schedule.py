@@ -1,12 +1,9 @@
 """The learning rate of each training step: ``--lr-warmup-steps`` of linear warm-up, then ``--lr-schedule``.
 
-The rate is a pure function of the step (nanoGPT's ``get_lr``), written into the inner optimizer's param groups
-through the wrapper's ``param_groups`` once per step, so it works in every mode (a dedicated parameter server
-reads it from the workers' headers) and a resumed run continues the schedule from its position with nothing
-saved. A ``torch.optim.lr_scheduler.LambdaLR`` would count its own steps instead, and warn on the parameter-server
-workers whose inner optimizer never steps. Not Pipe-SGD's ``--warmup-steps`` (synchronous steps before the
-pipeline opens).
-"""
+A pure function of the step (nanoGPT's ``get_lr``), written into the inner optimizer's groups through the
+wrapper's ``param_groups`` once per step: it works in every mode (a dedicated parameter server reads it from the
+workers' headers) and a resumed run continues it with nothing saved, where ``LambdaLR`` would count its own steps
+and warn on parameter-server workers whose inner optimizer never steps."""
 from __future__ import annotations
 
 import math

@@ -1,10 +1,8 @@
 """Build the optimizer wrapper a training mode uses; the only place the trainer chooses how gradients meet.
 
-Every wrapper satisfies ``pipesgd.wrapper.OptimizerWrapper``. ``Strategy`` adds what the loop needs around
-it: the module to run forward through (DDP's wrapper in ``ddp`` mode) and this process's role
-(parameter-server modes may dedicate ranks to serving; workers shard the data by ``worker_rank`` /
-``num_workers``). One builder per name of ``modes.MODES``; the inner optimizer comes from ``optimizers``.
-"""
+``Strategy`` adds what the loop needs around the wrapper: the module to run forward through (DDP's in ``ddp``
+mode) and this process's role (parameter-server modes may dedicate ranks to serving). One builder per name of
+``modes.MODES``; the inner optimizer comes from ``optimizers``."""
 from __future__ import annotations
 
 import threading

@@ -1,10 +1,7 @@
-"""A character corpus made on this machine: the Python standard library's own ``.py`` sources, as model inputs.
-
-The language-model task (``--dataset pysrc``) needs text that no run has to download. Every Python installation
-ships its standard library as source, so this module reads those files in a fixed, sorted order, caps the text at
-``CORPUS_CHARS`` characters and encodes it with a fixed vocabulary. ``window`` cuts codes into next-character
-examples. The corpus differs between Python builds; ``CorpusSource`` records which one a run saw.
-"""
+"""A character corpus made on this machine: the Python standard library's own ``.py`` sources (``--dataset pysrc``),
+which every installation ships, so no run downloads text. The files are read in sorted order, capped at
+``CORPUS_CHARS`` and encoded with a fixed vocabulary; ``window`` cuts them into next-character examples. The corpus
+differs between Python builds; ``CorpusSource`` records which one a run saw."""
 from __future__ import annotations
 
 import hashlib
@@ -92,11 +89,8 @@ def decode(codes) -> str:
 
 
 def window(codes: np.ndarray, context: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Non-overlapping windows of ``context`` codes and their next-character targets, int64 ``(N, context)``.
-
-    Window i reads codes[i*context : (i+1)*context] and predicts codes[i*context + 1 : (i+1)*context + 1]; the
-    tail too short for a whole window (with its last target) is dropped.
-    """
+    """Non-overlapping windows of ``context`` codes and their next-character targets, int64 ``(N, context)``: window i
+    reads codes[i*context : (i+1)*context] and predicts the codes one later; a tail too short is dropped."""
     n = (len(codes) - 1) // context
     x = codes[:n * context].reshape(n, context)
     y = codes[1:n * context + 1].reshape(n, context)
