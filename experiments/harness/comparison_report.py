@@ -106,7 +106,8 @@ def report(data: dict) -> str:
     """The whole printed report of a runs.json."""
     stats = model_summary(data)
     failed = [r for r in data["runs"] if r.get("status") != "ok"]
-    lines = [f"# 4-node comparison: {len(data['runs']) - len(failed)} runs ok, {len(failed)} failed "
+    nodes = data.get("config", {}).get("nodes", 4)
+    lines = [f"# {nodes}-node comparison: {len(data['runs']) - len(failed)} runs ok, {len(failed)} failed "
              f"(provenance: {data['provenance']['command']}, {data['provenance']['date']})", "",
              cell_tables(data), markdown_tables(data["runs"])]
     if stats["runs"]:
