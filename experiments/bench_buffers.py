@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from experiments.harness.breakdown import markdown as breakdown_table  # noqa: E402
 from experiments.harness.breakdown import median_breakdown  # noqa: E402
 from experiments.harness.one_line import OneLineParser  # noqa: E402
+from experiments.harness.scratch import earlier_runs_problem  # noqa: E402
 from pipesgd.grads.buffers import BUFFER_MODES
 from pipesgd.cluster.cluster import Cluster
 from pipesgd.cluster.netns import ClusterError
@@ -69,6 +70,9 @@ def main() -> int:
         link = parse_link(args.bandwidth)
     except ValueError as error:
         parser.error(str(error))
+    stale = earlier_runs_problem(args.out, "--out")
+    if stale:
+        parser.error(stale)
     if os.geteuid() != 0:
         print("bench_buffers: the emulated cluster needs root (ip netns, tc)", file=sys.stderr)
         return 1

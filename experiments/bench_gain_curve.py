@@ -28,6 +28,7 @@ from experiments.harness.breakdown import Breakdown, read_breakdown, trace_file 
 from experiments.harness.gain_curve import build  # noqa: E402
 from experiments.harness.gain_curve_report import render  # noqa: E402
 from experiments.harness.one_line import OneLineParser, known_names  # noqa: E402
+from experiments.harness.scratch import earlier_runs_problem  # noqa: E402
 from experiments.harness.provenance import provenance, write_result  # noqa: E402
 from pipesgd.cluster.cluster import Cluster  # noqa: E402
 from pipesgd.cluster.cores import available_cores  # noqa: E402
@@ -78,6 +79,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      f"{args.nodes * args.cores_per_node} cores, this machine allows {len(available_cores())}")
     if args.steps <= args.warmup_steps + 3 or args.warmup_steps < 0 or args.repeats < 1 or args.timeout <= 0:
         parser.error("need --steps > --warmup-steps + 3, --warmup-steps >= 0, --repeats >= 1 and --timeout > 0")
+    stale = earlier_runs_problem(args.raw, "--raw")
+    if stale:
+        parser.error(stale)
     return args
 
 

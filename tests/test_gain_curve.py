@@ -153,3 +153,14 @@ def test_bad_input_is_one_line_and_exit_2_before_any_work(tmp_path, args, says):
     assert done.returncode == 2 and says in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "raw").exists()
+
+
+def test_a_raw_folder_with_an_earlier_sittings_runs_is_refused_before_any_run(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "40mbit-q8-sync-0.jsonl").write_text("{}\n")
+    done = run_in_process(SCRIPT, "--out", str(tmp_path / "out"), "--raw", str(raw))
+    assert done.returncode == 2, done.stderr
+    assert "already holds an earlier sitting's runs (40mbit-q8-sync-0.jsonl)" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+    assert (raw / "40mbit-q8-sync-0.jsonl").read_text() == "{}\n"  # nothing of the earlier sitting is touched
