@@ -137,14 +137,14 @@ def recommend(scenario: Scenario, predict_pipe, *, max_width: int = 3, allow_sig
         before = tried[:tried.index(hiding)]
         narrower = _narrower_within_gain(before, hiding)
         if narrower is not None:
-            why = f"{hiding.label} would hide its all-reduce at {_ms(hiding.iteration_s)} per iteration"
+            why = f"{hiding.label} would hide its all-reduce at {reason_time(hiding.iteration_s)} per iteration"
             return Recommendation(narrower, _narrower_reason(why, narrower), tuple(tried))
-        why = (f"its all-reduce ({_ms(hiding.comm_s)}) hides behind the step (exposed {_ms(hiding.exposed_s)} of "
-               f"{_ms(hiding.iteration_s)})")
+        why = (f"its all-reduce ({reason_time(hiding.comm_s)}) hides behind the step (exposed {reason_time(hiding.exposed_s)} of "
+               f"{reason_time(hiding.iteration_s)})")
         if before:
             leave = "the one tried before it" if len(before) == 1 else f"the {len(before)} tried before it"
             why += (f"; {leave} (narrower or more exact) leave{'s' if len(before) == 1 else ''} up to "
-                    f"{_ms(max(c.exposed_s for c in before))} exposed")
+                    f"{reason_time(max(c.exposed_s for c in before))} exposed")
         return Recommendation(hiding, why, tuple(tried))
     near = _first_near_fastest(tried)
     fastest = min(c.iteration_s for c in tried)
@@ -154,10 +154,10 @@ def recommend(scenario: Scenario, predict_pipe, *, max_width: int = 3, allow_sig
         WIDER_GAIN, crossover_axis)
     if narrower is not None:
         why = (f"nothing tried hides its all-reduce; {near.label}, the first within {NEAR_FASTEST - 1:.0%} of the "
-               f"fastest prediction, takes {_ms(near.iteration_s)} per iteration")
+               f"fastest prediction, takes {reason_time(near.iteration_s)} per iteration")
         return Recommendation(narrower, _narrower_reason(why, narrower), tuple(tried), periodic)
     why = (f"nothing tried hides its all-reduce; this is the first within {NEAR_FASTEST - 1:.0%} of the fastest "
-           f"prediction ({_ms(near.iteration_s)} per iteration against {_ms(fastest)}); {_ms(near.exposed_s)} of "
+           f"prediction ({reason_time(near.iteration_s)} per iteration against {reason_time(fastest)}); {reason_time(near.exposed_s)} of "
            f"its iteration is exposed communication")
     return Recommendation(near, why, tuple(tried), periodic)
 
@@ -189,10 +189,10 @@ def _first_near_fastest(candidates: list[Candidate]) -> Candidate | None:
 
 
 def _narrower_reason(why: str, narrower: Candidate) -> str:
-    return (f"{why}; but {narrower.label} is predicted at {_ms(narrower.iteration_s)}, within {WIDER_GAIN:g}x; a "
+    return (f"{why}; but {narrower.label} is predicted at {reason_time(narrower.iteration_s)}, within {WIDER_GAIN:g}x; a "
             f"wider pipeline's stale gradient costs steps, so it is taken only for a {WIDER_GAIN:g}x faster iteration")
 
 
-def _ms(seconds: float) -> str:
+def reason_time(seconds: float) -> str:
     """A time in a reason: three digits, in ms below 10 s (``format_time``), ``0 ms`` for none."""
     return format_time(seconds, digits=3) if seconds else "0 ms"

@@ -11,7 +11,7 @@ from timing_model.trainer_defaults import SYNC_EVERY, auto_codec_limits, is_adam
 
 from ..predict import Scenario
 from ..periodic import Periodic
-from ..recommend import HIDDEN_SHARE, NEAR_FASTEST, WIDER_GAIN, recommend
+from ..recommend import HIDDEN_SHARE, NEAR_FASTEST, WIDER_GAIN, reason_time, recommend
 from ..units import format_bandwidth, format_time
 from .flags import add_scenario_flags, help_formatter, load_calibration, parse_flag, predict_modes, scenario_fields
 
@@ -136,13 +136,13 @@ def periodic_lines(periodic: Periodic) -> list[str]:
     """Periodic averaging's block in the text output: named (with the crossover and the caveat) or why not."""
     where = _crossover_words(periodic)
     if not periodic.named:
-        return [f"periodic averaging ({periodic.flags}) is not named: predicted {_t(periodic.iteration_s)} per "
-                f"iteration against {_t(periodic.per_step_s)} for the fastest candidate below, not "
+        return [f"periodic averaging ({periodic.flags}) is not named: predicted {reason_time(periodic.iteration_s)} per "
+                f"iteration against {reason_time(periodic.per_step_s)} for the fastest candidate below, not "
                 f"{periodic.margin:g}x faster" + (f"; it would be {where}" if where else "")]
     lines = [f"instead: periodic averaging, pipesgd-train {periodic.flags}",
-             f"  - predicted {_t(periodic.iteration_s)} per iteration against {_t(periodic.per_step_s)} for the "
+             f"  - predicted {reason_time(periodic.iteration_s)} per iteration against {reason_time(periodic.per_step_s)} for the "
              f"fastest candidate below, at least {periodic.margin:g}x faster (one sync's all-reduce: "
-             f"{_t(periodic.sync_s)})"]
+             f"{reason_time(periodic.sync_s)})"]
     if where:
         lines.append(f"  - predicted {where}")
     return lines + [f"  - {periodic.caveat}"]
@@ -157,13 +157,9 @@ def _crossover_words(periodic: Periodic) -> str:
         return ""
     if at == float("inf"):
         return f"faster at every {'link rate' if link else 'compute time'} tried above this one"
-    value = f"below {format_bandwidth(at)}" if link else f"while forward + backward takes under {_t(at)}"
+    value = f"below {format_bandwidth(at)}" if link else f"while forward + backward takes under {reason_time(at)}"
     there = f" (where one sync's all-reduce takes {ratio:.3g} times compute + update)" if ratio is not None else ""
     return f"faster {value}{there}"
-
-
-def _t(seconds: float) -> str:
-    return format_time(seconds, digits=3) if seconds else "0 ms"
 
 
 # where a reason's clauses meet (``timing_model.recommend`` joins them with "; "): each is a point of its own
