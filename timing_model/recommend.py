@@ -121,13 +121,15 @@ def candidate_knobs(max_width: int, allow_sign: bool, width: int | None = None,
 def recommend(scenario: Scenario, predict_pipe, *, max_width: int = 3, allow_sign: bool = False,
               width: int | None = None, compression: str | None = None,
               error_feedback: bool | None = None, codecs: tuple[str, ...] | None = None,
-              predict_periodic=None, crossover_axis: str = "bandwidth_Bps") -> Recommendation:
+              predict_periodic=None, crossover_axis: str = "bandwidth_Bps",
+              wider_gain: float = WIDER_GAIN) -> Recommendation:
     """The first candidate whose all-reduce hides (module doc). ``predict_pipe(scenario) -> ModeResult`` is
     Pipe-SGD's prediction for one scenario (with or without a calibration: the caller's choice); ``codecs`` limits
     the ladder (Adam and AdamW: ``trainer_defaults.ADAM_AUTO_CODECS``). ``predict_periodic(scenario) ->
     ModeResult``, where given, is one periodic-averaging mode's prediction at the scenario's ``sync_every`` and
     ``sync_delay``, asked where nothing hides, with its crossover along ``crossover_axis``
-    (``periodic.alternative``)."""
+    (``periodic.alternative``). ``wider_gain``: the margin a wider candidate must be predicted to earn over a narrower
+    one (``pipesgd.auto``'s first choice asks less, then holds the width it tries to ``WIDER_GAIN`` measured)."""
     if max_width < 1:
         raise ValueError(f"max width {max_width}: must be >= 1")
     knobs = candidate_knobs(max_width, allow_sign, width, compression, error_feedback, codecs)
@@ -135,10 +137,10 @@ def recommend(scenario: Scenario, predict_pipe, *, max_width: int = 3, allow_sig
     hiding = next((c for c in tried if c.hidden), None)
     if hiding is not None:
         before = tried[:tried.index(hiding)]
-        narrower = _narrower_within_gain(before, hiding)
+        narrower = _narrower_within_gain(before, hiding, wider_gain)
         if narrower is not None:
             why = f"{hiding.label} would hide its all-reduce at {reason_time(hiding.iteration_s)} per iteration"
-            return Recommendation(narrower, _narrower_reason(why, narrower), tuple(tried))
+            return Recommendation(narrower, _narrower_reason(why, narrower, wider_gain), tuple(tried))
         why = (f"its all-reduce ({reason_time(hiding.comm_s)}) hides behind the step (exposed {reason_time(hiding.exposed_s)} of "
                f"{reason_time(hiding.iteration_s)})")
         if before:
@@ -148,14 +150,14 @@ def recommend(scenario: Scenario, predict_pipe, *, max_width: int = 3, allow_sig
         return Recommendation(hiding, why, tuple(tried))
     near = _first_near_fastest(tried)
     fastest = min(c.iteration_s for c in tried)
-    narrower = _narrower_within_gain(tried[:tried.index(near)], near)
+    narrower = _narrower_within_gain(tried[:tried.index(near)], near, wider_gain)
     periodic = None if predict_periodic is None else alternative(
         scenario, predict_periodic, lambda case: min(c.iteration_s for c in _tried(case, predict_pipe, knobs)),
         WIDER_GAIN, crossover_axis)
     if narrower is not None:
         why = (f"nothing tried hides its all-reduce; {near.label}, the first within {NEAR_FASTEST - 1:.0%} of the "
                f"fastest prediction, takes {reason_time(near.iteration_s)} per iteration")
-        return Recommendation(narrower, _narrower_reason(why, narrower), tuple(tried), periodic)
+        return Recommendation(narrower, _narrower_reason(why, narrower, wider_gain), tuple(tried), periodic)
     why = (f"nothing tried hides its all-reduce; this is the first within {NEAR_FASTEST - 1:.0%} of the fastest "
            f"prediction ({reason_time(near.iteration_s)} per iteration against {reason_time(fastest)}); {reason_time(near.exposed_s)} of "
            f"its iteration is exposed communication")
@@ -173,13 +175,14 @@ def _tried(scenario: Scenario, predict_pipe, knobs: list[tuple[int, str, bool]])
     return tried
 
 
-def _narrower_within_gain(before: list[Candidate], chosen: Candidate) -> Candidate | None:
-    """Of the candidates tried before ``chosen``, narrower and predicted within ``WIDER_GAIN`` of its iteration, the
+def _narrower_within_gain(before: list[Candidate], chosen: Candidate,
+                          wider_gain: float = WIDER_GAIN) -> Candidate | None:
+    """Of the candidates tried before ``chosen``, narrower and predicted within ``wider_gain`` of its iteration, the
     first within ``NEAR_FASTEST`` of the fastest of them (as where nothing hides: a more exact codec only for a
     small price; the first narrower one whatever its speed can be a far slower exact codec that costs more time to
     the target than its exactness saves)."""
     return _first_near_fastest(
-        [c for c in before if c.width < chosen.width and c.iteration_s <= WIDER_GAIN * chosen.iteration_s])
+        [c for c in before if c.width < chosen.width and c.iteration_s <= wider_gain * chosen.iteration_s])
 
 
 def _first_near_fastest(candidates: list[Candidate]) -> Candidate | None:
@@ -188,9 +191,9 @@ def _first_near_fastest(candidates: list[Candidate]) -> Candidate | None:
     return next((c for c in candidates if c.iteration_s <= NEAR_FASTEST * fastest), None)
 
 
-def _narrower_reason(why: str, narrower: Candidate) -> str:
-    return (f"{why}; but {narrower.label} is predicted at {reason_time(narrower.iteration_s)}, within {WIDER_GAIN:g}x; a "
-            f"wider pipeline's stale gradient costs steps, so it is taken only for a {WIDER_GAIN:g}x faster iteration")
+def _narrower_reason(why: str, narrower: Candidate, wider_gain: float = WIDER_GAIN) -> str:
+    return (f"{why}; but {narrower.label} is predicted at {reason_time(narrower.iteration_s)}, within {wider_gain:g}x; a "
+            f"wider pipeline's stale gradient costs steps, so it is taken only for a {wider_gain:g}x faster iteration")
 
 
 def reason_time(seconds: float) -> str:

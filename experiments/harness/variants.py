@@ -21,6 +21,8 @@ TRAINER_FLAGS: dict[str, list[str]] = {  # variant name: pipesgd-train flags
     # The codec chosen at the end of the warm-up from what it measured (issue 39)
     "pipe+auto": ["--mode", "pipe", "--width", "2", "--compression", "auto"],
     "pipe-wauto+auto": ["--mode", "pipe", "--width", "auto", "--compression", "auto"],  # the width chosen too
+    # the width chosen at a fixed codec: does auto pick width 2 where it wins (the overlap issue's cell)?
+    "pipe-wauto+q8": ["--mode", "pipe", "--width", "auto", "--compression", "q8", "--error-feedback", *_OWN],
     # ... and chosen again every 20 steps from what the running configuration measured
     "pipe-wauto+auto+recheck": ["--mode", "pipe", "--width", "auto", "--compression", "auto",
                                 "--auto-recheck-every", "20"],
@@ -92,12 +94,13 @@ CHARLM_SLOW_LINK_VARIANTS = ("ddp", "sync+q8", "pipe+q8", "pipe+q8-noef+lowrank"
 PIPE_VARIANTS = ("pipe", "pipe+bf16", "pipe+q8", "pipe+sign", "pipe-w3")  # the Pipe-SGD side of the speedup tables
 # issue 39 (configs/auto_choice.toml): --compression auto against every codec it chooses among, at width 1 and 2
 AUTO_CHOICE_VARIANTS = ("sync", "sync+bf16", "sync+q8", "sync+q4", "pipe", "pipe+bf16", "pipe+q8", "pipe+q4",
-                        "pipe+auto", "pipe-wauto+auto", "pipe-wauto+auto+recheck")
+                        "pipe+auto", "pipe-wauto+auto", "pipe-wauto+auto+recheck", "pipe-wauto+q8")
 # Every Pipe-SGD variant's synchronous twin: width 1 with the same codec (and error feedback), so a speedup over it
 # is what pipelining buys alone, apart from what the codec buys (DDP -> + codec -> + pipelining)
 SAME_CODEC_SYNC = {"pipe": "sync", "pipe+bf16": "sync+bf16", "pipe+q8": "sync+q8", "pipe+sign": "sync+sign",
                    "pipe+q4": "sync+q4", "pipe-w3": "sync", "pipe-plain": "sync", "pipe+q8-plain": "sync+q8",
-                   "pipe+q8+lowrank": "sync+q8", "pipe+q8+muon": "sync+q8+muon"}
+                   "pipe+q8+lowrank": "sync+q8", "pipe+q8+muon": "sync+q8+muon",
+                   "pipe-wauto+q8": "sync+q8"}
 CONVENTIONAL_BASELINES = ("ps-sync", "ps-async", "sync")  # the paper's "conventional approaches"
 DDP_BASELINES = ("ddp", "ddp+fp16", "ddp+powersgd")  # the peers users would pick today
 

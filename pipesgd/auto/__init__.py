@@ -12,11 +12,11 @@ from pipesgd.auto.config import PROVISIONAL_STEPS, AutoConfig
 from pipesgd.auto.decision import (announce, codec_key, decide, describe, exchange_key, link_terms, run_key,
                                    uncompressed_hides)
 from pipesgd.auto.hold import CONFIRM_STEPS, EARLY_HOLD_STEPS, held_against_width_1, held_steps
-from pipesgd.auto.knobs import AUTO, CANDIDATES, MAX_WIDTH, SMALL_FRACTION, SWITCH_GAIN, Knobs
+from pipesgd.auto.knobs import AUTO, CANDIDATES, MAX_WIDTH, SMALL_FRACTION, SWITCH_GAIN, TRIAL_GAIN, Knobs
 from pipesgd.auto.look import BYTES_SHARE, SLOW_LOOK, clearly_slow, transfer_floor_s
 from pipesgd.auto.probes import agreed, exchange_per_step, measure, on_rank0
 
-__all__ = ["AUTO", "CANDIDATES", "MAX_WIDTH", "SMALL_FRACTION", "SWITCH_GAIN", "CHANGED", "PROVISIONAL_STEPS",
+__all__ = ["AUTO", "CANDIDATES", "MAX_WIDTH", "SMALL_FRACTION", "SWITCH_GAIN", "TRIAL_GAIN", "CHANGED", "PROVISIONAL_STEPS",
            "CONFIRM_STEPS", "EARLY_HOLD_STEPS", "SLOW_LOOK", "BYTES_SHARE", "Knobs", "StepClock", "AutoConfig",
            "early_look", "first_choice", "probe", "clearly_slow", "recheck", "transfer_floor_s", "measure", "agreed",
            "decide",

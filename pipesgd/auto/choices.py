@@ -11,7 +11,7 @@ import torch.distributed as dist
 from pipesgd.auto.allreduce_trial import AllreduceTrial
 from pipesgd.auto.clock import StepClock
 from pipesgd.auto.decision import announce, decide, exchange_key, run_key, uncompressed_hides
-from pipesgd.auto.knobs import SWITCH_GAIN, Knobs
+from pipesgd.auto.knobs import SWITCH_GAIN, TRIAL_GAIN, Knobs
 from pipesgd.auto.look import announce_provisional, clearly_slow, transfer_floor_s
 from pipesgd.auto.probes import agreed, exchange_per_step, gradient as _gradient, measure, on_rank0
 from pipesgd.grads.buckets import Bucket
@@ -76,15 +76,16 @@ def first_choice(buckets: list[Bucket], knobs: Knobs, clock: StepClock, group: d
     # its iteration alone: its exchange as an anchor would hold what the link leaves out, such as the codec's share
     # of cores the ranks share, and make the codecs not measured look better than they run
     timed = {key: {k: v for k, v in run.items() if k != "comm_s"} for key, run in ran.items()}
-    choice = (uncompressed_hides(measured, nodes, grad_bytes, knobs, timed) if measured_with == ("none", False)
-              else None)
+    # a wider pipeline is tried on a smaller predicted gain than a re-check's, since the hold measures it
+    choice = (uncompressed_hides(measured, nodes, grad_bytes, knobs, timed, TRIAL_GAIN)
+              if measured_with == ("none", False) else None)
     if choice is None:
         if "small_allreduce_s" not in measured:  # measure()'s numbers win over the clock's (a test may give them all)
             options = codec_options if knobs.compression is not None else None  # they belong to a named codec
             measured.update(agreed(measure(numel, device, dtype, group, knobs.codecs_to_time(), options), group,
                                    device))
-        choice = on_rank0(lambda: decide(measured, nodes, grad_bytes, knobs, measured_with, ran=timed), group,
-                          device)
+        choice = on_rank0(lambda: decide(measured, nodes, grad_bytes, knobs, measured_with, ran=timed,
+                                         wider_gain=TRIAL_GAIN), group, device)
     if knobs.width is None and choice["width"] > 1:  # held against the warm-up (``_confirm_after``)
         choice["ran"] = ran
     if allreduce is not None and choice["compression"] != "none" and all(

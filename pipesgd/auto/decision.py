@@ -11,7 +11,7 @@ from dataclasses import replace
 from pipesgd.auto.knobs import MAX_WIDTH, SMALL_FRACTION, SWITCH_GAIN, Knobs
 from timing_model.core.straggler import expected_max_of_two
 from timing_model.predict import Scenario, predict
-from timing_model.recommend import choice_label, codec_label, recommend
+from timing_model.recommend import WIDER_GAIN, choice_label, codec_label, recommend
 
 log = logging.getLogger("pipesgd")
 
@@ -87,11 +87,12 @@ def _with_spread(result, measured: dict[str, float]):
 def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Knobs,
            measured_with: tuple[str, bool] = ("none", False),
            now: tuple[int | None, str, bool] | None = None, ran: dict[str, dict] | None = None,
-           max_width: int = MAX_WIDTH, hidden_only: bool = False) -> dict | None:
+           max_width: int = MAX_WIDTH, hidden_only: bool = False, wider_gain: float = WIDER_GAIN) -> dict | None:
     """What ``timing_model.recommend`` picks among the knobs the user left free: {"width", "compression",
     "error_feedback", "reason", "measured"}, the same on every rank. With ``now`` (a re-check: what runs) None unless
     the switch rule holds; ``ran``: what configurations measured, by ``run_key``; the model's error on the running one
-    scales the others' predictions; ``hidden_only``: None unless a candidate hides (docs/auto.md)."""
+    scales the others' predictions; ``hidden_only``: None unless a candidate hides; ``wider_gain``: what a wider
+    pipeline must be predicted to earn (the warm-up's choice asks less and holds a width on trial, docs/auto.md)."""
     link = link_terms(measured, nodes, grad_bytes, measured_with)
     scenario = Scenario(nodes=nodes, grad_bytes=grad_bytes, compute_s=measured["compute_s"],
                         update_s=measured.get("update_s", 0.0), lookahead_s=measured.get("lookahead_s", 0.0), **link)
@@ -103,7 +104,8 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
         scale = ran[run_key(*now)]["period_s"] / modelled if modelled > 0 else 1.0
     predict_pipe = _predictor(measured, ran, scale, measured_with=measured_with[0])
     answer = recommend(scenario, predict_pipe, max_width=max_width, width=knobs.width,
-                       compression=knobs.compression, error_feedback=knobs.error_feedback, codecs=knobs.codecs)
+                       compression=knobs.compression, error_feedback=knobs.error_feedback, codecs=knobs.codecs,
+                       wider_gain=wider_gain)
     new, why = _measured_before(answer, ran or {})
     hiding = any(c.hidden for c in answer.candidates)  # else the choice is only near the fastest (Step 3)
     if hidden_only and not hiding:
@@ -126,11 +128,23 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
         spread += (f"; the cores were {measured['cores_busy']:.0%} busy, so no iteration is predicted under "
                    f"{measured['cores_floor_s'] * 1e3:.3g} ms with as many bytes as {measured_with[0]} "
                    f"(a pipelined one: plus what its exchange leaves exposed)")
-    reason = (f"{why}; measured: compute {measured['compute_s'] * 1e3:.3g} ms per step{own}, an all-reduce of "
+    reason = (f"{why}{_on_trial(new, answer.candidates)}; measured: compute {measured['compute_s'] * 1e3:.3g} ms per step{own}, an all-reduce of "
               f"the gradient ({codec_label(*measured_with)}) {measured['comm_s'] * 1e3:.3g} ms on {nodes} rank(s)"
               f"{spread}{'; ' + knobs.optimizer_note if knobs.optimizer_note else ''}")
     return {"width": new.width, "compression": new.compression, "error_feedback": new.error_feedback,
             "reason": reason, "measured": dict(measured)}
+
+
+def _on_trial(new, candidates) -> str:
+    """What the reason adds when ``new`` is wider than a candidate predicted within ``WIDER_GAIN`` of it: a width
+    on trial, which the hold keeps only if it runs that much faster (``pipesgd.auto.hold``)."""
+    narrower = [c for c in candidates if c.width < new.width]
+    if not narrower or min(c.iteration_s for c in narrower) > WIDER_GAIN * new.iteration_s:
+        return ""
+    best = min(narrower, key=lambda c: c.iteration_s)
+    return (f"; on trial: predicted {best.iteration_s / new.iteration_s:.2f}x faster than {best.label}, under the "
+            f"{WIDER_GAIN:g}x a stale gradient must earn, so it is kept only if it runs {WIDER_GAIN:g}x faster than "
+            f"the warm-up")
 
 
 def _measured_before(answer, ran: dict[str, dict]):
@@ -147,7 +161,7 @@ def _measured_before(answer, ran: dict[str, dict]):
 
 
 def uncompressed_hides(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Knobs,
-                       ran: dict[str, dict] | None = None) -> dict | None:
+                       ran: dict[str, dict] | None = None, wider_gain: float = WIDER_GAIN) -> dict | None:
     """``decide``'s choice where it needs neither the link's latency nor any codec's speed: an uncompressed all-reduce is
     predicted as measured, so if width 1 or 2 uncompressed hides, the link's probes are skipped (docs/auto.md, step 4).
     None when none hides; computed on every rank from agreed numbers, so nothing is broadcast."""
@@ -155,7 +169,7 @@ def uncompressed_hides(measured: dict[str, float], nodes: int, grad_bytes: float
         return None
     widths = min(2, MAX_WIDTH) if knobs.width is None else knobs.width
     choice = decide({**measured, "small_allreduce_s": 0.0}, nodes, grad_bytes, replace(knobs, compression="none"),
-                    ran=ran, max_width=widths, hidden_only=True)
+                    ran=ran, max_width=widths, hidden_only=True, wider_gain=wider_gain)
     if choice is None:
         return None
     del choice["measured"]["small_allreduce_s"]  # not measured: a re-check that decides measures it (``recheck``)

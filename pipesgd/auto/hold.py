@@ -9,40 +9,46 @@ import torch.distributed as dist
 from pipesgd.auto.clock import StepClock
 from pipesgd.auto.decision import announce, describe
 from pipesgd.auto.probes import agreed
+from pipesgd.auto.knobs import TRIAL_GAIN
 from timing_model.recommend import WIDER_GAIN
 
 CONFIRM_STEPS = 6  # the pipelined steps (the first fills the pipeline) held against the warm-up's
-EARLY_HOLD_STEPS = 3  # from the end of this one on (two iterations measured), each step may go back at once
+EARLY_HOLD_STEPS = 3  # at the end of this one (two iterations measured) a pipeline may go back early
 
 
 def held_steps(step: int) -> list[int]:
-    """The steps at whose end a width chosen at ``step``'s end is held: each one early, then in full."""
-    return list(range(step + EARLY_HOLD_STEPS, step + CONFIRM_STEPS + 1))
+    """The steps at whose end a width chosen at ``step``'s end is held: once early, then in full. Only twice: each
+    hold agrees in a blocking all-reduce, which waits behind the exchange in flight, so a hold at every step would
+    make the pipeline it measures run as slowly as width 1."""
+    return [step + EARLY_HOLD_STEPS, step + CONFIRM_STEPS]
 
 
 def held_against_width_1(current: dict, clock: StepClock, group: dist.ProcessGroup | None,
                          device: torch.device, final: bool = True) -> dict | None:
     """Width 1 with the warm-up's codec (``warmup_run``), unless the pipelined steps since the choice ran ``WIDER_GAIN``
     faster per iteration than the warm-up's (agreed medians), else None; before the ``final`` hold, only where even
-    their fastest iteration was not ``WIDER_GAIN`` faster than the warm-up's fastest (None: hold on)."""
+    their fastest iteration was not ``TRIAL_GAIN`` faster than the warm-up's fastest (None: hold on): early, only a
+    pipeline that gains nothing worth a trial goes back, since the first pipelined iterations hold first calls and a
+    wire-bound warm-up's fastest lies far under its median."""
     window = agreed({**clock.window(), "fastest_s": clock.fastest_s}, group, device)
     key, codec, feedback = warmup_run(current)
     warmup = current["ran"][key]
-    if final and window["period_s"] * WIDER_GAIN <= warmup["period_s"]:
+    bar = WIDER_GAIN if final else TRIAL_GAIN
+    if final and window["period_s"] * bar <= warmup["period_s"]:
         return None
     if final:
         verdict = (f"its synchronous steps took {warmup['period_s'] * 1e3:.3g} ms per iteration, {describe(current)} "
                    f"{window['period_s'] * 1e3:.3g} ms since")
     else:
         reference = warmup.get("fastest_s", warmup["period_s"])
-        if window["fastest_s"] * WIDER_GAIN <= reference:
+        if window["fastest_s"] * bar <= reference:
             return None
         verdict = (f"its fastest synchronous iteration took {reference * 1e3:.3g} ms, {describe(current)}'s fastest "
                    f"of {len(clock.iterations)} {window['fastest_s'] * 1e3:.3g} ms")
     choice = {"width": 1, "compression": codec, "error_feedback": feedback, "measured": dict(current["measured"]),
               "ran": dict(current["ran"]), "reason": (
                   f"held against the warm-up: {verdict} (compute {window['compute_s'] * 1e3:.3g} ms per step beside "
-                  f"the exchange in flight), not {WIDER_GAIN:g}x faster: a stale gradient costs steps")}
+                  f"the exchange in flight), not {bar:g}x faster: a stale gradient costs steps")}
     announce(choice, dist.get_rank(group))
     return choice
 

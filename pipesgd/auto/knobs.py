@@ -11,6 +11,11 @@ CANDIDATES = ("bf16", "q8", "q4")  # the lossy rungs of timing_model.recommend's
 MAX_WIDTH = 3  # recommend's widest: the model never prefers a wider pipeline for speed alone
 SMALL_FRACTION = 64  # the second all-reduce size: 1/64 of the gradient
 SWITCH_GAIN = 1.25  # a re-check gives up exactness or narrowness only for an iteration predicted this much faster
+# The warm-up's choice tries a wider pipeline predicted this much faster than the narrower choice, and the hold keeps
+# it only where it ran recommend's WIDER_GAIN faster, measured: the prediction is of a few noisy warm-up steps and
+# misses both ways (docs/auto.md, "Held against width 1"), and a trial costs only the held steps. The early hold
+# sends back a pipeline whose fastest iteration was not even this much faster than the warm-up's.
+TRIAL_GAIN = 1.05
 
 
 @dataclass(frozen=True, slots=True)
