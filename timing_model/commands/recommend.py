@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from dataclasses import asdict
 
 from timing_model.cli_conventions import UsageError
 from timing_model.trainer_defaults import SYNC_EVERY, auto_codec_limits, is_adam_family
@@ -95,12 +96,15 @@ def run(args: argparse.Namespace) -> str:
                        compression=fixed_codec, error_feedback=feedback, codecs=codecs,
                        predict_periodic=lambda case: predict_modes(case, (mode,), calibration).result(mode),
                        crossover_axis="bandwidth_Bps" if calibration is None else "compute_s")
+    synchronous = _width_1_under_adam(answer, args.optimizer, fixed_width)
     if args.format == "json":
-        return json.dumps(answer.as_dict(), indent=2) + "\n"
+        return json.dumps({**answer.as_dict(), "width_1_under_adam": synchronous and asdict(synchronous)},
+                          indent=2) + "\n"
     why = answer.reason + (f"; {note}" if note else "")
     longest = max(c.iteration_s for c in answer.candidates)  # one unit down each column
     lines = [f"recommended: {answer.choice.label}", "why: - " + "\n     - ".join(why_points(why)), "",
              *(periodic_lines(answer.periodic) + [""] if answer.periodic is not None else []),
+             *(_adam_lines(synchronous, answer.choice, args.optimizer) + [""] if synchronous is not None else []),
              "| width | compression | error feedback | all-reduce | iteration | exposed | hides |",
              "|---|---|---|---|---|---|---|"]
     for c in answer.candidates:
@@ -108,6 +112,23 @@ def run(args: argparse.Namespace) -> str:
                      f"{format_time(c.iteration_s, like=longest)} | {format_time(c.exposed_s, like=longest)} | "
                      f"{'yes' if c.hidden else 'no'} |")
     return "\n".join(lines) + "\n"
+
+
+def _width_1_under_adam(answer, optimizer: str, fixed_width: int | None):
+    """Under Adam or AdamW, a width chosen above 1 beside the fastest width-1 candidate (None otherwise): the model
+    predicts iterations, and a one-step-stale Adam update learns less per step, so time to a target loss can favour
+    width 1 where the iteration favours width 2 (experiments/results/charlm_slow_links)."""
+    if fixed_width is not None or answer.choice.width < 2 or not is_adam_family([optimizer]):
+        return None
+    return min((c for c in answer.candidates if c.width == 1), key=lambda c: c.iteration_s, default=None)
+
+
+def _adam_lines(synchronous, choice, optimizer: str) -> list[str]:
+    return [f"to a target loss under {optimizer}: also try {synchronous.label}, predicted "
+            f"{reason_time(synchronous.iteration_s)} per iteration ({synchronous.iteration_s / choice.iteration_s:.2f}x "
+            f"the choice's)",
+            "  - a one-step-stale Adam update learns less per step than a fresh one, so the faster iteration can "
+            "reach a target loss later: compare the loss of both before choosing"]
 
 
 def _sync_flags(args: argparse.Namespace) -> tuple[int, int]:
