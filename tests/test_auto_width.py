@@ -93,6 +93,19 @@ def test_the_warmups_choice_tries_a_wider_pipeline_on_a_smaller_predicted_gain(c
     assert hides["width"] == want
 
 
+@pytest.mark.parametrize("wider_gain", [auto.TRIAL_GAIN, None])
+def test_a_width_is_on_trial_only_against_a_narrower_candidate_tried_before_it(wider_gain):
+    """Width 2 uncompressed hides a 48 ms all-reduce behind the 100 ms step, 1.48x faster than width 1 uncompressed:
+    taken on either rule, so not on trial, though width 1 with q4 (an eighth of the bytes, after width 2
+    uncompressed in the ladder's order) is predicted within ``WIDER_GAIN`` of it. A choice on ``WIDER_GAIN`` (a
+    re-check's, which nothing holds) never says it is on trial."""
+    kwargs = {} if wider_gain is None else {"wider_gain": wider_gain}
+    choice = auto.decide(_measured(0.048, 0.048 / 64 + 6e-4), 4, 4e6, FREE, **kwargs)
+    assert (choice["width"], choice["compression"]) == (2, "none") and "on trial" not in choice["reason"]
+    on_trial = auto.decide(_measured(0.015, 0.015 / 64 + 6e-4), 4, 4e6, auto.Knobs(None, "none", False), **kwargs)
+    assert ("on trial" in on_trial["reason"]) == (wider_gain is not None)
+
+
 def test_the_exchange_hides_behind_the_update_in_step_too():
     """A 135 ms uncompressed all-reduce beside 100 ms of compute does not hide at width 2 (bf16's does, and q4 at
     width 1, 117 ms, is within 1.25x of it); with 50 ms of optimizer update in ``step()`` (the AlexNet-like model's

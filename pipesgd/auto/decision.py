@@ -11,7 +11,7 @@ from dataclasses import replace
 from pipesgd.auto.knobs import MAX_WIDTH, SMALL_FRACTION, SWITCH_GAIN, Knobs
 from timing_model.core.straggler import expected_max_of_two
 from timing_model.predict import Scenario, predict
-from timing_model.recommend import WIDER_GAIN, choice_label, codec_label, recommend
+from timing_model.recommend import WIDER_GAIN, _narrower_within_gain, choice_label, codec_label, recommend
 
 log = logging.getLogger("pipesgd")
 
@@ -128,7 +128,8 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
         spread += (f"; the cores were {measured['cores_busy']:.0%} busy, so no iteration is predicted under "
                    f"{measured['cores_floor_s'] * 1e3:.3g} ms with as many bytes as {measured_with[0]} "
                    f"(a pipelined one: plus what its exchange leaves exposed)")
-    reason = (f"{why}{_on_trial(new, answer.candidates)}; measured: compute {measured['compute_s'] * 1e3:.3g} ms per step{own}, an all-reduce of "
+    trial = _on_trial(new, answer.candidates) if wider_gain < WIDER_GAIN else ""
+    reason = (f"{why}{trial}; measured: compute {measured['compute_s'] * 1e3:.3g} ms per step{own}, an all-reduce of "
               f"the gradient ({codec_label(*measured_with)}) {measured['comm_s'] * 1e3:.3g} ms on {nodes} rank(s)"
               f"{spread}{'; ' + knobs.optimizer_note if knobs.optimizer_note else ''}")
     return {"width": new.width, "compression": new.compression, "error_feedback": new.error_feedback,
@@ -136,15 +137,16 @@ def decide(measured: dict[str, float], nodes: int, grad_bytes: float, knobs: Kno
 
 
 def _on_trial(new, candidates) -> str:
-    """What the reason adds when ``new`` is wider than a candidate predicted within ``WIDER_GAIN`` of it: a width
-    on trial, which the hold keeps only if it runs that much faster (``pipesgd.auto.hold``)."""
-    narrower = [c for c in candidates if c.width < new.width]
-    if not narrower or min(c.iteration_s for c in narrower) > WIDER_GAIN * new.iteration_s:
+    """What the reason adds when ``new`` was taken on a smaller gain than ``WIDER_GAIN`` and that rule would have kept
+    a narrower candidate tried before it (the ladder's order, as ``recommend`` sees it: an uncompressed width 2 is not
+    on trial against a lossy width 1 tried after it): a width on trial, which the hold keeps only if it runs that much
+    faster (``pipesgd.auto.hold``)."""
+    narrower = _narrower_within_gain(list(candidates[:candidates.index(new)]), new, WIDER_GAIN)
+    if narrower is None:
         return ""
-    best = min(narrower, key=lambda c: c.iteration_s)
-    return (f"; on trial: predicted {best.iteration_s / new.iteration_s:.2f}x faster than {best.label}, under the "
-            f"{WIDER_GAIN:g}x a stale gradient must earn, so it is kept only if it runs {WIDER_GAIN:g}x faster than "
-            f"the warm-up")
+    return (f"; on trial: predicted {narrower.iteration_s / new.iteration_s:.2f}x faster than {narrower.label}, under "
+            f"the {WIDER_GAIN:g}x a stale gradient must earn, so it is kept only if it runs {WIDER_GAIN:g}x faster "
+            f"than the warm-up")
 
 
 def _measured_before(answer, ran: dict[str, dict]):
