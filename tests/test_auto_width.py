@@ -106,6 +106,28 @@ def test_a_width_is_on_trial_only_against_a_narrower_candidate_tried_before_it(w
     assert ("on trial" in on_trial["reason"]) == (wider_gain is not None)
 
 
+@pytest.mark.parametrize("times, want, want_default", [
+    ({1: 0.7, 2: 0.6, 3: 0.6}, 2, 1),  # width 2 1.17x width 1: tried (over 1.05x), not by the 1.25x rule
+    ({1: 0.7, 2: 0.6, 3: 0.5}, 2, 2),  # width 3 1.2x width 2: under 1.25x, so no wider than width 2 on trial either
+    ({1: 0.7, 2: 0.65, 3: 0.5}, 3, 3),  # width 3 1.3x width 2 and 1.4x width 1: by either rule
+])
+def test_a_trial_leaves_width_1_but_goes_no_wider_than_width_2_on_a_small_gain(times, want, want_default):
+    """Nothing hides (uncompressed only; each width's iteration given): the trial's smaller margin applies against
+    width 1 only, since the hold measures a trial against width 1; between widths 2 and 3 the full 1.25x holds."""
+    from types import SimpleNamespace
+
+    from timing_model.recommend import recommend
+
+    def predict_pipe(case):
+        t = times[case.width]
+        return SimpleNamespace(iteration_s=t, exposed_comm_s=t / 2, codec_s=0.0, comm_total_s=t, allreduce="backend")
+    scenario = Scenario(nodes=4, grad_bytes=4e6, bandwidth_Bps=1e7, compute_s=0.1)
+    for gain, expected in ((auto.TRIAL_GAIN, want), (None, want_default)):
+        extra = {} if gain is None else {"wider_gain": gain}
+        answer = recommend(scenario, predict_pipe, compression="none", error_feedback=False, **extra)
+        assert answer.choice.width == expected, (gain, times)
+
+
 def test_the_exchange_hides_behind_the_update_in_step_too():
     """A 135 ms uncompressed all-reduce beside 100 ms of compute does not hide at width 2 (bf16's does, and q4 at
     width 1, 117 ms, is within 1.25x of it); with 50 ms of optimizer update in ``step()`` (the AlexNet-like model's

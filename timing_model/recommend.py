@@ -177,12 +177,15 @@ def _tried(scenario: Scenario, predict_pipe, knobs: list[tuple[int, str, bool]])
 
 def _narrower_within_gain(before: list[Candidate], chosen: Candidate,
                           wider_gain: float = WIDER_GAIN) -> Candidate | None:
-    """Of the candidates tried before ``chosen``, narrower and predicted within ``wider_gain`` of its iteration, the
+    """Of the candidates tried before ``chosen``, narrower and predicted within the margin of its iteration, the
     first within ``NEAR_FASTEST`` of the fastest of them (as where nothing hides: a more exact codec only for a
     small price; the first narrower one whatever its speed can be a far slower exact codec that costs more time to
-    the target than its exactness saves)."""
+    the target than its exactness saves). The margin is ``wider_gain`` against width 1 and ``WIDER_GAIN`` between
+    wider ones: a trial (``pipesgd.auto``) is held against width 1 only, so it may leave width 1, not go wider."""
+    def margin(c: Candidate) -> float:
+        return wider_gain if c.width == 1 else max(wider_gain, WIDER_GAIN)
     return _first_near_fastest(
-        [c for c in before if c.width < chosen.width and c.iteration_s <= wider_gain * chosen.iteration_s])
+        [c for c in before if c.width < chosen.width and c.iteration_s <= margin(c) * chosen.iteration_s])
 
 
 def _first_near_fastest(candidates: list[Candidate]) -> Candidate | None:
