@@ -86,7 +86,7 @@ class RingTopology:
         self.batched = backend == "nccl" if batched is None else batched
 
     def scratch(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """A receive buffer reused across hops and calls: fresh 10-100 MB allocations cost page faults
+        """A receive buffer reused across hops and calls: a fresh allocation of a large bucket costs page faults
         on every call (a large share of a large ring's time on CPU). One topology serves one thread."""
         key = (dtype, device)
         buf = self._scratch.get(key)
