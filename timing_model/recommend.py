@@ -141,8 +141,8 @@ def recommend(scenario: Scenario, predict_pipe, *, max_width: int = 3, allow_sig
         if narrower is not None:
             why = f"{hiding.label} would hide its all-reduce at {reason_time(hiding.iteration_s)} per iteration"
             return Recommendation(narrower, _narrower_reason(why, narrower, wider_gain), tuple(tried))
-        why = (f"its all-reduce ({reason_time(hiding.comm_s)}) hides behind the step (exposed {reason_time(hiding.exposed_s)} of "
-               f"{reason_time(hiding.iteration_s)})")
+        why = (f"its all-reduce ({reason_time(hiding.comm_s)}) hides behind the step (exposed "
+               f"{reason_time(hiding.exposed_s)} of {reason_time(hiding.iteration_s)})")
         if before:
             leave = "the one tried before it" if len(before) == 1 else f"the {len(before)} tried before it"
             why += (f"; {leave} (narrower or more exact) leave{'s' if len(before) == 1 else ''} up to "
@@ -159,8 +159,8 @@ def recommend(scenario: Scenario, predict_pipe, *, max_width: int = 3, allow_sig
                f"fastest prediction, takes {reason_time(near.iteration_s)} per iteration")
         return Recommendation(narrower, _narrower_reason(why, narrower, wider_gain), tuple(tried), periodic)
     why = (f"nothing tried hides its all-reduce; this is the first within {NEAR_FASTEST - 1:.0%} of the fastest "
-           f"prediction ({reason_time(near.iteration_s)} per iteration against {reason_time(fastest)}); {reason_time(near.exposed_s)} of "
-           f"its iteration is exposed communication")
+           f"prediction ({reason_time(near.iteration_s)} per iteration against {reason_time(fastest)}); "
+           f"{reason_time(near.exposed_s)} of its iteration is exposed communication")
     return Recommendation(near, why, tuple(tried), periodic)
 
 
@@ -182,10 +182,13 @@ def _narrower_within_gain(before: list[Candidate], chosen: Candidate,
     small price; the first narrower one whatever its speed can be a far slower exact codec that costs more time to
     the target than its exactness saves). The margin is ``wider_gain`` against width 1 and ``WIDER_GAIN`` between
     wider ones: a trial (``pipesgd.auto``) is held against width 1 only, so it may leave width 1, not go wider."""
-    def margin(c: Candidate) -> float:
-        return wider_gain if c.width == 1 else max(wider_gain, WIDER_GAIN)
-    return _first_near_fastest(
-        [c for c in before if c.width < chosen.width and c.iteration_s <= margin(c) * chosen.iteration_s])
+    return _first_near_fastest([c for c in before if c.width < chosen.width
+                                and c.iteration_s <= _margin(c, wider_gain) * chosen.iteration_s])
+
+
+def _margin(narrower: Candidate, wider_gain: float) -> float:
+    """The gain a wider candidate must be predicted to earn over ``narrower`` (``_narrower_within_gain``)."""
+    return wider_gain if narrower.width == 1 else max(wider_gain, WIDER_GAIN)
 
 
 def _first_near_fastest(candidates: list[Candidate]) -> Candidate | None:
@@ -195,8 +198,9 @@ def _first_near_fastest(candidates: list[Candidate]) -> Candidate | None:
 
 
 def _narrower_reason(why: str, narrower: Candidate, wider_gain: float = WIDER_GAIN) -> str:
-    return (f"{why}; but {narrower.label} is predicted at {reason_time(narrower.iteration_s)}, within {wider_gain:g}x; a "
-            f"wider pipeline's stale gradient costs steps, so it is taken only for a {wider_gain:g}x faster iteration")
+    gain = _margin(narrower, wider_gain)
+    return (f"{why}; but {narrower.label} is predicted at {reason_time(narrower.iteration_s)}, within {gain:g}x; a "
+            f"wider pipeline's stale gradient costs steps, so it is taken only for a {gain:g}x faster iteration")
 
 
 def reason_time(seconds: float) -> str:

@@ -16,8 +16,9 @@ from pipesgd.auto.knobs import AUTO, CANDIDATES, MAX_WIDTH, SMALL_FRACTION, SWIT
 from pipesgd.auto.look import BYTES_SHARE, SLOW_LOOK, clearly_slow, transfer_floor_s
 from pipesgd.auto.probes import agreed, exchange_per_step, measure, on_rank0
 
-__all__ = ["AUTO", "CANDIDATES", "MAX_WIDTH", "SMALL_FRACTION", "SWITCH_GAIN", "TRIAL_GAIN", "CHANGED", "PROVISIONAL_STEPS",
-           "CONFIRM_STEPS", "EARLY_HOLD_STEPS", "SLOW_LOOK", "BYTES_SHARE", "Knobs", "StepClock", "AutoConfig",
+__all__ = ["AUTO", "CANDIDATES", "MAX_WIDTH", "SMALL_FRACTION", "SWITCH_GAIN", "TRIAL_GAIN", "CHANGED",
+           "PROVISIONAL_STEPS", "CONFIRM_STEPS", "EARLY_HOLD_STEPS", "SLOW_LOOK", "BYTES_SHARE", "Knobs", "StepClock",
+           "AutoConfig",
            "early_look", "first_choice", "probe", "clearly_slow", "recheck", "transfer_floor_s", "measure", "agreed",
            "decide",
            "link_terms", "describe", "announce", "codec_key", "run_key", "exchange_key", "uncompressed_hides",

@@ -8,8 +8,8 @@ import torch.distributed as dist
 
 from pipesgd.auto.clock import StepClock
 from pipesgd.auto.decision import announce, describe
-from pipesgd.auto.probes import agreed
 from pipesgd.auto.knobs import TRIAL_GAIN
+from pipesgd.auto.probes import agreed
 from timing_model.recommend import WIDER_GAIN
 
 CONFIRM_STEPS = 6  # the pipelined steps (the first fills the pipeline) held against the warm-up's

@@ -125,8 +125,8 @@ def _width_1_under_adam(answer, optimizer: str, fixed_width: int | None):
 
 def _adam_lines(synchronous, choice, optimizer: str) -> list[str]:
     return [f"to a target loss under {optimizer}: also try {synchronous.label}, predicted "
-            f"{reason_time(synchronous.iteration_s)} per iteration ({synchronous.iteration_s / choice.iteration_s:.2f}x "
-            f"the choice's)",
+            f"{reason_time(synchronous.iteration_s)} per iteration "
+            f"({synchronous.iteration_s / choice.iteration_s:.2f}x the choice's)",
             "  - a one-step-stale Adam update learns less per step than a fresh one, so the faster iteration can "
             "reach a target loss later: compare the loss of both before choosing"]
 
@@ -157,12 +157,13 @@ def periodic_lines(periodic: Periodic) -> list[str]:
     """Periodic averaging's block in the text output: named (with the crossover and the caveat) or why not."""
     where = _crossover_words(periodic)
     if not periodic.named:
-        return [f"periodic averaging ({periodic.flags}) is not named: predicted {reason_time(periodic.iteration_s)} per "
-                f"iteration against {reason_time(periodic.per_step_s)} for the fastest candidate below, not "
+        return [f"periodic averaging ({periodic.flags}) is not named: predicted {reason_time(periodic.iteration_s)} "
+                f"per iteration against {reason_time(periodic.per_step_s)} for the fastest candidate below, not "
                 f"{periodic.margin:g}x faster" + (f"; it would be {where}" if where else "")]
     lines = [f"instead: periodic averaging, pipesgd-train {periodic.flags}",
-             f"  - predicted {reason_time(periodic.iteration_s)} per iteration against {reason_time(periodic.per_step_s)} for the "
-             f"fastest candidate below, at least {periodic.margin:g}x faster (one sync's all-reduce: "
+             f"  - predicted {reason_time(periodic.iteration_s)} per iteration against "
+             f"{reason_time(periodic.per_step_s)} for the fastest candidate below, at least {periodic.margin:g}x "
+             f"faster (one sync's all-reduce: "
              f"{reason_time(periodic.sync_s)})"]
     if where:
         lines.append(f"  - predicted {where}")
