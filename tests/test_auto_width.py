@@ -342,6 +342,35 @@ def test_a_chosen_width_is_held_once_against_the_warmups_synchronous_steps(proce
     opt.close()
 
 
+def test_a_run_resumed_before_its_hold_ended_holds_the_width_again(process_group, monkeypatch):
+    """A checkpoint saved between the choice and its final hold marks the choice as held; the resumed run holds it
+    again over its own steps (the steps it was measured on are gone), early and in full, and a checkpoint saved after
+    the hold carries no mark: the width it kept stays without being held again."""
+    monkeypatch.setattr(auto.choices, "uncompressed_hides", lambda measured, *_: _chooses(2)(measured))
+    checks = []
+    monkeypatch.setattr(auto.config, "held_against_width_1", lambda current, clock, *_args: checks.append(
+        (len(clock.periods), _args[-1])))
+    model = _model()
+    opt = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, width="auto", compression="auto",
+                  warmup_steps=WARMUP)
+    _train(model, opt, range(WARMUP + 1))  # the choice at step WARMUP - 1, one pipelined step since
+    assert checks == [] and opt.width == 2
+    opt.flush()
+    state = opt.state_dict()
+    assert state["pipesgd"]["auto"][auto.config.HOLDING] and "holding" not in opt.auto_choice
+    opt.close()
+    again = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, width="auto", compression="auto",
+                    warmup_steps=WARMUP)
+    again.load_state_dict(state)
+    assert again.width == 2
+    resumed = WARMUP + 1
+    _train(model, again, range(resumed, resumed + auto.CONFIRM_STEPS + 3))
+    assert checks == [(n - 1, n == auto.CONFIRM_STEPS) for n in (auto.EARLY_HOLD_STEPS, auto.CONFIRM_STEPS)]
+    again.flush()
+    assert auto.config.HOLDING not in again.state_dict()["pipesgd"]["auto"]
+    again.close()
+
+
 def _held_ranks(rank: int, world: int) -> dict:
     """Rank 0's own warm-up would call width 1 far faster, rank 1's far slower: every rank must hold the same. No
     early look: on loopback it could read the tiny model's initial broadcast as a slow link and run a provisional

@@ -19,9 +19,10 @@ from pipesgd.auto.probes import gradient as _gradient
 from pipesgd.grads.buckets import Bucket
 from pipesgd.init_sync import Broadcast
 
-__all__ = ["PROVISIONAL_STEPS", "AutoConfig"]
+__all__ = ["PROVISIONAL_STEPS", "HOLDING", "AutoConfig"]
 
 PROVISIONAL_STEPS = 2  # a provisional codec needs at least this many warm-up steps left to time it
+HOLDING = "holding"  # a saved choice's mark: saved before its hold against width 1 ended
 
 
 class AutoConfig:
@@ -43,6 +44,7 @@ class AutoConfig:
         self._initial = initial  # the wrapper's initial broadcast: the early look's link (begin)
         self._looked_at: int | None = None  # the step whose own exchange the early look gave the provisional codec
         self._holds: list[int] = []  # the steps whose end holds a chosen width against width 1 (docs/auto.md)
+        self._hold_on_resume = False  # a checkpoint saved before its hold ended: hold again from the resumed step
 
     def attach(self, model) -> list:
         """A forward pre-hook on ``model`` (a module) that marks where step 0's compute begins, so that a provisional
@@ -63,16 +65,21 @@ class AutoConfig:
         return self._warmup - 1 - step
 
     def restore(self, saved: dict) -> None:
-        """A checkpoint's ``state_dict()["auto"]``: the choice, or the provisional codec of a warm-up saved midway."""
+        """A checkpoint's ``state_dict()["auto"]``: the choice, or the provisional codec of a warm-up saved midway. A
+        choice saved while it was held is held again over the resumed steps: the steps it was measured on are gone."""
         if saved.get("provisional"):
             self.provisional = dict(saved)
-        else:
-            self.choice = dict(saved)
+            return
+        self.choice = {key: value for key, value in saved.items() if key != HOLDING}
+        self._hold_on_resume = bool(saved.get(HOLDING)) and self.knobs.width is None
 
     @property
     def saved(self) -> dict | None:
-        """What ``state_dict()["auto"]`` keeps: the choice, else the provisional codec, else None."""
-        return self.choice if self.choice is not None else self.provisional
+        """What ``state_dict()["auto"]`` keeps: the choice (marked ``HOLDING`` while held against width 1), else the
+        provisional codec, else None."""
+        if self.choice is None:
+            return self.provisional
+        return {**self.choice, HOLDING: True} if self._holds or self._hold_on_resume else self.choice
 
     def _timing(self, step: int) -> bool:
         if self.choice is None:
@@ -83,6 +90,8 @@ class AutoConfig:
         """Before ``step()``'s work: at the probing step, the early look (docs/auto.md): the provisional codec for this
         step's own exchange when the initial broadcast says the link is clearly slow, else None (``end`` then probes
         from this step's uncompressed exchange)."""
+        if self._hold_on_resume:  # the resumed steps are held as the steps after the choice were
+            self._holds, self._hold_on_resume = held_steps(step - 1), False
         if not self._timing(step):
             return None
         self.clock.begin()
