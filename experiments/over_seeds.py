@@ -16,6 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the harness: experiments/harness
 
+from experiments.harness.comparison_record import time_to_target  # noqa: E402
 from experiments.harness.one_line import OneLineParser  # noqa: E402
 
 
@@ -51,17 +52,41 @@ def summary_rows(sittings: list[dict], baseline: str) -> list[str]:
     return rows
 
 
+def retarget(sitting: dict, target_loss: float) -> dict:
+    """``sitting`` with each run's time to target read from its curve at ``target_loss`` (validation loss)."""
+    runs = [{**run, "target_loss": target_loss, "time_to_target_s": time_to_target(run["curve"], target_loss, "loss")}
+            if run.get("status") == "ok" else run for run in sitting["runs"]]
+    return {**sitting, "runs": runs}
+
+
+def _targets(text: str, count: int) -> list[float]:
+    """``--target-loss``: one positive loss for every file, or one per file in their order."""
+    try:
+        targets = [float(value) for value in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--target-loss takes losses separated by commas, got {text!r}") from None
+    if len(targets) not in (1, count) or not all(t > 0 for t in targets):
+        raise ValueError(f"--target-loss takes one positive loss, or one per file ({count}), got {text!r}")
+    return targets * count if len(targets) == 1 else targets
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="over_seeds", description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", help="runs.json files, one per sitting")
     parser.add_argument("--baseline", default="ddp", help="the variant ratios are taken to (default ddp)")
+    parser.add_argument("--target-loss", metavar="LOSS[,LOSS...]",
+                        help="time to this validation loss, read from each run's curve: one for every file or one "
+                             "per file in order (default: each sitting's own target)")
     args = parser.parse_args(argv)
     try:
+        targets = _targets(args.target_loss, len(args.results)) if args.target_loss else None
         sittings = []
         for path in args.results:
             with open(path) as handle:
                 sittings.append(json.load(handle))
-    except (OSError, json.JSONDecodeError) as error:
+        if targets:
+            sittings = [retarget(sitting, target) for sitting, target in zip(sittings, targets)]
+    except (OSError, json.JSONDecodeError, ValueError, KeyError) as error:
         print(f"over_seeds: error: {error}", file=sys.stderr)
         return 2
     if not any(r.get("variant") == args.baseline for s in sittings for r in s.get("runs", [])):

@@ -42,3 +42,22 @@ def test_bad_inputs_are_one_line_and_exit_2(tmp_path):
                          ([str(path), "--baseline", "ps-sync"], "no run of the baseline 'ps-sync'")):
         done = run_in_process(os.path.join(ROOT, "experiments", "over_seeds.py"), *argv, cwd=ROOT)
         assert done.returncode == 2 and needle in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_another_target_is_read_from_each_runs_curve(tmp_path):
+    """``--target-loss`` gives each file its own target (in order) and re-reads time to it from the runs' curves."""
+    paths = []
+    for name, loss in (("a", 1.0), ("b", 2.0)):
+        data = sitting(1.0, 1.0, 1.0)
+        for run in data["runs"][:2]:
+            run["curve"] = [{"wall_s": 5.0, "loss": 3.0}, {"wall_s": 9.0, "loss": loss}]
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(data))
+    done = run_in_process(os.path.join(ROOT, "experiments", "over_seeds.py"), *map(str, paths),
+                          "--target-loss", "1.5,3.5", cwd=ROOT)
+    pipe = done.stdout.splitlines()[3].split(" | ")
+    assert done.returncode == 0 and pipe[7] == "9.0, 5.0"
+    for bad in ("1,2,3", "-1", "x"):
+        done = run_in_process(os.path.join(ROOT, "experiments", "over_seeds.py"), *map(str, paths),
+                              "--target-loss", bad, cwd=ROOT)
+        assert done.returncode == 2 and "--target-loss" in done.stderr and len(done.stderr.strip().splitlines()) == 1

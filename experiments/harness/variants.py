@@ -56,6 +56,14 @@ TRAINER_FLAGS: dict[str, list[str]] = {  # variant name: pipesgd-train flags
     "sync+q8+muon": ["--mode", "sync", "--compression", "q8", "--error-feedback", "--optimizer", "muon"],
     "pipe+q8+muon": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback", *_OWN,
                      "--optimizer", "muon"],
+    # Muon at its own rate on this GPT (results/accuracy/report.md, "The learning rate under Muon and AdamW": 1e-2,
+    # where AdamW's best measured is 3e-3), for configs/charlm_tuned.toml
+    "sync+q8+muon-lr1e-2": ["--mode", "sync", "--compression", "q8", "--error-feedback", "--optimizer", "muon",
+                            "--lr", "1e-2"],
+    "pipe+q8+muon-lr1e-2": ["--mode", "pipe", "--width", "2", "--compression", "q8", "--error-feedback", *_OWN,
+                            "--optimizer", "muon", "--lr", "1e-2"],
+    "pipe+q8-noef+lowrank+muon-lr1e-2": ["--mode", "pipe", "--width", "2", "--compression", "q8",
+                                         "--lookahead-standin", "coarse-lowrank", "--optimizer", "muon", "--lr", "1e-2"],
     # Periodic averaging (issue 75), the trainer's H (--sync-every default). localsgd's 15 synchronous steps put its
     # averages after steps 16, 32, ... (torch averages after 0-based steps W, W + H, ...), where diloco syncs: with
     # evaluation points every 16 steps (configs/charlm_slow_links.toml) each point sees averaged weights, not rank
@@ -100,7 +108,7 @@ AUTO_CHOICE_VARIANTS = ("sync", "sync+bf16", "sync+q8", "sync+q4", "pipe", "pipe
 SAME_CODEC_SYNC = {"pipe": "sync", "pipe+bf16": "sync+bf16", "pipe+q8": "sync+q8", "pipe+sign": "sync+sign",
                    "pipe+q4": "sync+q4", "pipe-w3": "sync", "pipe-plain": "sync", "pipe+q8-plain": "sync+q8",
                    "pipe+q8+lowrank": "sync+q8", "pipe+q8+muon": "sync+q8+muon",
-                   "pipe-wauto+q8": "sync+q8"}
+                   "pipe-wauto+q8": "sync+q8", "pipe+q8+muon-lr1e-2": "sync+q8+muon-lr1e-2"}
 CONVENTIONAL_BASELINES = ("ps-sync", "ps-async", "sync")  # the paper's "conventional approaches"
 DDP_BASELINES = ("ddp", "ddp+fp16", "ddp+powersgd")  # the peers users would pick today
 
