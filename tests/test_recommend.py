@@ -232,9 +232,14 @@ def test_under_adamw_a_width_above_1_comes_with_the_fastest_width_1_to_compare_l
     assert out.startswith("recommended: width 1") and "to a target loss" not in out
     assert main([*gpt, "--optimizer", "adamw", "--format", "json"]) == 0
     answer = json.loads(capsys.readouterr().out)
-    assert answer["width_1_under_adam"]["width"] == 1 and answer["width_1_under_adam"]["compression"] == "q8"
+    assert answer["width_1_to_target"]["width"] == 1 and answer["width_1_to_target"]["compression"] == "q8"
     assert main([*gpt, "--format", "json"]) == 0
-    assert json.loads(capsys.readouterr().out)["width_1_under_adam"] is None
+    assert json.loads(capsys.readouterr().out)["width_1_to_target"] is None
+    assert main([*gpt, "--optimizer", "muon"]) == 0  # Muon's codecs are SGD's: q4 + feedback hides at width 1
+    assert capsys.readouterr().out.startswith("recommended: width 1, q4 + error feedback")
+    assert main([*gpt, "--optimizer", "muon", "--compression", "q8"]) == 0  # its stale update costs loss too
+    out = capsys.readouterr().out
+    assert "to a target loss under muon: also try width 1, q8" in out and "stale muon update" in out
 
 
 # periodic averaging (pipesgd-train --mode localsgd|diloco) where no per-step all-reduce hides

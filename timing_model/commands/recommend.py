@@ -8,7 +8,7 @@ import re
 from dataclasses import asdict
 
 from timing_model.cli_conventions import UsageError
-from timing_model.trainer_defaults import SYNC_EVERY, auto_codec_limits, is_adam_family
+from timing_model.trainer_defaults import ADAM_FAMILY, SYNC_EVERY, auto_codec_limits, is_adam_family
 
 from ..predict import Scenario
 from ..periodic import Periodic
@@ -37,6 +37,10 @@ DESCRIPTION = ("Which Pipe-SGD width and gradient codec to run: the first, in an
                "it is; it changes the algorithm, so the loss per step differs.")
 
 
+# The optimizers whose one-step-stale update cost validation loss on the character GPT (Adam's family; Muon at its
+# own rate: experiments/results/accuracy/report.md), so a width above 1 comes with width 1's figure to compare
+STALE_COSTLY = (*ADAM_FAMILY, "muon")
+
 def add_parser(sub) -> None:
     p = sub.add_parser("recommend", help="the width and codec to run, and why", formatter_class=help_formatter,
                        usage=USAGE, description=DESCRIPTION)
@@ -55,9 +59,10 @@ def add_parser(sub) -> None:
     p.add_argument("--max-width", default="3", metavar="K", help="widest pipeline to consider (default 3)")
     p.add_argument("--allow-sign", action="store_true",
                    help="consider 1-bit sign + error feedback (it cost 14-40 accuracy points in the study)")
-    p.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd", metavar="NAME",
-                   help="the wrapped optimizer, sgd|adam|adamw (default sgd): under adam and adamw the codecs go "
-                        "without error feedback and not below q8, as PipeSGD's compression='auto' picks them")
+    p.add_argument("--optimizer", choices=STALE_COSTLY + ("sgd",), default="sgd", metavar="NAME",
+                   help="the wrapped optimizer, sgd|adam|adamw|muon (default sgd, as pipesgd-train): under adam and "
+                        "adamw the codecs go without error feedback and not below q8, as PipeSGD's "
+                        "compression='auto' picks them; under all three a width above 1 comes with width 1's figure")
     p.add_argument("--sync-every", default=str(SYNC_EVERY), metavar="H",
                    help=f"periodic averaging, where nothing hides: inner steps between syncs (default {SYNC_EVERY}, "
                         "as pipesgd-train)")
@@ -96,15 +101,15 @@ def run(args: argparse.Namespace) -> str:
                        compression=fixed_codec, error_feedback=feedback, codecs=codecs,
                        predict_periodic=lambda case: predict_modes(case, (mode,), calibration).result(mode),
                        crossover_axis="bandwidth_Bps" if calibration is None else "compute_s")
-    synchronous = _width_1_under_adam(answer, args.optimizer, fixed_width)
+    synchronous = _width_1_to_target(answer, args.optimizer, fixed_width)
     if args.format == "json":
-        return json.dumps({**answer.as_dict(), "width_1_under_adam": synchronous and asdict(synchronous)},
+        return json.dumps({**answer.as_dict(), "width_1_to_target": synchronous and asdict(synchronous)},
                           indent=2) + "\n"
     why = answer.reason + (f"; {note}" if note else "")
     longest = max(c.iteration_s for c in answer.candidates)  # one unit down each column
     lines = [f"recommended: {answer.choice.label}", "why: - " + "\n     - ".join(why_points(why)), "",
              *(periodic_lines(answer.periodic) + [""] if answer.periodic is not None else []),
-             *(_adam_lines(synchronous, answer.choice, args.optimizer) + [""] if synchronous is not None else []),
+             *(_width_1_lines(synchronous, answer.choice, args.optimizer) + [""] if synchronous is not None else []),
              "| width | compression | error feedback | all-reduce | iteration | exposed | hides |",
              "|---|---|---|---|---|---|---|"]
     for c in answer.candidates:
@@ -114,21 +119,21 @@ def run(args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _width_1_under_adam(answer, optimizer: str, fixed_width: int | None):
-    """Under Adam or AdamW, a width chosen above 1 beside the fastest width-1 candidate (None otherwise): the model
-    predicts iterations, and a one-step-stale Adam update learns less per step, so time to a target loss can favour
-    width 1 where the iteration favours width 2 (experiments/results/charlm_slow_links)."""
-    if fixed_width is not None or answer.choice.width < 2 or not is_adam_family([optimizer]):
+def _width_1_to_target(answer, optimizer: str, fixed_width: int | None):
+    """Under Adam, AdamW or Muon, a width chosen above 1 beside the fastest width-1 candidate (None otherwise): the
+    model predicts iterations, and a one-step-stale update of these optimizers learns less per step, so time to a
+    target loss can favour width 1 where the iteration favours width 2 (experiments/results/charlm_slow_links)."""
+    if fixed_width is not None or answer.choice.width < 2 or optimizer not in STALE_COSTLY:
         return None
     return min((c for c in answer.candidates if c.width == 1), key=lambda c: c.iteration_s, default=None)
 
 
-def _adam_lines(synchronous, choice, optimizer: str) -> list[str]:
+def _width_1_lines(synchronous, choice, optimizer: str) -> list[str]:
     return [f"to a target loss under {optimizer}: also try {synchronous.label}, predicted "
             f"{reason_time(synchronous.iteration_s)} per iteration "
             f"({synchronous.iteration_s / choice.iteration_s:.2f}x the choice's)",
-            "  - a one-step-stale Adam update learns less per step than a fresh one, so the faster iteration can "
-            "reach a target loss later: compare the loss of both before choosing"]
+            f"  - a one-step-stale {optimizer} update learns less per step than a fresh one, so the faster "
+            "iteration can reach a target loss later: compare the loss of both before choosing"]
 
 
 def _sync_flags(args: argparse.Namespace) -> tuple[int, int]:
