@@ -9,6 +9,7 @@ from experiments.harness.fidelity_report import markdown
 from experiments.harness.speed import speed_table
 from experiments.harness.comparison_config import load_config
 from experiments.harness.variants import (ACCURACY_VARIANTS, AUTO_CHOICE_VARIANTS, CHARLM_SLOW_LINK_VARIANTS,
+                                         CHARLM_TUNED_VARIANTS,
                                          CHARLM_TIME_VARIANTS, COMPARISON_VARIANTS, PERIODIC_VARIANTS,
                                          CONVENTIONAL_BASELINES, DDP_BASELINES, DEFAULT_FIDELITY_VARIANTS, SAME_CODEC_SYNC,
                                          FIDELITY_VARIANTS, PIPE_VARIANTS, SPEED_VARIANTS, TIME_TO_ACCURACY_VARIANTS,
@@ -18,6 +19,7 @@ from experiments.harness.results import Run
 AUTO_CHOICE_CONFIG = "experiments/configs/auto_choice.toml"
 CHARLM_TIME_CONFIG = "experiments/configs/charlm_time.toml"
 CHARLM_SLOW_LINKS_CONFIG = "experiments/configs/charlm_slow_links.toml"
+CHARLM_TUNED_CONFIG = "experiments/configs/charlm_tuned.toml"
 
 
 def test_variants_are_the_flags_the_experiments_ran():
@@ -32,9 +34,12 @@ def test_variants_are_the_flags_the_experiments_ran():
     assert set(DEFAULT_FIDELITY_VARIANTS) <= set(FIDELITY_VARIANTS)
     # every variant of the table is run by some experiment (issue 12's grid added pipe+sign, pipe-w3, ddp+powersgd)
     assert set(SPEED_VARIANTS) | set(FIDELITY_VARIANTS) | set(TIME_TO_ACCURACY_VARIANTS) | set(
-        AUTO_CHOICE_VARIANTS) | set(CHARLM_TIME_VARIANTS) | set(CHARLM_SLOW_LINK_VARIANTS) == set(TRAINER_FLAGS)
+        AUTO_CHOICE_VARIANTS) | set(CHARLM_TIME_VARIANTS) | set(CHARLM_SLOW_LINK_VARIANTS) | set(
+        CHARLM_TUNED_VARIANTS) == set(TRAINER_FLAGS)
     assert tuple(load_config(CHARLM_TIME_CONFIG).variants) == CHARLM_TIME_VARIANTS
     assert tuple(load_config(CHARLM_SLOW_LINKS_CONFIG).variants) == CHARLM_SLOW_LINK_VARIANTS
+    assert tuple(load_config(CHARLM_TUNED_CONFIG).variants) == CHARLM_TUNED_VARIANTS
+    assert trainer_flags("sync+q8+muon-lr1e-2") == [*trainer_flags("sync+q8+muon"), "--lr", "1e-2"]
     assert trainer_flags("pipe+q8+muon") == [*trainer_flags("pipe+q8"), "--optimizer", "muon"]
     assert trainer_flags("sync+q8+muon") == [*trainer_flags("sync+q8"), "--optimizer", "muon"]
     assert [trainer_flags(v)[1] for v in PERIODIC_VARIANTS] == ["localsgd", "diloco", "diloco"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __all__ = ["TRAINER_FLAGS", "SPEED_VARIANTS", "ACCURACY_VARIANTS", "FIDELITY_VARIANTS", "DEFAULT_FIDELITY_VARIANTS",
            "COMPARISON_VARIANTS", "PLAIN_VARIANTS", "COARSE_VARIANTS", "TIME_TO_ACCURACY_VARIANTS", "PIPE_VARIANTS",
-           "CHARLM_TIME_VARIANTS", "CHARLM_SLOW_LINK_VARIANTS", "PERIODIC_VARIANTS", "AUTO_CHOICE_VARIANTS", "SAME_CODEC_SYNC", "CONVENTIONAL_BASELINES", "DDP_BASELINES", "trainer_flags"]
+           "CHARLM_TIME_VARIANTS", "CHARLM_SLOW_LINK_VARIANTS", "CHARLM_TUNED_VARIANTS", "PERIODIC_VARIANTS", "AUTO_CHOICE_VARIANTS", "SAME_CODEC_SYNC", "CONVENTIONAL_BASELINES", "DDP_BASELINES", "trainer_flags"]
 
 # Look-ahead's stand-in: the own gradient, named. It is what "auto" (the default) picks under SGD, where every grid
 # but the character GPT's runs; under AdamW "auto" picks coarse-lowrank ("pipe+q8+lowrank"), and the GPT's committed
@@ -99,6 +99,9 @@ CHARLM_TIME_VARIANTS = ("ddp", "sync+q8", "pipe", "pipe+q8", "pipe+q8+lowrank", 
 PERIODIC_VARIANTS = ("localsgd", "diloco", "diloco+delay")  # no same-codec twin: they send the model, not gradients
 CHARLM_SLOW_LINK_VARIANTS = ("ddp", "sync+q8", "pipe+q8", "pipe+q8-noef+lowrank", "sync+q8+muon", "pipe+q8+muon",
                              *PERIODIC_VARIANTS)
+# The 100 Mbit/s cell at each optimizer's rate (experiments/configs/charlm_tuned.toml; its 1 Gbit/s cell runs five)
+CHARLM_TUNED_VARIANTS = ("ddp", "sync+q8", "pipe+q8-noef+lowrank", "sync+q8+muon-lr1e-2", "pipe+q8+muon-lr1e-2",
+                         "pipe+q8-noef+lowrank+muon-lr1e-2", "localsgd", "diloco")
 PIPE_VARIANTS = ("pipe", "pipe+bf16", "pipe+q8", "pipe+sign", "pipe-w3")  # the Pipe-SGD side of the speedup tables
 # issue 39 (configs/auto_choice.toml): --compression auto against every codec it chooses among, at width 1 and 2
 AUTO_CHOICE_VARIANTS = ("sync", "sync+bf16", "sync+q8", "sync+q4", "pipe", "pipe+bf16", "pipe+q8", "pipe+q4",
