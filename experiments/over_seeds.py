@@ -54,8 +54,14 @@ def summary_rows(sittings: list[dict], baseline: str) -> list[str]:
 
 def retarget(sitting: dict, target_loss: float) -> dict:
     """``sitting`` with each run's time to target read from its curve at ``target_loss`` (validation loss)."""
-    runs = [{**run, "target_loss": target_loss, "time_to_target_s": time_to_target(run["curve"], target_loss, "loss")}
-            if run.get("status") == "ok" else run for run in sitting["runs"]]
+    runs = []
+    for run in sitting["runs"]:
+        if run.get("status") == "ok":
+            if "curve" not in run:
+                raise ValueError(f"--target-loss: run {run.get('variant')!r} keeps no loss curve to read it from")
+            run = {**run, "target_loss": target_loss, "time_to_target_s": time_to_target(run["curve"], target_loss,
+                                                                                         "loss")}
+        runs.append(run)
     return {**sitting, "runs": runs}
 
 

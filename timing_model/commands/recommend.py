@@ -41,6 +41,7 @@ DESCRIPTION = ("Which Pipe-SGD width and gradient codec to run: the first, in an
 # own rate: experiments/results/accuracy/report.md), so a width above 1 comes with width 1's figure to compare
 STALE_COSTLY = (*ADAM_FAMILY, "muon")
 
+
 def add_parser(sub) -> None:
     p = sub.add_parser("recommend", help="the width and codec to run, and why", formatter_class=help_formatter,
                        usage=USAGE, description=DESCRIPTION)
@@ -58,7 +59,7 @@ def add_parser(sub) -> None:
             action.help = "with --compression: keep the codec's error (auto picks it for q8, q4 and sign)"
     p.add_argument("--max-width", default="3", metavar="K", help="widest pipeline to consider (default 3)")
     p.add_argument("--allow-sign", action="store_true",
-                   help="consider 1-bit sign + error feedback (it cost 14-40 accuracy points in the study)")
+                   help="consider 1-bit sign + error feedback (it cost accuracy in the study: docs/results.md)")
     p.add_argument("--optimizer", choices=STALE_COSTLY + ("sgd",), default="sgd", metavar="NAME",
                    help="the wrapped optimizer, sgd|adam|adamw|muon (default sgd, as pipesgd-train): under adam and "
                         "adamw the codecs go without error feedback and not below q8, as PipeSGD's "
