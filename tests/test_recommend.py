@@ -242,6 +242,25 @@ def test_under_adamw_a_width_above_1_comes_with_the_fastest_width_1_to_compare_l
     assert "to a target loss under muon: also try width 1, q8" in out and "stale muon update" in out
 
 
+def test_under_adamw_a_wider_choice_says_the_low_rank_stand_ins_bytes_are_not_predicted(capsys):
+    """The trainer's default stand-in under Adam/AdamW all-reduces a low-rank part of every weight matrix before
+    each exchange; the model, which knows only the gradient's size, leaves it out and says so at width 2 under
+    those optimizers only (text and JSON)."""
+    gpt = ["recommend", "--nodes", "4", "--bandwidth", "100mbit", "--params", "429824", "--compute", "133ms",
+           "--update", "3ms"]
+    assert main([*gpt, "--optimizer", "adamw"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("recommended: width 2") and "not in these predictions: under adamw" in out
+    for other in (["--optimizer", "sgd"], ["--optimizer", "muon", "--compression", "q8"],
+                  ["--optimizer", "adamw", "--width", "1"]):
+        assert main([*gpt, *other]) == 0
+        assert "not in these predictions" not in capsys.readouterr().out
+    assert main([*gpt, "--optimizer", "adam", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["not_predicted"] == ["lowrank_standin_allreduce"]
+    assert main([*gpt, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["not_predicted"] == []
+
+
 # periodic averaging (pipesgd-train --mode localsgd|diloco) where no per-step all-reduce hides
 SLOW = ["recommend", "--nodes", "4", "--bandwidth", "100mbit", "--params", "25M", "--compute", "100ms"]
 

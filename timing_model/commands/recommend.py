@@ -104,13 +104,15 @@ def run(args: argparse.Namespace) -> str:
                        crossover_axis="bandwidth_Bps" if calibration is None else "compute_s")
     synchronous = _width_1_to_target(answer, args.optimizer, fixed_width)
     if args.format == "json":
-        return json.dumps({**answer.as_dict(), "width_1_to_target": synchronous and asdict(synchronous)},
-                          indent=2) + "\n"
+        left_out = ["lowrank_standin_allreduce"] if _sends_standin(answer, args.optimizer) else []
+        return json.dumps({**answer.as_dict(), "width_1_to_target": synchronous and asdict(synchronous),
+                           "not_predicted": left_out}, indent=2) + "\n"
     why = answer.reason + (f"; {note}" if note else "")
     longest = max(c.iteration_s for c in answer.candidates)  # one unit down each column
     lines = [f"recommended: {answer.choice.label}", "why: - " + "\n     - ".join(why_points(why)), "",
              *(periodic_lines(answer.periodic) + [""] if answer.periodic is not None else []),
              *(_width_1_lines(synchronous, answer.choice, args.optimizer) + [""] if synchronous is not None else []),
+             *(_standin_lines(args.optimizer) + [""] if _sends_standin(answer, args.optimizer) else []),
              "| width | compression | error feedback | all-reduce | iteration | exposed | hides |",
              "|---|---|---|---|---|---|---|"]
     for c in answer.candidates:
@@ -135,6 +137,19 @@ def _width_1_lines(synchronous, choice, optimizer: str) -> list[str]:
             f"({synchronous.iteration_s / choice.iteration_s:.2f}x the choice's)",
             f"  - a one-step-stale {optimizer} update learns less per step than a fresh one, so the faster "
             "iteration can reach a target loss later: compare the loss of both before choosing"]
+
+
+def _sends_standin(answer, optimizer: str) -> bool:
+    """Whether the choice runs look-ahead with the trainer's default stand-in under Adam or AdamW, the low-rank one,
+    whose own all-reduce the predictions leave out (``pipesgd.defaults.resolve_lookahead_standin``)."""
+    return answer.choice.width >= 2 and is_adam_family([optimizer])
+
+
+def _standin_lines(optimizer: str) -> list[str]:
+    return [f"not in these predictions: under {optimizer} look-ahead's default stand-in (low-rank) all-reduces "
+            "rank x (rows + cols) fp32 numbers per weight matrix before each exchange, on the same link",
+            "  - where the link sets the pace they add to every iteration; pipesgd-train's bytes per step show them "
+            "(docs/timing-model.md)"]
 
 
 def _sync_flags(args: argparse.Namespace) -> tuple[int, int]:
