@@ -64,6 +64,12 @@ TRAINER_FLAGS: dict[str, list[str]] = {  # variant name: pipesgd-train flags
                             "--optimizer", "muon", "--lr", "1e-2"],
     "pipe+q8-noef+lowrank+muon-lr1e-2": ["--mode", "pipe", "--width", "2", "--compression", "q8",
                                          "--lookahead-standin", "coarse-lowrank", "--optimizer", "muon", "--lr", "1e-2"],
+    # ... with q4 and error feedback, what `pipesgd-timing recommend --optimizer muon` names where q8 cannot hide
+    # (Muon keeps SGD's codecs), beside its synchronous twin
+    "sync+q4+muon-lr1e-2": ["--mode", "sync", "--compression", "q4", "--error-feedback", "--optimizer", "muon",
+                            "--lr", "1e-2"],
+    "pipe+q4+muon-lr1e-2": ["--mode", "pipe", "--width", "2", "--compression", "q4", "--error-feedback", *_OWN,
+                            "--optimizer", "muon", "--lr", "1e-2"],
     # Periodic averaging (issue 75), the trainer's H (--sync-every default). localsgd's 15 synchronous steps put its
     # averages after steps 16, 32, ... (torch averages after 0-based steps W, W + H, ...), where diloco syncs: with
     # evaluation points every 16 steps (configs/charlm_slow_links.toml) each point sees averaged weights, not rank
@@ -99,9 +105,10 @@ CHARLM_TIME_VARIANTS = ("ddp", "sync+q8", "pipe", "pipe+q8", "pipe+q8+lowrank", 
 PERIODIC_VARIANTS = ("localsgd", "diloco", "diloco+delay")  # no same-codec twin: they send the model, not gradients
 CHARLM_SLOW_LINK_VARIANTS = ("ddp", "sync+q8", "pipe+q8", "pipe+q8-noef+lowrank", "sync+q8+muon", "pipe+q8+muon",
                              *PERIODIC_VARIANTS)
-# The 100 Mbit/s cell at each optimizer's rate (experiments/configs/charlm_tuned.toml; its 1 Gbit/s cell runs five)
+# The cells at each optimizer's rate (experiments/configs/charlm_tuned.toml; its 1 Gbit/s and 10 Mbit/s cells run some)
 CHARLM_TUNED_VARIANTS = ("ddp", "sync+q8", "pipe+q8-noef+lowrank", "sync+q8+muon-lr1e-2", "pipe+q8+muon-lr1e-2",
-                         "pipe+q8-noef+lowrank+muon-lr1e-2", "localsgd", "diloco")
+                         "pipe+q8-noef+lowrank+muon-lr1e-2", "sync+q4+muon-lr1e-2", "pipe+q4+muon-lr1e-2",
+                         "localsgd", "diloco")
 PIPE_VARIANTS = ("pipe", "pipe+bf16", "pipe+q8", "pipe+sign", "pipe-w3")  # the Pipe-SGD side of the speedup tables
 # issue 39 (configs/auto_choice.toml): --compression auto against every codec it chooses among, at width 1 and 2
 AUTO_CHOICE_VARIANTS = ("sync", "sync+bf16", "sync+q8", "sync+q4", "pipe", "pipe+bf16", "pipe+q8", "pipe+q4",
@@ -111,7 +118,8 @@ AUTO_CHOICE_VARIANTS = ("sync", "sync+bf16", "sync+q8", "sync+q4", "pipe", "pipe
 SAME_CODEC_SYNC = {"pipe": "sync", "pipe+bf16": "sync+bf16", "pipe+q8": "sync+q8", "pipe+sign": "sync+sign",
                    "pipe+q4": "sync+q4", "pipe-w3": "sync", "pipe-plain": "sync", "pipe+q8-plain": "sync+q8",
                    "pipe+q8+lowrank": "sync+q8", "pipe+q8+muon": "sync+q8+muon",
-                   "pipe-wauto+q8": "sync+q8", "pipe+q8+muon-lr1e-2": "sync+q8+muon-lr1e-2"}
+                   "pipe-wauto+q8": "sync+q8", "pipe+q8+muon-lr1e-2": "sync+q8+muon-lr1e-2",
+                   "pipe+q4+muon-lr1e-2": "sync+q4+muon-lr1e-2"}
 CONVENTIONAL_BASELINES = ("ps-sync", "ps-async", "sync")  # the paper's "conventional approaches"
 DDP_BASELINES = ("ddp", "ddp+fp16", "ddp+powersgd")  # the peers users would pick today
 
