@@ -63,7 +63,8 @@ def add_parser(sub) -> None:
     p.add_argument("--optimizer", choices=STALE_COSTLY + ("sgd",), default="sgd", metavar="NAME",
                    help="the wrapped optimizer, sgd|adam|adamw|muon (default sgd, as pipesgd-train): under adam and "
                         "adamw the codecs go without error feedback and not below q8, as PipeSGD's "
-                        "compression='auto' picks them; under all three a width above 1 comes with width 1's figure")
+                        "compression='auto' picks them; under adam, adamw and muon a width above 1 comes with "
+                        "width 1's figure")
     p.add_argument("--sync-every", default=str(SYNC_EVERY), metavar="H",
                    help=f"periodic averaging, where nothing hides: inner steps between syncs (default {SYNC_EVERY}, "
                         "as pipesgd-train)")
