@@ -7,7 +7,9 @@ waited, for the wire or for a core another thread held.
 
 The limit is what a perfect overlap would give from the synchronous run at the same codec: the longer of the
 training thread's own work (compute plus the step's update) and the exchange, with the exchange's CPU counted on the
-training side too where the two share the node's core (``shared_core``), since one core runs one of them at a time.
+training side too where the two share the node's core (``shared_core``), since one core runs one of them at a time,
+and never below the exchange's bytes at the link's sustained rate (``link_s``): a shaper's token bucket (tc tbf's
+burst) lets the bytes that follow idle time leave faster than the rate, credit that a link kept busy never earns.
 """
 from __future__ import annotations
 
@@ -46,10 +48,11 @@ class Breakdown:
         """The wrapper's own work in ``step()``: neither the wrapped optimizer's update nor the wait."""
         return max(self.step_s - self.update_s - self.wait_s, 0.0)
 
-    def limit_s(self, shared_core: bool) -> float:
-        """The iteration a perfect overlap of these parts would run at (module doc)."""
+    def limit_s(self, shared_core: bool, link_s: float | None = None) -> float:
+        """The iteration a perfect overlap of these parts would run at (module doc); ``link_s``: the exchange's
+        bytes at the link's sustained rate, None where the link has no rate (unshaped)."""
         training = self.compute_s + self.update_s + (self.exchange_cpu_s if shared_core else 0.0)
-        return max(training, self.exchange_s)
+        return max(training, self.exchange_s, link_s or 0.0)
 
 
 def read_breakdown(path: str) -> Breakdown:

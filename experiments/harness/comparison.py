@@ -152,7 +152,8 @@ def run_cell(cfg: GridConfig, workload: Workload, bandwidth: str, store: ResultS
         # Step 1
         tcp = cluster.measure()
         store.put_cell(cell, {"workload": workload.name, "bandwidth": bandwidth, "nodes": cfg.nodes,
-                              "cores_per_node": cfg.cores_per_node, "tcp_bps": tcp.measured_bps, "tcp": tcp.summary()})
+                              "cores_per_node": cfg.cores_per_node, "tcp_bps": tcp.measured_bps, "tcp": tcp.summary(),
+                              "burst_bytes": getattr(getattr(cluster, "state", None), "burst_bytes", None)})
         log(f"{cell}: {tcp.summary()}")
         # Step 2
         calib = _calibrate(cluster, cfg, workload, cell, cell_dir, store, resume, logfile) if model else None
@@ -230,7 +231,7 @@ def calibrate_cell(cfg: GridConfig, workload: Workload, bandwidth: str, store: R
     os.makedirs(cell_dir, exist_ok=True)
     with open(os.path.join(cell_dir, "cell.log"), "a") as logfile, \
             Cluster.up(cfg.nodes, parse_link(bandwidth), name=cfg.cluster_name, force=True,
-                       cores_per_node=cfg.cores_per_node) as cluster:
+                       cores_per_node=cfg.cores_per_node, burst_bytes=cfg.burst_bytes) as cluster:
         tcp = cluster.measure()
         log(f"{cell}: {tcp.summary()}")
         store.put_cell(cell, {"calibration_tcp": tcp.summary()})
@@ -292,7 +293,7 @@ def _cluster(cfg: GridConfig, bandwidth: str):
     if bandwidth == LOOPBACK:
         return LoopbackCluster(cfg.nodes)
     return Cluster.up(cfg.nodes, parse_link(bandwidth), name=cfg.cluster_name, force=True,
-                       cores_per_node=cfg.cores_per_node)
+                       cores_per_node=cfg.cores_per_node, burst_bytes=cfg.burst_bytes)
 
 
 def run_grid(cfg: GridConfig, store: ResultStore, *, resume: bool, model: bool) -> int:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 
 from experiments.harness.variants import TRAINER_FLAGS, trainer_flags
 from experiments.harness.loopback_cluster import LOOPBACK
-from pipesgd.cluster.units import parse_link
+from pipesgd.cluster.units import parse_link, parse_size
 from timing_model.units import parse_size_range
 
 __all__ = ["Workload", "GridConfig", "load_config", "select", "cell_name", "split_cell"]
@@ -63,6 +63,9 @@ class GridConfig:
     variants: tuple[str, ...] = ()  # names of experiments.harness.variants.TRAINER_FLAGS
     nodes: int = 4  # one process per node, one thread each
     cores_per_node: int = 0  # > 0: each emulated node pinned to this many cores of its own; 0: nodes share the cores
+    # The links' tbf bucket (pipesgd-cluster up --burst: "6kb", "65536"); "" keeps the cluster's default. A small one
+    # is a link without credit, as a real NIC: the default lets what follows idle time leave at veth speed
+    burst: str = ""
     # How each run trains
     batch_size: int = 32  # per worker
     threads: int = 1
@@ -88,6 +91,11 @@ class GridConfig:
     out: str = "results/comparison"  # raw per-rank metrics, logs and calibrations, per cell
     result: str = "experiments/results/comparison/runs.json"  # the committed tidy result
 
+    @property
+    def burst_bytes(self) -> int | None:
+        """The links' tbf bucket in bytes, None for the cluster's default."""
+        return parse_size(self.burst) if self.burst else None
+
     def __post_init__(self) -> None:
         if not self.workloads or not self.bandwidths or not self.variants:
             raise ValueError("the grid needs at least one workload, bandwidth and variant")
@@ -104,6 +112,9 @@ class GridConfig:
             raise ValueError("nodes must be >= 2 (a comparison of communication needs peers)")
         if self.cores_per_node < 0:
             raise ValueError(f"cores_per_node must be >= 0, got {self.cores_per_node}")
+        if not isinstance(self.burst, str):
+            raise ValueError(f"burst must be a size in quotes, e.g. \"6kb\", got {self.burst!r}")
+        self.burst_bytes  # a bad size raises here, before any run
         if self.batch_size < 1 or self.threads < 1 or self.warmup_steps < 0:
             raise ValueError("batch_size and threads must be >= 1 and warmup_steps >= 0")
         if not isinstance(self.seed, int) or self.seed < 0:

@@ -63,17 +63,30 @@ def where_the_time_went(runs: list[dict], info: dict) -> list[str]:
     if not parts:
         return []
     shared_core = info.get("cores_per_node", 0) <= 1  # nodes sharing the host's cores, or one core each
-    limits = {name: parts[twin][1].limit_s(shared_core) for name in parts
+    links = {r["variant"]: link_s(r, info) for r in runs if r.get("status") == "ok"}
+    limits = {name: parts[twin][1].limit_s(shared_core, links.get(twin)) for name in parts
               for twin in [SAME_CODEC_SYNC.get(name, name)] if twin in parts}
     # Records written before the trace had "wait" spans have no wait_s: their step() less the update holds the wait.
     wait_unrecorded = frozenset(r["variant"] for r in runs if r.get("status") == "ok" and r.get("breakdown")
                                 and "wait_s" not in r["breakdown"])
     return ["Where the time went, ms per step (rank 0, the traced steps): the limit is what a perfect overlap "
             "would give from the synchronous run at the same codec (its compute and update, the exchange's CPU "
-            "counted on the training side where a node's core runs both, or the exchange if longer); "
+            "counted on the training side where a node's core runs both, or the exchange if longer, and never less "
+            "than each node's bytes at the link's measured TCP rate: a busy link earns no token-bucket credit); "
             "efficiency = limit / measured.", "",
             *breakdown_markdown([(name, t, b) for name, (t, b) in parts.items()], limits,
                                 wait_unrecorded).splitlines(), ""]
+
+
+def link_s(run: dict, info: dict) -> float | None:
+    """A node's share of the bytes a step of ``run`` sent, at the cell's measured TCP rate: the least time its link
+    can carry them in; None where the rate or the bytes are unknown, or ranks share a node (their traffic between
+    them is not on the link)."""
+    sent, rate = run.get("bytes_per_iter"), info.get("tcp_bps")
+    nodes = info.get("nodes") or run.get("nodes")
+    if not sent or not rate or not nodes or run.get("workers", nodes) != nodes:
+        return None
+    return sent / nodes * 8 / rate
 
 
 def model_errors(data: dict) -> list[dict]:
