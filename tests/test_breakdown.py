@@ -42,6 +42,9 @@ def test_the_parts_per_step_and_the_limit(tmp_path):
     assert parts.limit_s(shared_core=True) == pytest.approx(0.014)  # and the exchange's CPU runs on that core too
     slow = read_breakdown(_trace(tmp_path / "b.json", job_ms=30.0, wire_ms=25.0))
     assert slow.limit_s(shared_core=True) == pytest.approx(0.030)  # the exchange sets the pace
+    # an exchange shorter than its bytes at the link's rate had token-bucket credit a busy link never earns
+    assert slow.limit_s(shared_core=True, link_s=0.036) == pytest.approx(0.036)
+    assert slow.limit_s(shared_core=True, link_s=None) == pytest.approx(0.030)  # unshaped: no floor
 
 
 def test_the_median_over_sittings_and_the_table(tmp_path):

@@ -197,6 +197,17 @@ def test_report_breaks_traced_runs_down_against_the_same_codec_sync():
     assert "| 52.0 |" in row and row.rstrip(" |").endswith("0.87")
     assert not any(line.startswith("| ddp |") for line in lines)  # not traced: not broken down
     assert where_the_time_went([rec("c", "ddp", 0.1)], {}) == []
+    # on a shaped link, never below each node's share of the bytes at the measured rate: 2 nodes, 1.5 MB in all,
+    # 100 Mbit/s -> 60 ms
+    shaped = [dict(run, bytes_per_iter=1.5e6, nodes=2, workers=2) for run in (sync, pipe)]
+    row = next(line for line in where_the_time_went(shaped, {"cores_per_node": 0, "tcp_bps": 1e8, "nodes": 2})
+               if line.startswith("| pipe+q8 |"))
+    assert "| 60.0 |" in row and row.rstrip(" |").endswith("1.00")
+    # ranks sharing a node send some bytes over loopback: no floor from them
+    shared = [dict(run, workers=4) for run in shaped]
+    row = next(line for line in where_the_time_went(shared, {"cores_per_node": 0, "tcp_bps": 1e8, "nodes": 2})
+               if line.startswith("| pipe+q8 |"))
+    assert "| 52.0 |" in row
 
 
 def test_the_report_breaks_steps_down_in_the_breakdowns_columns():
@@ -309,6 +320,8 @@ def test_eval_steps_evaluates_copies_every_n_steps_after_the_run():
     ("variants=['sync']\n[workload.a]\nmodel='lenet'\nepochs=0\n", "epochs"),
     ("variants=['sync']\nnodes=1\n[workload.a]\nmodel='lenet'\n", "nodes"),
     ("variants=['sync']\ncores_per_node=-2\n[workload.a]\nmodel='lenet'\n", "cores_per_node must be >= 0"),
+    ("variants=['sync']\nburst='6 frames'\n[workload.a]\nmodel='lenet'\n", "bad size '6 frames'"),
+    ("variants=['sync']\nburst=6152\n[workload.a]\nmodel='lenet'\n", "burst must be a size in quotes"),
     ("variants=['sync']\nseed=-1\n[workload.a]\nmodel='lenet'\n", "seed must be an integer >= 0"),
     ("variants=['sync']\neval_steps=-1\n[workload.a]\nmodel='lenet'\n", "eval_steps must be an integer >= 0"),
     ("variants=['sync']\n[workload.a]\nmodel='lenet'\ntarget_loss=-1\n", "target_loss must be >= 0"),

@@ -40,8 +40,8 @@ def exchange_collectives(gather_by_alltoall: bool | None = None, pairwise: bool 
     gather, sends_pairwise = alltoall.all_gather_payload, RingTopology.sends_pairwise
     if gather_by_alltoall is not None:
         way = payload_collectives._gather_by_alltoall if gather_by_alltoall else payload_collectives._gather_native
-        alltoall.all_gather_payload = (lambda topology, payload, sizes, device, while_waiting=None, name="":
-                                       way(topology, payload, sizes, device, while_waiting, name))
+        alltoall.all_gather_payload = (lambda topology, payload, sizes, device, while_waiting=None:
+                                       way(topology, payload, sizes, device, while_waiting))
     if pairwise is not None:
         def forced(topology: RingTopology, device: torch.device, peer_bytes: int) -> bool:
             return (pairwise and not topology.batched and not topology.stages(device) and topology.size > 1

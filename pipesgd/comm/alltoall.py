@@ -11,13 +11,11 @@ DeepSpeed's ``compressed_allreduce`` and CGX, with the ring's bytes on the wire.
   Step 6: decode each chunk c != r in place.
 Both collectives may go one peer at a time (``RingTopology.sends_pairwise``), with the same bits. Steps 1, 3 and 6
 batch their codec calls (``pipesgd.compression.rows``). Error feedback books what Step 1 dropped at the chunks others
-own and what Step 4 dropped at chunk r, in one residual buffer per bucket (docs/architecture.md). A large bucket
-goes as several such all-reduces, one per piece, interleaved so that the codec works while the wire carries bytes.
+own and what Step 4 dropped at chunk r, in one residual buffer per bucket (docs/architecture.md).
 """
 from __future__ import annotations
 
 import time
-from typing import Generator
 
 import torch
 import torch.distributed as dist
@@ -33,21 +31,6 @@ from pipesgd.comm.topology import RingTopology
 __all__ = ["alltoall_allreduce", "alltoall_allreduce_"]
 
 
-# A bucket goes as pieces of about this many elements (at most MAX_PIECES), each an all-reduce of its own, their
-# collectives interleaved: while one piece's bytes are on the wire the codec works on another's, so the link never
-# waits for the codec. A real link loses every moment it idles; a token bucket (tc tbf) hands some of it back as
-# credit, which is why an unpiped exchange looks faster on a shaped link than it is (docs/architecture.md).
-PIECE_ELEMENTS = 1 << 16  # 64 Ki elements: a 256 KiB piece of fp32, 64 KiB of it after q8
-MAX_PIECES = 8
-
-
-def piece_bounds(numel: int, on_gpu: bool = False) -> list[int]:
-    """Boundaries of the pieces of a bucket of ``numel`` elements, a function of its length and device only, so
-    every rank splits alike. On a GPU a bucket is one piece: the codec is far faster than the wire there."""
-    count = 1 if on_gpu else max(1, min(MAX_PIECES, numel // PIECE_ELEMENTS))
-    return chunk_bounds(numel, count)
-
-
 def alltoall_allreduce_(
     flat: torch.Tensor,
     compressor: Compressor,
@@ -56,57 +39,22 @@ def alltoall_allreduce_(
     residual: torch.Tensor | None = None,
 ) -> RingReport:
     """``ring_allreduce_``'s contract (``flat`` reduced in place, ``residual`` this rank's error-feedback buffer or
-    None, a ``RingReport`` back), in the two collectives of the module doc, piece by piece (``piece_bounds``)."""
-    p, start = topology.size, time.perf_counter()
-    if p == 1 or flat.numel() == 0:  # the same on every rank; exact: nothing to encode, nothing to send
-        open_encoder(compressor, flat, residual, mean_over=p if op == "mean" else 1, deferred=True).fold_(flat, 0)
-        return RingReport(busy_s=time.perf_counter() - start)
-    # One choice for the whole bucket, so that how a piece travels does not hang on where the bounds fall.
-    pairwise = topology.sends_pairwise(flat.device, compressor.payload_bytes(-(-flat.numel() // p), flat.dtype))
-    bounds = piece_bounds(flat.numel(), flat.is_cuda)
-    runs = [_piece_allreduce(flat[a:b], compressor, topology, op, None if residual is None else residual[a:b],
-                             pairwise, k) for k, (a, b) in enumerate(zip(bounds, bounds[1:]))]
-    report = interleave(runs)
-    report.busy_s = time.perf_counter() - start
-    return report
-
-
-def interleave(runs: list[Generator[None, None, RingReport]]) -> RingReport:
-    """Advance each run to its next wait in turn until all have finished, and sum their reports: every piece posts
-    its all-to-all before the first one is waited for, and each piece's all-gather follows its own all-to-all."""
-    report, live = RingReport(), list(runs)
-    while live:
-        for run in list(live):
-            try:
-                next(run)
-            except StopIteration as finished:
-                report.add(finished.value)
-                live.remove(run)
-    return report
-
-
-def _piece_allreduce(
-    flat: torch.Tensor,
-    compressor: Compressor,
-    topology: RingTopology,
-    op: str,
-    residual: torch.Tensor | None,
-    pairwise: bool,
-    piece: int,
-) -> Generator[None, None, RingReport]:
-    """One piece's all-reduce in the steps of the module doc; it yields where a collective is on the wire."""
-    p, r, report = topology.size, topology.rank, RingReport()
+    None, a ``RingReport`` back), in the two collectives of the module doc."""
+    p, r = topology.size, topology.rank
+    start, report = time.perf_counter(), RingReport()
     # Deferred: the error of each encode is booked while the collective that carries it is on the wire.
     encoder = open_encoder(compressor, flat, residual, mean_over=p if op == "mean" else 1, deferred=True)
     encoder.fold_(flat, 0)  # last call's residuals (worker's and owner's) travel in this one
+    if p == 1 or flat.numel() == 0:  # the same on every rank
+        return RingReport(busy_s=time.perf_counter() - start)  # exact: nothing to encode, nothing to send
     bounds = chunk_bounds(flat.numel(), p)
     chunk = views_at(flat, bounds[:-1], [bounds[c + 1] - bounds[c] for c in range(p)])
     sizes = [compressor.payload_bytes(x.numel(), flat.dtype) for x in chunk]
     no_bytes = torch.empty(0, dtype=torch.uint8, device=flat.device)
-    item, name = flat.element_size(), f"-{piece}"
+    item = flat.element_size()
 
     others = [c for c in range(p) if c != r]
-    own = chunk[r]
+    own, pairwise = chunk[r], topology.sends_pairwise(flat.device, max(sizes))
     outgoing = [no_bytes] * p
 
     def encode(owners: list[int]) -> None:
@@ -129,12 +77,11 @@ def _piece_allreduce(
             encoder.drain()
 
         encode([first])
-        yield from pairwise_payloads(topology, outgoing, incoming_bytes, flat.device, decode_arrival,
-                                     encode_the_rest_and_book, 2 * piece)
+        pairwise_payloads(topology, outgoing, incoming_bytes, flat.device, decode_arrival, encode_the_rest_and_book)
         contributions = [decoded[q] for q in others]
     else:
         encode(others)
-        incoming = yield from all_to_all_payloads(topology, outgoing, incoming_bytes, flat.device, encoder.drain, name)
+        incoming = all_to_all_payloads(topology, outgoing, incoming_bytes, flat.device, encoder.drain)
         contributions = encoder.decode_chunks([incoming[q] for q in others], [own] * len(others))
     report.bytes_sent += sum(payload.numel() for payload in outgoing)
     report.raw_bytes += (flat.numel() - chunk[r].numel()) * item
@@ -151,16 +98,16 @@ def _piece_allreduce(
     # Steps 5 and 6: all-gather, every other chunk decoded in place.
     if pairwise:  # each arrival decoded while the next one is on the wire
         peers_bytes = [0 if q == r else sizes[q] for q in range(p)]
-        yield from pairwise_payloads(topology, [no_bytes if q == r else payload for q in range(p)], peers_bytes,
-                                     flat.device, lambda q, got: encoder.decode_into(got, chunk[q]), encoder.drain,
-                                     2 * piece + 1)
+        pairwise_payloads(topology, [no_bytes if q == r else payload for q in range(p)], peers_bytes, flat.device,
+                          lambda q, got: encoder.decode_into(got, chunk[q]), encoder.drain, 1)
         report.bytes_sent += (p - 1) * payload.numel()
     else:
-        gathered = yield from all_gather_payload(topology, payload, sizes, flat.device, encoder.drain, name)
+        gathered = all_gather_payload(topology, payload, sizes, flat.device, encoder.drain)
         report.bytes_sent += (p - 1) * max(sizes)  # a rank forwards p-1 slots in gloo's and NCCL's ring all-gather
         encoder.decode_chunks_into([gathered[q] for q in others], [chunk[q] for q in others])
     report.raw_bytes += (p - 1) * own.numel() * item
     encoder.drain()  # nothing is left (Step 5 drained); kept so no path can skip it
+    report.busy_s = time.perf_counter() - start
     return report
 
 

@@ -2,14 +2,10 @@
 sizes every rank knows in advance: an all-to-all (one payload per peer) and an all-gather padded to the largest
 (gloo and NCCL gather equal slots only). Both are the backend's own; gloo with CUDA tensors stages through pinned
 host buffers, and there the all-gather is an all-to-all (``RingTopology.stages``), the same bytes per rank
-without gloo's all-gather's fixed cost on the GPU host. ``pairwise_payloads`` goes one peer at a time instead.
-
-Each is a generator that yields once a collective (or a pairwise round) is posted and waits for it when resumed, so
-the all-to-all all-reduce can post one piece's bytes before it waits for another's (``yield from`` runs one alone);
-its return value is what arrived. ``name`` keeps the reused buffers of pieces in flight together apart."""
+without gloo's all-gather's fixed cost on the GPU host. ``pairwise_payloads`` goes one peer at a time instead."""
 from __future__ import annotations
 
-from typing import Callable, Generator
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -30,23 +26,21 @@ def all_to_all_payloads(
     incoming_bytes: list[int],
     device: torch.device,
     while_waiting: Callable[[], None] | None = None,
-    name: str = "",
-) -> Generator[None, None, list[torch.Tensor]]:
+) -> list[torch.Tensor]:
     """Send ``outgoing[q]`` to group rank q and receive ``incoming_bytes[q]`` bytes from rank q, for every q (an
     empty payload sends nothing). Returns what arrived from each rank, on ``device``: views into a buffer that the
-    next call of the same ``name`` reuses. ``while_waiting`` runs once the collective is posted, before it is
-    waited for."""
+    next call reuses. ``while_waiting`` runs once the collective is posted, before it is waited for."""
     sizes = [payload.numel() for payload in outgoing]
     send = span = _span(outgoing)  # the payloads in order in the codec's own buffer (one batched encode), or None
     if span is None or topology.stages(device):  # a blocking copy when staged: gloo reads the host buffer once posted
-        send = topology.wire_buffer(f"alltoall-send{name}", sum(sizes), device)
+        send = topology.wire_buffer("alltoall-send", sum(sizes), device)
         if span is not None:  # one device-to-host copy (and one wait) for all the payloads
             send.copy_(span)
         else:
             torch._foreach_copy_(views_at(send, [sum(sizes[:q]) for q in range(len(sizes))], sizes), outgoing)
-    recv = topology.wire_buffer(f"alltoall-recv{name}", sum(incoming_bytes), device)
+    recv = topology.wire_buffer("alltoall-recv", sum(incoming_bytes), device)
     work = dist.all_to_all_single(recv, send, list(incoming_bytes), sizes, group=topology.group, async_op=True)
-    yield from _wait(work, while_waiting)
+    _wait(work, while_waiting)
     return views_at(_arrived(topology, recv, device), [sum(incoming_bytes[:q]) for q in range(len(incoming_bytes))],
                     incoming_bytes)
 
@@ -57,45 +51,43 @@ def all_gather_payload(
     sizes: list[int],
     device: torch.device,
     while_waiting: Callable[[], None] | None = None,
-    name: str = "",
-) -> Generator[None, None, list[torch.Tensor]]:
+) -> list[torch.Tensor]:
     """Every rank's payload on every rank: ``sizes[q]`` is the size of rank q's (``sizes[rank]`` that of
     ``payload``). Each travels in a slot of ``max(sizes)`` bytes (the pad is at most a block's scale and a byte
-    or two for the codecs we have). Returns views into a buffer that the next call of the same ``name`` reuses, on
-    ``device``."""
-    way = _gather_by_alltoall if topology.stages(device) else _gather_native
-    return (yield from way(topology, payload, sizes, device, while_waiting, name))
+    or two for the codecs we have). Returns views into a buffer that the next call reuses, on ``device``."""
+    if topology.stages(device):
+        return _gather_by_alltoall(topology, payload, sizes, device, while_waiting)
+    return _gather_native(topology, payload, sizes, device, while_waiting)
 
 
 def _gather_native(topology: RingTopology, payload: torch.Tensor, sizes: list[int], device: torch.device,
-                   while_waiting: Callable[[], None] | None, name: str) -> Generator[None, None, list[torch.Tensor]]:
+                   while_waiting: Callable[[], None] | None) -> list[torch.Tensor]:
     """``all_gather_payload`` as the backend's all-gather of equal slots of ``max(sizes)`` bytes."""
     slot = max(sizes)
-    send = topology.wire_buffer(f"allgather-send{name}", slot, device)
+    send = topology.wire_buffer("allgather-send", slot, device)
     send[: payload.numel()].copy_(payload)
     send[payload.numel() :].zero_()  # the pad: never decoded, zeroed so the bytes on the wire are deterministic
-    recv = topology.wire_buffer(f"allgather-recv{name}", slot * len(sizes), device)
+    recv = topology.wire_buffer("allgather-recv", slot * len(sizes), device)
     work = _ALL_GATHER(recv, send, group=topology.group, async_op=True)
-    yield from _wait(work, while_waiting)
+    _wait(work, while_waiting)
     return views_at(_arrived(topology, recv, device), [q * slot for q in range(len(sizes))], sizes)
 
 
 def _gather_by_alltoall(topology: RingTopology, payload: torch.Tensor, sizes: list[int], device: torch.device,
-                        while_waiting: Callable[[], None] | None,
-                        name: str) -> Generator[None, None, list[torch.Tensor]]:
+                        while_waiting: Callable[[], None] | None) -> list[torch.Tensor]:
     """``all_gather_payload`` as an all-to-all: the payload, padded to ``max(sizes)``, goes to each of the p-1 other
     ranks (nothing to itself); rank q's arrives at the (q-1)-th slot if q > rank, else the q-th. Own entry:
     ``payload``."""
     p, r, slot = len(sizes), topology.rank, max(sizes)
-    send = topology.wire_buffer(f"allgather-send{name}", (p - 1) * slot, device)
+    send = topology.wire_buffer("allgather-send", (p - 1) * slot, device)
     send[: payload.numel()].copy_(payload)  # once from the device when staged; the copies below stay on the host
     send[payload.numel() : slot].zero_()  # the pad: never decoded, zeroed so the bytes on the wire are deterministic
     if p > 2:  # the other p-2 slots in one copy (a kernel or memcpy per slot would grow with p)
         send[slot:].view(p - 2, slot).copy_(send[:slot].expand(p - 2, slot))
-    recv = topology.wire_buffer(f"allgather-recv{name}", (p - 1) * slot, device)
+    recv = topology.wire_buffer("allgather-recv", (p - 1) * slot, device)
     splits = [0 if q == r else slot for q in range(p)]
     work = dist.all_to_all_single(recv, send, splits, splits, group=topology.group, async_op=True)
-    yield from _wait(work, while_waiting)
+    _wait(work, while_waiting)
     parts = views_at(_arrived(topology, recv, device), [k * slot for k in range(p - 1)],
                      [sizes[q] for q in range(p) if q != r])
     return parts[:r] + [payload] + parts[r:]
@@ -109,12 +101,12 @@ def pairwise_payloads(
     on_receive: Callable[[int, torch.Tensor], None],
     while_waiting: Callable[[], None] | None = None,
     collective: int = 0,
-) -> Generator[None, None, None]:
+) -> None:
     """``all_to_all_payloads``' bytes (or an all-gather's) in p-1 rounds of one peer each, on gloo with host tensors:
     round i sends ``outgoing[r+i]`` and receives ``incoming_bytes[r-i]`` bytes from rank r-i, so every link carries
     one flow at a time (``pipesgd.comm.topology.PAIRWISE_MIN_BYTES`` says why). Round i's arrivals go to
     ``on_receive(q, payload)`` (views into a reused buffer) while round i+1 is on the wire; ``while_waiting`` runs
-    once round 1 is posted and may fill in later rounds' ``outgoing``. ``collective`` keeps tags and buffers apart."""
+    once round 1 is posted and may fill in later rounds' ``outgoing``. ``collective`` keeps tags apart."""
     p, r, group = topology.size, topology.rank, topology.group
     starts = [sum(incoming_bytes[:q]) for q in range(p)]
     recv = topology.wire_buffer(f"pairwise-recv-{collective}", sum(incoming_bytes), device)
@@ -132,7 +124,6 @@ def pairwise_payloads(
             while_waiting()
         if arrived is not None:
             on_receive(*arrived)
-        yield
         with phases.timed("wire_wait"):
             for work in works:
                 work.wait()
@@ -141,10 +132,9 @@ def pairwise_payloads(
         on_receive(*arrived)
 
 
-def _wait(work, while_waiting: Callable[[], None] | None) -> Generator[None, None, None]:
+def _wait(work, while_waiting: Callable[[], None] | None) -> None:
     if while_waiting is not None:
         while_waiting()
-    yield
     with phases.timed("wire_wait"):
         work.wait()
 
