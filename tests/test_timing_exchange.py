@@ -96,6 +96,14 @@ def test_the_trainer_choice_alone_takes_the_probe_anchor():
     assert (auto.latency_s, ring.latency_s) == (cal.fits["alltoall"].latency_s, cal.fits["ring"].latency_s)
 
 
+def test_a_calibration_made_before_the_exchange_anchors_the_ring_it_timed():
+    cal = _calibration()
+    old = Calibration({k: v for k, v in cal.fits.items() if k != "alltoall"}, meta={"world_size": 4})
+    old.host = {"overlap": [{"compression": "q8", "n_bytes": 100.0 * MB, "ring_alone_s": 0.5}]}
+    for allreduce in ("auto", "ring"):  # an older run recorded no choice and is predicted on the ring
+        assert calibrated_scenario(_scenario(allreduce=allreduce), old, "pipe").empirical.ring_anchor_s == 0.5
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "timing_model", *args], capture_output=True, text=True, timeout=60)
 

@@ -208,8 +208,9 @@ def calibrated_scenario(scenario: Scenario, cal: Calibration, mode: str) -> Scen
                       cal.ring_anchor_s(mode, "none", scenario.grad_bytes, scenario.nodes), scenario.nodes,
                       scenario.grad_bytes)
     given = scenario.empirical
-    # the probe timed the trainer's own all-reduce ("auto"): it anchors no other choice
-    as_trainer = scenario.resolved_allreduce == replace(scenario, allreduce="auto").resolved_allreduce
+    # the probe timed the all-reduce the trainer ran when it calibrated ("auto" there): it anchors no other choice;
+    # a calibration made before the exchange existed timed the ring, which every lossy codec then ran
+    as_trainer = fit is cal.fit_for(mode, scenario.compression, "auto")
     anchor = given.ring_anchor_s or (cal.ring_anchor_s(mode, scenario.compression, scenario.grad_bytes,
                                                        scenario.nodes) if as_trainer else 0.0)
     # our compressed all-reduce's own cost per call, fitted per codec and cluster size (sync and pipe only)
